@@ -1,0 +1,144 @@
+"""Text in, text out: prompt encoding (chat template), stop strings, streaming, stats.
+
+The decoder works on token ids only; this layer owns the tokenizer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdecode.decoder import decode
+from specdecode.drafters.base import Drafter
+from specdecode.errors import UserError
+from specdecode.metrics import Stats
+from specdecode.models import LoadedModel
+from specdecode.sampling import SamplingParams
+
+MAX_K = 64
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stats: Stats
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    prompt_tokens: int = 0
+    id: str | None = None
+    category: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "category": self.category,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "stats": self.stats.to_dict(),
+        }
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool | None) -> list[int]:
+    """Prompt text -> token ids; chat=None applies the chat template when the tokenizer has one."""
+    if not prompt or not prompt.strip():
+        raise UserError("empty prompt")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat and not has_template:
+        raise UserError("--chat requested but the model's tokenizer has no chat template")
+    if chat or (chat is None and has_template):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt)["input_ids"]
+
+
+def check_k(k: int) -> int:
+    if not 1 <= k <= MAX_K:
+        raise UserError(f"k must be between 1 and {MAX_K}, got {k}")
+    return k
+
+
+class _StopScanner:
+    """Finds the earliest stop string in the growing text and decides what is safe to stream."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def find(self, text: str) -> int:
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        return min(hits) if hits else -1
+
+    def safe_prefix(self, text: str) -> int:
+        end = len(text) - self.hold
+        while end > 0 and text[end - 1] == "\ufffd":  # an incomplete multi-byte character
+            end -= 1
+        return max(end, 0)
+
+
+def generate(
+    target: LoadedModel,
+    drafter: Drafter,
+    prompt: str | list[int],
+    *,
+    k: int = 4,
+    params: SamplingParams = SamplingParams(),
+    max_new_tokens: int = 128,
+    chat: bool | None = None,
+    stop: Sequence[str] = (),
+    seed: int = 0,
+    on_text: Callable[[str], None] | None = None,
+) -> Result:
+    """Generate a completion of `prompt` (text, or token ids used as they are)."""
+    check_k(k)
+    if max_new_tokens <= 0:
+        raise UserError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    tok = target.tokenizer
+    ids = list(prompt) if isinstance(prompt, list) else encode_prompt(tok, prompt, chat)
+    if not ids:
+        raise UserError("empty prompt")
+    limit = target.model.max_length
+    if len(ids) + max_new_tokens > limit:
+        raise UserError(
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"context of {limit} tokens"
+        )
+    generator = torch.Generator(device=target.model.device).manual_seed(seed)
+    scanner = _StopScanner(stop)
+    stats, out, text, streamed = Stats(prefills=1), [], "", 0
+    finish = "length"
+    start = time.perf_counter()
+    for step in decode(target.model, drafter, ids, k=k, params=params, max_new_tokens=max_new_tokens,
+                       eos_ids=target.eos_ids, generator=generator):
+        if not out:
+            stats.ttft_s = time.perf_counter() - start
+        stats.observe(step.drafted, step.accepted, len(step.tokens))
+        stats.draft_s += step.draft_s
+        stats.verify_s += step.verify_s
+        stats.prefill_s += step.prefill_s
+        out.extend(step.tokens)
+        text = tok.decode(out, skip_special_tokens=True)
+        cut = scanner.find(text)
+        if cut >= 0:
+            text, finish = text[:cut], "stop"
+            while len(out) > 1 and scanner.find(tok.decode(out[:-1], skip_special_tokens=True)) >= 0:
+                out.pop()
+        elif step.finished and out[-1] in target.eos_ids:
+            finish = "stop"
+        if on_text:
+            end = len(text) if (cut >= 0 or step.finished) else scanner.safe_prefix(text)
+            if end > streamed:
+                on_text(text[streamed:end])
+                streamed = end
+        if cut >= 0:
+            break
+    stats.wall_s = time.perf_counter() - start
+    stats.new_tokens = len(out)
+    return Result(text, out, stats, finish, prompt_tokens=len(ids))

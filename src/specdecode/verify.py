@@ -1,0 +1,69 @@
+"""Verification of a chain of draft tokens against the target, as pure functions.
+
+Vocabulary used everywhere in specdecode:
+- p: the target's distribution, q: the drafter's distribution, both after the same `warp`.
+- accepted tokens: the leading draft tokens the target agrees with.
+- recovered token: on the first rejection, the token drawn in its place from norm(max(0, p - q))
+  (greedy: the target's argmax).
+- bonus token: when every draft token is accepted, one more token drawn from the target's
+  distribution after the last draft token, which the verify forward computed for free.
+Each verification therefore commits `accepted + 1` tokens.
+
+Rejection sampling follows Leviathan et al. 2023 ("Fast Inference from Transformers via
+Speculative Decoding") and Chen et al. 2023 ("Accelerating LLM Decoding with Speculative
+Sampling"): the committed tokens are distributed exactly as if sampled from p alone.
+A drafter without probabilities (n-gram lookup) is treated as one-hot q.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int  # number of draft tokens accepted (0..k)
+    next_token: int  # recovered token if accepted < k, else the bonus token
+
+
+def verify_greedy(draft: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+    """draft: [k] token ids; target_logits: [k+1, V] -> accept while draft == target argmax."""
+    choice = target_logits.argmax(-1)  # [k+1]
+    k = draft.shape[0]
+    mismatch = (draft != choice[:k]).nonzero()
+    accepted = int(mismatch[0]) if mismatch.numel() else k
+    return Verdict(accepted, int(choice[accepted]))
+
+
+def verify_rejection(
+    draft: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """draft: [k]; draft_probs q: [k, V] or None (one-hot); target_probs p: [k+1, V].
+
+    Token i is accepted with probability min(1, p_i(d_i) / q_i(d_i)). On the first rejection the
+    recovered token is drawn from norm(max(0, p_i - q_i)); if all are accepted the bonus token is
+    drawn from p_k. Always consumes k uniforms and then one categorical draw from `generator`.
+    """
+    k = draft.shape[0]
+    idx = torch.arange(k, device=draft.device)
+    p_draft = target_probs[idx, draft]  # [k]
+    q_draft = draft_probs[idx, draft] if draft_probs is not None else torch.ones_like(p_draft)
+    u = torch.rand(k, generator=generator, device=target_probs.device)
+    rejected = (u * q_draft >= p_draft).nonzero()
+    if not rejected.numel():
+        return Verdict(k, int(torch.multinomial(target_probs[k], 1, generator=generator)))
+    i = int(rejected[0])
+    if draft_probs is not None:
+        residual = (target_probs[i] - draft_probs[i]).clamp_min(0)
+    else:
+        residual = target_probs[i].clone()
+        residual[draft[i]] = 0
+    total = residual.sum()
+    # total == 0 only when p_i == q_i, where rejection has probability zero; guard rounding anyway.
+    residual = residual / total if total > 0 else target_probs[i]
+    return Verdict(i, int(torch.multinomial(residual, 1, generator=generator)))
