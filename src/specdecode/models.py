@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,7 @@ def _gguf_to_safetensors(gguf: Path) -> Path:
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"specdecode: dequantizing {gguf.name} once; caching it in {target}", file=sys.stderr)
     try:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -55,11 +55,18 @@ FACTORIES: dict[str, Callable[[str | None, DrafterContext], Drafter]] = {
 }
 
 
-def build(spec: str, ctx: DrafterContext) -> Drafter:
-    name, sep, arg = spec.partition(":")
+def check_spec(spec: str) -> str:
+    """Validate a drafter spec's name before anything is loaded; returns the name."""
+    name = spec.partition(":")[0]
     if name not in FACTORIES:
         raise UserError(f"unknown drafter {spec!r}; known: {', '.join(FACTORIES)}")
+    return name
+
+
+def build(spec: str, ctx: DrafterContext) -> Drafter:
+    name, sep, arg = spec.partition(":")
+    check_spec(spec)
     return FACTORIES[name](arg if sep else None, ctx)
 
 
-__all__ = ["Drafter", "DrafterContext", "Proposal", "build", "FACTORIES"]
+__all__ = ["Drafter", "DrafterContext", "Proposal", "build", "check_spec", "FACTORIES"]

