@@ -45,7 +45,7 @@ def test_ngram_output_equals_plain(smollm2, prompt):
 
 
 def test_self_draft_fully_accepted(smollm2):
-    drafter = drafters.DraftModelDrafter(models.HFModel(smollm2.model.hf), smollm2.model.vocab_size)
+    drafter = drafters.DraftModelDrafter(models.wrap(smollm2.model.hf), smollm2.model.vocab_size)
     plain = generate(smollm2, drafters.build("none", drafters.DrafterContext(smollm2)), PROMPTS[0], max_new_tokens=24)
     spec = generate(smollm2, drafter, PROMPTS[0], k=3, max_new_tokens=24)
     assert spec.token_ids == plain.token_ids

@@ -63,6 +63,7 @@ def run(
     target: str | None,
     dtypes: list[str],
     device: str | None,
+    backend: str = "auto",
     k: int,
     params: SamplingParams,
     max_new_tokens: int,
@@ -73,8 +74,8 @@ def run(
     specs = ["none"] + [s for s in drafter_specs if s != "none"]
     cells: dict[tuple[str, str], Cell] = {}
     for dtype in dtypes:
-        loaded = models.load(target, dtype, device)
-        ctx = drafter_registry.DrafterContext(loaded, dtype, device)
+        loaded = models.load(target, dtype, device, backend)
+        ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend)
         built = {s: drafter_registry.build(s, ctx) for s in specs}
         for s in specs:  # warm-up, excluded
             generate(loaded, built[s], prompts[0].prompt, k=k, params=params, max_new_tokens=8, seed=seed)

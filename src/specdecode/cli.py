@@ -16,6 +16,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (bench: comma-separated list)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--backend", default="auto", choices=["auto", "fast", "hf"],
+                   help="forward implementation: fast (lean Llama), hf (transformers), auto (fast when supported)")
 
 
 def _decode_args(p: argparse.ArgumentParser, drafter_default: str) -> None:
@@ -101,8 +103,8 @@ def cmd_generate(args) -> None:
     else:
         raise UserError("no prompt: give PROMPT or --prompt-file F.jsonl")
     _setup(args)
-    target = models.load(args.target, args.dtype, args.device)
-    drafter = drafters.build(args.drafter, drafters.DrafterContext(target, args.dtype, args.device))
+    target = models.load(args.target, args.dtype, args.device, args.backend)
+    drafter = drafters.build(args.drafter, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
     for p in prompts:
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
         result = generate(target, drafter, p.prompt, k=args.k, params=params, max_new_tokens=args.max_new_tokens,
@@ -140,7 +142,7 @@ def cmd_bench(args) -> None:
     prompts = load_prompts(args.prompts)
     _setup(args)
     report = bench.run(prompts, specs, target=args.target,
-                       dtypes=[d for d in args.dtype.split(",") if d], device=args.device, k=args.k,
+                       dtypes=[d for d in args.dtype.split(",") if d], device=args.device, backend=args.backend, k=args.k,
                        params=params, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                        seed=args.seed, log=lambda m: print(m, file=sys.stderr))
     print(bench.table(report))

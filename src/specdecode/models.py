@@ -80,7 +80,7 @@ class HFModel:
 @dataclass
 class LoadedModel:
     name: str
-    model: HFModel
+    model: CausalLM  # FastLlama or HFModel; both keep the HF module as .hf
     tokenizer: object  # a transformers tokenizer
 
     @property
@@ -170,7 +170,26 @@ def load_tokenizer(spec: str | None):
         raise UserError(f"cannot load tokenizer of {spec}: {e}") from e
 
 
-def load(spec: str | None, dtype: str = "fp32", device: str | None = None) -> LoadedModel:
+BACKENDS = ("auto", "fast", "hf")
+
+
+def wrap(hf_model, backend: str = "auto") -> CausalLM:
+    """The lean FastLlama forward for Llama-architecture models, HF's own forward otherwise."""
+    from specdecode.fast_llama import FastLlama
+
+    if backend not in BACKENDS:
+        raise UserError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "hf":
+        return HFModel(hf_model)
+    try:
+        return FastLlama(hf_model)
+    except ValueError as e:
+        if backend == "fast":
+            raise UserError(f"--backend fast: {e}") from None
+        return HFModel(hf_model)
+
+
+def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backend: str = "auto") -> LoadedModel:
     """Load a causal LM and its tokenizer. spec: None (default target), dir, .gguf file or hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -187,4 +206,4 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None) -> Lo
         tokenizer = AutoTokenizer.from_pretrained(where)
     except Exception as e:
         raise UserError(f"cannot load model {spec or DEFAULT_TARGET}: {e}") from e
-    return LoadedModel(str(spec or DEFAULT_TARGET), HFModel(hf), tokenizer)
+    return LoadedModel(str(spec or DEFAULT_TARGET), wrap(hf, backend), tokenizer)

@@ -20,6 +20,7 @@ class DrafterContext:
     target: LoadedModel
     dtype: str = "fp32"
     device: str | None = None
+    backend: str = "auto"
 
 
 def _ngram(arg: str | None, ctx: DrafterContext) -> Drafter:
@@ -38,7 +39,7 @@ def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
 
     if not arg:
         raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id>")
-    draft = models.load(arg, ctx.dtype, ctx.device)
+    draft = models.load(arg, ctx.dtype, ctx.device, ctx.backend)
     report = compare(ctx.target.tokenizer, draft.tokenizer)
     if not report.compatible:
         raise UserError(
