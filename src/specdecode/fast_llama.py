@@ -105,9 +105,9 @@ class FastLlama:
         self.k_cache, self.v_cache = k, v
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * xf.to(x.dtype)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, self.eps)
+        return weight * F.rms_norm(x.float(), weight.shape, None, self.eps).to(x.dtype)  # as HF: fp32 stats
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
@@ -130,8 +130,9 @@ class FastLlama:
         x = F.embedding(tokens.to(self.device), self.embed)[None]  # [1, n, hidden]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x, layer.norm1))  # [1, n, (h+2kvh)*d]
-            q, k, v = qkv.view(1, n, h + 2 * kvh, d).transpose(1, 2).split([h, kvh, kvh], dim=1)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            qkv = qkv.view(1, n, h + 2 * kvh, d).transpose(1, 2)
+            q, k = self._rope(qkv[:, : h + kvh], cos, sin).split([h, kvh], dim=1)  # one rope for q and k
+            v = qkv[:, h + kvh :]
             self.k_cache[i, :, :, start:end] = k
             self.v_cache[i, :, :, start:end] = v
             attn = F.scaled_dot_product_attention(
