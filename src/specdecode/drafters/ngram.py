@@ -28,7 +28,7 @@ def lookup(context: np.ndarray, k: int, max_n: int, min_n: int) -> np.ndarray:
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, min_n: int = 1):
+    def __init__(self, max_n: int = 4, min_n: int = 2):
         if not 1 <= min_n <= max_n:
             raise UserError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n} max_n={max_n}")
         self.max_n, self.min_n = max_n, min_n
