@@ -117,14 +117,13 @@ def cmd_generate(args) -> None:
             print(f"[{args.drafter}, k={args.k}] {result.stats.summary()}", file=sys.stderr)
 
 
-def cmd_check_tokenizers(args) -> None:
+def cmd_check_tokenizers(args) -> int:
     from specdecode.models import load_tokenizer
     from specdecode.tokenizer_check import compare
 
     report = compare(load_tokenizer(args.a), load_tokenizer(args.b))
     print(report.summary(args.a, args.b))
-    if not report.compatible:
-        sys.exit(1)
+    return 0 if report.compatible else 1
 
 
 def cmd_bench(args) -> None:
@@ -153,13 +152,13 @@ def cmd_bench(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        args.run(args)
+        code = args.run(args)
     except UserError as e:
         print(f"specdecode: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":
