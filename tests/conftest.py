@@ -19,6 +19,10 @@ CHAT_TEMPLATE = (
 )
 VOCAB = 384
 
+# Tiny models gain nothing from a second thread; idle OpenMP workers spinning on it only slow the
+# loop-heavy statistical tests (and whatever else shares the machine). The real-model tests raise it.
+torch.set_num_threads(1)
+
 
 def make_tokenizer(vocab_size: int = VOCAB, corpus: str = CORPUS):
     """A byte-level BPE tokenizer trained on a small text, wrapped as a transformers tokenizer."""

@@ -24,8 +24,10 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smollm2():
-    torch.manual_seed(0)
-    return models.load(None, "fp32", "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield models.load(None, "fp32", "cpu")
+    torch.set_num_threads(threads)
 
 
 def test_default_target_is_cached_and_chat(smollm2):
