@@ -1,31 +1,44 @@
-"""Tiny seeded random models and tokenizers, built in-process (no downloads), shared by the tests."""
+"""Shared fixtures: tiny seeded random Llama models with a real (in-process trained) byte-level BPE
+tokenizer, saved like any Hugging Face model directory, and a cheap table-driven mock CausalLM.
+
+Nothing is downloaded. Building and saving the three model directories takes about a second.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-CORPUS = """
-The quick brown fox jumps over the lazy dog. The cat sat on the mat and the dog sat on the log.
-def add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n
-Speculative decoding drafts tokens with a small model and verifies them with a large one.
-SELECT name, age FROM users WHERE age > 21 ORDER BY name;
-{"name": "get_weather", "arguments": {"city": "Paris"}}
-One two three four five six seven eight nine ten. Hello world! How are you today?
-""" * 4
+from helpers import TableModel
+
+VOCAB = 384  # 256 byte symbols + 3 special tokens + 125 merges
+EOS = "<|end|>"
+SPECIALS = [EOS, "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-VOCAB = 384
+CORPUS = """The quick brown fox jumps over the lazy dog. The cat sat on the mat and looked at the dog.
+Hello, world! How are you today? I am fine, thank you, and you? Speculative decoding drafts a few
+tokens with a cheap model and verifies all of them with one forward pass of the large model.
+def fibonacci(n):
+    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)
 
-# Tiny models gain nothing from a second thread; idle OpenMP workers spinning on it only slow the
-# loop-heavy statistical tests (and whatever else shares the machine). The real-model tests raise it.
-torch.set_num_threads(1)
+for i in range(10):
+    print(i, fibonacci(i))
+
+SELECT id, name FROM users WHERE age >= 21 ORDER BY name;
+{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+One two three four five six seven eight nine ten. The numbers 1234567890 and 3.14159.
+"""
+OTHER_CORPUS = """Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt
+ut labore et dolore magna aliqua. Zebra quartz jukebox vexing wizard; sphinx of black quartz, judge
+my vow! fn main() { let v: Vec<u32> = (0..10).collect(); println!("{:?}", v); }
+"""
 
 
 def make_tokenizer(vocab_size: int = VOCAB, corpus: str = CORPUS):
-    """A byte-level BPE tokenizer trained on a small text, wrapped as a transformers tokenizer."""
+    """A byte-level BPE tokenizer trained in-process, wrapped as a transformers fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -33,29 +46,40 @@ def make_tokenizer(vocab_size: int = VOCAB, corpus: str = CORPUS):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|end|>", "<|bos|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator([corpus], trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end|>", bos_token="<|bos|>")
+    tok.train_from_iterator([corpus] * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, additional_special_tokens=SPECIALS[1:])
     fast.chat_template = CHAT_TEMPLATE
+    assert len(fast) == vocab_size, len(fast)
     return fast
 
 
-def make_llama(seed: int, layers: int = 2, hidden: int = 64, vocab: int = VOCAB, scale: float = 40.0):
-    """A random Llama whose output layer is scaled up: peaked next-token distributions, so argmaxes
-    are not near-ties that batched and single-token kernels could round apart."""
+def make_llama(seed: int, vocab: int = VOCAB, layers: int = 2, hidden: int = 64, heads: int = 4,
+               kv_heads: int = 2, intermediate: int = 128, eos_id: int = 0):
+    """A seeded random fp32 Llama whose next-token distributions are peaked but not degenerate.
+
+    With the default init (std 0.02) the logits are nearly flat (std ~0.2) and, worse, q·k is so small
+    that attention is uniform, so positions (RoPE) would not matter and KV-cache position bugs would
+    go unseen. Measured on seeded random prompts: std 0.2 for every weight makes the last-token argmax
+    change in ~80% of cases when the positions of half the prompt are shifted; scaling the output layer
+    by 2.5 then gives logits with std ~4 (mean entropy ~2 nats: peaked, yet sampling has choices).
+    Batched (multi-token) and one-token forwards agree to ~2e-5 in the logits, far below the typical
+    top-1/top-2 gap (~1); tests that need exact argmax agreement also check the margin on their path.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
-        eos_token_id=0, bos_token_id=1, pad_token_id=0,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+        initializer_range=0.2, tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos_id,
+        pad_token_id=None,
     )
-    model = LlamaForCausalLM(cfg).eval()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).float().eval()
     with torch.no_grad():
-        model.lm_head.weight.mul_(scale)
+        model.lm_head.weight.mul_(2.5)
     return model
 
 
@@ -65,6 +89,26 @@ def _save(path, model, tokenizer) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_per_session():
+    """One intra-op thread: these models are tiny, and on a small shared machine OpenMP threads that
+    wait for a busy core made a softmax of 8 numbers take milliseconds instead of microseconds.
+    Session-scoped so that module-scoped fixtures (set up before function-scoped ones) get it too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread(_one_torch_thread_per_session):
+    """Re-assert it per test, in case a test (e.g. a CLI --threads option) changed it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     return make_tokenizer()
@@ -72,25 +116,42 @@ def tiny_tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> str:
-    return _save(tmp_path_factory.mktemp("tiny_target"), make_llama(seed=0), tiny_tokenizer)
+    """Target: 2 layers, hidden 64, vocab 384, saved with its tokenizer (loadable by models.load)."""
+    model = make_llama(seed=0, eos_id=tiny_tokenizer.eos_token_id)
+    return _save(tmp_path_factory.mktemp("tiny_target"), model, tiny_tokenizer)
 
 
 @pytest.fixture(scope="session")
 def tiny_draft_dir(tmp_path_factory, tiny_tokenizer) -> str:
-    return _save(tmp_path_factory.mktemp("tiny_draft"), make_llama(seed=1, layers=1, hidden=32), tiny_tokenizer)
+    """A smaller random model (1 layer, hidden 32, another seed) with the target's tokenizer."""
+    model = make_llama(seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
+                       eos_id=tiny_tokenizer.eos_token_id)
+    return _save(tmp_path_factory.mktemp("tiny_draft"), model, tiny_tokenizer)
 
 
 @pytest.fixture(scope="session")
 def other_tokenizer_dir(tmp_path_factory) -> str:
-    tok = make_tokenizer(vocab_size=320, corpus=CORPUS[::-1] + "completely different words zebra quartz")
-    return _save(tmp_path_factory.mktemp("other_tok"), make_llama(seed=2, vocab=320), tok)
+    """A model whose tokenizer differs: other training text and a smaller vocabulary (320)."""
+    tok = make_tokenizer(vocab_size=320, corpus=OTHER_CORPUS)
+    model = make_llama(seed=2, vocab=320, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
+                       eos_id=tok.eos_token_id)
+    return _save(tmp_path_factory.mktemp("other_tokenizer"), model, tok)
 
 
 @pytest.fixture(scope="session")
 def target(tiny_model_dir):
+    """The tiny target as a LoadedModel with the default backend (FastLlama for Llama models)."""
     from specdecode import models
 
     return models.load(tiny_model_dir, "fp32", "cpu")
+
+
+@pytest.fixture(scope="session")
+def target_hf(tiny_model_dir):
+    """The same target weights through HF's own forward and DynamicCache (backend hf)."""
+    from specdecode import models
+
+    return models.load(tiny_model_dir, "fp32", "cpu", backend="hf")
 
 
 @pytest.fixture(scope="session")
@@ -100,29 +161,7 @@ def draft(tiny_draft_dir):
     return models.load(tiny_draft_dir, "fp32", "cpu")
 
 
-class TableModel:
-    """A CausalLM whose logits depend only on the last token: logits = table[token]. Cheap and with
-    exactly known distributions, for statistical tests through the real decoder loop."""
-
-    def __init__(self, table: torch.Tensor):
-        self.table = table  # [V, V]
-        self.vocab_size = table.shape[0]
-        self.device = torch.device("cpu")
-        self.max_length = 10**6
-        self.reset()
-
-    def reset(self):
-        self.length = 0
-
-    def extend(self, tokens, num_logits=0):
-        self.length += tokens.shape[0]
-        out = self.table[tokens]
-        return out[-num_logits:] if num_logits else out
-
-    def truncate(self, length):
-        self.length = min(self.length, length)
-
-
-def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(vocab, vocab, generator=g) * scale
+@pytest.fixture
+def tables():
+    """(target, draft) TableModels on a vocabulary of 8 with different seeded logit tables."""
+    return TableModel.random(8, seed=1), TableModel.random(8, seed=2)

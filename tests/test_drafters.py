@@ -1,75 +1,191 @@
+"""Drafters: n-gram lookup, the draft-model drafter's cache sync and vocabulary alignment, and
+drafters.build with its errors."""
+
 import numpy as np
 import pytest
 import torch
 
-from specdecode import drafters, models
-from specdecode.drafters import DraftModelDrafter, NgramDrafter
+from helpers import TableModel
+from specdecode import drafters
+from specdecode.drafters import DrafterContext, DraftModelDrafter, NgramDrafter, NoDrafter
 from specdecode.drafters.ngram import lookup
 from specdecode.errors import UserError
+from specdecode.fast_llama import FastLlama
+from specdecode.models import HFModel
 from specdecode.sampling import SamplingParams
 
 
-def test_ngram_prefers_longest_then_most_recent_match():
-    ctx = np.array([1, 2, 3, 9, 9, 2, 3, 7, 7, 5, 1, 2, 3])
-    # last 3 tokens [1, 2, 3] occur at 0 -> continuation 9, 9, 2
-    assert lookup(ctx, 3, max_n=3, min_n=1).tolist() == [9, 9, 2]
-    # with n <= 2 the most recent [2, 3] (at 5) wins -> 7, 7
-    assert lookup(ctx, 2, max_n=2, min_n=1).tolist() == [7, 7]
-    # continuation shorter than k near the end of the context
-    assert lookup(np.array([4, 5, 4]), 5, max_n=2, min_n=1).tolist() == [5, 4]
-    assert lookup(np.array([1, 2, 3, 4]), 3, max_n=3, min_n=1).size == 0
-    assert lookup(np.array([1, 2, 1, 3]), 3, max_n=3, min_n=2).size == 0  # 1-gram match is below min_n
+def look(context, k, max_n=4, min_n=1):
+    out = lookup(np.array(context, dtype=np.int64), k, max_n, min_n)
+    assert out.dtype == np.int64
+    return out.tolist()
 
 
-def test_ngram_drafter_proposal_is_one_hot():
-    p = NgramDrafter(max_n=2, min_n=1).propose([5, 6, 7, 5, 6], 3, SamplingParams(), None)
-    assert p.tokens.tolist() == [7, 5, 6] and p.probs is None
+def test_lookup_prefers_the_longest_ngram():
+    # suffix [1, 2, 3]: the 3-gram matches at 0 (-> 9, 5, 2); the 2-gram [2, 3] matches later at 5 (-> 7)
+    context = [1, 2, 3, 9, 5, 2, 3, 7, 1, 2, 3]
+    assert look(context, 3, max_n=3) == [9, 5, 2]
+    assert look(context, 3, max_n=2) == [7, 1, 2]
 
 
-@pytest.mark.parametrize("arg", ["0", "3-2", "x", "1-y"])
-def test_ngram_bad_arguments(target, arg):
-    with pytest.raises(UserError):
-        drafters.build(f"ngram:{arg}", drafters.DrafterContext(target))
+def test_lookup_uses_the_most_recent_match():
+    assert look([4, 5, 6, 4, 5, 7, 4, 5], 2, max_n=2, min_n=2) == [7, 4]
 
 
-def test_ngram_argument_sets_range(target):
-    d = drafters.build("ngram:1-3", drafters.DrafterContext(target))
-    assert (d.min_n, d.max_n) == (1, 3)
+def test_lookup_returns_at_most_k_and_stops_at_the_end_of_the_context():
+    context = [1, 2, 8, 1, 2]
+    assert look(context, 1) == [8]
+    assert look(context, 2) == [8, 1]
+    assert look(context, 10) == [8, 1, 2]  # only three tokens follow the match
 
 
-def test_draft_model_cache_stays_in_sync(target, draft):
-    """After partial acceptance the drafter's proposal equals a fresh drafter's on the same context."""
-    vocab = target.model.vocab_size
+def test_lookup_allows_a_match_overlapping_the_suffix():
+    assert look([7, 7, 7], 4, max_n=2, min_n=2) == [7]
+
+
+def test_lookup_respects_min_n_and_returns_empty_without_a_match():
+    context = [5, 1, 2, 9, 3, 2]  # last bigram [3, 2] is new; the unigram [2] occurred at index 2
+    assert look(context, 3, max_n=4, min_n=2) == []
+    assert look(context, 3, max_n=4, min_n=1) == [9, 3, 2]
+    assert look([1, 2, 3, 4], 3) == []
+    assert look([1], 3) == []
+
+
+def test_ngram_drafter_proposes_one_hot_tokens():
+    proposal = NgramDrafter(max_n=3, min_n=2).propose([1, 2, 3, 4, 1, 2], 3, SamplingParams(), None)
+    assert proposal.tokens.dtype == torch.long and proposal.tokens.tolist() == [3, 4, 1]
+    assert proposal.probs is None
+    assert NgramDrafter().propose([1, 2, 3], 3, SamplingParams(), None).tokens.numel() == 0
+
+
+@pytest.mark.parametrize("max_n,min_n", [(1, 2), (3, 0), (0, 0), (2, -1)])
+def test_ngram_bad_range(max_n, min_n):
+    with pytest.raises(UserError, match="min_n"):
+        NgramDrafter(max_n=max_n, min_n=min_n)
+
+
+def test_no_drafter_proposes_nothing():
+    assert NoDrafter().propose([1, 2, 3], 4, SamplingParams(), None).tokens.numel() == 0
+
+
+# --- draft model drafter ----------------------------------------------------------------------------
+
+def fresh_proposal(model_factory, vocab, context, k, params, seed):
+    drafter = DraftModelDrafter(model_factory(), vocab)
+    drafter.begin(context)
+    return drafter.propose(context, k, params, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, top_k=20)],
+                         ids=["greedy", "sampled"])
+def test_draft_model_cache_stays_in_sync(draft, backend, params):
+    hf = draft.model.hf
+    factory = (lambda: FastLlama(hf)) if backend == "fast" else (lambda: HFModel(hf))
+    vocab = draft.model.vocab_size
+    drafter = DraftModelDrafter(factory(), vocab)
+    context = [11, 42, 7, 300, 5, 9, 77]
+    drafter.begin(context)
     g = torch.Generator().manual_seed(0)
-    context = torch.randint(2, vocab, (12,), generator=g).tolist()
-    live = DraftModelDrafter(models.wrap(draft.model.hf), vocab)
-    live.begin(context)
-    for accepted in (2, 0, 4, 1):
-        proposal = live.propose(context, 4, SamplingParams(), None).tokens.tolist()
-        fresh = DraftModelDrafter(models.wrap(draft.model.hf), vocab)
-        fresh.begin(context)
-        assert fresh.propose(context, 4, SamplingParams(), None).tokens.tolist() == proposal
-        context = context + proposal[:accepted] + [int(torch.randint(2, vocab, (1,), generator=g))]
+    first = drafter.propose(context, 4, params, g).tokens.tolist()
+    assert len(first) == 4
+    other = [t for t in range(20, 30) if t not in first]
+    # What the decoder may commit after a step: partial acceptance + a recovered token, full acceptance
+    # + a bonus token, immediate rejection, and then a context that diverges before the cache's end.
+    contexts = [
+        context + first[:2] + [other[0]],
+        context + first[:2] + [other[0]] + [other[1]],  # (next step, previous drafts all rejected)
+        context + first[:2] + [other[0], other[1]] + [other[2]],
+        context[:3] + [other[3], other[4]],
+        context[:3] + [other[3], other[4]] + [other[5]] * 3,
+    ]
+    for step, ctx in enumerate(contexts):
+        seed = 100 + step
+        got = drafter.propose(ctx, 3, params, torch.Generator().manual_seed(seed))
+        ref = fresh_proposal(factory, vocab, ctx, 3, params, seed)
+        assert got.tokens.tolist() == ref.tokens.tolist(), (step, ctx)
+        if params.greedy:
+            assert got.probs is None
+        else:
+            assert torch.allclose(got.probs, ref.probs, atol=1e-5)
+        # the cache holds the context and all drafts but the last
+        assert drafter.cached == ctx + got.tokens.tolist()[:-1]
+        assert drafter.model.length == len(drafter.cached)
+        # next step: keep one draft and add a fresh token
+        drafter.propose(ctx + got.tokens.tolist()[:1] + [other[6]], 2, params, torch.Generator().manual_seed(1))
 
 
-def test_draft_model_probabilities_are_warped_distributions(target, draft):
-    d = DraftModelDrafter(models.wrap(draft.model.hf), target.model.vocab_size)
-    d.begin([5, 6, 7])
-    p = d.propose([5, 6, 7], 3, SamplingParams(temperature=0.8, top_k=5), torch.Generator().manual_seed(0))
-    assert p.probs.shape == (3, target.model.vocab_size)
-    assert torch.allclose(p.probs.sum(-1), torch.ones(3))
-    assert ((p.probs > 0).sum(-1) <= 5).all()
-    assert all(p.probs[i, t] > 0 for i, t in enumerate(p.tokens.tolist()))
+def test_draft_model_probabilities_are_the_warped_draft_distribution():
+    table = TableModel.random(8, seed=3)
+    drafter = DraftModelDrafter(table, 8)
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    drafter.begin([1])
+    proposal = drafter.propose([1, 4], 3, params, torch.Generator().manual_seed(0))
+    from specdecode.sampling import warp
+
+    previous = [4] + proposal.tokens.tolist()[:-1]
+    assert torch.allclose(proposal.probs, warp(table.table[previous], params))
+    assert all(proposal.probs[i, t] > 0 for i, t in enumerate(proposal.tokens.tolist()))
 
 
-def test_build_errors(target, other_tokenizer_dir, tiny_draft_dir):
-    ctx = drafters.DrafterContext(target)
-    with pytest.raises(UserError, match="unknown drafter 'eagle9'"):
-        drafters.build("eagle9", ctx)
-    with pytest.raises(UserError, match="needs a model"):
-        drafters.build("draft", ctx)
-    with pytest.raises(UserError, match="model path not found"):
-        drafters.build("draft:/no/where", ctx)
-    with pytest.raises(UserError, match="does not share the target's tokenizer.*id \\d+"):
-        drafters.build(f"draft:{other_tokenizer_dir}", ctx)
-    assert isinstance(drafters.build(f"draft:{tiny_draft_dir}", ctx), DraftModelDrafter)
+def test_draft_vocabulary_is_aligned_to_the_target():
+    # Draft vocabulary smaller than the target's: the missing ids get probability 0.
+    small = TableModel.random(6, seed=4)
+    drafter = DraftModelDrafter(small, 8)
+    drafter.begin([0])
+    proposal = drafter.propose([0, 1], 5, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert proposal.probs.shape == (5, 8) and (proposal.probs[:, 6:] == 0).all()
+    assert torch.allclose(proposal.probs.sum(-1), torch.ones(5))
+    # Draft vocabulary larger (padding rows): ids the target does not have are never proposed.
+    table = torch.zeros(10, 10)
+    table[:, 9] = 50.0  # the padding id 9 would win everywhere
+    table[:, 3] = 5.0
+    drafter = DraftModelDrafter(TableModel(table), 8)
+    drafter.begin([0])
+    assert drafter.propose([0, 1], 3, SamplingParams(), None).tokens.tolist() == [3, 3, 3]
+
+
+# --- drafters.build ---------------------------------------------------------------------------------
+
+def test_build_known_drafters(target, tiny_draft_dir):
+    ctx = DrafterContext(target, device="cpu")
+    assert isinstance(drafters.build("none", ctx), NoDrafter)
+    ngram = drafters.build("ngram", ctx)
+    assert (ngram.min_n, ngram.max_n) == (2, 4)
+    ngram = drafters.build("ngram:3", ctx)
+    assert (ngram.min_n, ngram.max_n) == (3, 3)
+    ngram = drafters.build("ngram:1-5", ctx)
+    assert (ngram.min_n, ngram.max_n) == (1, 5)
+    draft = drafters.build(f"draft:{tiny_draft_dir}", ctx)
+    assert isinstance(draft, DraftModelDrafter) and draft.vocab_size == target.model.vocab_size
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("telepathy", "unknown drafter 'telepathy'"),
+    ("telepathy:3", "unknown drafter 'telepathy:3'"),
+    ("ngram:x", "ngram argument"),
+    ("ngram:2-x", "ngram argument"),
+    ("ngram:5-2", "min_n"),
+    ("draft", "needs a model"),
+    ("draft:", "needs a model"),
+    ("draft:/no/such/model/dir", "model path not found: /no/such/model/dir"),
+])
+def test_build_errors(target, spec, message):
+    with pytest.raises(UserError, match=message):
+        drafters.build(spec, DrafterContext(target, device="cpu"))
+
+
+def test_check_spec():
+    assert drafters.check_spec("ngram:2-3") == "ngram"
+    with pytest.raises(UserError, match="known: none, ngram, draft"):
+        drafters.check_spec("medusa")
+
+
+def test_build_refuses_a_draft_model_with_another_tokenizer(target, other_tokenizer_dir):
+    with pytest.raises(UserError) as info:
+        drafters.build(f"draft:{other_tokenizer_dir}", DrafterContext(target, device="cpu"))
+    message = str(info.value)
+    assert "does not share the target's tokenizer" in message
+    assert "tokens that differ" in message and "id " in message and "vs" in message
+    assert "384 tokens" in message and "320 tokens" in message
+    assert "\n" not in message  # one line

@@ -1,57 +1,143 @@
+"""warp / sample / next_token and SamplingParams validation, on hand-built logits."""
+
+import math
+
 import pytest
 import torch
 
 from specdecode.errors import UserError
 from specdecode.sampling import SamplingParams, next_token, sample, warp
 
-LOGITS = torch.log(torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]))
+
+def logits_of(probs):
+    return torch.tensor([math.log(p) for p in probs])
+
+
+def assert_probs(actual, expected):
+    expected = torch.tensor(expected, dtype=torch.float32)
+    assert actual.dtype == torch.float32
+    assert torch.allclose(actual, expected, atol=1e-6), (actual, expected)
+
+
+def test_temperature_one_is_softmax_and_temperature_sharpens_or_flattens():
+    logits = logits_of([1 / 7, 2 / 7, 4 / 7])
+    assert_probs(warp(logits, SamplingParams(temperature=1.0)), [1 / 7, 2 / 7, 4 / 7])
+    # T = 0.5 squares the odds: 1 : 4 : 16
+    assert_probs(warp(logits, SamplingParams(temperature=0.5)), [1 / 21, 4 / 21, 16 / 21])
+    # T = 2 takes their square roots: 1 : sqrt2 : 2
+    s = 1 + math.sqrt(2) + 2
+    assert_probs(warp(logits, SamplingParams(temperature=2.0)), [1 / s, math.sqrt(2) / s, 2 / s])
+
+
+def test_top_k_keeps_exactly_the_k_largest_and_renormalises():
+    logits = torch.tensor([1.0, 3.0, 2.0, 0.0, -1.0])
+    probs = warp(logits, SamplingParams(temperature=1.0, top_k=2))
+    e3, e2 = math.exp(3), math.exp(2)
+    assert_probs(probs, [0, e3 / (e3 + e2), e2 / (e3 + e2), 0, 0])
+    assert (probs[[0, 3, 4]] == 0).all()  # exactly zero, not merely small
+    # top_k >= V is no filter
+    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=5)), logits.softmax(-1).tolist())
+    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=50)), logits.softmax(-1).tolist())
+    # top_k = 1 is greedy
+    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=1)), [0, 1, 0, 0, 0])
+
+
+@pytest.mark.parametrize("top_p,support", [
+    (0.4, [1]),  # the top token alone already covers 0.4
+    (0.75, [1, 3]),  # 0.5 < 0.75 -> 0.3 is needed, then 0.8 covers it
+    (0.85, [1, 3, 0]),
+    (0.99, [1, 3, 0, 2]),
+    (1.0, [1, 3, 0, 2]),
+])
+def test_top_p_keeps_the_smallest_prefix_covering_p(top_p, support):
+    probs_in = [0.15, 0.5, 0.05, 0.3]  # unsorted on purpose: ranks are 1, 3, 0, 2
+    out = warp(logits_of(probs_in), SamplingParams(temperature=1.0, top_p=top_p))
+    kept = sum(probs_in[i] for i in support)
+    expected = [probs_in[i] / kept if i in support else 0.0 for i in range(4)]
+    assert_probs(out, expected)
+    assert (out[[i for i in range(4) if i not in support]] == 0).all()
+
+
+def test_top_p_applies_to_the_temperature_scaled_distribution():
+    probs_in = [0.5, 0.3, 0.15, 0.05]
+    scaled = [p ** 0.5 for p in probs_in]  # T = 2
+    scaled = [s / sum(scaled) for s in scaled]  # 0.379, 0.294, 0.208, 0.120
+    out = warp(logits_of(probs_in), SamplingParams(temperature=2.0, top_p=0.7))
+    kept = sum(scaled[:3])  # 0.379 + 0.294 = 0.673 < 0.7, so the third is kept too
+    assert_probs(out, [scaled[0] / kept, scaled[1] / kept, scaled[2] / kept, 0.0])
+
+
+def test_top_p_applies_after_top_k():
+    # After top-k=2 the distribution is 4/7, 3/7: top-p 0.5 then keeps only the first token. (Applied
+    # to the unfiltered distribution, top-p 0.5 would have kept two tokens.)
+    logits = logits_of([0.4, 0.3, 0.2, 0.1])
+    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=2, top_p=0.5)), [1, 0, 0, 0])
+    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=3, top_p=0.6)), [4 / 7, 3 / 7, 0, 0])
+
+
+def test_warp_works_row_wise_on_batches_and_returns_float32():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 11, generator=g).to(torch.bfloat16)
+    params = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
+    out = warp(logits, params)
+    assert out.shape == (2, 3, 11) and out.dtype == torch.float32
+    for i in range(2):
+        for j in range(3):
+            assert torch.allclose(out[i, j], warp(logits[i, j], params))
+    assert torch.allclose(out.sum(-1), torch.ones(2, 3))
+    assert ((out > 0).sum(-1) <= 5).all()
 
 
 def test_greedy_is_one_hot_argmax():
-    probs = warp(LOGITS, SamplingParams())
-    assert probs.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
-    assert next_token(LOGITS, SamplingParams(), None) == 0
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.9], [5.0, 0.0, 0.0, 4.0]])
+    out = warp(logits, SamplingParams())
+    assert out.dtype == torch.float32
+    assert out.tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
+    assert SamplingParams().greedy and not SamplingParams(temperature=0.1).greedy
+    # filters do not change greedy
+    assert warp(logits, SamplingParams(top_k=2, top_p=0.1)).tolist() == out.tolist()
 
 
-def test_temperature_one_is_softmax_and_temperature_sharpens():
-    p1 = warp(LOGITS, SamplingParams(temperature=1.0))
-    assert torch.allclose(p1, torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]), atol=1e-6)
-    p_half = warp(LOGITS, SamplingParams(temperature=0.5))
-    expected = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2
-    assert torch.allclose(p_half, expected / expected.sum(), atol=1e-6)
+def test_next_token_greedy_is_argmax_and_does_not_touch_the_generator():
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    assert next_token(torch.tensor([0.0, 3.0, 1.0]), SamplingParams(), g) == 1
+    assert torch.equal(g.get_state(), state)
 
 
-def test_top_k_keeps_k_largest_renormalised():
-    p = warp(LOGITS, SamplingParams(temperature=1.0, top_k=2))
-    assert torch.allclose(p, torch.tensor([0.5, 0.2, 0, 0, 0]) / 0.7, atol=1e-6)
+def test_next_token_sampling_is_seeded_and_stays_in_the_support():
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 1.5])
+    params = SamplingParams(temperature=1.0, top_k=3)
+    draws_a = [next_token(logits, params, torch.Generator().manual_seed(7)) for _ in range(3)]
+    g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    seq1 = [next_token(logits, params, g1) for _ in range(200)]
+    seq2 = [next_token(logits, params, g2) for _ in range(200)]
+    assert seq1 == seq2 and len(set(draws_a)) == 1
+    assert set(seq1) == {0, 1, 4}  # top-3 support, each reached in 200 draws
 
 
-def test_top_p_keeps_smallest_prefix_reaching_p():
-    # cumulative 0.5, 0.7, 0.85: top-p 0.7 keeps two tokens, 0.71 keeps three
-    p = warp(LOGITS, SamplingParams(temperature=1.0, top_p=0.7))
-    assert (p > 0).tolist() == [True, True, False, False, False]
-    p = warp(LOGITS, SamplingParams(temperature=1.0, top_p=0.71))
-    assert (p > 0).tolist() == [True, True, True, False, False]
-    assert torch.allclose(p.sum(), torch.tensor(1.0))
-    p = warp(LOGITS, SamplingParams(temperature=1.0, top_p=0.1))  # the top token always stays
-    assert p.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+def test_sample_never_draws_zero_probability_tokens():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([0.0, 0.7, 0.0, 0.3])
+    draws = {sample(probs, g) for _ in range(300)}
+    assert draws == {1, 3}
+    assert sample(torch.tensor([0.0, 0.0, 1.0]), g) == 2
 
 
-def test_warp_is_batched_per_row():
-    rows = torch.stack([LOGITS, LOGITS.flip(0)])
-    p = warp(rows, SamplingParams(temperature=1.0, top_k=1))
-    assert p.argmax(-1).tolist() == [0, 4] and torch.allclose(p.sum(-1), torch.ones(2))
-
-
-def test_sample_is_reproducible_with_generator():
-    probs = warp(LOGITS, SamplingParams(temperature=1.0))
-    a = [sample(probs, torch.Generator().manual_seed(7)) for _ in range(3)]
-    g = torch.Generator().manual_seed(7)
-    b = [sample(probs, g) for _ in range(50)]
-    assert len(set(a)) == 1 and len(set(b)) > 1
-
-
-@pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.01), dict(top_k=-1)])
-def test_bad_params_rejected(kwargs):
-    with pytest.raises(UserError):
+@pytest.mark.parametrize("kwargs,message", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": 0.0}, "top-p"),
+    ({"top_p": -0.5}, "top-p"),
+    ({"top_p": 1.01}, "top-p"),
+    ({"top_p": float("nan")}, "top-p"),
+    ({"top_k": -1}, "top-k"),
+])
+def test_sampling_params_reject_bad_values(kwargs, message):
+    with pytest.raises(UserError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_sampling_params_accept_boundary_values():
+    SamplingParams(temperature=0.0, top_p=1.0, top_k=0)
+    SamplingParams(temperature=100.0, top_p=1e-9, top_k=1)

@@ -1,0 +1,75 @@
+"""Plain helpers shared by the tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specdecode.sampling import SamplingParams, warp
+
+
+class TableModel:
+    """A CausalLM (models.CausalLM protocol) whose next-token logits depend only on the last token:
+    logits(next | ..., t) = table[t]. It records the tokens its "KV cache" holds, so tests can check
+    the decoder's cache invariants (truncate only shrinks; the cache holds what was committed)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, table: torch.Tensor, max_length: int = 1 << 20):
+        self.table = table.float()
+        self.vocab_size = table.shape[-1]
+        self.max_length = max_length
+        self.tokens: list[int] = []
+
+    @classmethod
+    def random(cls, vocab: int, seed: int, scale: float = 1.5) -> "TableModel":
+        g = torch.Generator().manual_seed(seed)
+        return cls(torch.randn(vocab, vocab, generator=g) * scale)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
+        assert tokens.dim() == 1 and tokens.dtype == torch.long and tokens.numel() > 0
+        self.tokens += tokens.tolist()
+        assert len(self.tokens) <= self.max_length
+        if num_logits:
+            tokens = tokens[-num_logits:]
+        return self.table.index_select(0, tokens)
+
+    def truncate(self, length: int) -> None:
+        assert 0 <= length <= len(self.tokens), (length, len(self.tokens))
+        del self.tokens[length:]
+
+
+DELTA = 1e-6
+
+
+def tv_bound(support: int, n: int, delta: float = DELTA) -> float:
+    """Total-variation radius t with P(TV(p̂_n, p) >= t) <= delta, for the empirical distribution
+    p̂_n of n i.i.d. draws from a distribution p with `support` possible outcomes.
+
+    Weissman, Ordentlich, Seroussi, Verdú, Weinberger (2003), "Inequalities for the L1 deviation of
+    the empirical distribution": P(||p̂_n - p||_1 >= ε) <= (2^m - 2) exp(-n ε² / 2). With
+    TV = ||.||_1 / 2 (ε = 2t) and 2^m - 2 < 2^m, setting the right side to delta gives
+    t = sqrt((m ln 2 + ln(1/delta)) / (2n)). With delta = 1e-6 a correct sampler exceeds t about
+    once in a million seeds; the tests are seeded, so they are deterministic anyway."""
+    return math.sqrt((support * math.log(2) + math.log(1 / delta)) / (2 * n))
+
+
+def tv(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Total variation between the empirical distribution of `counts` and `probs` (same shape)."""
+    counts = counts.double().flatten()
+    return 0.5 * float((counts / counts.sum() - probs.double().flatten()).abs().sum())
+
+
+def joint_two(table: torch.Tensor, last: int, params: SamplingParams) -> torch.Tensor:
+    """Exact P(first, second new token) of a TableModel target after `last`: p1(a) * p2(b | a)."""
+    p1 = warp(table[last], params).double()  # [V]
+    p2 = warp(table, params).double()  # [V, V]: row a is p(. | a)
+    return p1[:, None] * p2
