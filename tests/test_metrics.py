@@ -1,44 +1,77 @@
+"""Stats: acceptance rate α, mean accepted length τ = 1 + accepted/steps, by-position, merge."""
+
 import pytest
 
 from specdecode.metrics import Stats
 
 
-def make():
-    s = Stats(prefills=1)
-    s.observe(drafted=4, accepted=4, committed=5)
-    s.observe(drafted=4, accepted=1, committed=2)
-    s.observe(drafted=2, accepted=0, committed=1)
-    return s
+def observed(steps, prefills=1):
+    stats = Stats(prefills=prefills)
+    for drafted, accepted in steps:
+        stats.observe(drafted, accepted, accepted + 1)
+    return stats
 
 
-def test_rates_follow_their_definitions():
-    s = make()
-    assert (s.drafted, s.accepted, s.steps, s.new_tokens) == (10, 5, 3, 8)
-    assert s.acceptance_rate == pytest.approx(0.5)
-    assert s.mean_accepted_length == pytest.approx(1 + 5 / 3)
-    assert s.target_forwards == 4
-    assert s.drafted_by_pos == [3, 3, 2, 2] and s.accepted_by_pos == [2, 1, 1, 1]
-    assert s.acceptance_by_position == pytest.approx([2 / 3, 1 / 3, 0.5, 0.5])
+def test_alpha_tau_and_by_position():
+    stats = observed([(4, 4), (4, 1), (4, 0), (2, 2)])
+    assert (stats.drafted, stats.accepted, stats.steps, stats.new_tokens) == (14, 7, 4, 11)
+    assert stats.acceptance_rate == pytest.approx(7 / 14)
+    assert stats.mean_accepted_length == pytest.approx(1 + 7 / 4)
+    assert stats.drafted_by_pos == [4, 4, 3, 3]
+    assert stats.accepted_by_pos == [3, 2, 1, 1]
+    assert stats.acceptance_by_position == pytest.approx([3 / 4, 2 / 4, 1 / 3, 1 / 3])
+    assert stats.target_forwards == 5
 
 
-def test_plain_decoding_stats():
-    s = Stats(prefills=1)
-    for _ in range(5):
-        s.observe(0, 0, 1)
-    assert s.acceptance_rate == 0 and s.mean_accepted_length == 1 and s.target_forwards == 6
+def test_by_position_grows_with_the_longest_draft():
+    stats = observed([(1, 1), (3, 2), (0, 0)])
+    assert stats.drafted_by_pos == [2, 1, 1] and stats.accepted_by_pos == [2, 1, 0]
+    assert stats.steps == 3 and stats.drafted == 4 and stats.accepted == 3
 
 
-def test_merge_adds_counts_and_aligns_positions():
-    a, b = make(), Stats(prefills=1)
-    b.observe(drafted=6, accepted=6, committed=7)
+def test_plain_decoding_and_empty_stats():
+    plain = observed([(0, 0)] * 5)
+    assert plain.acceptance_rate == 0.0 and plain.mean_accepted_length == 1.0
+    assert plain.acceptance_by_position == [] and plain.new_tokens == 5
+    empty = Stats()
+    assert empty.acceptance_rate == empty.mean_accepted_length == empty.tokens_per_s == empty.mean_itl_s == 0.0
+
+
+def test_timing_properties():
+    stats = observed([(2, 2), (2, 0)])  # 4 tokens
+    stats.wall_s, stats.ttft_s = 2.0, 0.5
+    stats.draft_s, stats.verify_s, stats.prefill_s = 0.3, 1.0, 0.2
+    assert stats.tokens_per_s == pytest.approx(2.0)
+    assert stats.mean_itl_s == pytest.approx(1.5 / 3)  # 3 gaps after the first token
+    d = stats.to_dict()
+    assert d["other_s"] == pytest.approx(0.5) and d["target_forwards"] == 3
+    assert d["acceptance_rate"] == 0.5 and d["mean_accepted_length"] == 2.0
+    assert d["acceptance_by_position"] == [0.5, 0.5]
+    assert "α 0.50 (2/4)" in stats.summary() and "τ 2.00" in stats.summary()
+
+
+def test_merge_adds_counts_and_pads_positions():
+    a = observed([(4, 3), (4, 4)])
+    a.wall_s, a.ttft_s = 1.0, 0.1
+    b = observed([(2, 0)], prefills=1)
+    b.wall_s, b.ttft_s = 0.5, 0.2
     m = a.merge(b)
-    assert (m.drafted, m.accepted, m.steps, m.prefills) == (16, 11, 4, 2)
-    assert m.drafted_by_pos == [4, 4, 3, 3, 1, 1] and m.accepted_by_pos == [3, 2, 2, 2, 1, 1]
+    assert (m.drafted, m.accepted, m.steps, m.prefills, m.new_tokens) == (10, 7, 3, 2, 10)
+    assert m.drafted_by_pos == [3, 3, 2, 2] and m.accepted_by_pos == [2, 2, 2, 1]
+    assert m.wall_s == pytest.approx(1.5) and m.ttft_s == pytest.approx(0.3)
+    assert m.acceptance_rate == pytest.approx(7 / 10) and m.mean_accepted_length == pytest.approx(1 + 7 / 3)
+    # merging is symmetric and leaves its inputs alone
+    assert b.merge(a).drafted_by_pos == m.drafted_by_pos
+    assert a.drafted_by_pos == [2, 2, 2, 2] and b.drafted_by_pos == [1, 1]
+    assert Stats().merge(a).to_dict() == a.to_dict()
 
 
-def test_timings_and_dict():
-    s = make()
-    s.wall_s, s.ttft_s, s.draft_s, s.verify_s, s.prefill_s = 2.0, 0.3, 0.5, 1.0, 0.2
-    d = s.to_dict()
-    assert d["tokens_per_s"] == 4.0 and d["mean_itl_s"] == pytest.approx(1.7 / 7, abs=1e-5)
-    assert d["other_s"] == pytest.approx(0.3)
+def test_conditional_acceptance_counts_reached_positions():
+    from specdecode.metrics import Stats
+
+    s = Stats(prefills=1)
+    s.observe(drafted=4, accepted=4, committed=5)  # reaches positions 1-4
+    s.observe(drafted=4, accepted=1, committed=2)  # reaches 1-2 (2 rejected)
+    s.observe(drafted=2, accepted=0, committed=1)  # reaches 1
+    assert s.reached_by_pos == [3, 2, 1, 1]
+    assert s.conditional_acceptance == [2 / 3, 1 / 2, 1.0, 1.0]

@@ -26,9 +26,11 @@ class Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight, self.bias, self.packed = weight, bias, None
+        self.out_features = weight.shape[0]
         if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+                self.weight = None  # the packed copy replaces it (for fused q|k|v, gate|up: frees the cat)
             except (RuntimeError, AttributeError):
                 self.packed = None
 
@@ -73,7 +75,7 @@ class FastLlama:
         self.max_length = max_length or getattr(cfg, "max_position_embeddings", 2048)
         self.embed = hf_model.get_input_embeddings().weight
         self.lm_head = Linear(hf_model.get_output_embeddings().weight)
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.vocab_size = self.lm_head.out_features
         self.final_norm = hf_model.model.norm.weight
         with torch.no_grad():
             self.layers = [_Layer(layer) for layer in hf_model.model.layers]

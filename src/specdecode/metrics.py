@@ -4,7 +4,9 @@
 - acceptance rate α = accepted / drafted.
 - mean accepted length τ = tokens committed per verify forward including the recovered/bonus
   token = 1 + accepted / steps (vLLM's "mean acceptance length").
-- acceptance by position: for draft position i (1-based), accepted_i / drafted_i.
+- acceptance by position: for draft position i (1-based), accepted_i / drafted_i (vLLM's
+  per-position rate); the conditional rate accepted_i / reached_i, where reached_i counts steps whose
+  drafts before i were all accepted, is what adaptive k models.
 - target_forwards = decode steps + 1 prefill.
 - TTFT: request start to first committed token; mean ITL: mean gap between later tokens.
 """
@@ -28,6 +30,7 @@ class Stats:
     ttft_s: float = 0.0
     drafted_by_pos: list[int] = field(default_factory=list)
     accepted_by_pos: list[int] = field(default_factory=list)
+    reached_by_pos: list[int] = field(default_factory=list)
 
     def observe(self, drafted: int, accepted: int, committed: int) -> None:
         """One verify forward: `drafted` proposed, `accepted` kept, `committed` tokens emitted."""
@@ -39,8 +42,11 @@ class Stats:
         if grow > 0:
             self.drafted_by_pos += [0] * grow
             self.accepted_by_pos += [0] * grow
+            self.reached_by_pos += [0] * grow
         for i in range(drafted):
             self.drafted_by_pos[i] += 1
+        for i in range(min(accepted + 1, drafted)):
+            self.reached_by_pos[i] += 1
         for i in range(accepted):
             self.accepted_by_pos[i] += 1
 
@@ -53,6 +59,7 @@ class Stats:
         pad = lambda xs: xs + [0] * (size - len(xs))  # noqa: E731
         out.drafted_by_pos = [a + b for a, b in zip(pad(self.drafted_by_pos), pad(other.drafted_by_pos))]
         out.accepted_by_pos = [a + b for a, b in zip(pad(self.accepted_by_pos), pad(other.accepted_by_pos))]
+        out.reached_by_pos = [a + b for a, b in zip(pad(self.reached_by_pos), pad(other.reached_by_pos))]
         return out
 
     @property
@@ -80,6 +87,10 @@ class Stats:
     @property
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]
+
+    @property
+    def conditional_acceptance(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_by_pos, self.reached_by_pos)]
 
     def to_dict(self) -> dict:
         return {
