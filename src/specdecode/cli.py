@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     _decode_args(g, DEFAULT_DRAFTER)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    _control_args(g)
     g.set_defaults(run=cmd_generate)
 
     c = sub.add_parser("check-tokenizers", help="are two models' tokenizers interchangeable?")
@@ -59,7 +60,36 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--out", help="write the results JSON here")
     b.set_defaults(run=cmd_bench)
+
+    a = sub.add_parser("advise", help="measure prompts per task; recommend drafter and k per task; write a config")
+    a.add_argument("--prompts", required=True, help="JSONL file (optional 'task' per line) or built-in set")
+    a.add_argument("--out", required=True, help="where to write the config JSON")
+    a.add_argument("--report", help="also write the full measurements as JSON here")
+    a.add_argument("--candidates", default="ngram", help="comma-separated drafters to consider")
+    a.add_argument("--k-max", type=int, default=6)
+    a.add_argument("--max-new-tokens", type=int, default=64)
+    a.add_argument("--temperatures", default="0,0.3,0.7,1.0", help="α vs temperature sweep ('' to skip)")
+    _model_args(a)
+    a.set_defaults(run=cmd_advise)
+
+    m = sub.add_parser("memory", help="estimate memory for target + drafter + KV cache; optionally measure")
+    _model_args(m)
+    m.add_argument("--drafter", default="none", help="draft:<model> adds the draft model's memory")
+    m.add_argument("--context", type=int, default=2048)
+    m.add_argument("--batch", type=int, default=1)
+    m.add_argument("--k", type=int, default=4, help="draft tokens in flight per step (tree size - 1)")
+    m.add_argument("--measure", action="store_true", help="load the models, fill the context, compare")
+    m.set_defaults(run=cmd_memory)
     return ap
+
+
+def _control_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adaptive", action="store_true", help="choose k per step (up to --k) from live α and costs")
+    p.add_argument("--task", help="task label for routing and per-task stats (default: classified from the prompt)")
+    p.add_argument("--config", help="speculation config from `specdecode advise`: routes per task")
+    p.add_argument("--routing", choices=["config", "auto"], default="config",
+                   help="auto: learn the best drafter per task from measured speedups")
+    p.add_argument("--state", help="per-task α history file (JSON), kept across runs")
 
 
 def _setup(args) -> None:
@@ -85,6 +115,23 @@ def _sampling(args):
     return SamplingParams(args.temperature, args.top_k, args.top_p)
 
 
+def _router(args, target):
+    """A Router when any control flag is set, else None (plain fixed-k generation)."""
+    from specdecode import drafters
+    from specdecode.config import Route, SpecConfig, load_config
+    from specdecode.router import Router
+    from specdecode.tasks import TASKS
+    from specdecode.taskstate import TaskState
+
+    if args.task is not None and args.task not in TASKS:
+        raise UserError(f"unknown task {args.task!r}; known: {', '.join(TASKS)}")
+    if not (args.config or args.adaptive or args.routing == "auto" or args.state or args.task):
+        return None
+    config = load_config(args.config) if args.config else SpecConfig(default=Route(args.drafter, args.k, args.adaptive))
+    ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend)
+    return Router(target, config, ctx, TaskState(args.state), auto=args.routing == "auto")
+
+
 def cmd_generate(args) -> None:
     from specdecode import drafters, models
     from specdecode.corpora import Prompt, read_jsonl
@@ -92,6 +139,10 @@ def cmd_generate(args) -> None:
 
     params = _sampling(args)
     drafters.check_spec(args.drafter)
+    if args.config:
+        from specdecode.config import load_config
+
+        load_config(args.config)  # validate before loading any model
     if args.prompt is not None and args.prompt_file:
         raise UserError("give either a prompt or --prompt-file, not both")
     if args.prompt_file:
@@ -104,17 +155,25 @@ def cmd_generate(args) -> None:
         raise UserError("no prompt: give PROMPT or --prompt-file F.jsonl")
     _setup(args)
     target = models.load(args.target, args.dtype, args.device, args.backend)
-    drafter = drafters.build(args.drafter, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
+    router = _router(args, target)
+    drafter = None if router else drafters.build(args.drafter, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
     for p in prompts:
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
-        result = generate(target, drafter, p.prompt, k=args.k, params=params, max_new_tokens=args.max_new_tokens,
-                          chat=args.chat, stop=args.stop, seed=args.seed, on_text=stream)
+        common = dict(params=params, max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, on_text=stream)
+        if router:
+            result = router.run(p.prompt, task=args.task or p.task, chat=args.chat, **common)
+        else:
+            result = generate(target, drafter, p.prompt, k=args.k, chat=args.chat, **common)
         result.id, result.category = p.id, p.category
         if args.json:
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
         else:
             print()
-            print(f"[{args.drafter}, k={args.k}] {result.stats.summary()}", file=sys.stderr)
+            route = result.extra
+            label = f"{route['drafter']}, task={route['task']}, k<={route['k']}" if route else f"{args.drafter}, k={args.k}"
+            print(f"[{label}] {result.stats.summary()}", file=sys.stderr)
+    if router:
+        router.state.save()
 
 
 def cmd_check_tokenizers(args) -> int:
@@ -147,6 +206,50 @@ def cmd_bench(args) -> None:
     print(bench.table(report))
     if args.out:
         bench.dump(report, args.out)
+
+
+def cmd_advise(args) -> None:
+    from specdecode import advise, drafters, models
+    from specdecode.corpora import load_prompts
+    from specdecode.generation import check_k
+
+    check_k(args.k_max)
+    if args.max_new_tokens <= 0:
+        raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    specs = [c for c in args.candidates.split(",") if c]
+    for spec in specs:
+        drafters.check_spec(spec)
+    try:
+        temps = tuple(float(t) for t in args.temperatures.split(",") if t.strip())
+    except ValueError:
+        raise UserError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
+    if any(t < 0 for t in temps):
+        raise UserError("--temperatures must be >= 0")
+    prompts = load_prompts(args.prompts)
+    _setup(args)
+    target = models.load(args.target, args.dtype, args.device, args.backend)
+    ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend)
+    config, report = advise.advise(target, ctx, prompts, specs, k_max=args.k_max, max_new_tokens=args.max_new_tokens,
+                                   temperatures=temps, log=lambda m: print(m, file=sys.stderr))
+    print(advise.render(report))
+    config.save(args.out)
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=1)
+    print(f"config written to {args.out}", file=sys.stderr)
+
+
+def cmd_memory(args) -> None:
+    from specdecode import memory
+
+    if args.context < 1 or args.batch < 1 or args.k < 0:
+        raise UserError("--context and --batch must be >= 1 and --k >= 0")
+    if args.dtype not in memory.BYTES:
+        raise UserError(f"unknown dtype {args.dtype!r}; choose one of {', '.join(memory.BYTES)}")
+    _setup(args)
+    report = memory.report(args.target, args.drafter, dtype=args.dtype, context=args.context, batch=args.batch,
+                           k=args.k, backend=args.backend, measure=args.measure)
+    print(memory.render(report))
 
 
 def main(argv: list[str] | None = None) -> int:

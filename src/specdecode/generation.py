@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdecode.control import KPolicy
 from specdecode.decoder import decode
 from specdecode.drafters.base import Drafter
 from specdecode.errors import UserError
@@ -88,7 +89,7 @@ def generate(
     drafter: Drafter,
     prompt: str | list[int],
     *,
-    k: int = 4,
+    k: int | KPolicy = 4,
     params: SamplingParams = SamplingParams(),
     max_new_tokens: int = 128,
     chat: bool | None = None,
@@ -96,8 +97,10 @@ def generate(
     seed: int = 0,
     on_text: Callable[[str], None] | None = None,
 ) -> Result:
-    """Generate a completion of `prompt` (text, or token ids used as they are)."""
-    check_k(k)
+    """Generate a completion of `prompt` (text, or token ids used as they are).
+    k: drafts per step, or a policy choosing k before every step (control.AdaptiveK)."""
+    if isinstance(k, int):
+        check_k(k)
     if max_new_tokens <= 0:
         raise UserError(f"max_new_tokens must be positive, got {max_new_tokens}")
     tok = target.tokenizer

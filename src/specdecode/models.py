@@ -158,12 +158,28 @@ def _gguf_to_safetensors(gguf: Path) -> Path:
     return target
 
 
-def load_tokenizer(spec: str | None):
-    from transformers import AutoTokenizer
-
+def _local(spec: str | None) -> Path | str:
     where = resolve(spec)
     if isinstance(where, Path) and where.suffix == ".gguf":
         where = _gguf_to_safetensors(where)
+    return where
+
+
+def load_config(spec: str | None):
+    """The model's transformers config, without loading weights."""
+    from transformers import AutoConfig
+
+    where = _local(spec)
+    try:
+        return AutoConfig.from_pretrained(where)
+    except Exception as e:
+        raise UserError(f"cannot load the config of {spec or DEFAULT_TARGET}: {e}") from e
+
+
+def load_tokenizer(spec: str | None):
+    from transformers import AutoTokenizer
+
+    where = _local(spec)
     try:
         return AutoTokenizer.from_pretrained(where)
     except Exception as e:
@@ -198,9 +214,7 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backe
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda requested but no CUDA device is available")
-    where = resolve(spec)
-    if isinstance(where, Path) and where.suffix == ".gguf":
-        where = _gguf_to_safetensors(where)
+    where = _local(spec)
     try:
         hf = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype]).to(device)
         tokenizer = AutoTokenizer.from_pretrained(where)

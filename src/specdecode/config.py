@@ -1,0 +1,114 @@
+"""The speculation config file written by `specdecode advise` and read by generate/serve --config.
+
+{
+  "version": 1,
+  "default": {"drafter": "ngram", "k": 4, "adaptive": true},
+  "routing": {"code": {"drafter": "ngram", "k": 6}, "creative": {"drafter": "none"}},
+  "candidates": ["none", "ngram"],          # drafters --routing auto may choose from
+  "costs": {"ngram": {"draft_cost": 0.001, "verify_ratio": {"1": 1.05, ...}, "step_s": 0.04}},
+  "target": null, "dtype": "fp32"           # informational: what the advice was measured on
+}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdecode.control import CostModel
+from specdecode.drafters import check_spec
+from specdecode.errors import UserError
+from specdecode.generation import MAX_K
+from specdecode.tasks import TASKS
+
+
+@dataclass(frozen=True)
+class Route:
+    drafter: str = "ngram"
+    k: int = 4  # fixed k, or the largest k adaptive control may pick
+    adaptive: bool = True
+
+    def to_json(self) -> dict:
+        return {"drafter": self.drafter, "k": self.k, "adaptive": self.adaptive}
+
+
+@dataclass
+class SpecConfig:
+    default: Route = field(default_factory=Route)
+    routing: dict[str, Route] = field(default_factory=dict)
+    candidates: list[str] = field(default_factory=lambda: ["none", "ngram"])
+    costs: dict[str, CostModel] = field(default_factory=dict)
+    target: str | None = None
+    dtype: str = "fp32"
+
+    def route(self, task: str) -> Route:
+        return self.routing.get(task, self.default)
+
+    def to_json(self) -> dict:
+        return {
+            "version": 1,
+            "default": self.default.to_json(),
+            "routing": {t: r.to_json() for t, r in self.routing.items()},
+            "candidates": self.candidates,
+            "costs": {d: c.to_json() for d, c in self.costs.items()},
+            "target": self.target,
+            "dtype": self.dtype,
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+
+def _route(obj, where: str) -> Route:
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected an object with 'drafter', 'k', 'adaptive'")
+    unknown = set(obj) - {"drafter", "k", "adaptive"}
+    if unknown:
+        raise UserError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    drafter = obj.get("drafter", "ngram")
+    k = obj.get("k", 4)
+    adaptive = obj.get("adaptive", True)
+    if not isinstance(drafter, str):
+        raise UserError(f"{where}.drafter: expected a string")
+    check_spec(drafter)
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise UserError(f"{where}.k: expected an integer between 1 and {MAX_K}, got {k!r}")
+    if not isinstance(adaptive, bool):
+        raise UserError(f"{where}.adaptive: expected true or false")
+    return Route(drafter, k, adaptive)
+
+
+def load_config(path: str | Path) -> SpecConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"config {path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(raw, dict) or raw.get("version") != 1:
+        raise UserError(f"config {path}: expected a JSON object with \"version\": 1")
+    routing = raw.get("routing", {})
+    if not isinstance(routing, dict):
+        raise UserError(f"config {path}: 'routing' must map task labels to routes")
+    bad = set(routing) - set(TASKS)
+    if bad:
+        raise UserError(f"config {path}: unknown task label(s) {', '.join(sorted(bad))}; known: {', '.join(TASKS)}")
+    candidates = raw.get("candidates", ["none", "ngram"])
+    if not isinstance(candidates, list) or not all(isinstance(c, str) for c in candidates):
+        raise UserError(f"config {path}: 'candidates' must be a list of drafter names")
+    for c in candidates:
+        check_spec(c)
+    try:
+        costs = {d: CostModel.from_json(c) for d, c in raw.get("costs", {}).items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"config {path}: malformed 'costs' ({e})") from None
+    return SpecConfig(
+        default=_route(raw.get("default", {}), "default"),
+        routing={t: _route(r, f"routing.{t}") for t, r in routing.items()},
+        candidates=candidates,
+        costs=costs,
+        target=raw.get("target"),
+        dtype=raw.get("dtype", "fp32"),
+    )

@@ -1,0 +1,185 @@
+"""Choosing k: a measured cost model, a live acceptance estimate, fallback to plain decoding
+with re-probing. Pure arithmetic plus one small stateful controller the decoder consults.
+
+Speedup model (Leviathan et al. 2023, §3.4, generalised to a measured verify cost): with draft
+cost c per drafted token and verify cost ratio r(k) = T(k+1)/T(1), both relative to one plain
+target forward T(1), and E(k) the expected tokens committed per step,
+
+    predicted speedup(k) = E(k) / (k·c + r(k)),      E(k) = (1 - α^(k+1)) / (1 - α)
+
+or, with a per-position acceptance profile a_i (P(draft i accepted | drafts < i accepted)),
+E(k) = 1 + Σ_{i=1..k} Π_{j<=i} a_j. k = 0 is plain decoding, speedup 1 by definition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E(α, k): expected tokens per verify step with i.i.d. acceptance α and k drafts."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def expected_tokens_profile(profile: list[float], k: int) -> float:
+    """E(k) from per-position conditional acceptance; positions past the profile reuse its last value."""
+    total, survive = 1.0, 1.0
+    for i in range(k):
+        a = profile[min(i, len(profile) - 1)] if profile else 0.0
+        survive *= a
+        total += survive
+    return total
+
+
+@dataclass
+class CostModel:
+    draft_cost: float  # c: time of one drafted token / T(1)
+    verify_ratio: dict[int, float]  # k -> r(k) = T(k+1) / T(1); r(0) = 1
+    step_s: float = 0.0  # T(1), seconds of one plain decoding step (for reports)
+
+    def to_json(self) -> dict:
+        return {"draft_cost": self.draft_cost, "verify_ratio": {str(k): v for k, v in self.verify_ratio.items()},
+                "step_s": self.step_s}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "CostModel":
+        return cls(float(obj["draft_cost"]), {int(k): float(v) for k, v in obj["verify_ratio"].items()},
+                   float(obj.get("step_s", 0.0)))
+
+    def r(self, k: int) -> float:
+        if k <= 0:
+            return 1.0
+        if k in self.verify_ratio:
+            return self.verify_ratio[k]
+        known = sorted(self.verify_ratio)
+        if not known:
+            return 1.0
+        lo = max([x for x in known if x < k], default=None)
+        hi = min([x for x in known if x > k], default=None)
+        if lo is None:
+            return self.verify_ratio[hi]
+        if hi is None:  # extrapolate with the slope of the last two points (or flat)
+            if len(known) < 2:
+                return self.verify_ratio[lo]
+            a, b = known[-2], known[-1]
+            slope = (self.verify_ratio[b] - self.verify_ratio[a]) / (b - a)
+            return self.verify_ratio[lo] + slope * (k - lo)
+        w = (k - lo) / (hi - lo)
+        return self.verify_ratio[lo] * (1 - w) + self.verify_ratio[hi] * w
+
+    def speedup(self, expected: float, k: int) -> float:
+        return expected / (k * self.draft_cost + self.r(k)) if k > 0 else 1.0
+
+
+def best_k(profile: list[float], cost: CostModel, k_max: int) -> tuple[int, float]:
+    """The k in 0..k_max maximising predicted speedup -> (k, predicted speedup)."""
+    options = [(cost.speedup(expected_tokens_profile(profile, k), k), -k) for k in range(k_max + 1)]
+    speed, neg_k = max(options)
+    return -neg_k, speed
+
+
+class KPolicy(Protocol):
+    def next_k(self) -> int:
+        """How many tokens to draft at the next step (0 = a plain decoding step)."""
+
+    def observe(self, step) -> None:
+        """Feedback from the step just verified (a decoder.Step: drafted, accepted, timings)."""
+
+
+class FixedK:
+    """Always the same k (the --k flag)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, step) -> None:
+        pass
+
+
+@dataclass
+class AdaptiveK:
+    """Per-request k from a running per-position acceptance estimate and the cost model.
+
+    Acceptance at draft position i is estimated as the conditional rate P(accept i | accepted < i),
+    from exponentially decayed counts shrunk (with `prior_weight` pseudo-counts) towards `prior[i]`
+    (e.g. the task's history) or, past the prior's length, towards the estimate of position i-1, so
+    that positions never drafted yet inherit their neighbour's rate instead of a fixed guess. When no k
+    beats plain decoding by `margin`, it decodes plainly for `backoff` steps and then probes with
+    `probe_k` drafts for one step; each failed probe doubles the backoff (up to `max_backoff`), a
+    successful one resets it. Hysteresis: speculation restarts only above 1 + margin and stops
+    only below 1 - margin.
+    """
+
+    cost: CostModel
+    k_max: int
+    prior: list[float] = field(default_factory=lambda: [0.5])
+    prior_weight: float = 1.0
+    decay: float = 0.85
+    margin: float = 0.03
+    min_backoff: int = 8
+    max_backoff: int = 256
+    probe_k: int = 2
+    tracker: object | None = None  # costs.CostTracker refreshing `cost` from step timings
+    trials: list[float] = field(init=False)
+    hits: list[float] = field(init=False)
+    speculating: bool = field(init=False, default=True)
+    wait: int = field(init=False, default=0)
+    backoff: int = field(init=False, default=0)
+    last_k: int = field(init=False, default=0)
+
+    def __post_init__(self):
+        self.trials = [0.0] * self.k_max
+        self.hits = [0.0] * self.k_max
+        self.backoff = self.min_backoff
+
+    def profile(self) -> list[float]:
+        out: list[float] = []
+        for i in range(self.k_max):
+            target = self.prior[i] if i < len(self.prior) else (out[-1] if out else 0.5)
+            out.append((self.hits[i] + self.prior_weight * target) / (self.trials[i] + self.prior_weight))
+        return out
+
+    def next_k(self) -> int:
+        k, speed = best_k(self.profile(), self.cost, self.k_max)
+        if self.speculating:
+            if k == 0 or speed < 1 - self.margin:
+                self.speculating, self.wait = False, self.backoff
+                self.last_k = 0
+            else:
+                self.last_k = k
+            return self.last_k
+        if k > 0 and speed > 1 + self.margin:  # estimate recovered (e.g. a new prior)
+            self.speculating, self.backoff = True, self.min_backoff
+            self.last_k = k
+            return k
+        if self.wait > 0:
+            self.wait -= 1
+            self.last_k = 0
+            return 0
+        self.last_k = min(self.probe_k, self.k_max)  # probe: one speculative step refreshes the estimate
+        self.wait = self.backoff = min(self.backoff * 2, self.max_backoff)
+        return self.last_k
+
+    def observe(self, step) -> None:
+        if self.tracker is not None:
+            self.tracker.observe(step.drafted, step.draft_s, step.verify_s)
+        self.observe_counts(step.drafted, step.accepted)
+
+    def observe_counts(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        reached = min(accepted + 1, drafted)
+        for i in range(self.k_max):
+            self.trials[i] *= self.decay
+            self.hits[i] *= self.decay
+        for i in range(min(reached, self.k_max)):
+            self.trials[i] += 1
+            self.hits[i] += 1 if i < accepted else 0

@@ -1,0 +1,70 @@
+"""Measuring the cost model: T(n), the time of one target forward over n new tokens, and the
+drafter's time per drafted token, both relative to one plain decoding step T(1).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from specdecode.control import CostModel
+from specdecode.drafters.base import Drafter
+from specdecode.models import CausalLM
+from specdecode.sampling import SamplingParams
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def measure(
+    target: CausalLM,
+    drafter: Drafter,
+    k_max: int,
+    context: list[int],
+    params: SamplingParams = SamplingParams(),
+    repeats: int = 5,
+) -> CostModel:
+    """Time the target on 1..k_max+1 tokens after `context`, and the drafter proposing k_max."""
+    target.reset()
+    target.extend(torch.tensor(context[:-1]), num_logits=1)
+    base = target.length
+    step = torch.tensor(context[-1:] * (k_max + 1))
+
+    def forward(n):
+        target.extend(step[:n])
+        target.truncate(base)
+
+    t = {n: _median_time(lambda: forward(n), repeats) for n in range(1, k_max + 2)}
+    drafter.begin(context)
+    generator = torch.Generator().manual_seed(0)
+    draft_s = _median_time(lambda: drafter.propose(context, k_max, params, generator), repeats)
+    return CostModel(draft_s / k_max / t[1], {k: t[k + 1] / t[1] for k in range(1, k_max + 1)}, t[1])
+
+
+class CostTracker:
+    """Refreshes a cost model online from the decoder's own step timings (EWMA per size)."""
+
+    def __init__(self, model: CostModel, weight: float = 0.1):
+        self.model, self.weight = model, weight
+        self.step_s = {1: model.step_s}
+
+    def observe(self, drafted: int, draft_s: float, verify_s: float) -> None:
+        n, w = drafted + 1, self.weight
+        self.step_s[n] = verify_s if n not in self.step_s else (1 - w) * self.step_s[n] + w * verify_s
+        if n == 1:
+            self.model.step_s = self.step_s[1]
+        elif 1 in self.step_s:
+            r = self.step_s[n] / self.step_s[1]
+            old = self.model.verify_ratio.get(drafted, r)
+            self.model.verify_ratio[drafted] = (1 - w) * old + w * r
+            c = draft_s / drafted / self.step_s[1]
+            self.model.draft_cost = (1 - w) * self.model.draft_cost + w * c

@@ -1,0 +1,91 @@
+import itertools
+
+import pytest
+
+from specdecode.control import AdaptiveK, CostModel, best_k, expected_tokens, expected_tokens_profile
+from specdecode.decoder import Step
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(0.7, 0) == 1.0
+    for alpha, k in itertools.product([0.1, 0.5, 0.9], range(6)):
+        assert expected_tokens_profile([alpha], k) == pytest.approx(expected_tokens(alpha, k))
+    assert expected_tokens_profile([0.8, 0.5, 0.0], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.0)
+
+
+def test_verify_ratio_interpolates_and_extrapolates():
+    cost = CostModel(0.0, {1: 1.1, 3: 1.3, 4: 1.5})
+    assert cost.r(0) == 1.0 and cost.r(1) == 1.1 and cost.r(2) == pytest.approx(1.2)
+    assert cost.r(6) == pytest.approx(1.9)  # slope of the last two points
+
+
+@pytest.mark.parametrize("alpha,c,slope", [(0.9, 0.0, 0.05), (0.6, 0.05, 0.1), (0.8, 0.2, 0.02), (0.3, 0.1, 0.2)])
+def test_best_k_matches_brute_force(alpha, c, slope):
+    cost = CostModel(c, {k: 1 + slope * k for k in range(1, 9)})
+    k, speed = best_k([alpha], cost, 8)
+    brute = max(range(9), key=lambda j: expected_tokens(alpha, j) / (j * c + 1 + slope * j) if j else 1.0)
+    assert k == brute
+    assert speed == pytest.approx(expected_tokens(alpha, k) / (k * c + 1 + slope * k) if k else 1.0)
+
+
+def test_best_k_is_zero_when_speculation_loses():
+    assert best_k([0.05], CostModel(0.1, {k: 1 + 0.3 * k for k in range(1, 9)}), 8)[0] == 0
+
+
+def feed(policy, accept_prob_fn, steps):
+    """Drive the policy with a scripted acceptance pattern; returns the k chosen at each step."""
+    ks = []
+    for t in range(steps):
+        k = policy.next_k()
+        ks.append(k)
+        a = 0
+        while a < k and accept_prob_fn(t, a):
+            a += 1
+        policy.observe(Step([0] * (a + 1), k, a, 0.0, 0.0))
+    return ks
+
+
+COST = CostModel(0.02, {k: 1 + 0.1 * k for k in range(1, 9)})
+
+
+def test_adaptive_k_rises_with_acceptance_and_falls_back_when_it_drops():
+    policy = AdaptiveK(COST, k_max=8, prior=[0.5])
+    ks = feed(policy, lambda t, a: t < 60, 140)  # everything accepted for 60 steps, then nothing
+    assert max(ks[40:60]) == 8 and ks[59] == 8
+    plain_after = next(i for i in range(60, 140) if ks[i] == 0)
+    assert plain_after - 60 < 20  # falls back quickly (decay 0.85: ~7 steps of memory)
+    probes = [i for i in range(plain_after, 140) if ks[i] > 0]
+    assert probes, "re-probes after a backoff"
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert all(g2 >= g1 for g1, g2 in zip(gaps, gaps[1:])) and gaps[-1] > gaps[0]  # backoff grows
+
+
+def test_adaptive_k_recovers_when_acceptance_returns():
+    policy = AdaptiveK(COST, k_max=6, prior=[0.5], min_backoff=4)
+    ks = feed(policy, lambda t, a: t < 30 or t >= 60, 200)
+    assert 0 in ks[30:60]
+    assert ks[-1] > 0 and sum(k > 0 for k in ks[150:]) == 50  # back to speculating for good
+
+
+def test_hysteresis_avoids_flapping_near_break_even():
+    # acceptance right at the break-even of k=1: r(1)=1.1 plus c 0.02 needs E = 1 + a > 1.12
+    policy = AdaptiveK(COST, k_max=1, prior=[0.12])
+    ks = feed(policy, lambda t, a: (t % 25) < 3, 400)
+    assert max(ks) == 1  # probes respect k_max
+    switches = sum(1 for x, y in zip(ks, ks[1:]) if (x > 0) != (y > 0))
+    assert switches < 60  # probes included; without hysteresis and backoff this flips every few steps
+
+
+def test_k_zero_policy_still_decodes_in_the_loop(target):
+    from specdecode.decoder import decode
+    from specdecode.drafters import NgramDrafter
+    from specdecode.sampling import SamplingParams
+
+    never = AdaptiveK(CostModel(1.0, {k: 2.0 for k in range(1, 5)}), k_max=4, prior=[0.0])
+    steps = list(decode(target.model, NgramDrafter(), [5, 6, 7, 5, 6, 7, 5, 6], k=never, params=SamplingParams(),
+                        max_new_tokens=12))
+    assert sum(len(s.tokens) for s in steps) == 12
+    assert steps[0].drafted == 0
