@@ -58,3 +58,17 @@ def test_memory_command(capsys, tiny_model_dir, tiny_draft_dir):
     assert code == 0, err
     assert "target: weights" in out and "draft: weights" in out and "measured: resident growth" in out
     assert main(["memory", "--target", tiny_model_dir, "--context", "0"]) == 2
+
+
+def test_bench_adaptive_rows_are_lossless(capsys, tiny_model_dir, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": p, "category": c}) for p, c in
+                           [("a b a b a b", "code"), ("x y z x y z", "code"), ("tell a tale", "creative")]))
+    out_json = tmp_path / "r.json"
+    code = main(["bench", "--prompts", str(f), "--drafters", "ngram:1-2", "--adaptive", "--k", "4", "--target",
+                 tiny_model_dir, "--max-new-tokens", "12", "--out", str(out_json)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = {(r["drafter"], r["category"]): r for r in json.loads(out_json.read_text())["rows"]}
+    assert rows[("ngram:1-2+adaptive", "ALL")]["identical_to_none"] == 1.0
+    assert ("ngram:1-2+adaptive", "code") in rows and "| fp32 | ngram:1-2+adaptive | ALL |" in out

