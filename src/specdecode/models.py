@@ -165,25 +165,25 @@ def _local(spec: str | None) -> Path | str:
     return where
 
 
+def _from_pretrained(auto_class, spec: str | None, what: str):
+    where = _local(spec)
+    try:
+        return auto_class.from_pretrained(where)
+    except Exception as e:  # transformers raises many types for unreadable or unsupported files
+        raise UserError(f"cannot load the {what} of {spec or DEFAULT_TARGET}: {e}") from e
+
+
 def load_config(spec: str | None):
     """The model's transformers config, without loading weights."""
     from transformers import AutoConfig
 
-    where = _local(spec)
-    try:
-        return AutoConfig.from_pretrained(where)
-    except Exception as e:
-        raise UserError(f"cannot load the config of {spec or DEFAULT_TARGET}: {e}") from e
+    return _from_pretrained(AutoConfig, spec, "config")
 
 
 def load_tokenizer(spec: str | None):
     from transformers import AutoTokenizer
 
-    where = _local(spec)
-    try:
-        return AutoTokenizer.from_pretrained(where)
-    except Exception as e:
-        raise UserError(f"cannot load tokenizer of {spec}: {e}") from e
+    return _from_pretrained(AutoTokenizer, spec, "tokenizer")
 
 
 BACKENDS = ("auto", "fast", "hf")
