@@ -89,3 +89,18 @@ def test_k_zero_policy_still_decodes_in_the_loop(target):
                         max_new_tokens=12))
     assert sum(len(s.tokens) for s in steps) == 12
     assert steps[0].drafted == 0
+
+
+def test_advise_prediction_accounts_for_steps_without_proposals():
+    from specdecode.advise import predicted_speedup
+    from specdecode.metrics import Stats
+
+    stats = Stats()
+    for _ in range(10):
+        stats.observe(drafted=0, accepted=0, committed=1)  # n-gram found nothing: a plain step
+        stats.observe(drafted=4, accepted=2, committed=3)
+    cost = CostModel(0.0, {n: 1 + 0.1 * n for n in range(1, 5)})
+    assert predicted_speedup(stats, cost, 4) == pytest.approx(2 / (0.5 * 1 + 0.5 * 1.4))
+    assert predicted_speedup(stats, cost, 2) == pytest.approx(2 / (0.5 * 1 + 0.5 * 1.2))
+    assert predicted_speedup(stats, cost, 1) == pytest.approx(1.5 / (0.5 * 1 + 0.5 * 1.1))
+    assert predicted_speedup(stats, cost, 0) == 1.0
