@@ -65,10 +65,14 @@ def test_bench_adaptive_rows_are_lossless(capsys, tiny_model_dir, tmp_path):
     f.write_text("\n".join(json.dumps({"prompt": p, "category": c}) for p, c in
                            [("a b a b a b", "code"), ("x y z x y z", "code"), ("tell a tale", "creative")]))
     out_json = tmp_path / "r.json"
-    code = main(["bench", "--prompts", str(f), "--drafters", "ngram:1-2", "--adaptive", "--k", "4", "--target",
-                 tiny_model_dir, "--max-new-tokens", "12", "--out", str(out_json)])
+    code = main(["bench", "--prompts", str(f), "--drafters", "ngram:1-2", "--adaptive", "--k", "2,4", "--k-max", "6",
+                 "--target", tiny_model_dir, "--max-new-tokens", "12", "--out", str(out_json)])
     out, err = capsys.readouterr()
     assert code == 0, err
     rows = {(r["drafter"], r["category"]): r for r in json.loads(out_json.read_text())["rows"]}
     assert rows[("ngram:1-2+adaptive", "ALL")]["identical_to_none"] == 1.0
+    for k in (2, 4):  # one fixed-k run per --k value, labelled with it
+        assert rows[(f"ngram:1-2@k{k}", "ALL")]["identical_to_none"] == 1.0
+    assert rows[("ngram:1-2@k2", "ALL")]["acceptance_by_position"][2:] == []  # k=2 never drafts a third token
+    assert len(rows[("ngram:1-2@k4", "ALL")]["acceptance_by_position"]) == 4
     assert ("ngram:1-2+adaptive", "code") in rows and "| fp32 | ngram:1-2+adaptive | ALL |" in out

@@ -94,6 +94,9 @@ BAD = [
     (["generate", "hi", "--threads", "0"], "threads"),
     (["bench", "--prompts", "/no/such/file.jsonl"], "prompt file not found"),
     (["bench", "--repeats", "0"], "repeats"),
+    (["bench", "--k", "2,x"], "comma-separated list of integers"),
+    (["bench", "--k", "2,0"], "k must be"),
+    (["bench", "--k-max", "0"], "k must be"),
 ]
 
 

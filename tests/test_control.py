@@ -3,6 +3,7 @@ import itertools
 import pytest
 
 from specdecode.control import AdaptiveK, CostModel, best_k, expected_tokens, expected_tokens_profile
+from specdecode.costs import measure, monotone
 from specdecode.decoder import Step
 
 
@@ -104,3 +105,19 @@ def test_advise_prediction_accounts_for_steps_without_proposals():
     assert predicted_speedup(stats, cost, 2) == pytest.approx(2 / (0.5 * 1 + 0.5 * 1.2))
     assert predicted_speedup(stats, cost, 1) == pytest.approx(1.5 / (0.5 * 1 + 0.5 * 1.1))
     assert predicted_speedup(stats, cost, 0) == 1.0
+
+
+def test_monotone_smoothing_is_the_least_squares_non_decreasing_fit():
+    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    assert monotone([1.3, 1.2, 1.4]) == pytest.approx([1.25, 1.25, 1.4])
+    assert monotone([2.0, 1.0, 1.0, 3.0]) == pytest.approx([4 / 3] * 3 + [3.0])
+
+
+def test_measured_costs_grow_with_k(target, draft):
+    from specdecode.drafters import DraftModelDrafter
+
+    cost = measure(target.model, DraftModelDrafter(draft.model, target.model.vocab_size), 6, list(range(3, 40)),
+                   repeats=3)
+    ratios = [cost.verify_ratio[k] for k in range(1, 7)]
+    assert ratios == sorted(ratios) and ratios[0] >= 1.0
+    assert cost.step_s > 0 and cost.draft_cost > 0

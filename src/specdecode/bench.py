@@ -56,6 +56,16 @@ class Cell:
     reruns: int = 0
 
 
+def variants(drafter_specs: list[str], ks: list[int], adaptive: bool) -> list[tuple[str, str, int | None]]:
+    """(label, drafter spec, fixed k or None for adaptive k) for every run of a prompt; plain first."""
+    out: list[tuple[str, str, int | None]] = [("none", "none", 1)]
+    for s in dict.fromkeys(d for d in drafter_specs if d != "none"):
+        out += [(s if len(ks) == 1 else f"{s}@k{k}", s, k) for k in ks]
+        if adaptive:
+            out.append((f"{s}+adaptive", s, None))
+    return out
+
+
 def run(
     prompts: list[Prompt],
     drafter_specs: list[str],
@@ -64,7 +74,8 @@ def run(
     dtypes: list[str],
     device: str | None,
     backend: str = "auto",
-    k: int,
+    ks: list[int],
+    k_max: int = 12,
     params: SamplingParams,
     max_new_tokens: int,
     repeats: int = 1,
@@ -72,48 +83,48 @@ def run(
     adaptive: bool = False,
     log=print,
 ) -> dict:
-    """adaptive: also run every drafter with adaptive k (up to k), labelled `<drafter>+adaptive`,
-    with its cost model measured once and per-category acceptance history carried across prompts."""
-    base_specs = ["none"] + [s for s in drafter_specs if s != "none"]
-    specs = base_specs + ([f"{s}+adaptive" for s in base_specs[1:]] if adaptive else [])
+    """ks: the fixed k values to run each drafter with. adaptive: also run every drafter with
+    adaptive k (0..k_max), labelled `<drafter>+adaptive`, with its cost model measured once and
+    per-category acceptance history carried across prompts."""
+    runs = variants(drafter_specs, ks, adaptive)
+    labels = [label for label, _, _ in runs]
     cells: dict[tuple[str, str], Cell] = {}
     for dtype in dtypes:
         loaded = models.load(target, dtype, device, backend)
         ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend)
-        built = {s: drafter_registry.build(s, ctx) for s in base_specs}
-        policy = _policies(loaded, built, base_specs[1:] if adaptive else [], k, prompts[0].prompt, params)
-        built.update({f"{s}+adaptive": built[s] for s in base_specs[1:] if adaptive})
-        for s in specs:  # warm-up, excluded
-            generate(loaded, built[s], prompts[0].prompt, k=k, params=params, max_new_tokens=8, seed=seed)
+        built = {spec: drafter_registry.build(spec, ctx) for _, spec, _ in runs}
+        adaptive_specs = [spec for _, spec, k in runs if k is None]
+        policy = _policies(loaded, built, adaptive_specs, k_max, prompts[0].prompt, params)
+        for _, spec, k in runs:  # warm-up, excluded
+            generate(loaded, built[spec], prompts[0].prompt, k=k or k_max, params=params, max_new_tokens=8, seed=seed)
         for r in range(repeats):
             for i, p in enumerate(prompts):
-                order = specs[(i + r) % len(specs):] + specs[: (i + r) % len(specs)]
-                for s in order:
-                    cell = cells.setdefault((dtype, s), Cell())
-                    go = lambda: generate(loaded, built[s], p.prompt,  # noqa: E731
-                                          k=policy[s](p.category) if s in policy else k, params=params,
+                shift = (i + r) % len(runs)
+                for label, spec, k in runs[shift:] + runs[:shift]:
+                    cell = cells.setdefault((dtype, label), Cell())
+                    go = lambda: generate(loaded, built[spec], p.prompt,  # noqa: E731
+                                          k=k if k is not None else policy[spec](p.category), params=params,
                                           max_new_tokens=max_new_tokens, seed=seed)
                     res, load = measured(go)
                     if load is not None and load > LOAD_LIMIT:
                         cell.reruns += 1
                         res, load = measured(go)
-                    if s in policy:
-                        policy[s].state.observe(p.category, s, res.stats)
+                    if k is None:
+                        policy[spec].state.observe(p.category, label, res.stats)
                     cell.walls[p.id].append(res.stats.wall_s)
                     res.id, res.category = p.id, p.category
                     cell.results.setdefault(p.id, res)
             log(f"[{dtype}] repeat {r + 1}/{repeats} done")
-    return report(prompts, cells, dtypes, specs)
+    return report(prompts, cells, dtypes, labels)
 
 
 class _AdaptiveFactory:
     """A fresh AdaptiveK per request, seeded with the category's acceptance history."""
 
-    def __init__(self, cost, k_max):
+    def __init__(self, cost, k_max, label):
         from specdecode.taskstate import TaskState
 
-        self.cost, self.k_max, self.state = cost, k_max, TaskState()
-        self.label = ""
+        self.cost, self.k_max, self.label, self.state = cost, k_max, label, TaskState()
 
     def __call__(self, category: str):
         from specdecode.control import AdaptiveK
@@ -124,17 +135,14 @@ class _AdaptiveFactory:
         return AdaptiveK(self.cost, self.k_max, prior=prior, tracker=CostTracker(self.cost))
 
 
-def _policies(loaded, built, specs, k, probe_prompt, params) -> dict:
+def _policies(loaded, built, specs, k_max, probe_prompt, params) -> dict:
+    """drafter spec -> _AdaptiveFactory with the drafter's measured cost model."""
     from specdecode.costs import measure
     from specdecode.generation import encode_prompt
 
     ids = encode_prompt(loaded.tokenizer, probe_prompt, None)
-    out = {}
-    for s in specs:
-        factory = _AdaptiveFactory(measure(loaded.model, built[s], k, ids, params), k)
-        factory.label = f"{s}+adaptive"
-        out[factory.label] = factory
-    return out
+    return {s: _AdaptiveFactory(measure(loaded.model, built[s], k_max, ids, params), k_max, f"{s}+adaptive")
+            for s in specs}
 
 
 def report(prompts: list[Prompt], cells: dict, dtypes: list[str], specs: list[str]) -> dict:

@@ -20,9 +20,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="forward implementation: fast (lean Llama), hf (transformers), auto (fast when supported)")
 
 
-def _decode_args(p: argparse.ArgumentParser, drafter_default: str) -> None:
+def _decode_args(p: argparse.ArgumentParser, drafter_default: str, k_list: bool = False) -> None:
     p.add_argument("--drafter", default=drafter_default, help="none, ngram, draft:<model> (bench: comma list)")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per step")
+    if k_list:
+        p.add_argument("--k", default="4", help="draft tokens per step (comma list: one run per value)")
+    else:
+        p.add_argument("--k", type=int, default=4, help="draft tokens per step")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -54,11 +57,12 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare drafters with plain decoding on the same prompts")
     b.add_argument("--prompts", default="mtbench:4", help="JSONL file or built-in set (mtbench, mtbench:N)")
     _model_args(b)
-    _decode_args(b, "ngram")
+    _decode_args(b, "ngram", k_list=True)
     b.set_defaults(max_new_tokens=96)
     b.add_argument("--drafters", dest="drafter", help="alias of --drafter")
     b.add_argument("--repeats", type=int, default=1)
-    b.add_argument("--adaptive", action="store_true", help="also run each drafter with adaptive k (up to --k)")
+    b.add_argument("--adaptive", action="store_true", help="also run each drafter with adaptive k (0..--k-max)")
+    b.add_argument("--k-max", type=int, default=12, help="largest k adaptive control may pick")
     b.add_argument("--out", help="write the results JSON here")
     b.set_defaults(run=cmd_bench)
 
@@ -107,10 +111,8 @@ def _setup(args) -> None:
 
 
 def _sampling(args):
-    from specdecode.generation import check_k
     from specdecode.sampling import SamplingParams
 
-    check_k(args.k)
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     return SamplingParams(args.temperature, args.top_k, args.top_p)
@@ -136,8 +138,9 @@ def _router(args, target):
 def cmd_generate(args) -> None:
     from specdecode import drafters, models
     from specdecode.corpora import Prompt, read_jsonl
-    from specdecode.generation import generate
+    from specdecode.generation import check_k, generate
 
+    check_k(args.k)
     params = _sampling(args)
     drafters.check_spec(args.drafter)
     if args.config:
@@ -189,8 +192,8 @@ def cmd_check_tokenizers(args) -> int:
 def cmd_bench(args) -> None:
     from specdecode import bench
     from specdecode.corpora import load_prompts
-
     from specdecode.drafters import check_spec
+    from specdecode.generation import check_k
 
     params = _sampling(args)
     specs = [s for s in args.drafter.split(",") if s]
@@ -198,10 +201,17 @@ def cmd_bench(args) -> None:
         check_spec(spec)
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
+    try:
+        ks = [check_k(int(k)) for k in args.k.split(",") if k.strip()]
+    except ValueError:
+        raise UserError(f"--k must be a comma-separated list of integers, got {args.k!r}") from None
+    if not ks:
+        raise UserError("--k is empty")
+    check_k(args.k_max)
     prompts = load_prompts(args.prompts)
     _setup(args)
     report = bench.run(prompts, specs, target=args.target,
-                       dtypes=[d for d in args.dtype.split(",") if d], device=args.device, backend=args.backend, k=args.k,
+                       dtypes=[d for d in args.dtype.split(",") if d], device=args.device, backend=args.backend, ks=ks, k_max=args.k_max,
                        params=params, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                        seed=args.seed, adaptive=args.adaptive, log=lambda m: print(m, file=sys.stderr))
     print(bench.table(report))

@@ -31,7 +31,7 @@ def measure(
     k_max: int,
     context: list[int],
     params: SamplingParams = SamplingParams(),
-    repeats: int = 5,
+    repeats: int = 7,
 ) -> CostModel:
     """Time the target on 1..k_max+1 tokens after `context`, and the drafter proposing k_max."""
     target.reset()
@@ -43,11 +43,34 @@ def measure(
         target.extend(step[:n])
         target.truncate(base)
 
-    t = {n: _median_time(lambda: forward(n), repeats) for n in range(1, k_max + 2)}
+    sizes = range(1, k_max + 2)
+    for n in sizes:  # warm-up: first calls at a new size pay one-off kernel set-up
+        forward(n)
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):  # sizes interleaved, so a slow phase of a shared machine hits all alike
+        for n in sizes:
+            t0 = time.perf_counter()
+            forward(n)
+            samples[n].append(time.perf_counter() - t0)
+    t = {n: statistics.median(v) for n, v in samples.items()}
     drafter.begin(context)
     generator = torch.Generator().manual_seed(0)
     draft_s = _median_time(lambda: drafter.propose(context, k_max, params, generator), repeats)
-    return CostModel(draft_s / k_max / t[1], {k: t[k + 1] / t[1] for k in range(1, k_max + 1)}, t[1])
+    ratios = monotone([max(1.0, t[k + 1] / t[1]) for k in range(1, k_max + 1)])
+    return CostModel(draft_s / k_max / t[1], {k: r for k, r in zip(range(1, k_max + 1), ratios)}, t[1])
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (least squares, pool-adjacent-violators). A forward over
+    more tokens never costs less; single timings on a shared machine often say otherwise, and an
+    unsmoothed dip at some k would make the controller prefer that k for no real reason."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(n)]
 
 
 class CostTracker:
