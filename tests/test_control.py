@@ -2,9 +2,12 @@ import itertools
 
 import pytest
 
-from specdecode.control import AdaptiveK, CostModel, best_k, expected_tokens, expected_tokens_profile
+from specdecode.control import AdaptiveK, CostModel, best_k, expected_tokens, predicted_speedup
 from specdecode.costs import measure, monotone
 from specdecode.decoder import Step
+
+
+FREE = CostModel(0.0, {})  # r(k) = 1 and c = 0: the speedup is E(k) itself
 
 
 def test_expected_tokens_formula():
@@ -13,8 +16,8 @@ def test_expected_tokens_formula():
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
     assert expected_tokens(0.7, 0) == 1.0
     for alpha, k in itertools.product([0.1, 0.5, 0.9], range(6)):
-        assert expected_tokens_profile([alpha], k) == pytest.approx(expected_tokens(alpha, k))
-    assert expected_tokens_profile([0.8, 0.5, 0.0], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.0)
+        assert predicted_speedup([alpha], FREE, k) == pytest.approx(expected_tokens(alpha, k))
+    assert predicted_speedup([0.8, 0.5, 0.0], FREE, 3) == pytest.approx(1 + 0.8 + 0.4 + 0.0)
 
 
 def test_verify_ratio_interpolates_and_extrapolates():
@@ -121,3 +124,42 @@ def test_measured_costs_grow_with_k(target, draft):
     ratios = [cost.verify_ratio[k] for k in range(1, 7)]
     assert ratios == sorted(ratios) and ratios[0] >= 1.0
     assert cost.step_s > 0 and cost.draft_cost > 0
+
+
+@pytest.mark.parametrize("supply,accept", [([0.5, 0.8, 0.6], [0.7, 0.9, 0.5]), ([1.0], [0.6]), ([0.3, 1.0], [0.9])])
+def test_supply_aware_speedup_matches_simulation(supply, accept):
+    """Monte Carlo of a drafter that offers D tokens (continuing with prob s_i) of which a prefix is
+    accepted (prob a_i each): mean committed tokens / mean step cost must equal the formula."""
+    import random
+
+    cost = CostModel(0.05, {k: 1 + 0.15 * k for k in range(1, 7)})
+    rng, k, tokens, spent = random.Random(0), 5, 0.0, 0.0
+    for _ in range(100_000):
+        offered = 0
+        while offered < k and rng.random() < supply[min(offered, len(supply) - 1)]:
+            offered += 1
+        accepted = 0
+        while accepted < offered and rng.random() < accept[min(accepted, len(accept) - 1)]:
+            accepted += 1
+        tokens += accepted + 1
+        spent += offered * cost.draft_cost + cost.r(offered)
+    assert predicted_speedup(accept, cost, k, supply) == pytest.approx(tokens / spent, rel=0.01)
+
+
+def test_low_supply_makes_a_large_k_worth_asking_for():
+    """An n-gram-like drafter that rarely has long continuations: asking for many tokens costs
+    little, so the best k is larger than for a drafter that always drafts k."""
+    cost = CostModel(0.0, {k: 1 + 0.12 * k for k in range(1, 13)})
+    accept = [0.6, 0.8, 0.85, 0.9]
+    k_full, _ = best_k(accept, cost, 12)
+    k_sparse, _ = best_k(accept, cost, 12, supply=[0.4, 0.6])
+    assert k_sparse > k_full
+
+
+def test_adaptive_k_learns_the_drafters_supply():
+    policy = AdaptiveK(CostModel(0.0, {k: 1 + 0.12 * k for k in range(1, 13)}), k_max=12, prior=[0.8])
+    for _ in range(30):  # asked for k, the drafter offered 2 tokens each time, both accepted
+        k = policy.next_k()
+        policy.observe(Step([0] * 3, min(2, k), min(2, k), 0.0, 0.0))
+    supply = policy.supply()
+    assert supply[0] > 0.95 and supply[1] > 0.95 and supply[2] < 0.2  # prior 1 weighs 1 of ~7.7

@@ -71,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--out", required=True, help="where to write the config JSON")
     a.add_argument("--report", help="also write the full measurements as JSON here")
     a.add_argument("--candidates", default="ngram", help="comma-separated drafters to consider")
-    a.add_argument("--k-max", type=int, default=6)
+    a.add_argument("--k-max", type=int, default=12, help="largest k to measure and recommend")
     a.add_argument("--max-new-tokens", type=int, default=64)
     a.add_argument("--temperatures", default="0,0.3,0.7,1.0", help="α vs temperature sweep ('' to skip)")
     _model_args(a)
