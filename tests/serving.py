@@ -54,3 +54,13 @@ def reference(target, ids: list[int], max_tokens: int, stop=(), drafter=None):
     """The same request run alone through the single-sequence decoder (greedy)."""
     return generate(target, drafter or NoDrafter(), list(ids), k=4, params=SamplingParams(),
                     max_new_tokens=max_tokens, stop=stop)
+
+
+@contextmanager
+def scheduler_held(engine: Engine):
+    """Freeze the scheduler at the top of its next iteration (it takes this lock every iteration), so
+    that a request is deterministically mid-flight: the tiny model would otherwise finish 480 tokens
+    in tens of milliseconds, faster than a test can act. The HTTP side keeps serving, except calls
+    that need the lock (submit, cancel), which wait for the release."""
+    with engine.cv:
+        yield
