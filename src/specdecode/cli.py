@@ -1,4 +1,4 @@
-"""Command line: `specdecode generate | check-tokenizers | bench`."""
+"""Command line: `specdecode generate | check-tokenizers | bench | advise | memory | serve`."""
 
 from __future__ import annotations
 
@@ -85,6 +85,25 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--k", type=int, default=4, help="draft tokens in flight per step (tree size - 1)")
     m.add_argument("--measure", action="store_true", help="load the models, fill the context, compare")
     m.set_defaults(run=cmd_memory)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with batched speculative decoding")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    _model_args(s)
+    s.add_argument("--drafter", default=DEFAULT_DRAFTER, help="default drafter: none, ngram, draft:<model>")
+    s.add_argument("--k", type=int, default=4, help="default draft tokens per step (the largest k when adaptive)")
+    s.add_argument("--adaptive", action="store_true", help="choose k per step from live α and measured costs")
+    s.add_argument("--config", help="speculation config from `specdecode advise`: routes per task")
+    s.add_argument("--served-model-name", help="the model id clients send (default: the target's name)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or $SPECDECODE_API_KEY)")
+    s.add_argument("--max-batch", type=int, default=8, help="requests decoded together (KV slots)")
+    s.add_argument("--queue", type=int, default=64, help="requests waiting for a slot before 429")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds per request before 408")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    s.add_argument("--load-control", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure verify cost per batch size and reduce k under load")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
+    s.set_defaults(run=cmd_serve)
     return ap
 
 
@@ -261,6 +280,44 @@ def cmd_memory(args) -> None:
     report = memory.report(args.target, args.drafter, dtype=args.dtype, context=args.context, batch=args.batch,
                            k=args.k, backend=args.backend, measure=args.measure)
     print(memory.render(report))
+
+
+def cmd_serve(args) -> None:
+    import os
+    from pathlib import Path
+
+    from specdecode import drafters, models
+    from specdecode.config import load_config
+
+    from specdecode.generation import check_k
+
+    check_k(args.k)
+    drafters.check_spec(args.drafter)
+    for name, value in (("--max-batch", args.max_batch), ("--queue", args.queue), ("--max-body-bytes", args.max_body_bytes)):
+        if value < 1:
+            raise UserError(f"{name} must be >= 1, got {value}")
+    if not args.timeout > 0:
+        raise UserError(f"--timeout must be positive, got {args.timeout}")
+    try:
+        import uvicorn
+
+        from specdecode.server import build_engine, default_routes
+        from specdecode.server.app import ServeOptions, create_app
+    except ImportError as e:
+        raise UserError(f"serve needs fastapi, uvicorn and prometheus_client (pip install -e .): {e}") from None
+    routes = load_config(args.config) if args.config else default_routes(args.drafter, args.k, args.adaptive)
+    _setup(args)
+    target = models.load(args.target, args.dtype, args.device, args.backend)
+    name = args.served_model_name or (Path(target.name).name if target.name != models.DEFAULT_TARGET else target.name)
+    engine = build_engine(target, routes, model_name=name, max_batch=args.max_batch, queue_size=args.queue,
+                          load_control=args.load_control, dtype=args.dtype, device=args.device, backend=args.backend,
+                          threads=args.threads)
+    opts = ServeOptions(name, routes, args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
+                        args.timeout, args.max_body_bytes)
+    print(f"specdecode: serving {name} on http://{args.host}:{args.port} (drafter {routes.default.drafter}, "
+          f"k {routes.default.k}, max batch {args.max_batch})", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(engine, opts), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=args.shutdown_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,154 @@
+"""Many sequences in one target forward: the batched model behind the server.
+
+`BatchedLlama` reuses a FastLlama's prepared layers (prepacked linears, cos/sin tables) with a
+static KV cache per *slot* ([layers, slots, kv_heads, cap, head_dim]) and one length per slot;
+rolling a slot back is, as in FastLlama, only a change of its length. A forward takes ragged rows
+(slot, tokens): the linear layers run on the rows' tokens packed together ([N, hidden], no
+padding work), only attention scatters them into a right-padded [B, heads, S, head_dim] block
+with a per-row causal mask over the row's own slot, at per-row RoPE positions.
+
+`PerSlotLM` is the fallback for other architectures (HF forward): one HFModel cache per slot,
+rows run one after another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from specdecode.fast_llama import _BLOCK, FastLlama
+from specdecode.models import CausalLM, HFModel
+
+
+@dataclass
+class Row:
+    slot: int
+    tokens: torch.Tensor  # [n] new tokens for this slot, appended after its cached ones
+    num_logits: int = 0  # return only the last num_logits rows of logits (0: all n)
+
+
+class BatchLM(Protocol):
+    slots: int
+    max_length: int
+    vocab_size: int
+
+    def length(self, slot: int) -> int: ...
+
+    def truncate(self, slot: int, length: int) -> None: ...
+
+    def forward(self, rows: list[Row]) -> list[torch.Tensor]:
+        """rows -> logits [n_i (or num_logits), V] float32 per row; appends the tokens to each slot."""
+        ...
+
+
+def batched(model: CausalLM, slots: int) -> BatchLM:
+    """The batched form of a loaded target: BatchedLlama for FastLlama, PerSlotLM otherwise."""
+    if isinstance(model, FastLlama):
+        return BatchedLlama(model, slots)
+    return PerSlotLM(model.hf, slots)
+
+
+class BatchedLlama:
+    def __init__(self, fast: FastLlama, slots: int):
+        self.fast, self.slots = fast, slots
+        self.max_length, self.vocab_size = fast.max_length, fast.vocab_size
+        self.device, self.dtype = fast.device, fast.dtype
+        self.lengths = [0] * slots
+        self.k_cache = self.v_cache = None  # [layers, slots, kv_heads, cap, head_dim]
+
+    def length(self, slot: int) -> int:
+        return self.lengths[slot]
+
+    def truncate(self, slot: int, length: int) -> None:
+        self.lengths[slot] = min(self.lengths[slot], length)
+
+    def _ensure_capacity(self, needed: int) -> None:
+        have = 0 if self.k_cache is None else self.k_cache.shape[3]
+        if needed <= have:
+            return
+        f = self.fast
+        cap = min(self.max_length, -(-needed // _BLOCK) * _BLOCK)
+        shape = (len(f.layers), self.slots, f.kv_heads, cap, f.head_dim)
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if have:
+            k[:, :, :, :have] = self.k_cache
+            v[:, :, :, :have] = self.v_cache
+        self.k_cache, self.v_cache = k, v
+
+    @torch.inference_mode()
+    def forward(self, rows: list[Row]) -> list[torch.Tensor]:
+        f, dev = self.fast, self.device
+        counts = [r.tokens.shape[0] for r in rows]
+        starts = [self.lengths[r.slot] for r in rows]
+        ends = [s + n for s, n in zip(starts, counts)]
+        if max(ends) > self.max_length:
+            raise ValueError(f"sequence of {max(ends)} tokens exceeds max_length {self.max_length}")
+        self._ensure_capacity(max(ends))
+        b, s_max, l_max = len(rows), max(counts), max(ends)
+        h, d, kvh = f.heads, f.head_dim, f.kv_heads
+
+        row_of = torch.repeat_interleave(torch.arange(b), torch.tensor(counts)).to(dev)  # [N]
+        t_of = torch.cat([torch.arange(n) for n in counts]).to(dev)  # [N] index within the row
+        start_t = torch.tensor(starts, device=dev)
+        pos = start_t[row_of] + t_of  # [N] absolute positions
+        slot_ids = [r.slot for r in rows]
+        slot_t = torch.tensor(slot_ids, device=dev)
+        slot_of = slot_t[row_of]  # [N]
+        cos, sin = f.cos[pos][:, None], f.sin[pos][:, None]  # [N, 1, d]
+        # query t of row b (position start_b + t) sees keys 0..start_b + t of its own slot
+        keys = torch.arange(l_max, device=dev)
+        mask = keys[None, None, :] <= (start_t[:, None] + torch.arange(s_max, device=dev)[None, :])[:, :, None]
+        mask = mask[:, None]  # [B, 1, S, L]
+        contiguous = slot_ids == list(range(slot_ids[0], slot_ids[0] + b))
+        sel = slice(slot_ids[0], slot_ids[0] + b) if contiguous else slot_t
+
+        x = F.embedding(torch.cat([r.tokens for r in rows]).to(dev), f.embed)  # [N, hidden]
+        for i, layer in enumerate(f.layers):
+            qkv = layer.qkv(f._norm(x, layer.norm1)).view(-1, h + 2 * kvh, d)  # [N, h+2kvh, d]
+            q, k = f._rope(qkv[:, : h + kvh], cos, sin).split([h, kvh], dim=1)
+            v = qkv[:, h + kvh :]
+            self.k_cache[i][slot_of, :, pos] = k  # [N, kvh, d] into [slots, kvh, cap, d]
+            self.v_cache[i][slot_of, :, pos] = v
+            q_pad = q.new_zeros(b, s_max, h, d)
+            q_pad[row_of, t_of] = q
+            attn = F.scaled_dot_product_attention(
+                q_pad.transpose(1, 2), self.k_cache[i][sel, :, :l_max], self.v_cache[i][sel, :, :l_max],
+                attn_mask=mask, enable_gqa=True,
+            )  # [B, h, S, d]
+            x = x + layer.o(attn.transpose(1, 2)[row_of, t_of].reshape(-1, h * d))
+            gate, up = layer.gate_up(f._norm(x, layer.norm2)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        for r, end in zip(rows, ends):
+            self.lengths[r.slot] = end
+
+        keep = [r.num_logits or n for r, n in zip(rows, counts)]
+        offsets = torch.tensor([0] + counts[:-1]).cumsum(0).tolist()
+        picked = torch.cat([torch.arange(o + n - m, o + n) for o, n, m in zip(offsets, counts, keep)]).to(dev)
+        logits = f.lm_head(f._norm(x[picked], f.final_norm)).float()  # [sum keep, V]
+        return list(logits.split(keep))
+
+
+class PerSlotLM:
+    """Any transformers causal LM: one HFModel (its own DynamicCache) per slot, rows in turn."""
+
+    def __init__(self, hf_model, slots: int):
+        self.seqs = [HFModel(hf_model) for _ in range(slots)]
+        self.slots = slots
+        self.max_length, self.vocab_size = self.seqs[0].max_length, self.seqs[0].vocab_size
+
+    def length(self, slot: int) -> int:
+        return self.seqs[slot].length
+
+    def truncate(self, slot: int, length: int) -> None:
+        seq = self.seqs[slot]
+        if length == 0:
+            seq.reset()
+        else:
+            seq.truncate(length)
+
+    def forward(self, rows: list[Row]) -> list[torch.Tensor]:
+        return [self.seqs[r.slot].extend(r.tokens, num_logits=r.num_logits) for r in rows]

@@ -1,0 +1,38 @@
+"""`specdecode serve`: an OpenAI-compatible server with batched speculative decoding.
+
+  batch_model.py (package root)  many sequences in one target forward (ragged rows, per-slot KV)
+  engine.py                      continuous batching scheduler: propose, one batched verify, commit
+  load.py                        measured verify cost at each batch size -> k under load
+  drafting.py                    one drafter object per request
+  metrics.py                     Prometheus counters/gauges/histograms, defined once; /stats view
+  schemas.py, app.py             pydantic bodies, routes, SSE streaming, auth, limits, errors
+"""
+
+from __future__ import annotations
+
+from specdecode import drafters
+from specdecode.batch_model import batched
+from specdecode.config import Route, SpecConfig
+from specdecode.models import LoadedModel
+from specdecode.server.drafting import DrafterPool
+from specdecode.server.engine import Engine
+from specdecode.server.load import measure
+from specdecode.server.metrics import ServerMetrics
+
+
+def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, max_batch: int = 8,
+                 queue_size: int = 64, load_control: bool = True, dtype: str = "fp32", device: str | None = None,
+                 backend: str = "auto", threads: int | None = None) -> Engine:
+    """Everything the server runs on: batched target, drafters (model drafters loaded now), the
+    measured batch costs (when load_control) and the metrics."""
+    model = batched(target.model, max_batch)
+    specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
+    pool = DrafterPool(drafters.DrafterContext(target, dtype, device, backend), sorted(specs))
+    k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
+    costs = measure(model, max_batch, min(k_max, 8)) if load_control else None
+    return Engine(model, target.tokenizer, target.eos_ids, pool, ServerMetrics(model_name),
+                  queue_size=queue_size, costs=costs, threads=threads)
+
+
+def default_routes(drafter: str, k: int, adaptive: bool) -> SpecConfig:
+    return SpecConfig(default=Route(drafter, k, adaptive), candidates=["none", drafter])

@@ -1,0 +1,305 @@
+"""HTTP layer: OpenAI-compatible routes, server-sent events, auth, body limit, errors.
+
+Routes: POST /v1/completions, POST /v1/chat/completions (both with `stream`), GET /v1/models,
+/health, /metrics (Prometheus text), /stats (JSON). /v1/* and /stats need the API key when one
+is set; /health and /metrics stay open for probes and scrapers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from specdecode.config import Route, SpecConfig
+from specdecode.errors import UserError
+from specdecode.sampling import SamplingParams
+from specdecode.server import engine as eng
+from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest, Speculative, error_response
+from specdecode.tasks import classify
+
+
+@dataclass
+class ServeOptions:
+    model_name: str
+    routes: SpecConfig  # default drafter/k/adaptive, and routes per task
+    api_key: str | None = None
+    timeout_s: float | None = 600.0
+    max_body_bytes: int = 1 << 20
+
+
+def resolve_route(spec: Speculative | None, task: str, routes: SpecConfig) -> Route:
+    """The request's speculative override on top of the server's route for its task."""
+    route = routes.route(task)
+    if spec is None:
+        return route
+    if not spec.enabled:
+        return Route("none", route.k, False)
+    adaptive = route.adaptive if spec.adaptive is None else spec.adaptive
+    return Route(spec.drafter or route.drafter, spec.k or route.k, adaptive)
+
+
+# -- response shapes -------------------------------------------------------------------------------
+
+
+class CompletionFormat:
+    object, chunk_object, prefix = "text_completion", "text_completion", "cmpl"
+
+    def __init__(self, model: str):
+        self.id, self.model, self.created = f"{self.prefix}-{uuid.uuid4().hex}", model, int(time.time())
+
+    def _wrap(self, obj: str, choices: list, usage: dict | None = None) -> dict:
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+    def opening(self) -> list[dict]:
+        return []
+
+    def chunk(self, text: str, finish_reason: str | None = None) -> dict:
+        return self._wrap(self.chunk_object, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}])
+
+    def usage_chunk(self, usage: dict) -> dict:
+        return self._wrap(self.chunk_object, [], usage)
+
+    def full(self, text: str, finish_reason: str, usage: dict) -> dict:
+        return self._wrap(self.object, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}], usage)
+
+
+class ChatFormat(CompletionFormat):
+    object, chunk_object, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def opening(self) -> list[dict]:
+        return [self._wrap(self.chunk_object, [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                "logprobs": None, "finish_reason": None}])]
+
+    def chunk(self, text: str, finish_reason: str | None = None) -> dict:
+        delta = {"content": text} if text else {}
+        return self._wrap(self.chunk_object, [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+
+    def full(self, text: str, finish_reason: str, usage: dict) -> dict:
+        message = {"role": "assistant", "content": text}
+        return self._wrap(self.object, [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}], usage)
+
+
+def _sse(obj: dict | str) -> bytes:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+# -- guard: API key and body size (pure ASGI, before any parsing) ---------------------------------
+
+
+class Guard:
+    PROTECTED = ("/v1/", "/stats")
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.max_body = app, max_body_bytes
+        self.key = api_key.encode() if api_key else None
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.key and scope["path"].startswith(self.PROTECTED) and not self._authorized(headers):
+            resp = error_response(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                                  "authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            return await resp(scope, receive, send)
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_body:
+            status = 413 if length.isdigit() else 400
+            resp = error_response(status, f"request body larger than {self.max_body} bytes" if status == 413
+                                  else "invalid Content-Length", "invalid_request_error")
+            return await resp(scope, receive, send)
+        seen = 0
+
+        async def counted():  # chunked bodies carry no Content-Length: count as they arrive
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                raise HTTPException(413, f"request body larger than {self.max_body} bytes")
+            return message
+
+        return await self.app(scope, counted, send)
+
+
+# -- the app ----------------------------------------------------------------------------------------
+
+
+def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = True) -> FastAPI:
+    tokenizer, context, vocab = engine.tokenizer, engine.model.max_length, engine.model.vocab_size
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if start_engine:
+            engine.start()
+        yield
+        engine.stop()  # in-flight requests have finished (uvicorn waits for them) or are failed now
+
+    app = FastAPI(title="specdecode", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        return error_response(400, f"{param + ': ' if param else ''}{first.get('msg')}", "invalid_request_error", param)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request, exc: HTTPException):
+        kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}
+        return error_response(exc.status_code, str(exc.detail), kind.get(exc.status_code, "invalid_request_error"))
+
+    @app.exception_handler(ApiError)
+    async def _api(request, exc: ApiError):
+        return exc.response()
+
+    @app.exception_handler(Exception)
+    async def _crash(request, exc: Exception):
+        return error_response(500, "internal server error", "internal_error")
+
+    def build(req, ids: list[int], task_text: str) -> eng.Request:
+        if req.model is not None and req.model != opts.model_name:
+            raise ApiError(404, f"model {req.model!r} not found; this server serves {opts.model_name!r}",
+                           "not_found_error", "model", "model_not_found")
+        if not ids:
+            raise ApiError(400, "prompt is empty after tokenization", param="prompt")
+        if any(not 0 <= t < vocab for t in ids):
+            raise ApiError(400, f"token ids must be in [0, {vocab})", param="prompt")
+        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
+        room = context - len(ids)
+        if max_tokens is None:
+            max_tokens = 16 if isinstance(req, CompletionRequest) else room
+        if max_tokens < 1 or len(ids) + max_tokens > context:
+            raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+                                f"context of {context} tokens", param="max_tokens", code="context_length_exceeded")
+        task = req.task or classify(task_text)
+        route = resolve_route(req.speculative, task, opts.routes)
+        try:
+            engine.pool.template(route.drafter)  # unknown or not loaded -> 400
+            params = SamplingParams(req.temperature, max(req.top_k, 0), req.top_p)
+        except UserError as e:
+            raise ApiError(400, str(e), param="speculative.drafter") from None
+        return eng.Request(ids, params, max_tokens, tuple(req.stop or ()), req.seed, route.drafter, route.k,
+                           route.adaptive, task, req.ignore_eos, opts.timeout_s)
+
+    async def run(request: Request, req, ids: list[int], task_text: str, fmt: CompletionFormat):
+        engine_req = build(req, ids, task_text)
+        queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def sink(event):
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+            except RuntimeError:  # the event loop is gone (shutdown)
+                pass
+
+        try:
+            seq = engine.submit(engine_req, sink)
+        except eng.QueueFull as e:
+            raise ApiError(429, str(e), "rate_limit_exceeded", code="queue_full") from None
+        except eng.ShuttingDown as e:
+            raise ApiError(503, str(e), "service_unavailable") from None
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_stream(seq, queue, fmt, include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await _collect(request, seq, queue, fmt)
+
+    async def _stream(seq, queue, fmt: CompletionFormat, include_usage: bool):
+        done = False
+        try:
+            for obj in fmt.opening():
+                yield _sse(obj)
+            while True:
+                event = await queue.get()
+                if isinstance(event, eng.Delta):
+                    yield _sse(fmt.chunk(event.text))
+                    continue
+                done = True
+                if isinstance(event, eng.Done):
+                    yield _sse(fmt.chunk("", event.finish_reason))
+                    if include_usage:
+                        yield _sse(fmt.usage_chunk(event.usage.to_json()))
+                else:
+                    yield _sse({"error": {"message": event.message, "type": event.type, "param": None, "code": None}})
+                yield _sse("[DONE]")
+                return
+        finally:
+            if not done:  # the client went away (or the server is stopping): free the slot
+                engine.cancel(seq)
+
+    async def _collect(request: Request, seq, queue, fmt: CompletionFormat):
+        parts = []
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), 0.25)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        engine.cancel(seq)
+                        return Response(status_code=499)
+                    continue
+                if isinstance(event, eng.Delta):
+                    parts.append(event.text)
+                elif isinstance(event, eng.Done):
+                    return JSONResponse(fmt.full("".join(parts), event.finish_reason, event.usage.to_json()))
+                else:
+                    return error_response(event.status, event.message, event.type)
+        except asyncio.CancelledError:
+            engine.cancel(seq)
+            raise
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        prompt = req.prompt
+        ids = list(prompt) if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
+        text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
+        return await run(request, req, ids, text, CompletionFormat(opts.model_name))
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # templates raise on role orders they do not support
+            raise ApiError(400, f"chat template failed: {e}", param="messages") from None
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        return await run(request, req, ids, users[-1] if users else messages[-1]["content"], ChatFormat(opts.model_name))
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [{"id": opts.model_name, "object": "model", "created": 0,
+                                            "owned_by": "specdecode", "max_model_len": context}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(engine.metrics.prometheus_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/stats")
+    async def stats():
+        return engine.metrics.stats()
+
+    return Guard(app, opts.api_key, opts.max_body_bytes)

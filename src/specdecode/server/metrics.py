@@ -1,0 +1,130 @@
+"""Server metrics, defined once, exported as Prometheus text (/metrics) and JSON (/stats).
+
+Speculation counters mean what vLLM's `vllm:spec_decode_*` counters mean, under the prefix
+`specdecode:`, with labels `task` and `drafter`:
+- num_drafts: verify steps that carried at least one draft token;
+- num_draft_tokens: draft tokens proposed; num_accepted_tokens: draft tokens kept;
+- num_accepted_tokens_per_pos{position=i}: steps whose draft at position i (0-based) was kept.
+So α = accepted / draft_tokens and τ (mean acceptance length, bonus included) = 1 + accepted / drafts.
+/stats is computed from these same counters, so the two views cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "specdecode:"
+_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = r = CollectorRegistry()
+        self.model_name = model_name
+        spec = ["model_name", "task", "drafter"]
+        self.drafts = Counter(PREFIX + "spec_decode_num_drafts", "Verify steps with at least one draft token", spec, registry=r)
+        self.draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed", spec, registry=r)
+        self.accepted = Counter(PREFIX + "spec_decode_num_accepted_tokens", "Draft tokens accepted", spec, registry=r)
+        self.accepted_per_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted draft tokens by draft position (0-based)", spec + ["position"], registry=r)
+        self.running = Gauge(PREFIX + "num_requests_running", "Requests holding a batch slot", ["model_name"], registry=r)
+        self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests queued for a slot", ["model_name"], registry=r)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens", ["model_name"], registry=r)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens", ["model_name"], registry=r)
+        self.finished = Counter(PREFIX + "request_success", "Finished requests by reason", ["model_name", "finished_reason"], registry=r)
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Arrival to first token", ["model_name"],
+                              buckets=_LATENCY, registry=r)
+        self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
+                             "Gap between deliveries divided by the tokens delivered, once per token",
+                             ["model_name"], buckets=_LATENCY, registry=r)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to finish", ["model_name"],
+                             buckets=_LATENCY, registry=r)
+        self.tokens_per_forward = Histogram(PREFIX + "tokens_per_forward",
+                                            "Tokens a request commits per target forward (accepted + 1)",
+                                            ["model_name"], buckets=_TOKENS, registry=r)
+        self.batch_size = Histogram(PREFIX + "batch_size", "Requests verified per batched target forward",
+                                    ["model_name"], buckets=_TOKENS, registry=r)
+        self.set_queue(0, 0)
+
+    # -- updates (called from the engine thread) --------------------------------------------
+
+    def observe_step(self, task: str, drafter: str, drafted: int, accepted: int, committed: int) -> None:
+        labels = (self.model_name, task, drafter)
+        if drafted:
+            self.drafts.labels(*labels).inc()
+            self.draft_tokens.labels(*labels).inc(drafted)
+            self.accepted.labels(*labels).inc(accepted)
+            for pos in range(accepted):
+                self.accepted_per_pos.labels(*labels, str(pos)).inc()
+        self.tokens_per_forward.labels(self.model_name).observe(accepted + 1)
+        self.generation_tokens.labels(self.model_name).inc(committed)
+
+    def observe_delivery(self, gap_s: float, tokens: int, first: bool) -> None:
+        if first:
+            self.ttft.labels(self.model_name).observe(gap_s)
+        elif tokens:
+            for _ in range(tokens):
+                self.itl.labels(self.model_name).observe(gap_s / tokens)
+
+    def observe_finish(self, reason: str, e2e_s: float) -> None:
+        self.finished.labels(self.model_name, reason).inc()
+        self.e2e.labels(self.model_name).observe(e2e_s)
+
+    def set_queue(self, running: int, waiting: int) -> None:
+        self.running.labels(self.model_name).set(running)
+        self.waiting.labels(self.model_name).set(waiting)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def prometheus_text(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def stats(self) -> dict:
+        """JSON view of the same counters: totals, per task and per drafter."""
+        total, by_task, by_drafter = _Tally(), defaultdict(_Tally), defaultdict(_Tally)
+        for metric in self.registry.collect():
+            name = metric.name.removeprefix(PREFIX + "spec_decode_")
+            if not metric.name.startswith(PREFIX + "spec_decode_"):
+                continue
+            for s in metric.samples:
+                if not s.name.endswith("_total"):
+                    continue
+                for tally in (total, by_task[s.labels["task"]], by_drafter[s.labels["drafter"]]):
+                    tally.add(name, s.labels.get("position"), s.value)
+        return {
+            "model": self.model_name,
+            "spec_decode": total.to_json(),
+            "per_task": {t: v.to_json() for t, v in sorted(by_task.items())},
+            "per_drafter": {d: v.to_json() for d, v in sorted(by_drafter.items())},
+            "requests": {"running": _gauge(self.running, self.model_name), "waiting": _gauge(self.waiting, self.model_name)},
+        }
+
+
+def _gauge(gauge: Gauge, model_name: str) -> int:
+    return int(gauge.labels(model_name)._value.get())
+
+
+class _Tally:
+    def __init__(self):
+        self.values = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+        self.per_pos: dict[int, int] = {}
+
+    def add(self, name: str, position: str | None, value: float) -> None:
+        if name == "num_accepted_tokens_per_pos":
+            self.per_pos[int(position)] = self.per_pos.get(int(position), 0) + int(value)
+        elif name in self.values:
+            self.values[name] += int(value)
+
+    def to_json(self) -> dict:
+        v = self.values
+        drafts, drafted, accepted = v["num_drafts"], v["num_draft_tokens"], v["num_accepted_tokens"]
+        size = max(self.per_pos, default=-1) + 1
+        return {
+            **v,
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+            "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
+            "num_accepted_tokens_per_pos": [self.per_pos.get(i, 0) for i in range(size)],
+        }

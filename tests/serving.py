@@ -1,0 +1,66 @@
+"""Running the real server (uvicorn on a free loopback port, in a thread) for the server tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import uvicorn
+
+from specdecode.generation import generate
+from specdecode.drafters.none import NoDrafter
+from specdecode.sampling import SamplingParams
+from specdecode.server import build_engine, default_routes
+from specdecode.server.app import ServeOptions, create_app
+from specdecode.server.engine import Engine
+
+MODEL = "tiny"
+
+
+@dataclass
+class Running:
+    url: str  # http://127.0.0.1:PORT
+    engine: Engine
+    server: uvicorn.Server
+
+
+@contextmanager
+def serve(target, *, drafter="ngram", k=4, adaptive=False, routes=None, max_batch=8, queue=64,
+          load_control=True, start_engine=True, **opts):
+    routes = routes or default_routes(drafter, k, adaptive)
+    engine = build_engine(target, routes, model_name=MODEL, max_batch=max_batch, queue_size=queue,
+                          load_control=load_control)
+    app = create_app(engine, ServeOptions(MODEL, routes, **opts), start_engine=start_engine)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error",
+                                           timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield Running(f"http://127.0.0.1:{port}", engine, server)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        assert not thread.is_alive(), "server did not shut down"
+
+
+def reference(target, ids: list[int], max_tokens: int, stop=(), drafter=None):
+    """The same request run alone through the single-sequence decoder (greedy)."""
+    return generate(target, drafter or NoDrafter(), list(ids), k=4, params=SamplingParams(),
+                    max_new_tokens=max_tokens, stop=stop)
+
+
+@contextmanager
+def scheduler_held(engine: Engine):
+    """Freeze the scheduler at the top of its next iteration (it takes this lock every iteration), so
+    that a request is deterministically mid-flight: the tiny model would otherwise finish 480 tokens
+    in tens of milliseconds, faster than a test can act. The HTTP side keeps serving, except calls
+    that need the lock (submit, cancel), which wait for the release."""
+    with engine.cv:
+        yield

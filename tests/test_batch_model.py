@@ -1,0 +1,86 @@
+import pytest
+import torch
+
+from conftest import make_llama
+from specdecode import models
+from specdecode.batch_model import BatchedLlama, PerSlotLM, Row, batched
+from specdecode.control import CostModel
+from specdecode.fast_llama import FastLlama
+from specdecode.server.load import BatchCosts
+
+
+@pytest.fixture(scope="module")
+def fast():
+    return FastLlama(make_llama(seed=3, layers=2, hidden=64))
+
+
+def _single(fast, ids):
+    fast.reset()
+    return fast.extend(ids)  # [n, V]
+
+
+def test_ragged_rows_match_single_sequence_logits(fast):
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 384, (n,), generator=g) for n in (30, 7, 300, 12)]
+    refs = [_single(fast, s) for s in seqs]
+    bm = BatchedLlama(fast, slots=5)
+    # ragged prefill in slots 4, 1, 2, 0 (not contiguous, not in order); row 3 is a single token
+    cuts = [20, 3, 290, 1]
+    slots = [4, 1, 2, 0]
+    out = bm.forward([Row(slot, s[:c]) for slot, s, c in zip(slots, seqs, cuts)])
+    for o, ref, c in zip(out, refs, cuts):
+        assert o.shape == (c, 384)
+        assert torch.allclose(o, ref[:c], atol=1e-4, rtol=1e-4)
+    # verify-like ragged steps with rollback in between: 1..k+1 tokens per row, last rows only
+    bm.truncate(4, 15)  # reject drafts: slot 4 back to 15 tokens
+    rows = [Row(4, seqs[0][15:30]), Row(2, seqs[2][290:300], num_logits=3), Row(0, seqs[3][1:12])]
+    out = bm.forward(rows)
+    assert torch.allclose(out[0], refs[0][15:30], atol=1e-4, rtol=1e-4)
+    assert out[1].shape == (3, 384) and torch.allclose(out[1], refs[2][297:300], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(out[2], refs[3][1:12], atol=1e-4, rtol=1e-4)
+    assert [bm.length(s) for s in (4, 1, 2, 0)] == [30, 3, 300, 12]
+    assert bm.k_cache.shape[1] == 5 and bm.k_cache.shape[3] >= 300  # grew past its first block
+
+
+def test_contiguous_slots_match_too(fast):
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 384, (n,), generator=g) for n in (9, 14, 5)]
+    refs = [_single(fast, s) for s in seqs]
+    bm = BatchedLlama(fast, slots=3)
+    out = bm.forward([Row(i, s) for i, s in enumerate(seqs)])
+    for o, ref in zip(out, refs):
+        assert torch.allclose(o, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_overflow_is_an_error(fast):
+    bm = BatchedLlama(fast, slots=1)
+    with pytest.raises(ValueError, match="exceeds max_length"):
+        bm.forward([Row(0, torch.zeros(fast.max_length + 1, dtype=torch.long))])
+
+
+def test_hf_fallback_runs_rows_per_slot(target_hf, target):
+    assert isinstance(batched(target.model, 2), BatchedLlama)
+    lm = batched(target_hf.model, 2)
+    assert isinstance(lm, PerSlotLM)
+    a, b = torch.arange(5, 25), torch.arange(40, 47)
+    out = lm.forward([Row(0, a), Row(1, b, num_logits=1)])
+    ref = models.HFModel(target_hf.model.hf)
+    assert torch.allclose(out[0], ref.extend(a), atol=1e-5)
+    ref.reset()
+    assert torch.allclose(out[1], ref.extend(b)[-1:], atol=1e-5)
+    lm.truncate(0, 0)
+    assert lm.length(0) == 0 and lm.length(1) == 7
+
+
+def test_load_cap_shrinks_k_when_verification_gets_expensive():
+    # one row verifies 5 tokens for the price of ~1; at eight rows each extra token costs half a step
+    times = {(1, n): 1.0 + 0.05 * (n - 1) for n in range(1, 6)}
+    times |= {(8, n): 4.0 + 2.0 * (n - 1) for n in range(1, 6)}
+    costs = BatchCosts(times)
+    assert isinstance(costs.cost(8), CostModel) and costs.cost(8).r(4) == pytest.approx(3.0)
+    assert costs.cap(1, [0.6], 4) == 4  # alone: never capped
+    assert costs.cap(2, [0.6], 4) < 4  # batch 2 uses the nearest measured size above (8)
+    assert costs.cap(8, [0.3], 4) == 0  # low acceptance: stop speculating under load
+    assert costs.cap(8, [0.99], 4) == 4  # near-certain drafts still pay off
+    costs.observe(8, 5, 0.0)  # refreshed online (EWMA)
+    assert costs.times[(8, 5)] < 12.0
