@@ -75,12 +75,14 @@ class Tree:
 
     def mask(self, device=None) -> torch.Tensor:
         """[N+1, N+1] bool, +1 layout: entry (i, j) is True when j is i or an ancestor of i."""
-        n = len(self)
-        mask = torch.eye(n + 1, dtype=torch.bool, device=device)
-        mask[:, 0] = True
+        seen: list[list[int]] = []  # per node: +1 indices of the root, its ancestors and itself
+        rows, cols = [0], [0]
         for i, parent in enumerate(self.parents):
-            if parent >= 0:
-                mask[i + 1] |= mask[parent + 1]
+            seen.append((seen[parent] if parent >= 0 else [0]) + [i + 1])
+            rows += [i + 1] * len(seen[i])
+            cols += seen[i]
+        mask = torch.zeros(len(self) + 1, len(self) + 1, dtype=torch.bool, device=device)
+        mask[rows, cols] = True  # one indexed write: a Python loop of tensor ops cost ~1 ms per tree
         return mask
 
     def positions(self, length: int, device=None) -> torch.Tensor:
