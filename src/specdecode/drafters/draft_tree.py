@@ -39,7 +39,7 @@ class DraftTreeDrafter(DraftModelDrafter):
 
     def propose(self, context, k, params: SamplingParams, generator):
         root = self._align(self._sync(context))  # [V]
-        grow = _Growth(self, len(context), params)
+        grow = _Growth(self.model, self._align, len(context), params)
         try:
             if self.nodes is None:
                 return grow.static(root, k, self.branches, generator)
@@ -52,8 +52,9 @@ class DraftTreeDrafter(DraftModelDrafter):
 class _Growth:
     """One tree being grown: nodes (tokens, parents, depth) and which of them the draft model holds."""
 
-    def __init__(self, drafter: DraftTreeDrafter, context_length: int, params: SamplingParams):
-        self.drafter, self.length, self.params = drafter, context_length, params
+    def __init__(self, model, align, context_length: int, params: SamplingParams):
+        self.model, self.align = model, align  # align: draft logits -> the target's vocabulary
+        self.length, self.params = context_length, params
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.depth: list[int] = []
@@ -67,20 +68,24 @@ class _Growth:
 
     def feed(self, frontier: list[int]) -> torch.Tensor:
         """Run the draft model on the frontier nodes (each sees its own ancestors) -> logits [F, V]."""
-        t = len(self.fed) + len(frontier)
-        mask = torch.zeros(len(frontier), t, dtype=torch.bool)  # over [fed nodes, frontier]
+        offset = len(self.fed)
+        rows, cols = [], []  # mask entries over [fed nodes, frontier]: itself and its ancestors
         for row, node in enumerate(frontier):
-            mask[row, len(self.fed) + row] = True
+            rows.append(row)
+            cols.append(offset + row)
             parent = self.parents[node]
             while parent >= 0:
-                mask[row, self.fed[parent]] = True
+                rows.append(row)
+                cols.append(self.fed[parent])
                 parent = self.parents[parent]
+        mask = torch.zeros(len(frontier), offset + len(frontier), dtype=torch.bool)
+        mask[rows, cols] = True
         for node in frontier:
             self.fed[node] = len(self.fed)
         # the last context token sits at position length - 1, so depth d goes to length - 1 + d
         positions = torch.tensor([self.length - 1 + self.depth[n] for n in frontier], dtype=torch.long)
         tokens = torch.tensor([self.tokens[n] for n in frontier], dtype=torch.long)
-        return self.drafter._align(self.drafter.model.extend_tree(tokens, positions, mask))
+        return self.align(self.model.extend_tree(tokens, positions, mask))
 
     def dist(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft distribution used to choose and score tokens: warped q, or softmax when greedy."""
@@ -90,33 +95,30 @@ class _Growth:
         q = self.dist(root)  # [V]
         b = min(b, int((q > 0).sum()))
         sampled = not self.params.greedy
-        probs = []
-        if sampled:  # without replacement, in draw order: sibling j carries q minus siblings < j
-            remaining = q.clone()
-            for _ in range(b):
-                row = remaining / remaining.sum()
-                probs.append(row)
-                x = int(torch.multinomial(row, 1, generator=generator))
-                self.add(-1, x)
-                remaining[x] = 0
+        if sampled:
+            # Without replacement: torch draws by exponential races, returned in draw order, which is
+            # distributed as successive draws; sibling j then carries q minus siblings < j, renormalised.
+            first = torch.multinomial(q, b, replacement=False, generator=generator).tolist()
+            earlier = torch.ones(b, q.shape[0]).index_put_(
+                (torch.tensor([j for j in range(b) for _ in range(j)], dtype=torch.long),
+                 torch.tensor([first[i] for j in range(b) for i in range(j)], dtype=torch.long)),
+                torch.tensor(0.0))  # [b, V]: row j is 0 at the tokens of siblings < j
+            rows = q * earlier
+            probs = [rows / rows.sum(-1, keepdim=True)]
         else:
-            for x in q.topk(b).indices.tolist():
-                self.add(-1, x)
-        frontier = list(range(b))
+            first, probs = q.topk(b).indices.tolist(), []
+        frontier = [self.add(-1, x) for x in first]
         for _ in range(1, k):
-            rows = self.feed(frontier)
-            next_frontier = []
-            for node, logits in zip(frontier, rows):
-                if sampled:
-                    row = warp(logits, self.params)
-                    probs.append(row)
-                    x = int(torch.multinomial(row, 1, generator=generator))
-                else:
-                    x = int(logits.argmax())
-                next_frontier.append(self.add(node, x))
-            frontier = next_frontier
-        tree = Tree(self.tokens, self.parents)
-        return Proposal.of_tree(tree, torch.stack(probs) if probs else None)
+            logits = self.feed(frontier)  # [b, V]
+            if sampled:
+                rows = warp(logits, self.params)
+                probs.append(rows)
+                chosen = torch.multinomial(rows, 1, generator=generator)[:, 0].tolist()
+            else:
+                chosen = logits.argmax(-1).tolist()
+            frontier = [self.add(node, x) for node, x in zip(frontier, chosen)]
+        tree = Tree(self.tokens, self.parents)  # nodes level by level, as the rows of probs
+        return Proposal.of_tree(tree, torch.cat(probs) if probs else None)
 
     def dynamic(self, root: torch.Tensor, k: int, b: int, budget: int) -> Proposal:
         scores: list[float] = []
