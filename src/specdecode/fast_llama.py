@@ -56,7 +56,7 @@ class _Layer:
 
 
 class FastLlama:
-    """CausalLM protocol (reset / extend / truncate) for LlamaForCausalLM weights."""
+    """CausalLM protocol (reset / extend / truncate, extend_tree / keep) for LlamaForCausalLM weights."""
 
     def __init__(self, hf_model, max_length: int | None = None):
         cfg = hf_model.config
@@ -120,15 +120,47 @@ class FastLlama:
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
         """tokens: [n] -> logits [n, V] float32 (last num_logits rows if > 0); appends to the cache."""
         n, start = tokens.shape[0], self.length
-        end = start + n
+        self._check_room(start + n)
+        mask = None
+        if n > 1:  # query i (position start+i) sees keys 0..start+i
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)
+        return self._forward(tokens, self.cos[start : start + n], self.sin[start : start + n], mask, num_logits)
+
+    @torch.inference_mode()
+    def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+        """tokens: [n] at cache slots length..length+n-1 with rotary positions `positions` [n];
+        tree_mask: [n, t] bool (t >= n) over the last t - n cached tokens and the n new ones: token i
+        attends to slot j there where tree_mask[i, j], and to every slot before. -> logits [n, V]
+        float32. Follow with keep() (or truncate)."""
+        n, start = tokens.shape[0], self.length
+        self._check_room(start + n)
+        positions = positions.to(self.device)
+        prefix = torch.ones(n, start + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
+        mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)  # [n, start+n]
+        return self._forward(tokens, self.cos[positions], self.sin[positions], mask, 0)
+
+    @torch.inference_mode()
+    def keep(self, length: int, indices: list[int]) -> None:
+        """Keep cache slots 0..length-1, then the slots `indices` (ascending, >= length) moved to
+        length, length+1, ... (the accepted path of a tree; its positions already match)."""
+        m = len(indices)
+        if indices != list(range(length, length + m)):
+            idx = torch.tensor(indices, dtype=torch.long, device=self.device)
+            self.k_cache[:, :, :, length : length + m] = self.k_cache[:, :, :, idx]  # gather copies first
+            self.v_cache[:, :, :, length : length + m] = self.v_cache[:, :, :, idx]
+        self.length = length + m
+
+    def _check_room(self, end: int) -> None:
         if end > self.max_length:
             raise ValueError(f"sequence of {end} tokens exceeds max_length {self.max_length}")
         self._ensure_capacity(end)
+
+    def _forward(self, tokens, cos, sin, mask, num_logits: int) -> torch.Tensor:
+        """tokens: [n] into cache slots length..length+n-1; cos, sin: [n, d]; mask: [n, length+n] bool
+        or None (a single token sees everything) -> logits [n or num_logits, V] float32."""
+        n, start = tokens.shape[0], self.length
+        end = start + n
         h, d, kvh = self.heads, self.head_dim, self.kv_heads
-        cos, sin = self.cos[start:end], self.sin[start:end]  # [n, d]
-        mask = None
-        if n > 1:  # query i (position start+i) sees keys 0..start+i
-            mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
         x = F.embedding(tokens.to(self.device), self.embed)[None]  # [1, n, hidden]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x, layer.norm1))  # [1, n, (h+2kvh)*d]

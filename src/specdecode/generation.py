@@ -122,7 +122,7 @@ def generate(
                        eos_ids=target.eos_ids, generator=generator):
         if not out:
             stats.ttft_s = time.perf_counter() - start
-        stats.observe(step.drafted, step.accepted, len(step.tokens))
+        stats.observe(step.drafted, step.accepted, len(step.tokens), step.depth)
         stats.draft_s += step.draft_s
         stats.verify_s += step.verify_s
         stats.prefill_s += step.prefill_s

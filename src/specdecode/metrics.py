@@ -1,12 +1,13 @@
 """Speculation metrics, defined once.
 
-- drafted / accepted: draft tokens proposed / kept by verification.
+- drafted / accepted: draft tokens proposed / kept by verification (for a token tree: its nodes /
+  the accepted path's length, so α of a tree is the share of its nodes that were kept).
 - acceptance rate α = accepted / drafted.
 - mean accepted length τ = tokens committed per verify forward including the recovered/bonus
   token = 1 + accepted / steps (vLLM's "mean acceptance length").
 - acceptance by position: for draft position i (1-based), accepted_i / drafted_i (vLLM's
-  per-position rate); the conditional rate accepted_i / reached_i, where reached_i counts steps whose
-  drafts before i were all accepted, is what adaptive k models.
+  per-position rate; a tree's positions are its depths); the conditional rate accepted_i / reached_i,
+  where reached_i counts steps whose drafts before i were all accepted, is what adaptive k models.
 - target_forwards = decode steps + 1 prefill.
 - TTFT: request start to first committed token; mean ITL: mean gap between later tokens.
 """
@@ -32,12 +33,15 @@ class Stats:
     accepted_by_pos: list[int] = field(default_factory=list)
     reached_by_pos: list[int] = field(default_factory=list)
 
-    def observe(self, drafted: int, accepted: int, committed: int) -> None:
-        """One verify forward: `drafted` proposed, `accepted` kept, `committed` tokens emitted."""
+    def observe(self, drafted: int, accepted: int, committed: int, depth: int | None = None) -> None:
+        """One verify forward: `drafted` proposed, `accepted` kept, `committed` tokens emitted.
+        depth: for a token tree, its number of draft positions (drafted counts its nodes); the
+        by-position counters count positions, so a tree counts once per depth it reached."""
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
         self.new_tokens += committed
+        drafted = drafted if depth is None else depth
         grow = drafted - len(self.drafted_by_pos)
         if grow > 0:
             self.drafted_by_pos += [0] * grow

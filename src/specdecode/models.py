@@ -38,6 +38,17 @@ class CausalLM(Protocol):
 
     def truncate(self, length: int) -> None: ...
 
+    # Token trees (tree.py): FastLlama and HFModel; a model without them cannot verify trees.
+    def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+        """tokens, positions: [n]; tree_mask: [n, t] bool (t >= n) over the last t - n cached tokens
+        and the n new ones (i attends to j where True); every new token also attends to all cached
+        tokens before those. -> logits [n, V] float32."""
+        ...
+
+    def keep(self, length: int, indices: list[int]) -> None:
+        """Keep the first `length` cached tokens, then those at `indices` (ascending), moved up."""
+        ...
+
 
 class HFModel:
     """A transformers causal LM with one sequence's KV cache (a DynamicCache cropped on rollback)."""
@@ -70,6 +81,46 @@ class HFModel:
         )
         self.length += n
         return out.logits[0].float()
+
+    @torch.inference_mode()
+    def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+        """As CausalLM.extend_tree: a custom 4D boolean attention mask [1, 1, n, length+n] and explicit
+        position ids (transformers 5 passes a 4D mask through unchanged; checked against per-path
+        chains in the tests)."""
+        self._check_tree_support()
+        n = tokens.shape[0]
+        prefix = torch.ones(n, self.length + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
+        mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)[None, None]
+        out = self.hf(
+            input_ids=tokens.to(self.device)[None],
+            position_ids=positions.to(self.device)[None],
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.length += n
+        return out.logits[0].float()
+
+    def _check_tree_support(self) -> None:
+        from transformers.cache_utils import DynamicLayer
+
+        for layer in self.cache.layers:
+            if type(layer) is not DynamicLayer:
+                raise UserError(
+                    f"token trees need plain full-attention KV caches; this model's {type(layer).__name__} "
+                    "cannot be compacted: use a chain drafter, or a Llama model (fast backend)"
+                )
+
+    @torch.inference_mode()
+    def keep(self, length: int, indices: list[int]) -> None:
+        if indices == list(range(length, length + len(indices))):
+            return self.truncate(length + len(indices))
+        idx = torch.tensor(indices, dtype=torch.long, device=self.device)
+        self._check_tree_support()
+        for layer in self.cache.layers:
+            layer.keys = torch.cat([layer.keys[..., :length, :], layer.keys[..., idx, :]], dim=-2)
+            layer.values = torch.cat([layer.values[..., :length, :], layer.values[..., idx, :]], dim=-2)
+        self.length = length + len(indices)
 
     def truncate(self, length: int) -> None:
         if length < self.length:

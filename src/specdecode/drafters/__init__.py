@@ -1,12 +1,18 @@
-"""Drafters by name. A spec is `name` or `name:argument`, e.g. `none`, `ngram`, `draft:/path/to/model`."""
+"""Drafters by name. A spec is `name` or `name:argument`, e.g. `none`, `ngram`, `draft:/path/to/model`.
+
+Options are `key=value` segments separated by ':' (before a model path): `ngram:2-4:b=3`,
+`draft:b=4:nodes=24:/path/to/model`; `ensemble:A+B` joins drafter specs."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_model import DraftModelDrafter
+from specdecode.drafters.draft_tree import DraftTreeDrafter
+from specdecode.drafters.ensemble import EnsembleDrafter
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.none import NoDrafter
 from specdecode.errors import UserError
@@ -23,36 +29,90 @@ class DrafterContext:
     backend: str = "auto"
 
 
+def _options(segments: list[str], known: set[str], what: str) -> dict[str, int]:
+    """`key=value` segments of a spec argument -> {key: positive int}."""
+    options = {}
+    for segment in segments:
+        key, _, value = segment.partition("=")
+        if key not in known:
+            raise UserError(f"unknown {what} option {key!r}; known: {', '.join(sorted(known))}")
+        try:
+            options[key] = int(value)
+        except ValueError:
+            raise UserError(f"{what} option {key} needs an integer, got {value!r}") from None
+        if options[key] < 1:
+            raise UserError(f"{what} option {key} must be >= 1, got {options[key]}")
+    return options
+
+
 def _ngram(arg: str | None, ctx: DrafterContext) -> Drafter:
-    if arg is None:
-        return NgramDrafter()
-    try:
-        lo, _, hi = arg.partition("-")
-        return NgramDrafter(max_n=int(hi or lo), min_n=int(lo))
-    except ValueError:
-        raise UserError(f"ngram argument must be N or MIN-MAX, got {arg!r}") from None
+    """`ngram[:N|:MIN-MAX][:b=B]`: b > 1 proposes a tree of up to b continuations."""
+    segments = arg.split(":") if arg else []
+    ranges = [s for s in segments if "=" not in s]
+    options = _options([s for s in segments if "=" in s], {"b"}, "ngram")
+    if len(ranges) > 1:
+        raise UserError(f"ngram argument must be N or MIN-MAX (and b=B), got {arg!r}")
+    kwargs = {"branches": options.get("b", 1)}
+    if ranges:
+        try:
+            lo, _, hi = ranges[0].partition("-")
+            kwargs.update(max_n=int(hi or lo), min_n=int(lo))
+        except ValueError:
+            raise UserError(f"ngram argument must be N or MIN-MAX, got {arg!r}") from None
+    return NgramDrafter(**kwargs)
 
 
 def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
+    """`draft:[b=B:[nodes=N:]]<model>`: b gives a static tree of b branches, nodes a dynamic
+    (EAGLE-2) tree of that many nodes grown b children at a time. The model path may contain ':'."""
     from specdecode import models
     from specdecode.tokenizer_check import compare
 
-    if not arg:
+    segments = (arg or "").split(":")
+    n_options = next(i for i, s in enumerate(segments + [""]) if not _OPTION.fullmatch(s))
+    options = _options(segments[:n_options], {"b", "nodes"}, "draft")
+    path = ":".join(segments[n_options:])
+    if not path:
         raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id>")
-    draft = models.load(arg, ctx.dtype, ctx.device, ctx.backend)
+    if "nodes" in options and "b" not in options:
+        raise UserError("draft option nodes=N needs b=B (children per expanded node)")
+    draft = models.load(path, ctx.dtype, ctx.device, ctx.backend)
     report = compare(ctx.target.tokenizer, draft.tokenizer)
     if not report.compatible:
         raise UserError(
-            f"draft model {arg} does not share the target's tokenizer: "
-            + report.summary(ctx.target.name, arg).replace("\n", " | ")
+            f"draft model {path} does not share the target's tokenizer: "
+            + report.summary(ctx.target.name, path).replace("\n", " | ")
         )
+    if "b" in options:
+        return DraftTreeDrafter(draft.model, ctx.target.model.vocab_size, options["b"], options.get("nodes"))
     return DraftModelDrafter(draft.model, ctx.target.model.vocab_size)
 
+
+def _ensemble(arg: str | None, ctx: DrafterContext) -> Drafter:
+    """`ensemble:A+B[+...]`, members being drafter specs (a '+' inside a draft model's path is kept
+    when the text after it does not start with a drafter name)."""
+    members: list[str] = []
+    for piece in (arg or "").split("+"):
+        in_path = members and members[-1].startswith("draft:") and piece.partition(":")[0] not in FACTORIES
+        if in_path:
+            members[-1] += "+" + piece
+        else:
+            members.append(piece)
+    if len(members) < 2 or not all(members):
+        raise UserError(f"ensemble needs two or more drafters joined by '+', e.g. ensemble:ngram+draft:<model>; got {arg!r}")
+    for spec in members:
+        if check_spec(spec) in ("ensemble", "none"):
+            raise UserError(f"ensemble members cannot be {spec!r}")
+    return EnsembleDrafter([build(spec, ctx) for spec in members])
+
+
+_OPTION = re.compile(r"[a-z]+=[^:]*")
 
 FACTORIES: dict[str, Callable[[str | None, DrafterContext], Drafter]] = {
     "none": lambda arg, ctx: NoDrafter(),
     "ngram": _ngram,
     "draft": _draft,
+    "ensemble": _ensemble,
 }
 
 
@@ -70,4 +130,5 @@ def build(spec: str, ctx: DrafterContext) -> Drafter:
     return FACTORIES[name](arg if sep else None, ctx)
 
 
-__all__ = ["Drafter", "DrafterContext", "Proposal", "build", "check_spec", "FACTORIES"]
+__all__ = ["Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
+           "NgramDrafter", "NoDrafter", "Proposal", "build", "check_spec", "FACTORIES"]

@@ -8,16 +8,34 @@ from typing import Protocol
 import torch
 
 from specdecode.sampling import SamplingParams
+from specdecode.tree import Tree
 
 
 @dataclass
 class Proposal:
+    """A chain of k drafts, or a token tree of k nodes when `parents` is given (see tree.py).
+
+    probs row i is the distribution node i was drawn from, given its path and (in a tree) its earlier
+    siblings; None means every token was chosen deterministically (one-hot q, always lossless)."""
+
     tokens: torch.Tensor  # [k] draft token ids (k may be 0: nothing to propose)
     probs: torch.Tensor | None = None  # [k, V] q after warp, or None for a one-hot drafter
+    parents: list[int] | None = None  # [k] tree: parent node of each token, -1 = the last committed token
 
     @classmethod
     def empty(cls) -> "Proposal":
         return cls(torch.empty(0, dtype=torch.long))
+
+    @classmethod
+    def of_tree(cls, tree: Tree, probs: torch.Tensor | None = None) -> "Proposal":
+        """A tree proposal; a tree that is a chain becomes a chain proposal (the decoder's plain path)."""
+        parents = None if tree.is_chain else list(tree.parents)
+        return cls(torch.tensor(tree.tokens, dtype=torch.long), probs, parents)
+
+    def tree(self) -> Tree:
+        """The proposal as a tree (a chain is the degenerate tree)."""
+        tokens = self.tokens.tolist()
+        return Tree.chain(tokens) if self.parents is None else Tree(tokens, list(self.parents))
 
 
 class Drafter(Protocol):
@@ -29,7 +47,8 @@ class Drafter(Protocol):
     def propose(
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
-        """Propose at most k tokens to follow `context` (every committed token so far)."""
+        """Propose at most k tokens to follow `context` (every committed token so far); a tree
+        proposal may hold more nodes, at most k deep (the decoder drops deeper ones)."""
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Feedback after verification: `accepted` of the `drafted` tokens were kept."""

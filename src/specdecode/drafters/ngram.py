@@ -1,6 +1,10 @@
 """`ngram`: prompt/output lookup. Match the last n tokens earlier in the context (n from max_n
 down to min_n) and propose what followed the most recent match. No weights, one-hot q.
 (The idea of prompt lookup decoding: Saxena 2023; vLLM's `ngram` proposer.)
+
+With `branches` b > 1 it proposes a token tree: up to b distinct continuations, the longest match
+first and, among equally long matches, the most recent first (a match whose continuation adds
+nothing to the tree does not count). The target checks them all in one forward.
 """
 
 from __future__ import annotations
@@ -11,34 +15,57 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from specdecode.drafters.base import Proposal
 from specdecode.errors import UserError
+from specdecode.tree import Tree
+
+_MAX_HITS = 64  # matches examined per n when collecting several continuations
 
 
 def lookup(context: np.ndarray, k: int, max_n: int, min_n: int) -> np.ndarray:
     """context: [L] -> up to k tokens that followed the latest earlier match of its last n tokens."""
+    found = lookup_all(context, k, max_n, min_n, 1)
+    return found[0] if found else context[:0]
+
+
+def lookup_all(context: np.ndarray, k: int, max_n: int, min_n: int, limit: int) -> list[np.ndarray]:
+    """context: [L] -> up to `limit` continuations [<= k] of matches of its suffix, each adding at
+    least one token sequence the earlier ones do not start with; longest n first, then most recent."""
     length = context.shape[0]
+    found: list[np.ndarray] = []
+    seen: set[tuple[int, ...]] = set()  # every prefix of a continuation already found
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         windows = sliding_window_view(context[: length - 1], n)  # [L-n, n], starts 0..L-n-1
         hits = np.flatnonzero((windows == context[length - n :]).all(axis=1))
-        if hits.size:
-            start = hits[-1] + n
-            return context[start : start + k]
-    return context[:0]
+        for start in hits[::-1][:_MAX_HITS] + n:
+            continuation = context[start : start + k]
+            key = tuple(continuation.tolist())
+            if not key or key in seen:
+                continue
+            found.append(continuation)
+            seen.update(key[:i] for i in range(1, len(key) + 1))
+            if len(found) >= limit:
+                return found
+    return found
 
 
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, min_n: int = 2):
+    def __init__(self, max_n: int = 4, min_n: int = 2, branches: int = 1):
         if not 1 <= min_n <= max_n:
             raise UserError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n} max_n={max_n}")
-        self.max_n, self.min_n = max_n, min_n
+        if branches < 1:
+            raise UserError(f"ngram needs b >= 1 branches, got {branches}")
+        self.max_n, self.min_n, self.branches = max_n, min_n, branches
 
     def begin(self, prompt):
         pass
 
     def propose(self, context, k, params, generator):
-        found = lookup(np.asarray(context, dtype=np.int64), k, self.max_n, self.min_n)
-        return Proposal(torch.from_numpy(found.copy()))
+        context = np.asarray(context, dtype=np.int64)
+        if self.branches == 1:
+            return Proposal(torch.from_numpy(lookup(context, k, self.max_n, self.min_n).copy()))
+        found = lookup_all(context, k, self.max_n, self.min_n, self.branches)
+        return Proposal.of_tree(Tree.from_sequences(seq.tolist() for seq in found))
 
     def observe(self, drafted, accepted):
         pass

@@ -1,0 +1,144 @@
+"""`draft:b=B[:nodes=N]:<model>`: the draft model proposes a token tree, one draft forward per depth.
+
+- Static (`b=B`): B branches from the root, each continued as a chain to depth k (B·k nodes). The
+  branches start with the root's B most likely tokens (greedy), or with B tokens sampled without
+  replacement from q (sampling; each carries q minus the earlier siblings, renormalised, so
+  verification is recursive rejection sampling), and continue with argmax / samples from q.
+  The shape never depends on the drawn tokens, which is what keeps sampled siblings lossless.
+- Dynamic (`b=B:nodes=N`, EAGLE-2: Li et al. 2024, "EAGLE-2: Faster Inference of Language Models
+  with Dynamic Draft Trees"): a node's score is the cumulative draft log-probability of its path.
+  At each depth the B best nodes of the previous depth get their B most likely children; at the
+  end the N best nodes of all of them are kept (tree.best_nodes). Tokens are chosen, not sampled,
+  so q is one-hot (q = None): lossless for any choice; with sampling the draft's warped q ranks them.
+
+The draft model's cache holds the committed context; tree nodes are fed after it and dropped again
+once the tree is built (the next step re-feeds what was accepted together with the new token).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.drafters.base import Proposal
+from specdecode.drafters.draft_model import DraftModelDrafter
+from specdecode.errors import UserError
+from specdecode.sampling import SamplingParams, warp
+from specdecode.tree import Tree, best_nodes
+
+
+class DraftTreeDrafter(DraftModelDrafter):
+    name = "draft-tree"
+
+    def __init__(self, model, target_vocab_size: int, branches: int, nodes: int | None = None):
+        super().__init__(model, target_vocab_size)
+        if branches < 1 or (nodes is not None and nodes < 1):
+            raise UserError(f"draft tree needs b >= 1 and nodes >= 1, got b={branches} nodes={nodes}")
+        if not hasattr(model, "extend_tree"):
+            raise UserError("a draft tree needs a draft model that can run trees (FastLlama or HF backend)")
+        self.branches, self.nodes = branches, nodes
+
+    def propose(self, context, k, params: SamplingParams, generator):
+        root = self._align(self._sync(context))  # [V]
+        grow = _Growth(self.model, self._align, len(context), params)
+        try:
+            if self.nodes is None:
+                return grow.static(root, k, self.branches, generator)
+            return grow.dynamic(root, k, self.branches, self.nodes)
+        finally:
+            self.model.truncate(len(context))  # keep only the committed context cached
+            self.cached = list(context)
+
+
+class _Growth:
+    """One tree being grown: nodes (tokens, parents, depth) and which of them the draft model holds."""
+
+    def __init__(self, model, align, context_length: int, params: SamplingParams):
+        self.model, self.align = model, align  # align: draft logits -> the target's vocabulary
+        self.length, self.params = context_length, params
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.depth: list[int] = []
+        self.fed: dict[int, int] = {}  # node -> its slot among the tree nodes in the draft cache
+
+    def add(self, parent: int, token: int) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depth.append(1 if parent < 0 else self.depth[parent] + 1)
+        return len(self.tokens) - 1
+
+    def feed(self, frontier: list[int]) -> torch.Tensor:
+        """Run the draft model on the frontier nodes (each sees its own ancestors) -> logits [F, V]."""
+        offset = len(self.fed)
+        rows, cols = [], []  # mask entries over [fed nodes, frontier]: itself and its ancestors
+        for row, node in enumerate(frontier):
+            rows.append(row)
+            cols.append(offset + row)
+            parent = self.parents[node]
+            while parent >= 0:
+                rows.append(row)
+                cols.append(self.fed[parent])
+                parent = self.parents[parent]
+        mask = torch.zeros(len(frontier), offset + len(frontier), dtype=torch.bool)
+        mask[rows, cols] = True
+        for node in frontier:
+            self.fed[node] = len(self.fed)
+        # the last context token sits at position length - 1, so depth d goes to length - 1 + d
+        positions = torch.tensor([self.length - 1 + self.depth[n] for n in frontier], dtype=torch.long)
+        tokens = torch.tensor([self.tokens[n] for n in frontier], dtype=torch.long)
+        return self.align(self.model.extend_tree(tokens, positions, mask))
+
+    def dist(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft distribution used to choose and score tokens: warped q, or softmax when greedy."""
+        return logits.float().softmax(-1) if self.params.greedy else warp(logits, self.params)
+
+    def static(self, root: torch.Tensor, k: int, b: int, generator) -> Proposal:
+        q = self.dist(root)  # [V]
+        b = min(b, int((q > 0).sum()))
+        sampled = not self.params.greedy
+        if sampled:
+            # Without replacement: torch draws by exponential races, returned in draw order, which is
+            # distributed as successive draws; sibling j then carries q minus siblings < j, renormalised.
+            first = torch.multinomial(q, b, replacement=False, generator=generator).tolist()
+            earlier = torch.ones(b, q.shape[0]).index_put_(
+                (torch.tensor([j for j in range(b) for _ in range(j)], dtype=torch.long),
+                 torch.tensor([first[i] for j in range(b) for i in range(j)], dtype=torch.long)),
+                torch.tensor(0.0))  # [b, V]: row j is 0 at the tokens of siblings < j
+            rows = q * earlier
+            probs = [rows / rows.sum(-1, keepdim=True)]
+        else:
+            first, probs = q.topk(b).indices.tolist(), []
+        frontier = [self.add(-1, x) for x in first]
+        for _ in range(1, k):
+            logits = self.feed(frontier)  # [b, V]
+            if sampled:
+                rows = warp(logits, self.params)
+                probs.append(rows)
+                chosen = torch.multinomial(rows, 1, generator=generator)[:, 0].tolist()
+            else:
+                chosen = logits.argmax(-1).tolist()
+            frontier = [self.add(node, x) for node, x in zip(frontier, chosen)]
+        tree = Tree(self.tokens, self.parents)  # nodes level by level, as the rows of probs
+        return Proposal.of_tree(tree, torch.cat(probs) if probs else None)
+
+    def dynamic(self, root: torch.Tensor, k: int, b: int, budget: int) -> Proposal:
+        scores: list[float] = []
+
+        def expand(parent: int, logits: torch.Tensor) -> list[int]:
+            logq = self.dist(logits).log()
+            top = logq.topk(b)
+            base = scores[parent] if parent >= 0 else 0.0
+            added = []
+            for value, x in zip(top.values.tolist(), top.indices.tolist()):
+                if value > float("-inf"):  # never a token outside the warped support
+                    added.append(self.add(parent, x))
+                    scores.append(base + value)
+            return added
+
+        level = expand(-1, root)
+        for _ in range(1, k):
+            frontier = sorted(sorted(level, key=lambda i: -scores[i])[:b])
+            if not frontier:
+                break
+            level = [c for node, logits in zip(frontier, self.feed(frontier)) for c in expand(node, logits)]
+        tree = Tree(self.tokens, self.parents).subset(best_nodes(self.parents, scores, budget))
+        return Proposal.of_tree(tree)

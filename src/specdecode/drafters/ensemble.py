@@ -1,0 +1,38 @@
+"""`ensemble:A+B[+...]`: several drafters' proposals merged into one token tree per step
+(e.g. `ensemble:ngram+draft:<model>`), so the target checks all of them in one forward.
+
+Members propose in order with the same k; their chains and trees are merged into one trie (shared
+prefixes stored once, earlier members' tokens tried first among siblings). A merged tree is verified
+with one-hot q: lossless whatever the members drew (see tree_verify.py), though with sampling it
+accepts a sampled member's tokens less often than that member would alone. When only one member
+proposes anything, its proposal passes through unchanged, q included.
+"""
+
+from __future__ import annotations
+
+from specdecode.drafters.base import Drafter, Proposal
+from specdecode.tree import Tree
+
+
+class EnsembleDrafter:
+    name = "ensemble"
+
+    def __init__(self, members: list[Drafter]):
+        self.members = members
+
+    def begin(self, prompt):
+        for member in self.members:
+            member.begin(prompt)
+
+    def propose(self, context, k, params, generator):
+        proposals = [m.propose(context, k, params, generator) for m in self.members]
+        proposals = [p for p in proposals if p.tokens.numel()]
+        if not proposals:
+            return Proposal.empty()
+        if len(proposals) == 1:
+            return proposals[0]
+        return Proposal.of_tree(Tree.merge(p.tree() for p in proposals))
+
+    def observe(self, drafted, accepted):
+        for member in self.members:
+            member.observe(drafted, accepted)
