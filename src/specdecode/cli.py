@@ -85,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--k", type=int, default=4, help="draft tokens in flight per step (tree size - 1)")
     m.add_argument("--measure", action="store_true", help="load the models, fill the context, compare")
     m.set_defaults(run=cmd_memory)
+
+    from specdecode.train.cli import add_parser as add_train_parser
+
+    add_train_parser(sub, _model_args, _setup)
     return ap
 
 

@@ -49,10 +49,24 @@ def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
     return DraftModelDrafter(draft.model, ctx.target.model.vocab_size)
 
 
+def _medusa(arg: str | None, ctx: DrafterContext) -> Drafter:
+    from specdecode.drafters import medusa
+
+    return medusa.load(arg, ctx.target)
+
+
+def _eagle(arg: str | None, ctx: DrafterContext) -> Drafter:
+    from specdecode.drafters import eagle
+
+    return eagle.load(arg, ctx.target)
+
+
 FACTORIES: dict[str, Callable[[str | None, DrafterContext], Drafter]] = {
     "none": lambda arg, ctx: NoDrafter(),
     "ngram": _ngram,
     "draft": _draft,
+    "medusa": _medusa,  # medusa[:DIR]: trained heads; no DIR = the shipped ones for the default target
+    "eagle": _eagle,  # eagle[:DIR]: likewise
 }
 
 
