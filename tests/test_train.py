@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from specdecode.cli import main
 from specdecode.errors import UserError
-from specdecode.train import data, eagle, medusa
+from specdecode.train import data, draft, eagle, medusa
 from train_fixtures import make_data
 
 
@@ -78,6 +78,7 @@ TRAINERS = {
     "medusa": lambda t, d, out, **kw: medusa.train(t, d, out, lr=1e-2, batch_tokens=64, vocab=300, **kw),
     "eagle": lambda t, d, out, **kw: eagle.train(t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64,
                                                  layers="0,1", **kw),
+    "draft": lambda t, d, out, **kw: draft.train(t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64, **kw),
 }
 
 

@@ -35,10 +35,14 @@ def _ngram(arg: str | None, ctx: DrafterContext) -> Drafter:
 
 def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
     from specdecode import models
+    from specdecode.drafters import distilled
     from specdecode.tokenizer_check import compare
 
-    if not arg:
-        raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id>")
+    if arg == "":
+        raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id> "
+                        "(or `draft` for the shipped one)")
+    if distilled.is_checkpoint(arg):  # none: the shipped distilled draft; or a `train draft` checkpoint
+        return distilled.load(arg, ctx)
     draft = models.load(arg, ctx.dtype, ctx.device, ctx.backend)
     report = compare(ctx.target.tokenizer, draft.tokenizer)
     if not report.compatible:
@@ -64,7 +68,7 @@ def _eagle(arg: str | None, ctx: DrafterContext) -> Drafter:
 FACTORIES: dict[str, Callable[[str | None, DrafterContext], Drafter]] = {
     "none": lambda arg, ctx: NoDrafter(),
     "ngram": _ngram,
-    "draft": _draft,
+    "draft": _draft,  # draft (shipped, distilled), draft:CHECKPOINT or draft:<HF model>
     "medusa": _medusa,  # medusa[:DIR]: trained heads; no DIR = the shipped ones for the default target
     "eagle": _eagle,  # eagle[:DIR]: likewise
 }

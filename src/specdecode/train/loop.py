@@ -60,7 +60,10 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
         if not state_path.is_file():
             raise UserError(f"--resume: no training state in {out}")
         state = torch.load(state_path, weights_only=False)
-        module.load_state_dict(state["module"])
+        trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+        if set(state["module"]) != trainable:
+            raise UserError(f"--resume: the training state in {out} is for another model or settings")
+        module.load_state_dict(state["module"], strict=False)  # holds the trainable weights only
         opt.load_state_dict(state["optimizer"])
         start, losses, seconds = state["step"], state["losses"], state["seconds"]
     warmup = max(1, steps // 20)
@@ -68,7 +71,8 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
     bar = tqdm(range(start, steps), initial=start, total=steps, desc=desc, unit="step")
 
     def checkpoint(step: int) -> None:
-        state = {"module": module.state_dict(), "optimizer": opt.state_dict(), "step": step, "losses": losses,
+        trainable = {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
+        state = {"module": trainable, "optimizer": opt.state_dict(), "step": step, "losses": losses,
                  "seconds": seconds + time.perf_counter() - t0}
         write_atomic(state_path, lambda tmp: torch.save(state, tmp))
         export(module, out)
