@@ -104,6 +104,10 @@ def parser() -> argparse.ArgumentParser:
                    help="measure verify cost per batch size and reduce k under load")
     s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
     s.set_defaults(run=cmd_serve)
+
+    from specdecode.train.cli import add_parser as add_train_parser
+
+    add_train_parser(sub, _model_args, _setup)
     return ap
 
 

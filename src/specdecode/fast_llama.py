@@ -85,6 +85,13 @@ class FastLlama:
             cos, sin = hf_model.model.rotary_emb(probe, positions)
             self.cos, self.sin = cos[0], sin[0]  # [max_length, head_dim]
         self.k_cache = self.v_cache = None
+        # Hidden states of the rows of the latest extend, for drafters that read the target's
+        # features (Medusa, EAGLE): `hidden` [n, H] after the final norm (what the LM head sees),
+        # `layer_hidden` the outputs of the layers listed in `capture`, `hidden_start` the position
+        # of row 0. Holding references costs nothing; `capture` is empty unless a drafter asks.
+        self.capture: tuple[int, ...] = ()
+        self.hidden = self.hidden_start = None
+        self.layer_hidden: list[torch.Tensor] = []
         self.reset()
 
     def reset(self) -> None:
@@ -162,6 +169,7 @@ class FastLlama:
         end = start + n
         h, d, kvh = self.heads, self.head_dim, self.kv_heads
         x = F.embedding(tokens.to(self.device), self.embed)[None]  # [1, n, hidden]
+        captured = []
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x, layer.norm1))  # [1, n, (h+2kvh)*d]
             qkv = qkv.view(1, n, h + 2 * kvh, d).transpose(1, 2)
@@ -175,7 +183,13 @@ class FastLlama:
             x = x + layer.o(attn.transpose(1, 2).reshape(1, n, h * d))
             gate, up = layer.gate_up(self._norm(x, layer.norm2)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
+            if i in self.capture:
+                captured.append(x[0])
         self.length = end
+        x = self._norm(x, self.final_norm)
+        if len(self.layers) - 1 in self.capture:
+            captured[-1] = x[0]  # as HF's output_hidden_states: the last layer's entry is after the norm
+        self.hidden, self.layer_hidden, self.hidden_start = x[0], captured, start
         if num_logits:
             x = x[:, -num_logits:]
-        return self.lm_head(self._norm(x, self.final_norm))[0].float()
+        return self.lm_head(x)[0].float()

@@ -59,6 +59,10 @@ class HFModel:
         self.vocab_size = hf_model.get_output_embeddings().weight.shape[0]
         self.device = hf_model.device
         self.max_length = getattr(self.config, "max_position_embeddings", None) or 2048
+        # as FastLlama: hidden states of the latest extend's rows for feature-reading drafters
+        self.capture: tuple[int, ...] = ()
+        self.hidden = self.hidden_start = None
+        self.layer_hidden: list[torch.Tensor] = []
         self.reset()
 
     def reset(self) -> None:
@@ -78,7 +82,11 @@ class HFModel:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=num_logits,
+            output_hidden_states=True,
         )
+        states = out.hidden_states  # (embeddings, layer 0, ..., last layer after the final norm)
+        self.hidden, self.hidden_start = states[-1][0], self.length
+        self.layer_hidden = [states[i + 1][0] for i in self.capture]
         self.length += n
         return out.logits[0].float()
 

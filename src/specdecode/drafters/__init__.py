@@ -66,9 +66,15 @@ def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
     """`draft:[b=B:[nodes=N:]]<model>`: b gives a static tree of b branches, nodes a dynamic
     (EAGLE-2) tree of that many nodes grown b children at a time. The model path may contain ':'."""
     from specdecode import models
+    from specdecode.drafters import distilled
     from specdecode.tokenizer_check import compare
 
-    segments = (arg or "").split(":")
+    if arg == "":
+        raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id> "
+                        "(or `draft` for the shipped one)")
+    if distilled.is_checkpoint(arg):  # none: the shipped distilled draft; or a `train draft` checkpoint
+        return distilled.load(arg, ctx)
+    segments = arg.split(":")
     n_options = next(i for i, s in enumerate(segments + [""]) if not _OPTION.fullmatch(s))
     options = _options(segments[:n_options], {"b", "nodes"}, "draft")
     path = ":".join(segments[n_options:])
@@ -108,11 +114,26 @@ def _ensemble(arg: str | None, ctx: DrafterContext) -> Drafter:
 
 _OPTION = re.compile(r"[a-z]+=[^:]*")
 
+
+def _medusa(arg: str | None, ctx: DrafterContext) -> Drafter:
+    from specdecode.drafters import medusa
+
+    return medusa.load(arg, ctx.target)
+
+
+def _eagle(arg: str | None, ctx: DrafterContext) -> Drafter:
+    from specdecode.drafters import eagle
+
+    return eagle.load(arg, ctx.target)
+
+
 FACTORIES: dict[str, Callable[[str | None, DrafterContext], Drafter]] = {
     "none": lambda arg, ctx: NoDrafter(),
     "ngram": _ngram,
-    "draft": _draft,
+    "draft": _draft,  # draft (shipped, distilled), draft:CHECKPOINT, draft:[b=B:[nodes=N:]]<HF model>
     "ensemble": _ensemble,
+    "medusa": _medusa,  # medusa[:DIR]: trained heads; no DIR = the shipped ones for the default target
+    "eagle": _eagle,  # eagle[:DIR]: likewise
 }
 
 

@@ -1,0 +1,91 @@
+"""Drafter checkpoints: a directory with `model.safetensors` and a small `config.json` that names the
+target it was trained for (name + fingerprint of its architecture and embedding). Loading a
+checkpoint for any other target is a clear error. Files are written atomically (temp + rename).
+Shipped checkpoints for the default target live in the package under `shipped/<kind>/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from specdecode.errors import UserError
+
+SHIPPED = Path(__file__).parent / "shipped"
+
+
+def fingerprint(hf_model) -> str:
+    """sha256 over the architecture numbers and a bf16 sample of the input embedding (so the same
+    weights loaded in fp32 or bf16, on CPU or CUDA, give the same fingerprint)."""
+    cfg = hf_model.config
+    emb = hf_model.get_input_embeddings().weight
+    h = hashlib.sha256()
+    for key in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        h.update(f"{key}={getattr(cfg, key, None)};".encode())
+    sample = emb[:: max(1, emb.shape[0] // 512)].detach().to("cpu", torch.bfloat16).view(torch.int16)
+    h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def describe(loaded) -> dict:
+    """loaded: models.LoadedModel -> {"name", "fingerprint"} for a checkpoint's config."""
+    return {"name": loaded.name, "fingerprint": fingerprint(loaded.model.hf)}
+
+
+def check(trained_for: dict, loaded, what: str) -> None:
+    """Raise UserError unless the checkpoint `what` was trained for this target."""
+    mine = fingerprint(loaded.model.hf)
+    if trained_for.get("fingerprint") != mine:
+        raise UserError(
+            f"{what} was trained for target {trained_for.get('name')!r} (fingerprint "
+            f"{trained_for.get('fingerprint')}), not for {loaded.name!r} (fingerprint {mine}); "
+            "train one for this target with `specdecode train`"
+        )
+
+
+def write_atomic(path: Path, write) -> None:
+    """write(tmp_path) then rename over path: readers see the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save(directory: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    """Weights (as given: the caller picks bf16) and config.json; config last, so a directory
+    with a config always has the weights it describes."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    write_atomic(directory / "model.safetensors", lambda tmp: save_file(tensors, tmp))
+    write_atomic(directory / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=1)))
+
+
+def load(spec: str | None, kind: str, loaded) -> tuple[dict[str, torch.Tensor], dict]:
+    """spec: a checkpoint directory, or None for the shipped one -> (tensors, config), after checking
+    that it is a `kind` checkpoint trained for the loaded target."""
+    from safetensors.torch import load_file
+
+    directory = Path(spec).expanduser() if spec else SHIPPED / kind
+    if not (directory / "config.json").is_file():
+        where = spec or f"the shipped {kind} drafter ({directory})"
+        raise UserError(f"no {kind} checkpoint at {where}: train one with `specdecode train {kind}`")
+    config = json.loads((directory / "config.json").read_text())
+    if config.get("kind") != kind:
+        raise UserError(f"{directory} holds a {config.get('kind')!r} checkpoint, not {kind!r}")
+    check(config.get("target", {}), loaded, f"the {kind} drafter in {directory}")
+    return load_file(directory / "model.safetensors"), config

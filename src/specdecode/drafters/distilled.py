@@ -1,0 +1,50 @@
+"""`draft` (no argument) and `draft:DIR` for a checkpoint of `specdecode train draft`: a small
+draft model distilled from the target (DistillSpec: Zhou et al. 2024, "DistillSpec: Improving
+Speculative Decoding via Knowledge Distillation").
+
+The checkpoint holds only what differs from the target: n decoder layers and the final norm. The
+model is rebuilt as a Llama with the target's configuration, n layers, and the target's own
+embedding and (tied) LM head, then drafts through the ordinary DraftModelDrafter. `specdecode train
+draft` also writes a complete Hugging Face model directory (`DIR/hf`) for other tools.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.drafters.draft_model import DraftModelDrafter
+
+
+def is_checkpoint(spec: str | None) -> bool:
+    import json
+    from pathlib import Path
+
+    if not spec:
+        return True
+    config = Path(spec).expanduser() / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("kind") == "draft"
+
+
+def build_model(target_hf, num_layers: int, tensors: dict[str, torch.Tensor] | None = None):
+    """A LlamaForCausalLM with the target's shape, `num_layers` layers, sharing the target's embedding
+    (tied LM head). tensors: {"layers.i.…", "norm.weight"} from a checkpoint, or None to leave the
+    layers as initialised."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{**target_hf.config.to_dict(), "num_hidden_layers": num_layers, "tie_word_embeddings": True})
+    model = LlamaForCausalLM(cfg).to(dtype=target_hf.dtype, device=target_hf.device)
+    model.model.embed_tokens.weight = target_hf.get_input_embeddings().weight
+    model.lm_head.weight = model.model.embed_tokens.weight
+    if tensors is not None:
+        state = {k: v.to(target_hf.dtype) for k, v in tensors.items()}
+        model.model.load_state_dict(state, strict=False)
+    model.generation_config = target_hf.generation_config
+    return model.eval()
+
+
+def load(spec: str | None, ctx) -> DraftModelDrafter:
+    from specdecode import checkpoint, models
+
+    tensors, config = checkpoint.load(spec, "draft", ctx.target)
+    hf = build_model(ctx.target.model.hf, config["num_layers"], tensors)
+    return DraftModelDrafter(models.wrap(hf, ctx.backend), ctx.target.model.vocab_size)

@@ -1,0 +1,227 @@
+"""`eagle[:DIR]`: an EAGLE-style feature-level draft head.
+
+EAGLE (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty")
+drafts autoregressively at the feature level: one decoder layer takes the target's feature at
+position t together with the embedding of the token at t + 1 and predicts the feature at t + 1,
+whose LM-head output gives the token at t + 2. EAGLE-3 (Li et al. 2025, "EAGLE-3: Scaling up
+Inference Acceleration of Large Language Models via Training-Time Test") feeds a fusion of low,
+mid and high target layers instead of the top one, drops the feature-regression loss, and trains
+with "training-time test": later draft steps see the head's own outputs as features, as at
+inference. EAGLE-2 (Li et al. 2024) grows a dynamic tree from the draft's confidences; here the
+drafter proposes a chain (top-1 per depth) and `chain` returns each depth's logits for a tree.
+
+The head here, per position j:  g = fuse([layer_a; layer_b; layer_c])  (target features; the head's
+own previous output o at later draft steps), x = g + Attn(qkv([norm(embed(t_{j+1})); norm(g)])),
+o = x + MLP(norm(x)), logits = lm_head[token_map] · norm(o). The embedding and the LM head are the
+target's, frozen and not stored; the LM head is restricted to a draft vocabulary of frequent tokens,
+which cuts its cost (it dominates a 135M model's draft step). The head keeps its own KV cache;
+rolling back is a change of length (as in fast_llama.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdecode.drafters.base import Proposal
+from specdecode.drafters.medusa import scatter_probs
+from specdecode.sampling import SamplingParams, sample, warp
+
+
+def rope_tables(hf_model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, head_dim] from the target's own rotary module (same heads, same positions)."""
+    with torch.no_grad():
+        positions = torch.arange(n, device=hf_model.device)[None]
+        cos, sin = hf_model.model.rotary_emb(torch.empty(0, dtype=torch.float32, device=hf_model.device), positions)
+    return cos[0].float(), sin[0].float()
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+class EagleHead(nn.Module):
+    def __init__(self, hidden: int, fused: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                 eps: float = 1e-5):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
+        self.fuse = nn.Linear(fused, hidden, bias=False)
+        self.norm_emb, self.norm_feat, self.norm_mlp, self.norm_out = (nn.Parameter(torch.ones(hidden)) for _ in range(4))
+        self.qkv = nn.Linear(2 * hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
+        self.o = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def _qkv(self, emb, feat, cos, sin):
+        """emb, feat: [B, T, H]; cos, sin: [T, d] -> q [B, h, T, d], k and v [B, kvh, T, d]."""
+        b, t, _ = emb.shape
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        x = torch.cat([_norm(emb, self.norm_emb, self.eps), _norm(feat, self.norm_feat, self.eps)], -1)
+        qkv = self.qkv(x).view(b, t, h + 2 * kvh, d).transpose(1, 2)
+        q, k = _rope(qkv[:, : h + kvh], cos, sin).split([h, kvh], dim=1)
+        return q, k, qkv[:, h + kvh :]
+
+    def _finish(self, feat, attn):
+        """feat: [B, T, H] residual input, attn: [B, h, T, d] -> o [B, T, H]."""
+        b, _, t, _ = attn.shape
+        x = feat + self.o(attn.transpose(1, 2).reshape(b, t, -1))
+        gate, up = self.gate_up(_norm(x, self.norm_mlp, self.eps)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+    def logits(self, o: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+        """o: [..., H], lm_head: [Vd, H] -> [..., Vd]."""
+        return _norm(o, self.norm_out, self.eps) @ lm_head.T
+
+    def step(self, emb, feat, cache: "KVCache", cos, sin) -> torch.Tensor:
+        """Inference: emb, feat [m, H] at positions cache.length.. -> o [m, H]; appends to the cache."""
+        start, m = cache.length, emb.shape[0]
+        q, k, v = self._qkv(emb[None], feat[None], cos[start : start + m], sin[start : start + m])
+        keys, values = cache.append(k[0], v[0])
+        mask = torch.ones(m, start + m, dtype=torch.bool, device=emb.device).tril(start) if m > 1 else None
+        attn = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
+        return self._finish(feat[None], attn)[0]
+
+    def unroll(self, emb, fused, cos, sin, steps: int) -> list[torch.Tensor]:
+        """Training with training-time test (EAGLE-3): emb [B, T, H] (embedding of token j+1 at row j),
+        fused [B, T, F] -> [o_0, ..., o_{steps-1}], each [B, T, H]. Step s at row j stands for the
+        (s+1)-th draft after committed position j - s: its feature input is o_{s-1} at row j - 1, and
+        it attends to step-0 keys at rows <= j - s and to the key of step r at row j - s + r
+        (r = 1..s), exactly the cache contents the drafter has at inference."""
+        g = self.fuse(fused)
+        outs, keys, values = [], [], []
+        t, groups = emb.shape[1], self.heads // self.kv_heads
+        scale = self.head_dim ** -0.5
+        for s in range(steps):
+            feat = g if s == 0 else F.pad(outs[-1][:, :-1], (0, 0, 1, 0))
+            q, k, v = self._qkv(emb, feat, cos, sin)
+            keys.append(k.repeat_interleave(groups, 1))
+            values.append(v.repeat_interleave(groups, 1))
+            causal = torch.ones(t, t, dtype=torch.bool, device=emb.device).tril(-s)
+            scores = [(q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]  # [B, h, T, T]
+            rows = torch.arange(t, device=emb.device)
+            for r in range(1, s + 1):
+                shift = s - r  # key of step r sits `shift` rows before the query's row
+                kr = F.pad(keys[r][:, :, : t - shift], (0, 0, shift, 0))
+                diag = (q * kr).sum(-1, keepdim=True) * scale  # [B, h, T, 1]
+                scores.append(diag.masked_fill((rows < shift)[:, None], float("-inf")))
+            probs = torch.cat(scores, -1).softmax(-1)
+            attn = probs[..., :t] @ values[0]
+            for r in range(1, s + 1):
+                shift = s - r
+                vr = F.pad(values[r][:, :, : t - shift], (0, 0, shift, 0))
+                attn = attn + probs[..., t + r - 1 : t + r] * vr
+            outs.append(self._finish(feat, attn))
+        return outs
+
+
+class KVCache:
+    """The head's keys and values [kv_heads, capacity, d]; rollback is `length = n`."""
+
+    def __init__(self, kv_heads: int, head_dim: int, device, block: int = 256):
+        self.kv_heads, self.head_dim, self.device, self.block = kv_heads, head_dim, device, block
+        self.k = self.v = torch.zeros(kv_heads, 0, head_dim, device=device)
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v: [kvh, m, d] -> all keys and values so far [kvh, length, d]."""
+        end = self.length + k.shape[1]
+        if end > self.k.shape[1]:
+            cap = -(-end // self.block) * self.block
+            grow = torch.zeros(self.kv_heads, cap - self.k.shape[1], self.head_dim, device=self.device)
+            self.k, self.v = torch.cat([self.k, grow], 1), torch.cat([self.v, grow], 1)
+        self.k[:, self.length : end], self.v[:, self.length : end] = k, v
+        self.length = end
+        return self.k[:, :end], self.v[:, :end]
+
+
+class EagleDrafter:
+    name = "eagle"
+
+    def __init__(self, head: EagleHead, token_map: torch.Tensor, target, layer_ids: tuple[int, ...]):
+        """target: the target's CausalLM; it is asked to capture `layer_ids` on every forward."""
+        self.head = head.eval()
+        self.target = target
+        target.capture = tuple(layer_ids)
+        self.token_map = token_map.to(target.device)
+        self.embed = target.hf.get_input_embeddings().weight.detach()
+        self.lm_head = target.hf.get_output_embeddings().weight.detach()[self.token_map].float()  # [Vd, H]
+        self.cos, self.sin = rope_tables(target.hf, target.max_length + 64)
+        self.cache = KVCache(head.kv_heads, head.head_dim, target.device)
+
+    def begin(self, prompt):
+        self.cache.length = 0
+        self.fed = 0  # positions whose target features the head's cache holds
+        self.pending: list[torch.Tensor] = []  # target features [n, F] of positions fed.. (not yet fed)
+        self.prefill_pending = len(prompt) > 1  # the decoder prefills prompt[:-1]
+
+    def _features(self, rows: slice) -> torch.Tensor:
+        return torch.cat(self.target.layer_hidden, -1)[rows].float()
+
+    @torch.inference_mode()
+    def chain(self, context: list[int], k: int, pick) -> tuple[list[int], list[torch.Tensor]]:
+        """Draft up to k tokens, choosing each with pick(logits [Vd]) -> draft-vocabulary index.
+        Returns the target ids and each depth's logits [Vd] (the per-depth candidates a tree needs)."""
+        if self.prefill_pending:
+            self.pending.append(self._features(slice(None)))
+            self.prefill_pending = False
+        if not self.pending:
+            return [], []
+        feats = torch.cat(self.pending)
+        if self.fed + len(feats) != len(context) - 1:  # the decoder always keeps them in step
+            raise RuntimeError(f"eagle: features for {self.fed + len(feats)} positions, context {len(context)}")
+        self.cache.length = self.fed  # drop the previous step's drafted positions
+        tokens = torch.tensor(context[self.fed + 1 :], device=self.embed.device)
+        o = self.head.step(F.embedding(tokens, self.embed).float(), self.head.fuse(feats), self.cache, self.cos, self.sin)
+        self.fed, self.pending = len(context) - 1, []
+        drafted, depth_logits = [], []
+        x = o[-1:]
+        for i in range(k):
+            logits = self.head.logits(x[-1], self.lm_head)
+            choice = pick(logits)
+            drafted.append(int(self.token_map[choice]))
+            depth_logits.append(logits)
+            if i < k - 1:
+                emb = F.embedding(self.token_map[choice].view(1), self.embed).float()
+                x = self.head.step(emb, x, self.cache, self.cos, self.sin)
+        return drafted, depth_logits
+
+    def propose(self, context, k, params: SamplingParams, generator):
+        if params.greedy:
+            tokens, _ = self.chain(context, k, lambda logits: int(logits.argmax()))
+            return Proposal(torch.tensor(tokens, dtype=torch.long))
+        qs = []
+
+        def pick(logits):
+            qs.append(warp(logits, params))
+            return sample(qs[-1], generator)
+
+        tokens, _ = self.chain(context, k, pick)
+        if not tokens:
+            return Proposal.empty()
+        q = scatter_probs(torch.stack(qs), self.token_map, self.target.vocab_size)
+        return Proposal(torch.tensor(tokens, dtype=torch.long), q)
+
+    def observe(self, drafted, accepted):
+        self.prefill_pending = False
+        self.pending.append(self._features(slice(0, accepted + 1)))
+
+
+def head_from_config(config: dict) -> EagleHead:
+    return EagleHead(config["hidden"], config["hidden"] * len(config["layers"]), config["heads"],
+                     config["kv_heads"], config["head_dim"], config["intermediate"], config["eps"])
+
+
+def load(spec: str | None, loaded) -> EagleDrafter:
+    """spec: a checkpoint directory from `specdecode train eagle`, or None for the shipped one."""
+    from specdecode import checkpoint
+
+    tensors, config = checkpoint.load(spec, "eagle", loaded)
+    head = head_from_config(config)
+    head.load_state_dict({k: v.float() for k, v in tensors.items() if k != "token_map"})
+    return EagleDrafter(head.to(loaded.model.device), tensors["token_map"].long(), loaded.model, tuple(config["layers"]))

@@ -1,0 +1,99 @@
+"""`medusa[:DIR]`: Medusa heads (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration
+Framework with Multiple Decoding Heads", Medusa-1: frozen target).
+
+Head i (i = 1..K) reads the target's last hidden state h_t (after the final norm) at position t and
+predicts the token at t + 1 + i (the target's own LM head predicts t + 1, which verification
+supplies as the bonus token). Each head is one residual SiLU block, z = h + SiLU(W_i h + b_i)
+(W_i starts at zero, so a fresh head copies the target), followed by the target's frozen LM head
+restricted to a draft vocabulary (the most frequent target tokens): nothing of the 49k-row LM head is
+stored with the heads.
+
+Proposals are a chain: the top token of heads 1..k. `candidates` returns each head's top-b tokens
+with probabilities for a token tree. The drafter reads h_t from the target (`hidden`, see
+fast_llama.py): after prefill, the last prompt row (the token before the last committed one);
+after a verify step, the row of the last accepted token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdecode.drafters.base import Proposal
+from specdecode.sampling import SamplingParams, sample, warp
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, hidden: int, num_heads: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_heads, hidden, hidden))
+        self.bias = nn.Parameter(torch.zeros(num_heads, hidden))
+
+    @property
+    def num_heads(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, h: torch.Tensor, lm_head: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """h: [N, H], lm_head: [Vd, H] -> logits [N, K, Vd] over the draft vocabulary (first `heads` heads)."""
+        w, b = self.weight[:heads], self.bias[:heads]
+        z = h[:, None] + F.silu(torch.einsum("nh,kgh->nkg", h, w) + b)  # [N, K, H]
+        return z @ lm_head.T
+
+
+def scatter_probs(q_draft: torch.Tensor, token_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[k, Vd] probabilities over the draft vocabulary -> [k, V] over the target's."""
+    return q_draft.new_zeros(q_draft.shape[0], vocab_size).index_copy_(1, token_map, q_draft)
+
+
+class MedusaDrafter:
+    name = "medusa"
+
+    def __init__(self, heads: MedusaHeads, token_map: torch.Tensor, target):
+        """target: the target's CausalLM (FastLlama or HFModel), read for its hidden states."""
+        self.heads = heads.eval()
+        self.target = target
+        self.token_map = token_map.to(target.device)
+        self.lm_head = target.hf.get_output_embeddings().weight.detach()[self.token_map].float()  # [Vd, H]
+        self.h: torch.Tensor | None = None
+
+    def begin(self, prompt):
+        self.h, self.prefill_pending = None, len(prompt) > 1  # the decoder prefills prompt[:-1]
+
+    def _hidden(self) -> torch.Tensor | None:
+        if self.prefill_pending:
+            self.h, self.prefill_pending = self.target.hidden[-1], False
+        return self.h
+
+    @torch.inference_mode()
+    def candidates(self, k: int) -> torch.Tensor | None:
+        """Logits [k', Vd] of heads 1..k' (k' = min(k, K)) over the draft vocabulary for the next
+        tokens; top-b per row gives a Medusa token tree. None when no hidden state is known yet."""
+        h = self._hidden()
+        if h is None or k <= 0:
+            return None
+        return self.heads(h.float()[None], self.lm_head, heads=k)[0]
+
+    def propose(self, context, k, params: SamplingParams, generator):
+        logits = self.candidates(k)
+        if logits is None:
+            return Proposal.empty()
+        if params.greedy:
+            return Proposal(self.token_map[logits.argmax(-1)].cpu())
+        q = warp(logits, params)  # [k, Vd]
+        picks = torch.tensor([sample(row, generator) for row in q], device=q.device)
+        return Proposal(self.token_map[picks].cpu(), scatter_probs(q, self.token_map, self.target.vocab_size))
+
+    def observe(self, drafted, accepted):
+        self.prefill_pending = False
+        self.h = self.target.hidden[accepted]
+
+
+def load(spec: str | None, loaded) -> MedusaDrafter:
+    """spec: a checkpoint directory from `specdecode train medusa`, or None for the shipped one."""
+    from specdecode import checkpoint
+
+    tensors, config = checkpoint.load(spec, "medusa", loaded)
+    heads = MedusaHeads(config["hidden"], config["num_heads"])
+    heads.load_state_dict({"weight": tensors["weight"].float(), "bias": tensors["bias"].float()})
+    return MedusaDrafter(heads.to(loaded.model.device), tensors["token_map"].long(), loaded.model)

@@ -1,0 +1,101 @@
+"""`specdecode train data|medusa|eagle|draft`: argument parsing only; the work is in the modules."""
+
+from __future__ import annotations
+
+import argparse
+
+from specdecode.errors import UserError
+
+DEFAULT_EXCLUDE = "mtbench:1"  # the prompts of `bench --prompts mtbench:1`, held out of the shipped data
+
+
+def add_parser(sub, model_args, setup) -> None:
+    """model_args(parser) adds --target/--dtype/...; setup(args) applies --threads and logging."""
+    t = sub.add_parser("train", help="train drafters for a target by self-distillation")
+    tsub = t.add_subparsers(dest="what", required=True)
+
+    d = tsub.add_parser("data", help="generate the target's responses to prompt sets (token ids)")
+    d.add_argument("--prompts", default="mtbench,humaneval,summaries",
+                   help="comma list of built-in sets (mtbench, humaneval, summaries, mixed) or JSONL files "
+                        "({'prompt', optional 'response'} per line)")
+    d.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="prompt sets to hold out (benchmark prompts)")
+    d.add_argument("--out", required=True, help="data directory (appended to; rerun to resume)")
+    d.add_argument("--max-new-tokens", type=int, default=256)
+    d.add_argument("--minutes", type=float, default=None, help="stop starting new prompts after this long")
+    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--drafter", default="ngram", help="speeds generation up; greedy output is unchanged")
+    model_args(d)
+    d.set_defaults(run=cmd_data, setup=setup)
+
+    for name, helptext in (("medusa", "Medusa heads on the target's last hidden state"),
+                           ("eagle", "an EAGLE-3-style feature-level draft head"),
+                           ("draft", "a small draft model distilled from the target")):
+        p = tsub.add_parser(name, help=helptext)
+        p.add_argument("--data", required=True, help="directory written by `train data`")
+        p.add_argument("--out", required=True, help="checkpoint directory")
+        p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: per trainer)")
+        p.add_argument("--lr", type=float, default=None)
+        p.add_argument("--batch-tokens", type=int, default=None, help="tokens per optimizer step")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+        p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+        p.add_argument("--vocab", type=int, default=None, help="draft vocabulary size (most frequent tokens)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="a trainer hyperparameter (see docs/drafters.md), repeatable")
+        model_args(p)
+        p.set_defaults(run=cmd_train, trainer=name, setup=setup)
+
+
+def _load_target(args):
+    from specdecode import models
+
+    if args.dtype != "fp32":
+        raise UserError("training uses the target in fp32 (--dtype fp32)")
+    return models.load(args.target, "fp32", args.device, args.backend)
+
+
+def cmd_data(args) -> None:
+    from specdecode import drafters
+    from specdecode.sampling import SamplingParams
+    from specdecode import checkpoint
+    from specdecode.train import data
+
+    prompts = data.collect_prompts(args.prompts, args.exclude)
+    args.setup(args)
+    loaded = _load_target(args)
+    drafter = drafters.build(args.drafter, drafters.DrafterContext(loaded, "fp32", args.device, args.backend))
+    meta = {"target": checkpoint.describe(loaded), "prompts": args.prompts, "exclude": args.exclude,
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
+    seqs = data.generate_data(loaded, prompts, args.out, drafter=drafter, params=SamplingParams(args.temperature),
+                              max_new_tokens=args.max_new_tokens, minutes=args.minutes, seed=args.seed, meta=meta)
+    print(f"{len(seqs)} sequences, {sum(len(s.response_ids) for s in seqs)} response tokens in {args.out}")
+
+
+def _overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise UserError(f"--set expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+def cmd_train(args) -> None:
+    import importlib
+
+    trainer = importlib.import_module(f"specdecode.train.{args.trainer}")
+    args.setup(args)
+    loaded = _load_target(args)
+    opts = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens,
+                                   vocab=args.vocab).items() if v is not None}
+    result = trainer.train(loaded, args.data, args.out, seed=args.seed, resume=args.resume,
+                           save_every=args.save_every, **opts, **_overrides(args.set))
+    print(result.summary())

@@ -1,0 +1,63 @@
+"""`specdecode train draft`: distill a small draft model from the target (DistillSpec, Zhou et al.
+2024): n decoder layers initialised from target layers spread over its depth (first ... last),
+the target's embedding and LM head frozen and shared; forward KL from the target's next-token
+distribution on the target's own responses (on-policy data for greedy decoding), computed over
+the draft vocabulary (the most frequent tokens) to keep a step cheap on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specdecode import checkpoint
+from specdecode.drafters.distilled import build_model
+from specdecode.train import data, features, loop
+
+
+def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_every: int = 50,
+          stop_after: int | None = None, layers: int = 1, vocab: int = 4096, steps: int = 150, lr: float = 5e-4,
+          batch_tokens: int = 768, window: int = 384) -> loop.TrainResult:
+    torch.manual_seed(seed)
+    hf = loaded.model.hf
+    seqs = data.read(data_dir)
+    target = checkpoint.describe(loaded)
+    feats = features.cached(data_dir, loaded.model, seqs, target["fingerprint"])
+    token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
+    lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
+    model = build_model(hf, layers).float().cpu()
+    model.model.embed_tokens.weight.requires_grad_(False)
+    picks = torch.linspace(0, hf.config.num_hidden_layers - 1, layers).round().long().tolist()
+    with torch.no_grad():
+        for mine, theirs in zip(model.model.layers, picks):
+            mine.load_state_dict(hf.model.layers[theirs].state_dict())
+        model.model.norm.weight.copy_(hf.model.norm.weight)
+    per_batch = max(1, batch_tokens // window)
+
+    def loss_fn(module, step):
+        pick = torch.randint(len(seqs), (per_batch,), generator=loop.batch_generator(seed, step)).tolist()
+        t = min(window, max(len(feats.tokens[i]) for i in pick))
+        tokens, teacher, mask = [], [], []
+        for i in pick:
+            n = len(feats.tokens[i])
+            rows = torch.arange(max(0, n - t), n)
+            tokens.append(F.pad(feats.tokens[i][rows], (0, t - len(rows))))
+            teacher.append(F.pad(feats.hidden[i][rows] @ lm_head.T, (0, 0, 0, t - len(rows))))
+            mask.append(F.pad(rows + 1 >= feats.start[i], (0, t - len(rows))))  # predicts a response token
+        hidden = module.model(input_ids=torch.stack(tokens)).last_hidden_state  # [B, T, H], after the norm
+        loss, agree = loop.kl_loss(hidden @ lm_head.T, torch.stack(teacher), torch.stack(mask))
+        return loss, {"top1": float(agree)}
+
+    def export(module, directory):
+        tensors = {k: v.to(torch.bfloat16) for k, v in module.model.state_dict().items() if k != "embed_tokens.weight"}
+        config = {"kind": "draft", "target": target, "num_layers": layers, "init_layers": picks,
+                  "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens, "window": window,
+                            "vocab": len(token_map), "seed": seed, "sequences": len(seqs)}}
+        checkpoint.save(directory, tensors, config)
+
+    result = loop.run(model, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
+                      stop_after=stop_after, desc="draft")
+    hf_dir = result.out / "hf"  # a complete HF model directory (with the embedding): --drafter draft:DIR/hf
+    model.save_pretrained(hf_dir)
+    loaded.tokenizer.save_pretrained(hf_dir)
+    return result

@@ -1,0 +1,95 @@
+"""`specdecode train eagle`: an EAGLE-3-style head (drafters/eagle.py) by self-distillation.
+
+Per batch: whole sequences (their last `window` tokens), the target's captured low/mid/high layer
+features and final hidden states from features.py. Loss: KL from the target's next-token
+distribution (over the draft vocabulary) at every response position, averaged over `ttt_steps`
+unrolled draft steps (EAGLE-3's training-time test: step s drafts from the head's own outputs).
+The decoder layer is initialised from the target's last layer (attention and MLP shapes match).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specdecode import checkpoint
+from specdecode.drafters.eagle import EagleHead, head_from_config, rope_tables
+from specdecode.train import data, features, loop
+
+
+def default_layers(num_layers: int) -> tuple[int, ...]:
+    """Low, mid and high layers as in EAGLE-3 (the high one short of the top)."""
+    return tuple(sorted({min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)}))
+
+
+def _init_from_target(head: EagleHead, hf_model) -> None:
+    """Start the attention output, MLP and norms from the target's last layer."""
+    last = hf_model.model.layers[-1]
+    with torch.no_grad():
+        head.o.weight.copy_(last.self_attn.o_proj.weight)
+        head.gate_up.weight.copy_(torch.cat([last.mlp.gate_proj.weight, last.mlp.up_proj.weight]))
+        head.down.weight.copy_(last.mlp.down_proj.weight)
+        head.norm_mlp.copy_(last.post_attention_layernorm.weight)
+        head.norm_out.copy_(hf_model.model.norm.weight)
+
+
+def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_every: int = 50,
+          stop_after: int | None = None, vocab: int = 8192, steps: int = 200, lr: float = 1e-3,
+          batch_tokens: int = 1024, window: int = 384, ttt_steps: int = 2, layers: str = "") -> loop.TrainResult:
+    torch.manual_seed(seed)
+    hf = loaded.model.hf
+    cfg = hf.config
+    layer_ids = tuple(int(x) for x in str(layers).split(",") if x != "") or default_layers(cfg.num_hidden_layers)
+    seqs = data.read(data_dir)
+    target = checkpoint.describe(loaded)
+    feats = features.cached(data_dir, loaded.model, seqs, target["fingerprint"], layer_ids)
+    token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
+    lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
+    embed = hf.get_input_embeddings().weight.detach().float().cpu()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    config = {"kind": "eagle", "target": target, "hidden": cfg.hidden_size, "layers": list(layer_ids),
+              "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim,
+              "intermediate": cfg.intermediate_size, "eps": cfg.rms_norm_eps, "vocab": len(token_map),
+              "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens, "window": window,
+                        "ttt_steps": ttt_steps, "seed": seed, "sequences": len(seqs)}}
+    head = head_from_config(config)
+    _init_from_target(head, hf.cpu() if loaded.model.device.type == "cpu" else hf)
+    cos, sin = rope_tables(hf, window)
+    cos, sin = cos.cpu(), sin.cpu()
+    per_batch = max(1, batch_tokens // window)
+
+    def batch(step):
+        """-> emb [B, T, H], fused [B, T, F], teacher logits [B, T, Vd], loss mask [B, T]."""
+        pick = torch.randint(len(seqs), (per_batch,), generator=loop.batch_generator(seed, step)).tolist()
+        t = min(window, max(len(feats.tokens[i]) - 1 for i in pick))
+        emb, fused, teacher, mask = [], [], [], []
+        for i in pick:
+            tokens, n = feats.tokens[i], len(feats.tokens[i])
+            lo = max(0, n - 1 - t)  # row j of the window is position lo + j; token j+1 must exist
+            rows = torch.arange(lo, n - 1)
+            m = len(rows)
+            pad = (0, 0, 0, t - m)
+            emb.append(F.pad(embed[tokens[rows + 1]], pad))
+            fused.append(F.pad(feats.layers[i][rows], pad))
+            teacher.append(F.pad(feats.hidden[i][rows + 1] @ lm_head.T, pad))
+            # row j predicts the token at position j + 2: keep it when that is a response token
+            mask.append(F.pad(rows + 2 >= feats.start[i], (0, t - m)))
+        return torch.stack(emb), torch.stack(fused), torch.stack(teacher), torch.stack(mask)
+
+    def loss_fn(module, step):
+        emb, fused, teacher, mask = batch(step)
+        outs = module.unroll(emb, fused, cos[: emb.shape[1]], sin[: emb.shape[1]], ttt_steps)
+        losses, metrics = [], {}
+        for s, o in enumerate(outs):
+            valid = mask & (torch.arange(mask.shape[1]) >= s)
+            loss, agree = loop.kl_loss(module.logits(o, lm_head), teacher, valid)
+            losses.append(loss)
+            metrics[f"top1_{s}"] = float(agree)
+        return sum(losses) / len(losses), metrics
+
+    def export(module, directory):
+        tensors = {k: v.to(torch.bfloat16) for k, v in module.state_dict().items()}
+        checkpoint.save(directory, {**tensors, "token_map": token_map}, config)
+
+    return loop.run(head, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
+                    stop_after=stop_after, desc="eagle")

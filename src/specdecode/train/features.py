@@ -1,0 +1,71 @@
+"""The target's features for training: one teacher-forced forward per sequence.
+
+For each sequence: the final hidden state of every position (after the final norm; the target's
+next-token distribution is lm_head(hidden)) and the outputs of the `layers` an EAGLE-3 head fuses.
+Distributions are not stored: a trainer computes them from `hidden` over its draft vocabulary.
+The result is cached in the data directory per target fingerprint and layer set, so the trainers
+that follow (and a resumed run) skip the forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdecode.train.data import Sequence
+
+
+@dataclass
+class Features:
+    tokens: list[torch.Tensor]  # per sequence [n] token ids
+    start: list[int]  # per sequence: index of the first response token (= prompt length)
+    hidden: list[torch.Tensor]  # per sequence [n, H] final hidden (after the norm)
+    layers: list[torch.Tensor]  # per sequence [n, len(layer ids) * H] captured layer outputs, concatenated
+
+
+def compute(model, seqs: list[Sequence], layer_ids: tuple[int, ...] = ()) -> Features:
+    """model: a CausalLM with hidden-state capture (FastLlama or HFModel)."""
+    from tqdm import tqdm
+
+    out = Features([], [], [], [])
+    model.capture = tuple(layer_ids)
+    try:
+        for s in tqdm(seqs, desc="target features", unit="seq"):
+            tokens = torch.tensor(s.tokens, dtype=torch.long)
+            model.reset()
+            model.extend(tokens, num_logits=1)
+            out.tokens.append(tokens)
+            out.start.append(len(s.prompt_ids))
+            out.hidden.append(model.hidden.float().cpu().clone())  # clone: a normal (not inference) tensor
+            cat = torch.cat(model.layer_hidden, -1) if layer_ids else model.hidden.new_zeros(len(tokens), 0)
+            out.layers.append(cat.float().cpu().clone())
+    finally:
+        model.capture = ()
+        model.reset()
+    return out
+
+
+def cached(data_dir: str | Path, model, seqs: list[Sequence], fingerprint: str,
+           layer_ids: tuple[int, ...] = ()) -> Features:
+    """compute(), memoized in data_dir: the final hidden states in one file and each layer set in
+    another, so a Medusa run reuses what an EAGLE run computed."""
+    base = Path(data_dir) / f"features-{fingerprint}-{len(seqs)}"
+    hidden_path = base.with_name(base.name + "-hidden.pt")
+    layers_path = base.with_name(base.name + "-layers-" + ("_".join(map(str, layer_ids)) or "none") + ".pt")
+    if hidden_path.exists() and (layers_path.exists() or not layer_ids):
+        stored = torch.load(hidden_path)
+        layers = torch.load(layers_path) if layer_ids else [h.new_zeros(len(h), 0) for h in stored["hidden"]]
+        return Features(stored["tokens"], stored["start"], stored["hidden"], layers)
+    feats = compute(model, seqs, layer_ids)
+    _save_atomic({"tokens": feats.tokens, "start": feats.start, "hidden": feats.hidden}, hidden_path)
+    if layer_ids:
+        _save_atomic(feats.layers, layers_path)
+    return feats
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)

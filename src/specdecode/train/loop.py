@@ -1,0 +1,141 @@
+"""The training loop every trainer shares.
+
+A trainer supplies the module, `loss_fn(module, step) -> (loss, metrics)` that draws its batch from
+(seed, step) alone, and `export(module, directory)` that writes the drafter checkpoint. The loop
+owns AdamW with warm-up and cosine decay, gradient clipping, tqdm, and every `save_every` steps an
+atomic checkpoint: the drafter (export) plus `train_state.pt` (fp32 weights, optimizer, step, loss
+history). Because batches depend only on (seed, step), `resume` after a kill continues to the same
+final state as an uninterrupted run. At the end: `loss.png` and `losses.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdecode.checkpoint import write_atomic
+from specdecode.errors import UserError
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    steps: int
+    final_loss: float  # mean loss over the last 10% of steps
+    seconds: float  # training time of this run and the runs it resumed
+    losses: list[float]
+
+    def summary(self) -> str:
+        return (f"trained {self.steps} steps in {self.seconds:.0f} s; final loss {self.final_loss:.4f}; "
+                f"checkpoint in {self.out}, loss curve {self.out / 'loss.png'}")
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of lr."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: str | Path, steps: int, lr: float,
+        resume: bool = False, save_every: int = 50, stop_after: int | None = None, desc: str = "train") -> TrainResult:
+    """Train `module` for `steps` optimizer steps (stop_after: leave early after that many steps of
+    this run, as a kill would; only tests use it)."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    state_path = out / "train_state.pt"
+    start, losses, seconds = 0, [], 0.0
+    if resume:
+        if not state_path.is_file():
+            raise UserError(f"--resume: no training state in {out}")
+        state = torch.load(state_path, weights_only=False)
+        trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+        if set(state["module"]) != trainable:
+            raise UserError(f"--resume: the training state in {out} is for another model or settings")
+        module.load_state_dict(state["module"], strict=False)  # holds the trainable weights only
+        opt.load_state_dict(state["optimizer"])
+        start, losses, seconds = state["step"], state["losses"], state["seconds"]
+    warmup = max(1, steps // 20)
+    t0 = time.perf_counter()
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc=desc, unit="step")
+
+    def checkpoint(step: int) -> None:
+        trainable = {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
+        state = {"module": trainable, "optimizer": opt.state_dict(), "step": step, "losses": losses,
+                 "seconds": seconds + time.perf_counter() - t0}
+        write_atomic(state_path, lambda tmp: torch.save(state, tmp))
+        export(module, out)
+
+    module.train()
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup)
+        loss, metrics = loss_fn(module, step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", **{k: f"{v:.3f}" for k, v in metrics.items()})
+        done = step + 1
+        if done % save_every == 0 or done == steps:
+            checkpoint(done)
+        if stop_after is not None and done - start >= stop_after:
+            break
+    bar.close()
+    module.eval()
+    seconds += time.perf_counter() - t0
+    tail = losses[-max(1, len(losses) // 10):]
+    result = TrainResult(out, len(losses), sum(tail) / len(tail), seconds, losses)
+    (out / "losses.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
+    plot(losses, out / "loss.png", desc)
+    return result
+
+
+def plot(losses: list[float], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses, lw=0.8, alpha=0.5, label="loss")
+    window = max(1, len(losses) // 20)
+    if len(losses) > window:
+        smooth = torch.tensor(losses).unfold(0, window, 1).mean(1).tolist()
+        ax.plot(range(window, len(losses) + 1), smooth, lw=1.5, label=f"mean of {window}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def kl_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """student, teacher: logits [..., V]; mask: [...] bool -> (mean KL(teacher || student) over the
+    masked rows, top-1 agreement there). Self-distillation: the teacher is the target itself."""
+    logq = student.float().log_softmax(-1)
+    logp = teacher.float().log_softmax(-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    m = mask.float()
+    n = m.sum().clamp_min(1)
+    agree = ((student.argmax(-1) == teacher.argmax(-1)).float() * m).sum() / n
+    return (kl * m).sum() / n, agree.detach()
+
+
+def batch_generator(seed: int, step: int) -> torch.Generator:
+    """The RNG a trainer draws step `step`'s batch from: a function of (seed, step) only."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)

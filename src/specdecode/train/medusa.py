@@ -1,0 +1,60 @@
+"""`specdecode train medusa`: Medusa-1 heads on the frozen target (Cai et al. 2024).
+
+Self-distillation: head i at position t learns the target's own next-token distribution at
+position t + i (KL over the draft vocabulary), on the target's responses from `train data`.
+Batches are random response positions; the target's hidden states come from one teacher-forced
+forward per sequence (features.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode import checkpoint
+from specdecode.drafters.medusa import MedusaHeads
+from specdecode.train import data, features, loop
+
+
+def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_every: int = 50,
+          stop_after: int | None = None, num_heads: int = 4, vocab: int = 8192, steps: int = 300,
+          lr: float = 3e-3, batch_tokens: int = 1024) -> loop.TrainResult:
+    torch.manual_seed(seed)
+    seqs = data.read(data_dir)
+    target = checkpoint.describe(loaded)
+    feats = features.cached(data_dir, loaded.model, seqs, target["fingerprint"])
+    token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
+    lm_head = loaded.model.hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
+    hidden = torch.cat(feats.hidden)  # [N, H]
+    # base rows t: response positions (and the last prompt row) whose head-1 target t + 1 exists;
+    # head i's target row t + i is valid while it stays inside the same sequence.
+    bases, room = [], []
+    offset = 0
+    for tokens, start in zip(feats.tokens, feats.start):
+        n = len(tokens)
+        t = torch.arange(max(start - 1, 0), n - 1)
+        bases.append(offset + t)
+        room.append(n - 1 - t)  # how many later rows exist in this sequence
+        offset += n
+    bases, room = torch.cat(bases), torch.cat(room)
+    heads = MedusaHeads(hidden.shape[1], num_heads)
+    offsets = torch.arange(1, num_heads + 1)
+
+    def loss_fn(module, step):
+        pick = torch.randint(len(bases), (batch_tokens,), generator=loop.batch_generator(seed, step))
+        rows, valid = bases[pick], room[pick, None] >= offsets  # [B], [B, K]
+        target_rows = (rows[:, None] + offsets).clamp_max(len(hidden) - 1)  # [B, K]
+        student = module(hidden[rows], lm_head)  # [B, K, Vd]
+        teacher = hidden[target_rows] @ lm_head.T  # [B, K, Vd]
+        loss, agree = loop.kl_loss(student, teacher, valid)
+        return loss, {"top1": agree}
+
+    def export(module, directory):
+        config = {"kind": "medusa", "target": target, "hidden": hidden.shape[1], "num_heads": num_heads,
+                  "vocab": len(token_map), "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens,
+                                                     "seed": seed, "sequences": len(seqs)}}
+        tensors = {"weight": module.weight.to(torch.bfloat16), "bias": module.bias.to(torch.bfloat16),
+                   "token_map": token_map}
+        checkpoint.save(directory, tensors, config)
+
+    return loop.run(heads, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
+                    stop_after=stop_after, desc="medusa")

