@@ -253,8 +253,11 @@ def test_fuzzing_left_the_server_healthy(guarded):
 def test_serve_rejects_bad_flags_before_loading(capsys):
     assert main(["serve", "--k", "0"]) == 2
     assert main(["serve", "--max-batch", "0"]) == 2
-    assert main(["serve", "--drafter", "medusa"]) == 2
-    assert "specdecode: error:" in capsys.readouterr().err
+    assert main(["serve", "--drafter", "telepathy"]) == 2
+    assert "unknown drafter" in capsys.readouterr().err
+    for spec in ("medusa", "eagle", "ngram:b=3", "ensemble:ngram+ngram:1"):  # not batched yet: refused up front
+        assert main(["serve", "--drafter", spec]) == 2
+        assert "does not support" in capsys.readouterr().err
 
 
 def test_serve_command_wires_a_working_app(tiny_model_dir, monkeypatch):

@@ -295,8 +295,10 @@ def cmd_serve(args) -> None:
 
     from specdecode.generation import check_k
 
+    from specdecode.server.drafting import check_servable
+
     check_k(args.k)
-    drafters.check_spec(args.drafter)
+    check_servable(args.drafter)
     for name, value in (("--max-batch", args.max_batch), ("--queue", args.queue), ("--max-body-bytes", args.max_body_bytes)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
@@ -310,6 +312,8 @@ def cmd_serve(args) -> None:
     except ImportError as e:
         raise UserError(f"serve needs fastapi, uvicorn and prometheus_client (pip install -e .): {e}") from None
     routes = load_config(args.config) if args.config else default_routes(args.drafter, args.k, args.adaptive)
+    for route in [routes.default, *routes.routing.values()]:
+        check_servable(route.drafter)
     _setup(args)
     target = models.load(args.target, args.dtype, args.device, args.backend)
     name = args.served_model_name or (Path(target.name).name if target.name != models.DEFAULT_TARGET else target.name)

@@ -18,6 +18,19 @@ from specdecode.fast_llama import FastLlama
 from specdecode.models import CausalLM
 
 _WEIGHTLESS = ("none", "ngram")
+# the batched forward neither captures the target's hidden states nor verifies trees (yet)
+_NOT_SERVABLE = {"medusa": "needs the target's hidden states", "eagle": "needs the target's hidden states",
+                 "ensemble": "proposes token trees"}
+
+
+def check_servable(spec: str) -> None:
+    """Refuse drafters the batched server cannot run, with the reason, before anything is loaded."""
+    name = drafters.check_spec(spec)
+    tree = any(part.startswith("b=") for part in spec.split(":")[1:])  # ngram:b=B, draft:b=B:...
+    why = _NOT_SERVABLE.get(name) or ("proposes token trees" if tree else None)
+    if why:
+        raise UserError(f"drafter {spec!r} {why}, which `specdecode serve` does not support yet; "
+                        "use none, ngram or draft:<model> (chains)")
 
 
 def fork(model: CausalLM) -> CausalLM:
@@ -41,6 +54,7 @@ class DrafterPool:
         with self.lock:
             if spec not in self.templates:
                 name = drafters.check_spec(spec)
+                check_servable(spec)
                 if name not in _WEIGHTLESS and not allow_load:
                     raise UserError(f"drafter {spec!r} is not loaded on this server; "
                                     f"available: {', '.join(self.available())}")
