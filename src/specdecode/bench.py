@@ -8,6 +8,7 @@ of total tokens per second measured in this run.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import statistics
@@ -16,9 +17,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from specdecode import drafters as drafter_registry
-from specdecode import models
+from specdecode import memory, models, peers
+from specdecode.control import CostModel
 from specdecode.corpora import Prompt
-from specdecode.generation import Result, generate
+from specdecode.generation import Result, encode_prompt, generate
 from specdecode.metrics import Stats
 from specdecode.sampling import SamplingParams
 
@@ -53,6 +55,9 @@ class Cell:
 
     results: dict[str, Result] = field(default_factory=dict)  # prompt id -> result of the first repeat
     walls: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    ttfts: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    peak_rss: int = 0  # process peak RSS after this dtype's runs (bytes)
+    cost: CostModel | None = None  # the drafter's measured costs (None: plain decoding, peers)
     reruns: int = 0
 
 
@@ -81,41 +86,73 @@ def run(
     repeats: int = 1,
     seed: int = 0,
     adaptive: bool = False,
+    peer_specs: list[str] = (),
+    temperatures: list[float] = (),
     log=print,
 ) -> dict:
     """ks: the fixed k values to run each drafter with. adaptive: also run every drafter with
     adaptive k (0..k_max), labelled `<drafter>+adaptive`, with its cost model measured once and
-    per-category acceptance history carried across prompts."""
+    per-category acceptance history carried across prompts. peer_specs: Hugging Face peers
+    (specdecode.peers) run on the same token ids, labelled by their spec. temperatures: afterwards,
+    α of every fixed-k drafter run at each of these temperatures (one pass, no timing)."""
     runs = variants(drafter_specs, ks, adaptive)
-    labels = [label for label, _, _ in runs]
+    for spec in peer_specs:
+        peers.check_spec(spec)
+    labels = [label for label, _, _ in runs] + list(peer_specs)
     cells: dict[tuple[str, str], Cell] = {}
+    sweep: dict[str, dict] = {}
     for dtype in dtypes:
         loaded = models.load(target, dtype, device, backend)
         ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend)
-        built = {spec: drafter_registry.build(spec, ctx) for _, spec, _ in runs}
-        adaptive_specs = [spec for _, spec, k in runs if k is None]
-        policy = _policies(loaded, built, adaptive_specs, k_max, prompts[0].prompt, params)
-        for _, spec, k in runs:  # warm-up, excluded
-            generate(loaded, built[spec], prompts[0].prompt, k=k or k_max, params=params, max_new_tokens=8, seed=seed)
+        ids = {p.id: encode_prompt(loaded.tokenizer, p.prompt, None) for p in prompts}
+        fns, costs = _runners(loaded, ctx, runs, peer_specs, k_max, ids[prompts[0].id], params, seed)
+        for label in labels:  # warm-up, excluded
+            fns[label](ids[prompts[0].id], prompts[0].category, 8, learn=False)
         for r in range(repeats):
             for i, p in enumerate(prompts):
-                shift = (i + r) % len(runs)
-                for label, spec, k in runs[shift:] + runs[:shift]:
+                shift = (i + r) % len(labels)
+                for label in labels[shift:] + labels[:shift]:
                     cell = cells.setdefault((dtype, label), Cell())
-                    go = lambda: generate(loaded, built[spec], p.prompt,  # noqa: E731
-                                          k=k if k is not None else policy[spec](p.category), params=params,
-                                          max_new_tokens=max_new_tokens, seed=seed)
+                    go = lambda: fns[label](ids[p.id], p.category, max_new_tokens)  # noqa: E731
                     res, load = measured(go)
                     if load is not None and load > LOAD_LIMIT:
                         cell.reruns += 1
                         res, load = measured(go)
-                    if k is None:
-                        policy[spec].state.observe(p.category, label, res.stats)
                     cell.walls[p.id].append(res.stats.wall_s)
+                    cell.ttfts[p.id].append(res.stats.ttft_s)
                     res.id, res.category = p.id, p.category
                     cell.results.setdefault(p.id, res)
             log(f"[{dtype}] repeat {r + 1}/{repeats} done")
-    return report(prompts, cells, dtypes, labels)
+        for label, spec, _ in runs:
+            cells[(dtype, label)].cost = costs.get(spec)
+        if temperatures:
+            sweep[dtype] = _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens)
+            log(f"[{dtype}] temperature sweep done")
+        for label in labels:
+            cells[(dtype, label)].peak_rss = memory.peak_rss_bytes()
+    out = report(prompts, cells, dtypes, labels, set(peer_specs))
+    out["alpha_vs_temperature"] = sweep
+    return out
+
+
+def _runners(loaded, ctx, runs, peer_specs, k_max, probe_ids, params, seed) -> dict:
+    """label -> fn(ids, category, max_new_tokens, learn) -> Result, for every drafter variant and peer."""
+    built = {spec: drafter_registry.build(spec, ctx) for _, spec, _ in runs}
+    costs = _costs(loaded, built, max([k_max if k is None else k for _, _, k in runs]), probe_ids, params)
+    policy = {spec: _AdaptiveFactory(copy.deepcopy(costs[spec]), k_max, label) for label, spec, k in runs if k is None}
+    fns = {}
+    for label, spec, k in runs:
+        def fn(ids, category, n, learn=True, sampling=params, label=label, spec=spec, k=k):
+            res = generate(loaded, built[spec], ids, k=k if k is not None else policy[spec](category),
+                           params=sampling, max_new_tokens=n, seed=seed)
+            if k is None and learn:
+                policy[spec].state.observe(category, label, res.stats)
+            return res
+        fns[label] = fn
+    for spec in peer_specs:
+        peer = peers.build(spec, loaded, ctx)
+        fns[spec] = lambda ids, category, n, learn=True, peer=peer: peer(ids, n, params, seed)
+    return fns, costs
 
 
 class _AdaptiveFactory:
@@ -135,66 +172,119 @@ class _AdaptiveFactory:
         return AdaptiveK(self.cost, self.k_max, prior=prior, tracker=CostTracker(self.cost))
 
 
-def _policies(loaded, built, specs, k_max, probe_prompt, params) -> dict:
-    """drafter spec -> _AdaptiveFactory with the drafter's measured cost model."""
+def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) -> dict:
+    """label -> {temperature: {category: α, "ALL": α}} for every fixed-k drafter run."""
+    out = {}
+    for label, spec, k in runs:
+        if spec == "none" or k is None:
+            continue
+        out[label] = {}
+        for t in temperatures:
+            per_cat: dict[str, Stats] = defaultdict(Stats)
+            for p in prompts:
+                st = fns[label](ids[p.id], p.category, max_new_tokens, learn=False,
+                                sampling=SamplingParams(temperature=t)).stats
+                per_cat[p.category] = per_cat[p.category].merge(st)
+                per_cat["ALL"] = per_cat["ALL"].merge(st)
+            out[label][str(t)] = {c: round(st.acceptance_rate, 4) for c, st in per_cat.items()}
+    return out
+
+
+def _costs(loaded, built, k_max, ids, params) -> dict:
+    """drafter spec -> its measured cost model (c, r(1..k_max)) on this target and dtype."""
     from specdecode.costs import measure
-    from specdecode.generation import encode_prompt
 
-    ids = encode_prompt(loaded.tokenizer, probe_prompt, None)
-    return {s: _AdaptiveFactory(measure(loaded.model, built[s], k_max, ids, params), k_max, f"{s}+adaptive")
-            for s in specs}
+    return {s: measure(loaded.model, d, k_max, ids, params) for s, d in built.items() if s != "none"}
 
 
-def report(prompts: list[Prompt], cells: dict, dtypes: list[str], specs: list[str]) -> dict:
+def ideal_speedup(stats: Stats, cost) -> float | None:
+    """τ / mean step cost: the speedup a loop with no overhead would reach with this run's own
+    acceptance and draft counts, under the measured costs (c, r). None for token trees (their
+    drafted nodes are not positions)."""
+    if not stats.steps or stats.drafted != sum(stats.drafted_by_pos):
+        return None
+    by_pos = stats.drafted_by_pos + [0]
+    exactly = [stats.steps - (by_pos[0] if stats.drafted_by_pos else 0)] + [by_pos[n - 1] - by_pos[n] for n in range(1, len(by_pos))]
+    spent = sum(count * (n * cost.draft_cost + cost.r(n)) for n, count in enumerate(exactly))
+    return stats.mean_accepted_length / (spent / stats.steps)
+
+
+def report(prompts: list[Prompt], cells: dict, dtypes: list[str], labels: list[str], peer_labels=frozenset()) -> dict:
+    """Rows per (dtype, label, category) and ALL; speedups are ratios of tokens/s over the same
+    prompts in this run (per-prompt wall times: the median over repeats). Schema: docs/benchmarks.md."""
     categories = sorted({p.category for p in prompts}) + ["ALL"]
     rows = []
     for dtype in dtypes:
         base = cells[(dtype, "none")]
-        for s in specs:
-            cell = cells[(dtype, s)]
+        for label in labels:
+            cell = cells[(dtype, label)]
             for cat in categories:
                 ids = [p.id for p in prompts if cat == "ALL" or p.category == cat]
-                stats = Stats()
-                for pid in ids:
-                    stats = stats.merge(cell.results[pid].stats)
-                tokens = sum(len(cell.results[pid].token_ids) for pid in ids)
-                wall = sum(statistics.median(cell.walls[pid]) for pid in ids)
-                base_tokens = sum(len(base.results[pid].token_ids) for pid in ids)
-                base_wall = sum(statistics.median(base.walls[pid]) for pid in ids)
-                same = sum(cell.results[pid].token_ids == base.results[pid].token_ids for pid in ids)
-                tps = tokens / wall if wall else 0.0
-                rows.append({
-                    "dtype": dtype, "drafter": s, "category": cat, "prompts": len(ids),
-                    "acceptance_rate": round(stats.acceptance_rate, 4),
-                    "mean_accepted_length": round(stats.mean_accepted_length, 4),
-                    "acceptance_by_position": [round(x, 3) for x in stats.acceptance_by_position],
-                    "tokens_per_s": round(tps, 2),
-                    "speedup_vs_none": round(tps / (base_tokens / base_wall), 3) if base_wall else None,
-                    "identical_to_none": round(same / len(ids), 3),
-                    "reruns_under_load": cell.reruns if cat == "ALL" else None,
-                })
-    best_plain = max(r["tokens_per_s"] for r in rows if r["drafter"] == "none" and r["category"] == "ALL")
-    for r in rows:
-        if r["category"] == "ALL":
-            r["speedup_vs_best_plain"] = round(r["tokens_per_s"] / best_plain, 3)
-    return {"rows": rows, "best_plain_tokens_per_s": best_plain}
+                rows.append(_row(dtype, label, cat, ids, cell, base, label in peer_labels))
+    overall = [r for r in rows if r["category"] == "ALL"]
+    best_plain = max(r["tokens_per_s"] for r in overall if r["drafter"] == "none")
+    for r in overall:
+        r["speedup_vs_best_plain"] = round(r["tokens_per_s"] / best_plain, 3)
+        r["speedup_vs_peers"] = {q["dtype"] + " " + q["drafter"]: round(r["tokens_per_s"] / q["tokens_per_s"], 3)
+                                 for q in overall if q["peer"] and q["tokens_per_s"]}
+    costs = {dtype: {label: cells[(dtype, label)].cost.to_json() for label in labels if cells[(dtype, label)].cost}
+             for dtype in dtypes}
+    return {"rows": rows, "best_plain_tokens_per_s": best_plain, "costs": costs}
+
+
+def _row(dtype: str, label: str, cat: str, ids: list[str], cell: Cell, base: Cell, peer: bool) -> dict:
+    stats = Stats()
+    for pid in ids:
+        stats = stats.merge(cell.results[pid].stats)
+    tokens = sum(len(cell.results[pid].token_ids) for pid in ids)
+    wall = sum(statistics.median(cell.walls[pid]) for pid in ids)
+    base_tokens = sum(len(base.results[pid].token_ids) for pid in ids)
+    base_wall = sum(statistics.median(base.walls[pid]) for pid in ids)
+    same = sum(cell.results[pid].token_ids == base.results[pid].token_ids for pid in ids)
+    ttft = statistics.median(t for pid in ids for t in cell.ttfts[pid])
+    later = tokens - len(ids)
+    tps = tokens / wall if wall else 0.0
+    speedup = tps / (base_tokens / base_wall) if base_wall else None
+    ideal = ideal_speedup(stats, cell.cost) if cell.cost else None
+    return {
+        "dtype": dtype, "drafter": label, "category": cat, "prompts": len(ids), "peer": peer,
+        "acceptance_rate": None if peer else round(stats.acceptance_rate, 4),
+        "mean_accepted_length": None if peer else round(stats.mean_accepted_length, 4),
+        "acceptance_by_position": None if peer else [round(x, 3) for x in stats.acceptance_by_position],
+        "draft_positions": None if peer else stats.drafted_by_pos,
+        "tokens": tokens,
+        "tokens_per_s": round(tps, 2),
+        "speedup_vs_none": round(speedup, 3) if speedup else None,
+        "ideal_speedup": round(ideal, 3) if ideal else None,
+        "measured_over_ideal": round(speedup / ideal, 3) if ideal and speedup else None,
+        "identical_to_none": round(same / len(ids), 3),
+        "ttft_ms": round(ttft * 1000, 1),
+        "itl_ms": round((wall - ttft * len(ids)) / later * 1000, 2) if later > 0 else None,
+        "time_split_s": None if peer else {"draft": round(stats.draft_s, 3), "verify": round(stats.verify_s, 3),
+                                           "prefill": round(stats.prefill_s, 3)},
+        "peak_rss_mb": round(cell.peak_rss / 2**20),
+        "reruns_under_load": cell.reruns if cat == "ALL" else None,
+    }
 
 
 def table(report_: dict) -> str:
-    head = "| dtype | drafter | category | α | τ | tok/s | speedup vs none | identical to none |"
-    lines = [head, "|" + "---|" * 8]
+    head = "| dtype | drafter | category | α | τ | tok/s | speedup vs none | identical to none | TTFT ms | ITL ms |"
+    lines = [head, "|" + "---|" * 10]
+    fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
     for r in report_["rows"]:
         lines.append(
-            f"| {r['dtype']} | {r['drafter']} | {r['category']} | {r['acceptance_rate']:.3f} | "
-            f"{r['mean_accepted_length']:.2f} | {r['tokens_per_s']:.1f} | {r['speedup_vs_none']:.2f}× | "
-            f"{r['identical_to_none'] * 100:.0f}% |"
+            f"| {r['dtype']} | {r['drafter']} | {r['category']} | {fmt(r['acceptance_rate'], '.3f')} | "
+            f"{fmt(r['mean_accepted_length'], '.2f')} | {r['tokens_per_s']:.1f} | {r['speedup_vs_none']:.2f}× | "
+            f"{r['identical_to_none'] * 100:.0f}% | {r['ttft_ms']:.0f} | {fmt(r['itl_ms'], '.1f')} |"
         )
     overall = [r for r in report_["rows"] if r["category"] == "ALL"]
     lines.append("")
     lines.append(f"fastest plain decoding: {report_['best_plain_tokens_per_s']:.1f} tok/s")
     for r in overall:
-        lines.append(f"{r['dtype']} {r['drafter']}: {r['speedup_vs_best_plain']:.2f}× vs fastest plain "
-                     f"(identical to none in its dtype: {r['identical_to_none'] * 100:.0f}%)")
+        vs_peers = "".join(f", {v:.2f}× vs {k}" for k, v in r["speedup_vs_peers"].items() if k != f"{r['dtype']} {r['drafter']}")
+        lines.append(f"{r['dtype']} {r['drafter']}: {r['speedup_vs_best_plain']:.2f}× vs fastest plain{vs_peers} "
+                     f"(identical to none in its dtype: {r['identical_to_none'] * 100:.0f}%; peak RSS {r['peak_rss_mb']} MB"
+                     + (f"; measured/ideal {r['measured_over_ideal']:.2f}" if r["measured_over_ideal"] else "") + ")")
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from specdecode.errors import UserError
 
@@ -63,7 +64,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--adaptive", action="store_true", help="also run each drafter with adaptive k (0..--k-max)")
     b.add_argument("--k-max", type=int, default=12, help="largest k adaptive control may pick")
-    b.add_argument("--out", help="write the results JSON here")
+    b.add_argument("--peers", default="", help="Hugging Face peers in the same run: hf, hf-lookup[:N], hf-assist[:DRAFTER]")
+    b.add_argument("--out", help="write the results JSON here (and a Markdown table beside it)")
+    b.add_argument("--plots", help="write PNG plots of the results into this directory")
+    b.add_argument("--sweep-temperatures", default="", help="also measure α at these temperatures, e.g. 0,0.3,0.7,1")
     b.set_defaults(run=cmd_bench)
 
     a = sub.add_parser("advise", help="measure prompts per task; recommend drafter and k per task; write a config")
@@ -213,7 +217,7 @@ def cmd_check_tokenizers(args) -> int:
 
 
 def cmd_bench(args) -> None:
-    from specdecode import bench
+    from specdecode import bench, peers
     from specdecode.corpora import load_prompts
     from specdecode.drafters import check_spec
     from specdecode.generation import check_k
@@ -231,15 +235,29 @@ def cmd_bench(args) -> None:
     if not ks:
         raise UserError("--k is empty")
     check_k(args.k_max)
+    peer_specs = [peers.check_spec(s) for s in args.peers.split(",") if s]
+    try:
+        temperatures = [float(t) for t in args.sweep_temperatures.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--sweep-temperatures must be comma-separated numbers, got {args.sweep_temperatures!r}") from None
+    if any(t < 0 for t in temperatures):
+        raise UserError("--sweep-temperatures: temperatures must be >= 0")
     prompts = load_prompts(args.prompts)
     _setup(args)
     report = bench.run(prompts, specs, target=args.target,
                        dtypes=[d for d in args.dtype.split(",") if d], device=args.device, backend=args.backend, ks=ks, k_max=args.k_max,
                        params=params, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                       seed=args.seed, adaptive=args.adaptive, log=lambda m: print(m, file=sys.stderr))
+                       seed=args.seed, adaptive=args.adaptive, peer_specs=peer_specs, temperatures=temperatures,
+                       log=lambda m: print(m, file=sys.stderr))
     print(bench.table(report))
     if args.out:
         bench.dump(report, args.out)
+        Path(args.out).with_suffix(".md").write_text(bench.table(report) + "\n")
+    if args.plots:
+        from specdecode import plots
+
+        for path in plots.write(report, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
 
 
 def cmd_advise(args) -> None:

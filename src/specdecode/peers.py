@@ -1,0 +1,124 @@
+"""Hugging Face transformers as a peer in `specdecode bench`: the same HF module our backends wrap,
+the same prompt token ids, the same greedy/sampling settings, through `model.generate`.
+
+Peer specs (comma-separated in `bench --peers`):
+- `hf`: plain `generate` (dynamic cache).
+- `hf-lookup[:N]`: prompt lookup decoding, `prompt_lookup_num_tokens=N` (default 10, the value
+  transformers' docs use; `max_matching_ngram_size` left at its default).
+- `hf-assist[:DRAFTER]`: assisted generation with `assistant_model` = the HF module of our drafter
+  DRAFTER (default `draft`, the shipped distilled draft model; any `draft:` spec works), with
+  transformers' own assistant settings (its default, dynamic number of assistant tokens).
+HF reports no acceptance counts, so a peer's α and τ are left empty.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from specdecode.errors import UserError
+from specdecode.generation import Result
+from specdecode.metrics import Stats
+from specdecode.sampling import SamplingParams
+
+Peer = Callable[[list[int], int, SamplingParams, int], Result]  # (ids, max_new_tokens, params, seed)
+
+
+class _FirstTokenClock:
+    """A generate() streamer that records when the first new token arrives (its first put() is the
+    prompt)."""
+
+    def __init__(self):
+        self.puts, self.first = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2 and self.first is None:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def _runner(loaded, **generate_kwargs) -> Peer:
+    hf = loaded.model.hf
+    eos = sorted(loaded.eos_ids)
+
+    def run(ids: list[int], max_new_tokens: int, params: SamplingParams, seed: int) -> Result:
+        sampling = {"do_sample": False} if params.temperature == 0 else {
+            "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None}
+        torch.manual_seed(seed)
+        clock = _FirstTokenClock()
+        input_ids = torch.tensor([ids], device=hf.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                              eos_token_id=eos, pad_token_id=eos[0], streamer=clock, **sampling, **generate_kwargs)
+        wall = time.perf_counter() - start
+        new = out[0, len(ids):].tolist()
+        finish = "stop" if new and new[-1] in eos else "length"
+        stats = Stats(prefills=1, new_tokens=len(new), wall_s=wall, ttft_s=(clock.first or time.perf_counter()) - start)
+        return Result(loaded.tokenizer.decode(new, skip_special_tokens=True), new, stats, finish,
+                      prompt_tokens=len(ids))
+
+    return run
+
+
+def _no_arg(arg: str | None):
+    if arg:
+        raise UserError(f"peer 'hf' takes no argument, got {arg!r}")
+
+
+def _lookup_tokens(arg: str | None) -> int:
+    try:
+        n = int(arg) if arg else 10
+    except ValueError:
+        raise UserError(f"peer 'hf-lookup:N': N must be an integer, got {arg!r}") from None
+    if n < 1:
+        raise UserError(f"peer 'hf-lookup:N': N must be positive, got {n}")
+    return n
+
+
+def _assistant_spec(arg: str | None) -> str:
+    spec = arg or "draft"
+    if spec.partition(":")[0] != "draft":
+        raise UserError(f"peer 'hf-assist:{spec}': the assistant must be a draft model spec (draft or draft:...)")
+    return spec
+
+
+def _assist(spec: str, loaded, ctx) -> Peer:
+    from specdecode import drafters
+
+    drafter = drafters.build(spec, ctx)
+    assistant = getattr(getattr(drafter, "model", None), "hf", None)
+    if assistant is None:
+        raise UserError(f"peer 'hf-assist:{spec}': {spec} is not a single draft model transformers can assist with")
+    return _runner(loaded, assistant_model=assistant)
+
+
+# name -> (argument parser, builder(parsed argument, loaded, ctx))
+PEERS: dict[str, tuple[Callable, Callable]] = {
+    "hf": (_no_arg, lambda _, loaded, ctx: _runner(loaded)),
+    "hf-lookup": (_lookup_tokens, lambda n, loaded, ctx: _runner(loaded, prompt_lookup_num_tokens=n)),
+    "hf-assist": (_assistant_spec, _assist),
+}
+
+
+def _parse(spec: str):
+    name, sep, arg = spec.partition(":")
+    if name not in PEERS:
+        raise UserError(f"unknown peer {spec!r}; known: {', '.join(PEERS)}")
+    return name, PEERS[name][0](arg if sep else None)
+
+
+def check_spec(spec: str) -> str:
+    _parse(spec)
+    return spec
+
+
+def build(spec: str, loaded, ctx) -> Peer:
+    """spec: a peer spec; loaded: models.LoadedModel; ctx: drafters.DrafterContext (for hf-assist)."""
+    name, arg = _parse(spec)
+    return PEERS[name][1](arg, loaded, ctx)

@@ -1,0 +1,89 @@
+"""The benchmark harness beyond the basics: Hugging Face peers on the same token ids, the ideal
+speedup from a run's own acceptance and measured costs, the temperature sweep, Markdown and plots."""
+
+import json
+
+import pytest
+
+from specdecode.bench import ideal_speedup
+from specdecode.cli import main
+from specdecode.control import CostModel
+from specdecode.metrics import Stats
+
+
+def test_ideal_speedup_counts_each_step_at_its_own_draft_length():
+    cost = CostModel(draft_cost=0.1, verify_ratio={1: 1.1, 2: 1.2, 3: 1.3})
+    stats = Stats()
+    stats.observe(drafted=2, accepted=1, committed=2)
+    stats.observe(drafted=2, accepted=1, committed=2)
+    assert ideal_speedup(stats, cost) == pytest.approx(2.0 / (2 * 0.1 + 1.2))  # τ counts committed tokens
+    mixed = Stats()
+    mixed.observe(drafted=0, accepted=0, committed=1)  # nothing offered: a plain step, cost 1
+    mixed.observe(drafted=3, accepted=3, committed=4)
+    assert ideal_speedup(mixed, cost) == pytest.approx(2.5 / ((1.0 + 3 * 0.1 + 1.3) / 2))
+    tree = Stats()
+    tree.observe(drafted=5, accepted=2, committed=3, depth=2)  # 5 nodes over 2 depths: no chain cost
+    assert ideal_speedup(tree, cost) is None and ideal_speedup(Stats(), cost) is None
+
+
+def test_bench_with_hf_peers_sweep_markdown_and_plots(capsys, tiny_model_dir, tiny_draft_dir, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": p, "category": c}) for p, c in
+                           [("a b c a b c a b", "code"), ("tell a tale of a b c", "creative")]))
+    out_json, plots = tmp_path / "r.json", tmp_path / "plots"
+    peers = f"hf,hf-lookup:3,hf-assist:draft:{tiny_draft_dir}"
+    code = main(["bench", "--prompts", str(f), "--drafters", "ngram", "--k", "2,4", "--adaptive", "--k-max", "4",
+                 "--peers", peers, "--target", tiny_model_dir, "--max-new-tokens", "10", "--out", str(out_json),
+                 "--plots", str(plots), "--sweep-temperatures", "0,1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out_json.read_text())
+    rows = {(r["drafter"], r["category"]): r for r in report["rows"]}
+    for peer in ("hf", "hf-lookup:3", f"hf-assist:draft:{tiny_draft_dir}"):
+        row = rows[(peer, "ALL")]
+        # transformers' greedy generate, with or without its own speculation, matches our plain decoding
+        assert row["peer"] and row["identical_to_none"] == 1.0, peer
+        assert row["acceptance_rate"] is None and row["tokens"] > 0 and row["ttft_ms"] > 0
+    ours = rows[("ngram@k4", "ALL")]
+    assert not ours["peer"] and set(ours["speedup_vs_peers"]) == {"fp32 hf", "fp32 hf-lookup:3",
+                                                                  f"fp32 hf-assist:draft:{tiny_draft_dir}"}
+    assert ours["ideal_speedup"] > 0 and ours["measured_over_ideal"] == pytest.approx(
+        ours["speedup_vs_none"] / ours["ideal_speedup"], rel=0.01)
+    assert set(report["costs"]["fp32"]) == {"ngram@k2", "ngram@k4", "ngram+adaptive"}
+    sweep = report["alpha_vs_temperature"]["fp32"]
+    assert set(sweep) == {"ngram@k2", "ngram@k4"} and set(sweep["ngram@k2"]) == {"0.0", "1.0"}
+    assert set(sweep["ngram@k2"]["0.0"]) == {"code", "creative", "ALL"}
+    assert out_json.with_suffix(".md").read_text().startswith("| dtype | drafter |")
+    written = sorted(p.name for p in plots.iterdir())
+    assert written == sorted(f"{n}.png" for n in ("alpha_by_task", "speedup_vs_k", "alpha_vs_temperature",
+                                                  "ideal_vs_measured", "speedup_overall"))
+    assert all((plots / n).read_bytes()[:4] == b"\x89PNG" for n in written)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--peers", "vllm"], "unknown peer"),
+    (["--peers", "hf-lookup:x"], "must be an integer"),
+    (["--peers", "hf-assist:ngram"], "must be a draft model"),
+    (["--sweep-temperatures", "0,hot"], "comma-separated numbers"),
+    (["--sweep-temperatures", "-1"], ">= 0"),
+])
+def test_bench_bad_peer_and_sweep_flags(capsys, tiny_model_dir, argv, message):
+    code = main(["bench", "--target", tiny_model_dir, "--prompts", "mtbench:1"] + argv)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+
+
+def test_suite_corpora_gsm_and_bfcl_are_deterministic_and_labelled():
+    import sys
+
+    from specdecode.corpora import load_prompts
+
+    suite = load_prompts("suite:1")
+    assert [p.category for p in suite[-3:]] == ["code", "gsm", "function-calling"]
+    assert len({p.category for p in suite}) == 11 and len({p.id for p in suite}) == len(suite)
+    gsm = load_prompts("gsm:3")
+    assert [p.prompt for p in gsm] == [p.prompt for p in load_prompts("gsm:3")]  # same templates, same seeds
+    assert len({p.prompt for p in gsm}) == 3 and all(p.task == "math" for p in gsm)
+    assert "reasoning_gym" not in sys.modules  # its package root (and dependencies) never imported
+    call = load_prompts("bfcl:1")[0]
+    assert call.task == "structured-json" and '"name": "calculate_triangle_area"' in call.prompt
