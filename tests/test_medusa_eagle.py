@@ -153,3 +153,19 @@ def default_target():
     from specdecode import models
 
     return models.load(None, "fp32", "cpu")
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
+def test_cost_measurement_times_real_proposals(target, trained, kind):
+    """costs.measure runs the target at several sizes, then times the drafter on the context:
+    hidden-state drafters must see the context's features (not the last timing forward's), and
+    proposing again for the same context redrafts the same tokens instead of nothing."""
+    from specdecode.costs import measure
+
+    drafter = drafters.build(f"{kind}:{trained[kind]}", drafters.DrafterContext(target))
+    ids = target.tokenizer(PROMPTS[0])["input_ids"]
+    cost = measure(target.model, drafter, 3, ids, repeats=2)
+    assert cost.draft_cost > 0 and set(cost.verify_ratio) == {1, 2, 3}
+    g = torch.Generator().manual_seed(0)
+    first = drafter.propose(ids, 3, SamplingParams(), g).tokens.tolist()
+    assert len(first) == 3 and drafter.propose(ids, 3, SamplingParams(), g).tokens.tolist() == first

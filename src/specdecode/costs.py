@@ -53,6 +53,8 @@ def measure(
             forward(n)
             samples[n].append(time.perf_counter() - t0)
     t = {n: statistics.median(v) for n, v in samples.items()}
+    target.reset()  # prefill again, so the target's last forward (hidden states) is the context's
+    target.extend(torch.tensor(context[:-1]), num_logits=1)
     drafter.begin(context)
     generator = torch.Generator().manual_seed(0)
     draft_s = _median_time(lambda: drafter.propose(context, k_max, params, generator), repeats)

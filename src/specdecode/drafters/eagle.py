@@ -157,6 +157,7 @@ class EagleDrafter:
     def begin(self, prompt):
         self.cache.length = 0
         self.fed = 0  # positions whose target features the head's cache holds
+        self.root = None  # the head's output [1, H] at the last fed position: the first draft's input
         self.pending: list[torch.Tensor] = []  # target features [n, F] of positions fed.. (not yet fed)
         self.prefill_pending = len(prompt) > 1  # the decoder prefills prompt[:-1]
 
@@ -170,17 +171,19 @@ class EagleDrafter:
         if self.prefill_pending:
             self.pending.append(self._features(slice(None)))
             self.prefill_pending = False
-        if not self.pending:
-            return [], []
-        feats = torch.cat(self.pending)
-        if self.fed + len(feats) != len(context) - 1:  # the decoder always keeps them in step
-            raise RuntimeError(f"eagle: features for {self.fed + len(feats)} positions, context {len(context)}")
-        self.cache.length = self.fed  # drop the previous step's drafted positions
-        tokens = torch.tensor(context[self.fed + 1 :], device=self.embed.device)
-        o = self.head.step(F.embedding(tokens, self.embed).float(), self.head.fuse(feats), self.cache, self.cos, self.sin)
-        self.fed, self.pending = len(context) - 1, []
+        if self.pending:
+            feats = torch.cat(self.pending)
+            if self.fed + len(feats) != len(context) - 1:  # the decoder always keeps them in step
+                raise RuntimeError(f"eagle: features for {self.fed + len(feats)} positions, context {len(context)}")
+            self.cache.length = self.fed  # drop the previous step's drafted positions
+            tokens = torch.tensor(context[self.fed + 1 :], device=self.embed.device)
+            o = self.head.step(F.embedding(tokens, self.embed).float(), self.head.fuse(feats), self.cache, self.cos, self.sin)
+            self.fed, self.pending, self.root = len(context) - 1, [], o[-1:]
+        elif self.root is None or self.fed != len(context) - 1:
+            return [], []  # no target features for this context yet
+        self.cache.length = self.fed  # drafting again for the same context (e.g. timing) redrafts
         drafted, depth_logits = [], []
-        x = o[-1:]
+        x = self.root
         for i in range(k):
             logits = self.head.logits(x[-1], self.lm_head)
             choice = pick(logits)
