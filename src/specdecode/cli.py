@@ -1,4 +1,5 @@
-"""Command line: `specdecode generate | check-tokenizers | bench | advise | memory | serve | train | export`."""
+"""Command line: `specdecode generate | check-tokenizers | bench | advise | memory | serve | train | export |
+monitor`."""
 
 from __future__ import annotations
 
@@ -106,10 +107,12 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_serve)
 
     from specdecode.export.cli import add_parser as add_export_parser
+    from specdecode.monitor.cli import add_parser as add_monitor_parser
     from specdecode.train.cli import add_parser as add_train_parser
 
     add_train_parser(sub, _model_args, _setup)
     add_export_parser(sub)
+    add_monitor_parser(sub)
     return ap
 
 
