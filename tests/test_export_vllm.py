@@ -279,9 +279,10 @@ def test_cli_writes_the_command_and_the_files(target4, trained, tmp_path, capsys
     path_target, _ = target4
     out = tmp_path / "out"
     code = cli.main(["export", "vllm", "--target", path_target, "--drafter", f"eagle:{trained['eagle']}", "--k", "3",
-                     "--tensor-parallel-size", "2", "--out", str(out)])
+                     "--tensor-parallel-size", "2", "--out", str(out), "--gpu-memory", "1", "--max-model-len", "256"])
     stdout = capsys.readouterr().out
     assert code == 0 and stdout.startswith("vllm serve ")
+    assert "memory per GPU (tp=2, bfloat16)" in stdout and "sequences of 256" in stdout
     exported = json.loads((out / "export.json").read_text())
     assert exported["vllm_version"] == vllm.VLLM_VERSION and exported["command"][2] == str(Path(path_target).resolve())
     assert json.loads((out / "speculative_config.json").read_text()) == exported["speculative_config"]
@@ -290,16 +291,31 @@ def test_cli_writes_the_command_and_the_files(target4, trained, tmp_path, capsys
     overrides = json.loads(exported["command"][exported["command"].index("--hf-overrides") + 1])
     assert overrides == {"rope_theta": 10000.0}  # the tiny target's config.json has only rope_parameters
     assert (out / "drafters" / "eagle3" / "config.json").is_file()
+    assert exported["memory"]["gpu_memory_gib"] == 1.0 and exported["memory"]["max_model_len"] == 256
+    assert exported["command"][exported["command"].index("--max-model-len") + 1] == "256"
+    assert "--gpu-memory-utilization" not in exported["command"]  # vLLM's default stays implicit
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--config", "c.json", "--drafter", "ngram"], "not both"),
     (["--drafter", "bogus"], "unknown drafter"),
     (["--drafter", "ngram", "--tensor-parallel-size", "4", "--draft-tensor-parallel-size", "2"], "must be 1 or"),
+    (["--drafter", "ngram", "--serve-dtype", "fp8"], "unknown --serve-dtype"),
+    (["--drafter", "ngram", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in"),
+    (["--drafter", "ngram", "--gpu-memory", "0"], "--gpu-memory must be positive"),
 ])
 def test_cli_user_errors(tmp_path, capsys, argv, message):
     assert cli.main(["export", "vllm", "--out", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_refuses_a_tensor_parallel_size_that_does_not_divide_the_heads(target4, tmp_path, capsys):
+    path_target, _ = target4  # 4 attention heads
+    argv = ["export", "vllm", "--target", path_target, "--drafter", "ngram", "--out", str(tmp_path / "o")]
+    assert cli.main([*argv, "--tensor-parallel-size", "3"]) == 2
+    assert "4 heads are not divisible by --tensor-parallel-size 3" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    assert cli.main([*argv, "--tensor-parallel-size", "4"]) == 0
 
 
 def test_hub_targets_are_passed_through():
@@ -320,3 +336,58 @@ def test_shipped_drafters_export_for_the_default_target(tmp_path):
             assert cfg["eagle_aux_hidden_state_layer_ids"] == [3, 16, 28] and cfg["rope_theta"] == 100000.0
         if method == "medusa":
             assert (cfg["num_heads"], cfg["truncated_vocab_size"], cfg["vocab_size"]) == (4, 4096, 49152)
+
+
+def _memory(target, result, tp=2, gpu_gib=1.0):
+    from specdecode.export import vllm_memory
+
+    return vllm_memory.estimate(target.model.hf.config, result.speculative_config, tp=tp, dtype="bfloat16",
+                                gpu_gib=gpu_gib, utilization=0.9, max_model_len=None)
+
+
+def _drafter_params(method: str, path: Path, hidden: int, inter: int) -> int:
+    """Parameters of the exported drafter counted from its architecture, not from the file."""
+    from transformers import LlamaForCausalLM
+
+    cfg = json.loads((path / "config.json").read_text()) if method != "ngram" else {}
+    if method == "medusa":
+        return cfg["num_heads"] * (hidden * hidden + hidden) + cfg["truncated_vocab_size"] * hidden
+    if method == "eagle3":
+        h, kvh, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        attn = (h + 2 * kvh) * d * 2 * hidden + hidden * h * d
+        return 3 * hidden * hidden + attn + 3 * hidden * inter + 4 * hidden + cfg["draft_vocab_size"] * hidden
+    if method == "draft_model":
+        return sum(p.numel() for p in LlamaForCausalLM.from_pretrained(path).parameters())  # tied: counted once
+    return 0
+
+
+@pytest.mark.parametrize("drafter, method, kv_layers", [("ngram", "ngram", 0), ("medusa", "medusa", 0),
+                                                         ("eagle", "eagle3", 1), ("draft", "draft_model", None)])
+def test_memory_estimate_per_gpu(target4, trained, tmp_path, drafter, method, kv_layers):
+    """tp=2 halves the weights; the 2 KV heads become 1 per GPU; bf16; drafters add their weights and KV."""
+    _, target = target4
+    spec = drafter if drafter == "ngram" else f"{drafter}:{trained[drafter]}"
+    result = _export(target, tmp_path, spec, k=3, draft_tp=1)
+    mem = _memory(target, result)
+    cfg = target.model.hf.config  # hidden 64, 4 heads of 16, 2 KV heads, 4 layers
+    target_params = sum(p.numel() for p in target.model.hf.parameters())
+    assert mem["target_weights"] == target_params * 2 // 2
+    assert mem["kv_cache_per_token"]["target"] == 2 * 4 * 1 * 16 * 2
+    path = Path(result.speculative_config["model"]) if method != "ngram" else None
+    draft_tp = 1 if method == "draft_model" else 2
+    assert mem["drafter_weights"] == _drafter_params(method, path, 64, cfg.intermediate_size) * 2 // draft_tp
+    if kv_layers is None:  # the draft model's own layers, its 2 KV heads unsplit (draft_tensor_parallel_size 1)
+        kv_layers = json.loads((path / "config.json").read_text())["num_hidden_layers"] * 2
+    assert mem["kv_cache_per_token"]["drafter"] == 2 * kv_layers * 16 * 2
+    per_token = sum(mem["kv_cache_per_token"].values())
+    free = 0.9 * 2**30 - mem["target_weights"] - mem["drafter_weights"]
+    assert mem["kv_cache_tokens"] == int(free // per_token) and mem["fits"]
+    assert mem["sequences_at_max_model_len"] == mem["kv_cache_tokens"] // 512
+
+
+def test_memory_kv_heads_are_replicated_beyond_their_count_and_tiny_gpus_do_not_fit(target4, tmp_path):
+    _, target = target4
+    result = _export(None, tmp_path, "ngram")
+    assert _memory(target, result, tp=4)["kv_cache_per_token"]["target"] == 2 * 4 * 1 * 16 * 2  # 2 KV heads, 4 GPUs
+    tiny = _memory(target, result, gpu_gib=1e-6)
+    assert not tiny["fits"] and tiny["kv_cache_tokens"] == 0

@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
     v.add_argument("--served-model-name", default=None)
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--serve-dtype", default="bfloat16", help="--dtype of vllm serve")
+    v.add_argument("--max-model-len", type=int, default=None, help="--max-model-len of vllm serve (default: the model's)")
+    v.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU, for the memory estimate")
+    v.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="share of GPU memory vLLM may use (default: vLLM's, 0.9)")
     v.set_defaults(run=cmd_vllm)
 
 
@@ -51,6 +55,22 @@ def vllm_target(spec: str | None) -> tuple[str, dict | None, list[str]]:
     return str(where.resolve()), overrides, notes
 
 
+def _target_config(target: str | None, tp: int, notes: list[str]):
+    """The target's config, checked against vLLM's tensor-parallel rule (attention heads divisible by
+    the TP size); None, with a note, when it cannot be read (a hub id offline)."""
+    from specdecode import models
+
+    try:
+        cfg = models.load_config(target)
+    except UserError as e:
+        notes.append(f"no memory estimate and no tensor-parallel check: {e}")
+        return None
+    if cfg.num_attention_heads % tp:
+        raise UserError(f"vLLM splits attention heads over GPUs: the target's {cfg.num_attention_heads} heads are not "
+                        f"divisible by --tensor-parallel-size {tp}")
+    return cfg
+
+
 def _config(args):
     from specdecode.config import Route, SpecConfig, load_config
     from specdecode.drafters import check_spec
@@ -68,24 +88,40 @@ def _config(args):
 
 def cmd_vllm(args) -> None:
     from specdecode import models
-    from specdecode.export import vllm
+    from specdecode.export import vllm, vllm_memory
 
     config = _config(args)
-    for name, value in (("--tensor-parallel-size", args.tensor_parallel_size), ("--port", args.port)):
+    for name, value in (("--tensor-parallel-size", args.tensor_parallel_size), ("--port", args.port),
+                        ("--max-model-len", args.max_model_len or 1)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
+    if not args.gpu_memory > 0:
+        raise UserError(f"--gpu-memory must be positive (GiB per GPU), got {args.gpu_memory}")
+    if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
+        raise UserError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    if args.serve_dtype not in vllm_memory.BYTES:
+        raise UserError(f"unknown --serve-dtype {args.serve_dtype!r}; one of {', '.join(vllm_memory.BYTES)}")
     if args.draft_tensor_parallel_size not in (None, 1, args.tensor_parallel_size):
         raise UserError("--draft-tensor-parallel-size must be 1 or --tensor-parallel-size (vLLM's rule)")
     target = args.target or config.target
     ref, overrides, notes = vllm_target(target)
+    target_cfg = _target_config(target, args.tensor_parallel_size, notes)
     opts = vllm.ServeOptions(ref, args.tensor_parallel_size, args.draft_tensor_parallel_size,
-                             args.served_model_name, args.port, args.serve_dtype, overrides)
+                             args.served_model_name, args.port, args.serve_dtype, overrides, args.max_model_len,
+                             args.gpu_memory_utilization)
     out = Path(args.out)
     ctx = vllm.Context(out, lambda: models.load(target, "fp32", "cpu", backend="hf"))
     result = vllm.export(config, opts, ctx)
     result.notes[1:1] = notes
+    if target_cfg is not None:
+        result.memory = vllm_memory.estimate(
+            target_cfg, result.speculative_config, tp=args.tensor_parallel_size, dtype=args.serve_dtype,
+            gpu_gib=args.gpu_memory, max_model_len=args.max_model_len,
+            utilization=args.gpu_memory_utilization or vllm_memory.VLLM_UTILIZATION)
     vllm.write(result, out)
     print(result.to_json()["command_line"])
+    if result.memory:
+        print(vllm_memory.render(result.memory))
     for note in result.notes:
         print(f"note: {note}")
     print(f"written to {out}: serve.sh, export.json" + (", speculative_config.json" if result.speculative_config else "")

@@ -165,6 +165,8 @@ class ServeOptions:
     port: int = 8000
     dtype: str = "bfloat16"
     hf_overrides: dict | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None  # None: vLLM's default
 
 
 def serve_command(opts: ServeOptions, speculative_config: dict | None) -> list[str]:
@@ -172,6 +174,10 @@ def serve_command(opts: ServeOptions, speculative_config: dict | None) -> list[s
             "--tensor-parallel-size", str(opts.tensor_parallel_size)]
     if opts.served_model_name:
         argv += ["--served-model-name", opts.served_model_name]
+    if opts.max_model_len:
+        argv += ["--max-model-len", str(opts.max_model_len)]
+    if opts.gpu_memory_utilization:
+        argv += ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
     if opts.hf_overrides:
         argv += ["--hf-overrides", json.dumps(opts.hf_overrides, separators=(",", ":"))]
     if speculative_config:
@@ -186,11 +192,12 @@ class Export:
     routes: dict[str, dict]  # task -> {"drafter", "k", "speculative_config", "command"} (one deployment each)
     notes: list[str]
     checkpoints: dict[str, str]  # drafter spec -> exported directory
+    memory: dict | None = None  # vllm_memory.estimate, per GPU
 
     def to_json(self) -> dict:
         return {"vllm_version": VLLM_VERSION, "command": self.command, "command_line": shlex.join(self.command),
                 "speculative_config": self.speculative_config, "routes": self.routes, "notes": self.notes,
-                "checkpoints": self.checkpoints, "sources": "tests/fixtures/vllm/*.json in the specdecode repository"}
+                "checkpoints": self.checkpoints, "memory": self.memory, "sources": "tests/fixtures/vllm/*.json in the specdecode repository"}
 
 
 def _with_draft_tp(cfg: dict | None, draft_tp: int | None) -> dict | None:
