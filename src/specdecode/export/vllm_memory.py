@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdecode.memory import param_count
+from specdecode.memory import fmt, param_count
 
 BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}  # vllm serve --dtype
 VLLM_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
@@ -104,7 +104,7 @@ def estimate(target_cfg, speculative_config: dict | None, *, tp: int, dtype: str
 def render(mem: dict) -> str:
     kv = mem["kv_cache_per_token"]
     line = (f"memory per GPU (tp={mem['tensor_parallel_size']}, {mem['dtype']}): target weights "
-            f"{mem['target_weights'] / GIB:.2f} GiB, drafter weights {mem['drafter_weights'] / GIB:.2f} GiB, KV cache "
+            f"{fmt(mem['target_weights'])}, drafter weights {fmt(mem['drafter_weights'])}, KV cache "
             f"{(kv['target'] + kv['drafter']) / 1024:.1f} KiB/token (drafter {kv['drafter'] / 1024:.1f}); ")
     if not mem["fits"]:
         return line + (f"the weights do not fit in {mem['gpu_memory_utilization']} x {mem['gpu_memory_gib']} GiB: "
