@@ -147,7 +147,7 @@ def test_medusa_k_above_its_heads_is_capped(target4, trained, tmp_path):
     result = _export(target, tmp_path, f"medusa:{trained['medusa']}", k=9)
     heads = json.loads((Path(result.speculative_config["model"]) / "config.json").read_text())["num_heads"]
     assert result.speculative_config["num_speculative_tokens"] == heads < 9
-    assert any(f"has {heads} heads" in n for n in result.notes)
+    assert any(f"has num_heads={heads}: num_speculative_tokens={heads}, not k=9" in n for n in result.notes)
 
 
 def _vllm_eagle3(t: dict, cfg: dict, embeds, hidden, positions, cache):

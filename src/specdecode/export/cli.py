@@ -113,11 +113,13 @@ def cmd_vllm(args) -> None:
     ctx = vllm.Context(out, lambda: models.load(target, "fp32", "cpu", backend="hf"))
     result = vllm.export(config, opts, ctx)
     result.notes[1:1] = notes
-    if target_cfg is not None:
-        result.memory = vllm_memory.estimate(
+    try:
+        result.memory = target_cfg and vllm_memory.estimate(
             target_cfg, result.speculative_config, tp=args.tensor_parallel_size, dtype=args.serve_dtype,
             gpu_gib=args.gpu_memory, max_model_len=args.max_model_len,
             utilization=args.gpu_memory_utilization or vllm_memory.VLLM_UTILIZATION)
+    except UserError as e:  # a hub draft model's config out of reach: the export stands without the estimate
+        result.notes.append(f"no memory estimate: {e}")
     vllm.write(result, out)
     print(result.to_json()["command_line"])
     if result.memory:

@@ -82,8 +82,10 @@ _DRAFT_MODEL_NOTE = ("method draft_model needs a vLLM whose V1 engine has the dr
                      "#24322); v0.11.0 rejects it with NotImplementedError")
 
 
-def _trained(kind: str, method: str, convert) -> Callable:
-    """Exporter of our trained checkpoints: convert(tensors, config, loaded target) -> (tensors, config.json)."""
+def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k: str | None = None) -> Callable:
+    """Exporter of our trained checkpoints: convert(tensors, config, loaded target) -> (tensors, config.json).
+    max_k: the exported config.json key that bounds num_speculative_tokens (medusa: num_heads, since vLLM
+    builds num_speculative_tokens heads and can load only the trained ones)."""
 
     def export(arg, k, ctx) -> RouteExport:
         from specdecode import checkpoint
@@ -93,12 +95,12 @@ def _trained(kind: str, method: str, convert) -> Callable:
             ckpt.save(path, *convert(tensors, config, ctx.target))
 
         path = ctx.directory(f"{kind}:{arg}" if arg else kind, method, write)
-        notes = [_DRAFT_MODEL_NOTE] if method == "draft_model" else []
-        heads = json.loads((path / "config.json").read_text()).get("num_heads")
-        if method == "medusa" and k > heads:  # vLLM builds num_speculative_tokens heads (at most the trained ones)
-            notes.append(f"the medusa checkpoint has {heads} heads: num_speculative_tokens={heads}, not k={k}")
-            k = heads
-        return RouteExport({"method": method, "model": str(path), "num_speculative_tokens": k}, notes)
+        out = list(notes)
+        bound = json.loads((path / "config.json").read_text())[max_k] if max_k else k
+        if k > bound:
+            out.append(f"the {kind} checkpoint has {max_k}={bound}: num_speculative_tokens={bound}, not k={k}")
+            k = bound
+        return RouteExport({"method": method, "model": str(path), "num_speculative_tokens": k}, out)
 
     return export
 
@@ -115,9 +117,10 @@ def _embedding(loaded):
     return loaded.model.hf.get_input_embeddings().weight
 
 
-_medusa = _trained("medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)))
+_medusa = _trained("medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads")
 _eagle = _trained("eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded)))
-_distilled = _trained("draft", "draft_model", lambda t, c, loaded: ckpt.draft(t, c, _embedding(loaded), _hf_config(loaded)))
+_distilled = _trained("draft", "draft_model", lambda t, c, loaded: ckpt.draft(t, c, _embedding(loaded), _hf_config(loaded)),
+                      notes=(_DRAFT_MODEL_NOTE,))
 
 
 def _draft(arg, k, ctx) -> RouteExport:

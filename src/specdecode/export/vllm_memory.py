@@ -59,23 +59,25 @@ def _checkpoint_shape(directory: Path, with_kv: bool) -> Shape:
             t = f.get_slice(name)
             if t.get_dtype() in ("BF16", "F16", "F32"):
                 params += math.prod(t.get_shape())
-    cfg = json.loads((directory / "config.json").read_text())
     if not with_kv:
         return Shape(params, 0, 1, 0)
+    cfg = json.loads((directory / "config.json").read_text())
     return Shape(params, cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_dim"])
 
 
-def _draft_model_shape(spec: dict) -> Shape:
+def _head(with_kv: bool):
+    """An exported head runs on the target's tensor-parallel group."""
+    return lambda spec, tp: (_checkpoint_shape(Path(spec["model"]), with_kv), tp)
+
+
+def _draft_model(spec: dict, tp: int) -> tuple[Shape, int]:
     from specdecode import models
 
-    return Shape.of(models.load_config(spec["model"]))
+    return Shape.of(models.load_config(spec["model"])), spec.get("draft_tensor_parallel_size", tp)
 
 
-DRAFTER_SHAPES = {  # method -> Shape of its drafter (ngram: none)
-    "medusa": lambda spec: _checkpoint_shape(Path(spec["model"]), with_kv=False),
-    "eagle3": lambda spec: _checkpoint_shape(Path(spec["model"]), with_kv=True),
-    "draft_model": _draft_model_shape,
-}
+DRAFTERS = {"medusa": _head(with_kv=False), "eagle3": _head(with_kv=True), "draft_model": _draft_model}
+NO_DRAFTER = Shape(0, 0, 1, 0)  # ngram, or plain decoding
 
 
 def estimate(target_cfg, speculative_config: dict | None, *, tp: int, dtype: str, gpu_gib: float,
@@ -83,10 +85,7 @@ def estimate(target_cfg, speculative_config: dict | None, *, tp: int, dtype: str
     """The deployment's memory per GPU (bytes) and its KV capacity (tokens, and sequences of max_model_len)."""
     nbytes, target = BYTES[dtype], Shape.of(target_cfg)
     method = (speculative_config or {}).get("method")
-    drafter, draft_tp = Shape(0, 0, 1, 0), tp
-    if method in DRAFTER_SHAPES:
-        drafter = DRAFTER_SHAPES[method](speculative_config)
-        draft_tp = speculative_config.get("draft_tensor_parallel_size", tp) if method == "draft_model" else tp
+    drafter, draft_tp = DRAFTERS[method](speculative_config, tp) if method in DRAFTERS else (NO_DRAFTER, tp)
     weights = target.params * nbytes // tp
     drafter_weights = drafter.params * nbytes // draft_tp
     kv_target, kv_drafter = target.kv_per_token(tp, nbytes), drafter.kv_per_token(draft_tp, nbytes)
