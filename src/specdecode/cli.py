@@ -1,4 +1,5 @@
-"""Command line: `specdecode generate | check-tokenizers | bench | advise | memory | serve`."""
+"""Command line: `specdecode generate | check-tokenizers | bench | advise | memory | serve | train | export |
+monitor`."""
 
 from __future__ import annotations
 
@@ -109,9 +110,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
     s.set_defaults(run=cmd_serve)
 
+    from specdecode.export.cli import add_parser as add_export_parser
+    from specdecode.monitor.cli import add_parser as add_monitor_parser
     from specdecode.train.cli import add_parser as add_train_parser
 
     add_train_parser(sub, _model_args, _setup)
+    add_export_parser(sub)
+    add_monitor_parser(sub)
     return ap
 
 

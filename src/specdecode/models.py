@@ -217,7 +217,8 @@ def _gguf_to_safetensors(gguf: Path) -> Path:
     return target
 
 
-def _local(spec: str | None) -> Path | str:
+def local_path(spec: str | None) -> Path | str:
+    """Model spec -> a local model directory (a .gguf file is dequantized and cached once) or a hub id."""
     where = resolve(spec)
     if isinstance(where, Path) and where.suffix == ".gguf":
         where = _gguf_to_safetensors(where)
@@ -225,7 +226,7 @@ def _local(spec: str | None) -> Path | str:
 
 
 def _from_pretrained(auto_class, spec: str | None, what: str):
-    where = _local(spec)
+    where = local_path(spec)
     try:
         return auto_class.from_pretrained(where)
     except Exception as e:  # transformers raises many types for unreadable or unsupported files
@@ -273,7 +274,7 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backe
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda requested but no CUDA device is available")
-    where = _local(spec)
+    where = local_path(spec)
     try:
         hf = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype]).to(device)
         tokenizer = AutoTokenizer.from_pretrained(where)

@@ -17,6 +17,14 @@ from specdecode.errors import UserError
 
 log = logging.getLogger("specdecode.drift")
 
+DRIFT_DROP = 0.25  # alarm when recent α falls this fraction below its baseline
+
+
+def drifted(recent_alpha: float, baseline_alpha: float, drop: float = DRIFT_DROP) -> bool:
+    """The drift rule, defined once: recent α below baseline × (1 − drop). Used per task here and
+    over sliding windows of scraped counters by `specdecode monitor`."""
+    return recent_alpha < baseline_alpha * (1 - drop)
+
 
 @dataclass
 class TaskRecord:
@@ -41,7 +49,7 @@ class TaskState:
     """Keyed by "task|drafter". `observe` after each request; `save` persists."""
 
     def __init__(self, path: str | Path | None = None, *, weight: float = 0.2, window: int = 20,
-                 baseline_n: int = 20, drift_drop: float = 0.25):
+                 baseline_n: int = 20, drift_drop: float = DRIFT_DROP):
         self.path = Path(path) if path else None
         self.weight, self.window, self.baseline_n, self.drift_drop = weight, window, baseline_n, drift_drop
         self.records: dict[str, TaskRecord] = {}
@@ -81,7 +89,7 @@ class TaskState:
             rec.baseline_alpha = sum(rec.recent) / len(rec.recent)
         elif rec.baseline_alpha is not None and len(rec.recent) == self.window:
             mean = sum(rec.recent) / len(rec.recent)
-            if mean < rec.baseline_alpha * (1 - self.drift_drop):
+            if drifted(mean, rec.baseline_alpha, self.drift_drop):
                 rec.drift_alerts += 1
                 log.warning("acceptance drift on task %r with drafter %r: α %.3f over the last %d requests, "
                             "baseline %.3f", task, drafter, mean, self.window, rec.baseline_alpha)

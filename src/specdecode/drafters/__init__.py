@@ -74,14 +74,7 @@ def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
                         "(or `draft` for the shipped one)")
     if distilled.is_checkpoint(arg):  # none: the shipped distilled draft; or a `train draft` checkpoint
         return distilled.load(arg, ctx)
-    segments = arg.split(":")
-    n_options = next(i for i, s in enumerate(segments + [""]) if not _OPTION.fullmatch(s))
-    options = _options(segments[:n_options], {"b", "nodes"}, "draft")
-    path = ":".join(segments[n_options:])
-    if not path:
-        raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id>")
-    if "nodes" in options and "b" not in options:
-        raise UserError("draft option nodes=N needs b=B (children per expanded node)")
+    options, path = draft_options(arg)
     draft = models.load(path, ctx.dtype, ctx.device, ctx.backend)
     report = compare(ctx.target.tokenizer, draft.tokenizer)
     if not report.compatible:
@@ -92,6 +85,19 @@ def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
     if "b" in options:
         return DraftTreeDrafter(draft.model, ctx.target.model.vocab_size, options["b"], options.get("nodes"))
     return DraftModelDrafter(draft.model, ctx.target.model.vocab_size)
+
+
+def draft_options(arg: str) -> tuple[dict[str, int], str]:
+    """`[b=B:[nodes=N:]]<model>` -> ({"b": B, "nodes": N}, model path or hub id)."""
+    segments = arg.split(":")
+    n_options = next(i for i, s in enumerate(segments + [""]) if not _OPTION.fullmatch(s))
+    options = _options(segments[:n_options], {"b", "nodes"}, "draft")
+    path = ":".join(segments[n_options:])
+    if not path:
+        raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id>")
+    if "nodes" in options and "b" not in options:
+        raise UserError("draft option nodes=N needs b=B (children per expanded node)")
+    return options, path
 
 
 def _ensemble(arg: str | None, ctx: DrafterContext) -> Drafter:
@@ -152,4 +158,4 @@ def build(spec: str, ctx: DrafterContext) -> Drafter:
 
 
 __all__ = ["Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
-           "NgramDrafter", "NoDrafter", "Proposal", "build", "check_spec", "FACTORIES"]
+           "NgramDrafter", "NoDrafter", "Proposal", "build", "check_spec", "draft_options", "FACTORIES"]

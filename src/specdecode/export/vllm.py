@@ -1,0 +1,248 @@
+"""`specdecode export vllm`: a speculation setup (drafter and k, or an `advise` config) as a vLLM
+deployment: the `--speculative-config` JSON, the `vllm serve` command line, and our trained drafters
+converted to the checkpoint layouts vLLM loads (vllm_checkpoints.py). Targets vLLM v0.12.0; the
+schema facts are recorded, with their vLLM sources, in tests/fixtures/vllm/.
+
+One exporter per drafter kind maps a route (drafter spec, k) to a vLLM speculative config:
+    none -> no speculative config            ngram[:MIN-MAX] -> method ngram, prompt_lookup_min/max
+    medusa[:DIR] -> method medusa            eagle[:DIR] -> method eagle3
+    draft[:DIR] -> method draft_model (our distilled draft, exported)
+    draft:<HF model> -> method draft_model (the model as given)
+What vLLM cannot express (per-task routing, adaptive k, per-request drafter/k, token trees,
+ensembles) is said in the notes; a drafter it cannot run as trained is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdecode.config import Route, SpecConfig
+from specdecode.errors import UserError
+from specdecode.export import vllm_checkpoints as ckpt
+
+VLLM_VERSION = ckpt.VLLM_VERSION
+
+
+@dataclass
+class Context:
+    """What exporters share: where checkpoints go, and the target (loaded on first use)."""
+
+    out: Path
+    load_target: Callable[[], object]  # -> models.LoadedModel
+    written: dict[str, Path] = field(default_factory=dict)  # drafter spec -> exported checkpoint directory
+    _target: object = None
+
+    @property
+    def target(self):
+        if self._target is None:
+            self._target = self.load_target()
+        return self._target
+
+    def directory(self, spec: str, kind: str, write: Callable[[Path], None]) -> Path:
+        """The exported checkpoint of `spec` (written once) under out/drafters/."""
+        if spec not in self.written:
+            base = self.out / "drafters" / kind
+            path, n = base, 1
+            while path in self.written.values():
+                n += 1
+                path = base.with_name(f"{kind}-{n}")
+            write(path)
+            self.written[spec] = path.resolve()
+        return self.written[spec]
+
+
+@dataclass
+class RouteExport:
+    speculative_config: dict | None  # None: plain decoding
+    notes: list[str] = field(default_factory=list)
+
+
+def _none(arg, k, ctx) -> RouteExport:
+    return RouteExport(None, ["plain decoding: vllm serve without --speculative-config"])
+
+
+def _ngram(arg, k, ctx) -> RouteExport:
+    from specdecode.drafters import build
+
+    drafter = build(f"ngram:{arg}" if arg else "ngram", None)  # parses MIN-MAX and b=; needs no target
+    notes = []
+    if drafter.branches > 1:
+        notes.append(f"ngram b={drafter.branches} proposes token trees; vLLM's ngram proposer drafts one chain, "
+                     "so the export drafts the longest, most recent match only (b=1)")
+    cfg = {"method": "ngram", "num_speculative_tokens": k,
+           "prompt_lookup_min": drafter.min_n, "prompt_lookup_max": drafter.max_n}
+    return RouteExport(cfg, notes)
+
+
+_DRAFT_MODEL_NOTE = ("method draft_model needs a vLLM whose V1 engine has the draft-model proposer (vLLM PR "
+                     "#24322); v0.11.0 rejects it with NotImplementedError")
+
+
+def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k: str | None = None) -> Callable:
+    """Exporter of our trained checkpoints: convert(tensors, config, loaded target) -> (tensors, config.json).
+    max_k: the exported config.json key that bounds num_speculative_tokens (medusa: num_heads, since vLLM
+    builds num_speculative_tokens heads and can load only the trained ones)."""
+
+    def export(arg, k, ctx) -> RouteExport:
+        from specdecode import checkpoint
+
+        def write(path: Path) -> None:
+            tensors, config = checkpoint.load(arg, kind, ctx.target)
+            ckpt.save(path, *convert(tensors, config, ctx.target))
+
+        path = ctx.directory(f"{kind}:{arg}" if arg else kind, method, write)
+        out = list(notes)
+        bound = json.loads((path / "config.json").read_text())[max_k] if max_k else k
+        if k > bound:
+            out.append(f"the {kind} checkpoint has {max_k}={bound}: num_speculative_tokens={bound}, not k={k}")
+            k = bound
+        return RouteExport({"method": method, "model": str(path), "num_speculative_tokens": k}, out)
+
+    return export
+
+
+def _hf_config(loaded) -> dict:
+    return loaded.model.hf.config.to_dict()
+
+
+def _lm_head(loaded):
+    return loaded.model.hf.get_output_embeddings().weight
+
+
+def _embedding(loaded):
+    return loaded.model.hf.get_input_embeddings().weight
+
+
+_medusa = _trained("medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads")
+_eagle = _trained("eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded)))
+_distilled = _trained("draft", "draft_model", lambda t, c, loaded: ckpt.draft(t, c, _embedding(loaded), _hf_config(loaded)),
+                      notes=(_DRAFT_MODEL_NOTE,))
+
+
+def _draft(arg, k, ctx) -> RouteExport:
+    from specdecode import models
+    from specdecode.drafters import distilled, draft_options
+
+    if distilled.is_checkpoint(arg):  # the shipped distilled draft, or a `specdecode train draft` checkpoint
+        return _distilled(arg, k, ctx)
+    options, model = draft_options(arg)
+    where = models.local_path(model)  # a .gguf draft becomes a model directory (dequantized once)
+    model = str(where.resolve()) if isinstance(where, Path) else where
+    notes = [_DRAFT_MODEL_NOTE]
+    if options:
+        notes.append(f"draft options {options} make token trees; vLLM drafts one chain with a draft model")
+    return RouteExport({"method": "draft_model", "model": model, "num_speculative_tokens": k}, notes)
+
+
+def _ensemble(arg, k, ctx) -> RouteExport:
+    raise UserError(f"ensemble:{arg} has no vLLM equivalent (one proposer per server); export one of its members")
+
+
+EXPORTERS: dict[str, Callable[[str | None, int, Context], RouteExport]] = {
+    "none": _none, "ngram": _ngram, "draft": _draft, "medusa": _medusa, "eagle": _eagle, "ensemble": _ensemble,
+}
+
+
+def export_route(route: Route, ctx: Context, where: str) -> RouteExport:
+    name, sep, arg = route.drafter.partition(":")
+    if name not in EXPORTERS:
+        raise UserError(f"{where}: no vLLM export for drafter {route.drafter!r}")
+    result = EXPORTERS[name](arg if sep else None, route.k, ctx)
+    if route.adaptive and result.speculative_config:
+        result.notes.append(f"adaptive k (0..{route.k} per step from live α and measured costs) has no vLLM "
+                            f"equivalent: fixed num_speculative_tokens={result.speculative_config['num_speculative_tokens']}")
+    result.notes = [f"{where}: {note}" for note in result.notes]
+    return result
+
+
+@dataclass
+class ServeOptions:
+    target: str  # what `vllm serve` loads: a model directory or a hub id
+    tensor_parallel_size: int = 1
+    draft_tensor_parallel_size: int | None = None
+    served_model_name: str | None = None
+    port: int = 8000
+    dtype: str = "bfloat16"
+    hf_overrides: dict | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None  # None: vLLM's default
+
+
+def serve_command(opts: ServeOptions, speculative_config: dict | None) -> list[str]:
+    argv = ["vllm", "serve", opts.target, "--port", str(opts.port), "--dtype", opts.dtype,
+            "--tensor-parallel-size", str(opts.tensor_parallel_size)]
+    if opts.served_model_name:
+        argv += ["--served-model-name", opts.served_model_name]
+    if opts.max_model_len:
+        argv += ["--max-model-len", str(opts.max_model_len)]
+    if opts.gpu_memory_utilization:
+        argv += ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
+    if opts.hf_overrides:
+        argv += ["--hf-overrides", json.dumps(opts.hf_overrides, separators=(",", ":"))]
+    if speculative_config:
+        argv += ["--speculative-config", json.dumps(speculative_config, separators=(",", ":"))]
+    return argv
+
+
+@dataclass
+class Export:
+    command: list[str]
+    speculative_config: dict | None
+    routes: dict[str, dict]  # task -> {"drafter", "k", "speculative_config", "command"} (one deployment each)
+    notes: list[str]
+    checkpoints: dict[str, str]  # drafter spec -> exported directory
+    memory: dict | None = None  # vllm_memory.estimate, per GPU
+
+    def to_json(self) -> dict:
+        return {"vllm_version": VLLM_VERSION, "command": self.command, "command_line": shlex.join(self.command),
+                "speculative_config": self.speculative_config, "routes": self.routes, "notes": self.notes,
+                "checkpoints": self.checkpoints, "memory": self.memory, "sources": "tests/fixtures/vllm/*.json in the specdecode repository"}
+
+
+def _with_draft_tp(cfg: dict | None, draft_tp: int | None) -> dict | None:
+    if cfg and draft_tp and "model" in cfg:
+        return {**cfg, "draft_tensor_parallel_size": draft_tp}
+    return cfg
+
+
+def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
+    default = export_route(config.default, ctx, "default")
+    spec_cfg = _with_draft_tp(default.speculative_config, opts.draft_tensor_parallel_size)
+    notes = [f"targets vLLM {VLLM_VERSION}; paths are absolute: run the command where {ctx.out.resolve()} is "
+             "(or copy it and edit the paths)", *default.notes,
+             "per-request control: the 'speculative' (drafter, k) and 'task' fields of specdecode serve requests have "
+             "no vLLM equivalent; vLLM applies its one speculative config to every request"]
+    routes, differing = {}, []
+    for task, route in config.routing.items():
+        r = export_route(route, ctx, f"routing.{task}")
+        cfg = _with_draft_tp(r.speculative_config, opts.draft_tensor_parallel_size)
+        routes[task] = {"drafter": route.drafter, "k": route.k, "speculative_config": cfg,
+                        "command": serve_command(opts, cfg)}
+        notes += r.notes
+        if cfg != spec_cfg:
+            differing.append(f"{task} -> {route.drafter} k={route.k}")
+    if differing:
+        notes.append("per-task routing: vLLM applies one speculative config to all requests; this export serves the "
+                     f"default route ({config.default.drafter}, k={config.default.k}) and loses: {'; '.join(differing)}. "
+                     "To keep it, run one deployment per route (commands in export.json, 'routes') behind a router "
+                     "that sends each task to its deployment")
+    return Export(serve_command(opts, spec_cfg), spec_cfg, routes, notes,
+                  {spec: str(path) for spec, path in ctx.written.items()})
+
+
+def write(result: Export, out: Path) -> None:
+    """out/speculative_config.json, out/serve.sh (the command), out/export.json (everything, with notes)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "speculative_config.json").unlink(missing_ok=True)
+    if result.speculative_config:
+        (out / "speculative_config.json").write_text(json.dumps(result.speculative_config, indent=1) + "\n")
+    script = out / "serve.sh"
+    notes = "".join(f"# - {note}\n" for note in result.notes)
+    script.write_text(f"#!/usr/bin/env bash\n# written by specdecode export vllm, for vLLM {VLLM_VERSION}\n{notes}"
+                      f"exec {shlex.join(result.command)} \"$@\"\n")
+    script.chmod(0o755)
+    (out / "export.json").write_text(json.dumps(result.to_json(), indent=1, ensure_ascii=False) + "\n")
