@@ -87,3 +87,15 @@ def test_suite_corpora_gsm_and_bfcl_are_deterministic_and_labelled():
     assert "reasoning_gym" not in sys.modules  # its package root (and dependencies) never imported
     call = load_prompts("bfcl:1")[0]
     assert call.task == "structured-json" and '"name": "calculate_triangle_area"' in call.prompt
+
+
+def test_heldout_set_avoids_the_shipped_drafters_training_prompts():
+    """The shipped drafters were trained on MT-bench minus mtbench:1, then HumanEval from the start."""
+    from specdecode.corpora import load_prompts
+
+    held = load_prompts("heldout:2")
+    trained_on = {p.id for p in load_prompts("mtbench")} - {p.id for p in load_prompts("mtbench:1")}
+    trained_on |= {p.id for p in load_prompts("humaneval:10")}
+    assert not trained_on & {p.id for p in held}
+    assert [p.id for p in held if p.category == "code"] == ["HumanEval/162", "HumanEval/163"]
+    assert len(held) == 8 + 2 + 2 + 2 and len({p.category for p in held}) == 11

@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(run=cmd_check_tokenizers)
 
     b = sub.add_parser("bench", help="compare drafters with plain decoding on the same prompts")
-    b.add_argument("--prompts", default="mtbench:4", help="JSONL file or built-in set: mtbench:N, humaneval:N, gsm:N, bfcl:N, suite:N, summaries, mixed:N")
+    b.add_argument("--prompts", default="mtbench:4", help="JSONL file or built-in set: mtbench:N, humaneval:N, gsm:N, bfcl:N, suite:N, heldout:N, summaries, mixed:N")
     _model_args(b)
     _decode_args(b, "ngram", k_list=True)
     b.set_defaults(max_new_tokens=96)

