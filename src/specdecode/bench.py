@@ -74,6 +74,8 @@ def run(
     dtypes: list[str],
     device: str | None,
     backend: str = "auto",
+    target_quant: str = "none",
+    drafter_quant: str = "none",
     ks: list[int],
     k_max: int = 12,
     params: SamplingParams,
@@ -90,8 +92,8 @@ def run(
     labels = [label for label, _, _ in runs]
     cells: dict[tuple[str, str], Cell] = {}
     for dtype in dtypes:
-        loaded = models.load(target, dtype, device, backend)
-        ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend)
+        loaded = models.load(target, dtype, device, backend, target_quant)
+        ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend, drafter_quant)
         built = {spec: drafter_registry.build(spec, ctx) for _, spec, _ in runs}
         adaptive_specs = [spec for _, spec, k in runs if k is None]
         policy = _policies(loaded, built, adaptive_specs, k_max, prompts[0].prompt, params)

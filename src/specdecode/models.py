@@ -284,12 +284,17 @@ def wrap(hf_model, backend: str = "auto") -> CausalLM:
         return HFModel(hf_model)
 
 
-def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backend: str = "auto") -> LoadedModel:
-    """Load a causal LM and its tokenizer. spec: None (default target), dir, .gguf file or hub id."""
+def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backend: str = "auto",
+         quant: str = "none") -> LoadedModel:
+    """Load a causal LM and its tokenizer. spec: None (default target), dir, .gguf file or hub id.
+    quant: "int8" quantizes the decoder's linear layers (quant.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdecode import quant as quantization
 
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    quantization.check(quant, dtype, device)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda requested but no CUDA device is available")
@@ -299,4 +304,6 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backe
         tokenizer = AutoTokenizer.from_pretrained(where)
     except Exception as e:
         raise UserError(f"cannot load model {spec or DEFAULT_TARGET}: {e}") from e
+    if quant == "int8":
+        quantization.quantize(hf)
     return LoadedModel(str(spec or DEFAULT_TARGET), wrap(hf, backend), tokenizer)

@@ -28,6 +28,7 @@ class DrafterContext:
     dtype: str = "fp32"
     device: str | None = None
     backend: str = "auto"
+    quant: str = "none"  # of draft models: "int8" quantizes their linear layers (quant.py)
 
 
 def _options(segments: list[str], known: set[str], what: str) -> dict[str, int]:
@@ -84,7 +85,7 @@ def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
         raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id>")
     if "nodes" in options and "b" not in options:
         raise UserError("draft option nodes=N needs b=B (children per expanded node)")
-    draft = models.load(path, ctx.dtype, ctx.device, ctx.backend)
+    draft = models.load(path, ctx.dtype, ctx.device, ctx.backend, ctx.quant)
     if not compare(ctx.target.tokenizer, draft.tokenizer).compatible:
         if options:
             raise UserError(f"draft model {path} has another tokenizer than the target; token trees (b=, nodes=) "

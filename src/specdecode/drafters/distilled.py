@@ -46,5 +46,10 @@ def load(spec: str | None, ctx) -> DraftModelDrafter:
     from specdecode import checkpoint, models
 
     tensors, config = checkpoint.load(spec, "draft", ctx.target)
+    from specdecode import quant
+
+    quant.check(ctx.quant, ctx.dtype, ctx.device)
     hf = build_model(ctx.target.model.hf, config["num_layers"], tensors)
+    if ctx.quant == "int8":
+        quant.quantize(hf)
     return DraftModelDrafter(models.wrap(hf, ctx.backend), ctx.target.model.vocab_size)
