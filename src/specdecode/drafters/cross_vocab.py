@@ -10,7 +10,9 @@ generated text at every step), and its KV cache rolls back to the prefix it shar
   its own tokens; their text is re-encoded with the target's tokenizer right after the committed
   tokens, and those target ids are proposed (one-hot q) and verified as usual, so the output is the
   target's own greedy output. Drafting goes on until the text holds one target token more than is
-  proposed: the last target token of a text could still change when more text arrives.
+  proposed: the last target token of a text could still change when more text arrives. (Proposing
+  it anyway saves a draft forward but lowered α from 0.63 to 0.60 for SmolLM2 drafting Gemma-3-270M
+  at k = 4, for the same speed.)
 - sampling, TLI (token-level intersection, the paper's Algorithm 4): the draft's distribution
   restricted to the tokens whose text is also a single target token (renormalised by the same warp)
   is a distribution q over target ids; standard rejection sampling against p is then lossless.
