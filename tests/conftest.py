@@ -56,6 +56,23 @@ def make_tokenizer(vocab_size: int = VOCAB, corpus: str = CORPUS):
     return fast
 
 
+def make_sentencepiece_tokenizer(vocab_size: int = 200, corpus: str = CORPUS):
+    """Another tokenizer family over the same text: SentencePiece-style pieces ('▁' for a space, no
+    byte level, <unk> for characters it never saw), mostly single characters plus a few merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[*SPECIALS, "<unk>"], show_progress=False)
+    tok.train_from_iterator([corpus] * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, unk_token="<unk>",
+                                   additional_special_tokens=SPECIALS[1:])
+    assert len(fast) == vocab_size, len(fast)
+    return fast
+
+
 def make_llama(seed: int, vocab: int = VOCAB, layers: int = 2, hidden: int = 64, heads: int = 4,
                kv_heads: int = 2, intermediate: int = 128, eos_id: int = 0):
     """A seeded random fp32 Llama whose next-token distributions are peaked but not degenerate.
@@ -136,6 +153,16 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     model = make_llama(seed=2, vocab=320, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
                        eos_id=tok.eos_token_id)
     return _save(tmp_path_factory.mktemp("other_tokenizer"), model, tok)
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_draft_dir(tmp_path_factory) -> str:
+    """A small random model with a SentencePiece-style tokenizer (vocabulary 200): a cross-vocabulary
+    drafter for the byte-level tiny target."""
+    tok = make_sentencepiece_tokenizer()
+    model = make_llama(seed=3, vocab=200, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
+                       eos_id=tok.eos_token_id)
+    return _save(tmp_path_factory.mktemp("sentencepiece_draft"), model, tok)
 
 
 @pytest.fixture(scope="session")

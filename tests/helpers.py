@@ -57,6 +57,26 @@ class TableModel:
         self.tokens = self.tokens[:length] + [self.tokens[i] for i in indices]
 
 
+class ScriptModel(TableModel):
+    """A CausalLM whose greedy continuation is a fixed token script: the token at history position
+    `start + i` is predicted to be script[i]; everywhere else token 0 (EOS in the test tokenizers).
+    It reads the position, not the text: a drafter that feeds it a non-canonical tokenization of the
+    script's text gets wrong predictions, as a real model would get worse ones."""
+
+    def __init__(self, vocab: int, start: int, script: list[int]):
+        super().__init__(torch.zeros(1, vocab))
+        self.start, self.script = start, script
+
+    def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
+        first = len(self.tokens)
+        self.tokens += tokens.tolist()
+        logits = torch.zeros(tokens.shape[0], self.vocab_size)
+        for row, position in enumerate(range(first + 1, first + 1 + tokens.shape[0])):
+            i = position - self.start
+            logits[row, self.script[i] if 0 <= i < len(self.script) else 0] = 10.0
+        return logits[-num_logits:] if num_logits else logits
+
+
 DELTA = 1e-6
 
 

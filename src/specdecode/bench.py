@@ -79,6 +79,8 @@ def run(
     dtypes: list[str],
     device: str | None,
     backend: str = "auto",
+    target_quant: str = "none",
+    drafter_quant: str = "none",
     ks: list[int],
     k_max: int = 12,
     params: SamplingParams,
@@ -102,8 +104,8 @@ def run(
     cells: dict[tuple[str, str], Cell] = {}
     sweep: dict[str, dict] = {}
     for dtype in dtypes:
-        loaded = models.load(target, dtype, device, backend)
-        ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend)
+        loaded = models.load(target, dtype, device, backend, target_quant)
+        ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend, drafter_quant)
         ids = {p.id: encode_prompt(loaded.tokenizer, p.prompt, None) for p in prompts}
         fns, costs = _runners(loaded, ctx, runs, peer_specs, k_max, ids[prompts[0].id], params, seed)
         for label in labels:  # warm-up, excluded

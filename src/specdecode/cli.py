@@ -22,6 +22,26 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="forward implementation: fast (lean Llama), hf (transformers), auto (fast when supported)")
 
 
+def _quant_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target-quant", default="none", choices=["none", "int8"],
+                   help="int8: the target's linear layers in int8 (torch dynamic quantization, CPU)")
+    p.add_argument("--drafter-quant", default="none", choices=["none", "int8"],
+                   help="int8: the draft model's linear layers in int8 (draft drafters)")
+
+
+def _check_quant(args, drafter_specs: list[str]) -> None:
+    """Validate --target-quant / --drafter-quant before any model is loaded."""
+    from specdecode import quant
+
+    for dtype in args.dtype.split(","):
+        quant.check(args.target_quant, dtype, args.device)
+        quant.check(args.drafter_quant, dtype, args.device)
+    members = [m for spec in drafter_specs for m in spec.removeprefix("ensemble:").split("+")]
+    if args.drafter_quant != "none" and not any(m.partition(":")[0] == "draft" for m in members):
+        raise UserError("--drafter-quant applies to draft models (draft, draft:<model>); "
+                        f"none among {', '.join(drafter_specs)}")
+
+
 def _decode_args(p: argparse.ArgumentParser, drafter_default: str, k_list: bool = False) -> None:
     p.add_argument("--drafter", default=drafter_default, help="none, ngram, draft:<model> (bench: comma list)")
     if k_list:
@@ -46,6 +66,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-file", help="JSONL: one {'prompt', optional 'id', 'category'} per line")
     _model_args(g)
     _decode_args(g, DEFAULT_DRAFTER)
+    _quant_args(g)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     _control_args(g)
@@ -60,6 +81,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", default="mtbench:4", help="JSONL file or built-in set: mtbench:N, humaneval:N, gsm:N, bfcl:N, suite:N, heldout:N, summaries, mixed:N")
     _model_args(b)
     _decode_args(b, "ngram", k_list=True)
+    _quant_args(b)
     b.set_defaults(max_new_tokens=96)
     b.add_argument("--drafters", dest="drafter", help="alias of --drafter")
     b.add_argument("--repeats", type=int, default=1)
@@ -89,6 +111,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--batch", type=int, default=1)
     m.add_argument("--k", type=int, default=4, help="draft tokens in flight per step (tree size - 1)")
     m.add_argument("--measure", action="store_true", help="load the models, fill the context, compare")
+    _quant_args(m)
     m.set_defaults(run=cmd_memory)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with batched speculative decoding")
@@ -96,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     _model_args(s)
     s.add_argument("--drafter", default=DEFAULT_DRAFTER, help="default drafter: none, ngram, draft:<model>")
+    _quant_args(s)
     s.add_argument("--k", type=int, default=4, help="default draft tokens per step (the largest k when adaptive)")
     s.add_argument("--adaptive", action="store_true", help="choose k per step from live α and measured costs")
     s.add_argument("--config", help="speculation config from `specdecode advise`: routes per task")
@@ -163,7 +187,7 @@ def _router(args, target):
     if not (args.config or args.adaptive or args.routing == "auto" or args.state or args.task):
         return None
     config = load_config(args.config) if args.config else SpecConfig(default=Route(args.drafter, args.k, args.adaptive))
-    ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend)
+    ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend, args.drafter_quant)
     return Router(target, config, ctx, TaskState(args.state), auto=args.routing == "auto")
 
 
@@ -175,6 +199,7 @@ def cmd_generate(args) -> None:
     check_k(args.k)
     params = _sampling(args)
     drafters.check_spec(args.drafter)
+    _check_quant(args, [args.drafter])
     if args.config:
         from specdecode.config import load_config
 
@@ -190,9 +215,10 @@ def cmd_generate(args) -> None:
     else:
         raise UserError("no prompt: give PROMPT or --prompt-file F.jsonl")
     _setup(args)
-    target = models.load(args.target, args.dtype, args.device, args.backend)
+    target = models.load(args.target, args.dtype, args.device, args.backend, args.target_quant)
     router = _router(args, target)
-    drafter = None if router else drafters.build(args.drafter, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
+    ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend, args.drafter_quant)
+    drafter = None if router else drafters.build(args.drafter, ctx)
     for p in prompts:
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
         common = dict(params=params, max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, on_text=stream)
@@ -231,6 +257,7 @@ def cmd_bench(args) -> None:
     specs = [s for s in args.drafter.split(",") if s]
     for spec in specs:
         check_spec(spec)
+    _check_quant(args, specs)
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
     try:
@@ -250,7 +277,8 @@ def cmd_bench(args) -> None:
     prompts = load_prompts(args.prompts)
     _setup(args)
     report = bench.run(prompts, specs, target=args.target,
-                       dtypes=[d for d in args.dtype.split(",") if d], device=args.device, backend=args.backend, ks=ks, k_max=args.k_max,
+                       dtypes=[d for d in args.dtype.split(",") if d], device=args.device, backend=args.backend,
+                       target_quant=args.target_quant, drafter_quant=args.drafter_quant, ks=ks, k_max=args.k_max,
                        params=params, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                        seed=args.seed, adaptive=args.adaptive, peer_specs=peer_specs, temperatures=temperatures,
                        log=lambda m: print(m, file=sys.stderr))
@@ -303,9 +331,11 @@ def cmd_memory(args) -> None:
         raise UserError("--context and --batch must be >= 1 and --k >= 0")
     if args.dtype not in memory.BYTES:
         raise UserError(f"unknown dtype {args.dtype!r}; choose one of {', '.join(memory.BYTES)}")
+    _check_quant(args, [args.drafter] if args.drafter_quant != "none" else [])
     _setup(args)
     report = memory.report(args.target, args.drafter, dtype=args.dtype, context=args.context, batch=args.batch,
-                           k=args.k, backend=args.backend, measure=args.measure)
+                           k=args.k, backend=args.backend, measure=args.measure, target_quant=args.target_quant,
+                           drafter_quant=args.drafter_quant)
     print(memory.render(report))
 
 
@@ -322,6 +352,7 @@ def cmd_serve(args) -> None:
 
     check_k(args.k)
     check_servable(args.drafter)
+    _check_quant(args, [args.drafter])
     for name, value in (("--max-batch", args.max_batch), ("--queue", args.queue), ("--max-body-bytes", args.max_body_bytes)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
@@ -338,11 +369,11 @@ def cmd_serve(args) -> None:
     for route in [routes.default, *routes.routing.values()]:
         check_servable(route.drafter)
     _setup(args)
-    target = models.load(args.target, args.dtype, args.device, args.backend)
+    target = models.load(args.target, args.dtype, args.device, args.backend, args.target_quant)
     name = args.served_model_name or (Path(target.name).name if target.name != models.DEFAULT_TARGET else target.name)
     engine = build_engine(target, routes, model_name=name, max_batch=args.max_batch, queue_size=args.queue,
                           load_control=args.load_control, dtype=args.dtype, device=args.device, backend=args.backend,
-                          threads=args.threads)
+                          drafter_quant=args.drafter_quant, threads=args.threads)
     opts = ServeOptions(name, routes, args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
                         args.timeout, args.max_body_bytes)
     print(f"specdecode: serving {name} on http://{args.host}:{args.port} (drafter {routes.default.drafter}, "

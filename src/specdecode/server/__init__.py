@@ -22,12 +22,12 @@ from specdecode.server.metrics import ServerMetrics
 
 def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, max_batch: int = 8,
                  queue_size: int = 64, load_control: bool = True, dtype: str = "fp32", device: str | None = None,
-                 backend: str = "auto", threads: int | None = None) -> Engine:
+                 backend: str = "auto", drafter_quant: str = "none", threads: int | None = None) -> Engine:
     """Everything the server runs on: batched target, drafters (model drafters loaded now), the
     measured batch costs (when load_control) and the metrics."""
     model = batched(target.model, max_batch)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
-    pool = DrafterPool(drafters.DrafterContext(target, dtype, device, backend), sorted(specs))
+    pool = DrafterPool(drafters.DrafterContext(target, dtype, device, backend, drafter_quant), sorted(specs))
     k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
     costs = measure(model, max_batch, min(k_max, 8)) if load_control else None
     return Engine(model, target.tokenizer, target.eos_ids, pool, ServerMetrics(model_name),
