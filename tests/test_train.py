@@ -41,15 +41,21 @@ def test_data_generation_resumes_by_skipping_finished_prompts(target, data_dir, 
     assert [s.response_ids for s in data.read(copy)] == [s.response_ids for s in data.read(data_dir)]
 
 
-def test_user_jsonl_responses_are_used_as_given(target, tmp_path):
-    from specdecode.drafters import NoDrafter
+def test_batched_generation_gives_the_same_responses(target, data_dir, tmp_path):
+    batched = make_data(target, tmp_path / "b", batch=3)  # 8 prompts through 3 slots: rows join and leave
+    by_id = {s.id: s for s in data.read(batched)}
+    assert sorted(by_id) == sorted(s.id for s in data.read(data_dir))
+    for s in data.read(data_dir):
+        assert (by_id[s.id].prompt_ids, by_id[s.id].response_ids) == (s.prompt_ids, s.response_ids)
 
+
+def test_user_jsonl_responses_are_used_as_given(target, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "Say hi", "response": "hi there"}) + "\n"
                  + json.dumps({"prompt": "Count", "id": "c"}) + "\n")
     prompts = data.collect_prompts(str(f), exclude="")
     assert [r for _, r in prompts] == ["hi there", None]
-    seqs = data.generate_data(target, prompts, tmp_path / "d", drafter=NoDrafter(), max_new_tokens=5)
+    seqs = data.generate_data(target, prompts, tmp_path / "d", drafter="none", max_new_tokens=5)
     given = seqs[0]
     assert given.source == "given"
     assert given.response_ids[:-1] == target.tokenizer("hi there", add_special_tokens=False)["input_ids"]

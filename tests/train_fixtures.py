@@ -8,11 +8,9 @@ PROMPTS = ["The quick brown fox", "def fibonacci(n):", "Hello, world! How are", 
            "One two three four", "The cat sat on the", "Speculative decoding drafts", "for i in range(10):"]
 
 
-def make_data(target, directory, max_new_tokens: int = 40):
-    from specdecode import drafters
+def make_data(target, directory, max_new_tokens: int = 40, batch: int = 1):
     from specdecode.train import data
 
     prompts = [(Prompt(text, str(i), "c"), None) for i, text in enumerate(PROMPTS)]
-    ngram = drafters.build("ngram", drafters.DrafterContext(target))
-    data.generate_data(target, prompts, directory, drafter=ngram, max_new_tokens=max_new_tokens)
+    data.generate_data(target, prompts, directory, drafter="ngram", max_new_tokens=max_new_tokens, batch=batch)
     return directory

@@ -25,6 +25,8 @@ def add_parser(sub, model_args, setup) -> None:
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--drafter", default="ngram", help="speeds generation up; greedy output is unchanged")
+    d.add_argument("--batch", type=int, default=1,
+                   help="prompts decoded together (continuous batching); more tokens per CPU-second")
     model_args(d)
     d.set_defaults(run=cmd_data, setup=setup)
 
@@ -56,19 +58,20 @@ def _load_target(args):
 
 
 def cmd_data(args) -> None:
-    from specdecode import drafters
+    from specdecode import checkpoint, drafters
     from specdecode.sampling import SamplingParams
-    from specdecode import checkpoint
     from specdecode.train import data
 
     prompts = data.collect_prompts(args.prompts, args.exclude)
     args.setup(args)
     loaded = _load_target(args)
-    drafter = drafters.build(args.drafter, drafters.DrafterContext(loaded, "fp32", args.device, args.backend))
+    context = drafters.DrafterContext(loaded, "fp32", args.device, args.backend)
+    drafters.build(args.drafter, context)  # a bad spec fails here, before any work
     meta = {"target": checkpoint.describe(loaded), "prompts": args.prompts, "exclude": args.exclude,
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
-    seqs = data.generate_data(loaded, prompts, args.out, drafter=drafter, params=SamplingParams(args.temperature),
-                              max_new_tokens=args.max_new_tokens, minutes=args.minutes, seed=args.seed, meta=meta)
+    seqs = data.generate_data(loaded, prompts, args.out, drafter=args.drafter, context=context,
+                              params=SamplingParams(args.temperature), max_new_tokens=args.max_new_tokens,
+                              minutes=args.minutes, seed=args.seed, batch=args.batch, meta=meta)
     print(f"{len(seqs)} sequences, {sum(len(s.response_ids) for s in seqs)} response tokens in {args.out}")
 
 

@@ -5,13 +5,15 @@ A data directory holds `sequences.jsonl`, one {"id", "category", "prompt_ids", "
 `meta.json` naming the target. Only token ids are stored: hidden states and target distributions
 are recomputed at training time by one teacher-forced forward per sequence (features.py), which keeps
 the data small and valid for any head. Responses are generated with speculative decoding (n-gram
-drafter by default); in fp32 greedy that is token-identical to plain decoding, only faster.
+drafter by default); in fp32 greedy that is token-identical to plain decoding, only faster; with
+batch > 1 several prompts decode together in the server's continuous-batching engine.
 Lines are appended as they finish, so a killed run resumes where it stopped (ids already present
 are skipped).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import zlib
@@ -79,16 +81,21 @@ def read(data_dir: str | Path) -> list[Sequence]:
     return [Sequence(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
-def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | Path, *, drafter, k: int = 4,
-                  params=None, max_new_tokens: int = 256, minutes: float | None = None, seed: int = 0,
-                  meta: dict | None = None) -> list[Sequence]:
+def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | Path, *, drafter: str = "ngram",
+                  context=None, k: int = 4, params=None, max_new_tokens: int = 256, minutes: float | None = None,
+                  seed: int = 0, batch: int = 1, meta: dict | None = None) -> list[Sequence]:
     """Append the target's responses for every prompt not yet in out/sequences.jsonl; stop
-    starting new ones after `minutes`. Returns all sequences in the directory."""
+    starting new ones after `minutes`. `drafter` is a drafter spec (context: how to build it);
+    batch > 1 decodes that many prompts at once through the serving engine (continuous batching,
+    same greedy output, several times the tokens per CPU-second). Returns all sequences."""
     from tqdm import tqdm
 
-    from specdecode.generation import encode_prompt, generate
+    from specdecode.drafters import DrafterContext
+    from specdecode.generation import encode_prompt
     from specdecode.sampling import SamplingParams
 
+    if batch < 1:
+        raise UserError(f"batch must be at least 1, got {batch}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").write_text(json.dumps(meta or {}, indent=1))
@@ -96,26 +103,75 @@ def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | P
     todo = [(p, r) for p, r in prompts if p.id not in done]
     deadline = time.monotonic() + 60 * minutes if minutes else None
     tok, eos = loaded.tokenizer, loaded.eos_ids
-    new_tokens = 0
-    t0 = time.monotonic()
-    with open(out / "sequences.jsonl", "a") as f, tqdm(todo, desc="train data", unit="prompt") as bar:
-        for i, (p, given) in enumerate(bar):
-            if deadline and time.monotonic() > deadline:
-                bar.write(f"time limit reached after {i} of {len(todo)} prompts")
-                break
-            ids = encode_prompt(tok, p.prompt, None)
-            if given is not None:
-                response, source = tok(given, add_special_tokens=False)["input_ids"] + sorted(eos)[:1], "given"
-            else:
-                result = generate(loaded, drafter, ids, k=k, params=params or SamplingParams(),
-                                  max_new_tokens=max_new_tokens, seed=seed + zlib.crc32(p.id.encode()))
-                response, source = result.token_ids, "target"
-            seq = Sequence(p.id, p.category, ids, response, source)
-            f.write(json.dumps(seq.__dict__) + "\n")
+    encoded = [(p, encode_prompt(tok, p.prompt, None), given) for p, given in todo]
+    generated = [(p, ids) for p, ids, given in encoded if given is None]
+    respond = _respond_one_by_one if batch == 1 else _respond_batched
+    replies = respond(loaded, generated, drafter=drafter, context=context or DrafterContext(loaded), k=k,
+                      params=params or SamplingParams(), max_new_tokens=max_new_tokens, seed=seed,
+                      deadline=deadline, batch=batch)
+    given_replies = ((p, ids, tok(given, add_special_tokens=False)["input_ids"] + sorted(eos)[:1], "given")
+                     for p, ids, given in encoded if given is not None)
+    new_tokens, t0 = 0, time.monotonic()
+    with open(out / "sequences.jsonl", "a") as f, tqdm(total=len(todo), desc="train data", unit="prompt") as bar:
+        for p, ids, response, source in itertools.chain(given_replies, ((p, ids, r, "target") for p, ids, r in replies)):
+            f.write(json.dumps(Sequence(p.id, p.category, ids, response, source).__dict__) + "\n")
             f.flush()
             new_tokens += len(response)
+            bar.update()
             bar.set_postfix(tokens=new_tokens, tok_s=f"{new_tokens / (time.monotonic() - t0):.1f}")
+        if bar.n < len(todo):
+            bar.write(f"time limit reached after {bar.n} of {len(todo)} prompts")
     return read(out)
+
+
+def _seed(seed: int, prompt: Prompt) -> int:
+    return seed + zlib.crc32(prompt.id.encode())
+
+
+def _respond_one_by_one(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch):
+    """(prompt, ids) -> yields (prompt, ids, response ids) in order, one generate() each."""
+    from specdecode import drafters
+    from specdecode.generation import generate
+
+    draft = drafters.build(drafter, context)
+    for p, ids in prompts:
+        if deadline and time.monotonic() > deadline:
+            return
+        result = generate(loaded, draft, ids, k=k, params=params, max_new_tokens=max_new_tokens, seed=_seed(seed, p))
+        yield p, ids, result.token_ids
+
+
+def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch):
+    """The same, `batch` at a time through the server's engine; yields in order of completion."""
+    import queue
+
+    from specdecode.server import build_engine, default_routes
+    from specdecode.server.engine import Done, Failed, Request
+
+    engine = build_engine(loaded, default_routes(drafter, k, False), model_name="train-data", max_batch=batch,
+                          queue_size=2 * batch, load_control=False, dtype=context.dtype, device=context.device,
+                          backend=context.backend, drafter_quant=context.quant)
+    events: queue.Queue = queue.Queue()
+    pending = list(reversed(prompts))
+    running = {}
+    engine.start()
+    try:
+        while pending or running:
+            while pending and len(running) < 2 * batch and not (deadline and time.monotonic() > deadline):
+                p, ids = pending.pop()
+                request = Request(ids, params, max_new_tokens, seed=_seed(seed, p), drafter=drafter, k=k)
+                key = object()
+                running[key] = (p, ids, engine.submit(request, lambda e, key=key: events.put((key, e))))
+            if not running:
+                return
+            key, event = events.get()
+            if isinstance(event, Failed):
+                raise RuntimeError(f"batched generation failed: {event.message}")
+            if isinstance(event, Done):
+                p, ids, seq = running.pop(key)
+                yield p, ids, list(seq.out)
+    finally:
+        engine.stop()
 
 
 def token_map(seqs: list[Sequence], vocab_size: int, size: int) -> "torch.Tensor":
