@@ -129,3 +129,56 @@ def test_train_cli_data_then_medusa(tiny_model_dir, tmp_path, capsys):
     assert json.loads((tmp_path / "m" / "config.json").read_text())["num_heads"] == 2
     assert main(["generate", "hello", "--drafter", f"medusa:{tmp_path / 'm'}", "--max-new-tokens", "8", *args]) == 0
     assert main(["train", "medusa", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m2"), *args]) == 2
+
+
+def test_a_lora_adapter_starts_as_the_base_and_merges_to_the_same_linear():
+    from torch import nn
+
+    from specdecode.train import lora
+
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.q_proj, model.other = nn.Linear(8, 6), nn.Linear(6, 6)
+    x = torch.randn(3, 8)
+    before = model.q_proj(x)
+    assert lora.apply(model, rank=2) == 1
+    assert torch.equal(model.q_proj(x), before)  # B = 0: training starts from the unchanged layer
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["q_proj.lora_a", "q_proj.lora_b"]
+    with torch.no_grad():
+        model.q_proj.lora_b.normal_()
+    adapted = model.q_proj(x)
+    state = lora.merged_state_dict(model)
+    assert sorted(state) == ["other.bias", "other.weight", "q_proj.bias", "q_proj.weight"]
+    torch.testing.assert_close(torch.nn.functional.linear(x, state["q_proj.weight"], state["q_proj.bias"]), adapted)
+    lora.merge(model)
+    assert isinstance(model.q_proj, nn.Linear)
+    torch.testing.assert_close(model.q_proj(x), adapted)
+    with pytest.raises(UserError, match="rank"):
+        lora.apply(nn.Sequential(), rank=0)
+
+
+def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tmp_path):
+    from specdecode import drafters
+    from specdecode.sampling import SamplingParams
+
+    fresh = TRAINERS["draft"](target, data_dir, tmp_path / "base", steps=6)
+    result = draft.train(target, data_dir, tmp_path / "tuned", lr=1e-2, batch_tokens=128, vocab=300, window=64,
+                         steps=10, init=str(tmp_path / "base"), lora=2)
+    assert result.losses[0] < fresh.losses[0]  # the same first batch, scored by the trained checkpoint
+    base, tuned = load_file(tmp_path / "base" / "model.safetensors"), load_file(tmp_path / "tuned" / "model.safetensors")
+    assert base.keys() == tuned.keys()  # adapters are merged: an ordinary draft checkpoint
+    linears = [k for k in base if k.endswith("proj.weight")]
+    assert len(linears) == 7 and all(torch.equal(base[k], tuned[k]) for k in base if k not in linears)  # frozen
+    for k in linears:  # each linear moved by a rank-2 update (plus bf16 rounding)
+        s = torch.linalg.svdvals(tuned[k].float() - base[k].float())
+        assert s[1] > 0 and s[2] < 0.05 * s[1]  # two directions, then only rounding noise
+    config = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert config["train"]["lora"] == 2 and config["train"]["init"] == str(tmp_path / "base")
+    drafter = drafters.build(f"draft:{tmp_path / 'tuned'}", drafters.DrafterContext(target))
+    drafter.begin([1, 2, 3])
+    assert drafter.propose([1, 2, 3], 3, SamplingParams(), torch.Generator()).tokens.numel() == 3
+
+    (tmp_path / "medusa").mkdir()
+    (tmp_path / "medusa" / "config.json").write_text(json.dumps({"kind": "medusa"}))
+    with pytest.raises(UserError, match="not 'draft'"):
+        draft.train(target, data_dir, tmp_path / "x", steps=1, init=str(tmp_path / "medusa"))

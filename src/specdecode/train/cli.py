@@ -45,6 +45,11 @@ def add_parser(sub, model_args, setup) -> None:
         p.add_argument("--vocab", type=int, default=None, help="draft vocabulary size (most frequent tokens)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="a trainer hyperparameter (see docs/drafters.md), repeatable")
+        if name == "draft":
+            p.add_argument("--init", default=None, help="fine-tune this draft checkpoint (a directory, or "
+                           "'shipped') on --data instead of starting from target layers")
+            p.add_argument("--lora", type=int, default=None, metavar="RANK",
+                           help="train only rank-RANK LoRA adapters (merged into the weights at export)")
         model_args(p)
         p.set_defaults(run=cmd_train, trainer=name, setup=setup)
 
@@ -98,7 +103,8 @@ def cmd_train(args) -> None:
     args.setup(args)
     loaded = _load_target(args)
     opts = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens,
-                                   vocab=args.vocab).items() if v is not None}
+                                   vocab=args.vocab, init=getattr(args, "init", None),
+                                   lora=getattr(args, "lora", None)).items() if v is not None}
     result = trainer.train(loaded, args.data, args.out, seed=args.seed, resume=args.resume,
                            save_every=args.save_every, **opts, **_overrides(args.set))
     print(result.summary())

@@ -3,6 +3,10 @@
 the target's embedding and LM head frozen and shared; forward KL from the target's next-token
 distribution on the target's own responses (on-policy data for greedy decoding), computed over
 the draft vocabulary (the most frequent tokens) to keep a step cheap on CPU.
+
+Domain fine-tuning: `init` starts from an existing draft checkpoint (a directory, or "shipped")
+instead of target layers, and `lora` > 0 trains only rank-`lora` adapters on its linear layers
+(lora.py), merged into plain weights at export; data from `train data --prompts domain.jsonl`.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ import torch.nn.functional as F
 
 from specdecode import checkpoint
 from specdecode.drafters.distilled import build_model
-from specdecode.train import data, features, loop
+from specdecode.train import data, features, lora as lora_lib, loop
 
 
 def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, layers: int = 1, vocab: int = 4096, steps: int = 150, lr: float = 5e-4,
-          batch_tokens: int = 768, window: int = 384) -> loop.TrainResult:
+          batch_tokens: int = 768, window: int = 384, init: str = "", lora: int = 0,
+          lora_alpha: float = 0.0) -> loop.TrainResult:
     torch.manual_seed(seed)
     hf = loaded.model.hf
     seqs = data.read(data_dir)
@@ -25,13 +30,20 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
     feats = features.cached(data_dir, loaded.model, seqs, target["fingerprint"])
     token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
     lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
-    model = build_model(hf, layers).float().cpu()
+    if init:
+        tensors, init_config = checkpoint.load(None if init == "shipped" else init, "draft", loaded)
+        layers, picks = init_config["num_layers"], init_config.get("init_layers")
+        model = build_model(hf, layers, tensors).float().cpu()
+    else:
+        model = build_model(hf, layers).float().cpu()
+        picks = torch.linspace(0, hf.config.num_hidden_layers - 1, layers).round().long().tolist()
+        with torch.no_grad():
+            for mine, theirs in zip(model.model.layers, picks):
+                mine.load_state_dict(hf.model.layers[theirs].state_dict())
+            model.model.norm.weight.copy_(hf.model.norm.weight)
     model.model.embed_tokens.weight.requires_grad_(False)
-    picks = torch.linspace(0, hf.config.num_hidden_layers - 1, layers).round().long().tolist()
-    with torch.no_grad():
-        for mine, theirs in zip(model.model.layers, picks):
-            mine.load_state_dict(hf.model.layers[theirs].state_dict())
-        model.model.norm.weight.copy_(hf.model.norm.weight)
+    if lora:
+        lora_lib.apply(model, lora, lora_alpha or None)
     per_batch = max(1, batch_tokens // window)
 
     def loss_fn(module, step):
@@ -49,14 +61,17 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
         return loss, {"top1": float(agree)}
 
     def export(module, directory):
-        tensors = {k: v.to(torch.bfloat16) for k, v in module.model.state_dict().items() if k != "embed_tokens.weight"}
+        tensors = {k: v.to(torch.bfloat16) for k, v in lora_lib.merged_state_dict(module.model).items()
+                   if k != "embed_tokens.weight"}
         config = {"kind": "draft", "target": target, "num_layers": layers, "init_layers": picks,
                   "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens, "window": window,
-                            "vocab": len(token_map), "seed": seed, "sequences": len(seqs)}}
+                            "vocab": len(token_map), "seed": seed, "sequences": len(seqs),
+                            "init": init or None, "lora": lora or None}}
         checkpoint.save(directory, tensors, config)
 
     result = loop.run(model, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
                       stop_after=stop_after, desc="draft")
+    lora_lib.merge(model)
     hf_dir = result.out / "hf"  # a complete HF model directory (with the embedding): --drafter draft:DIR/hf
     model.save_pretrained(hf_dir)
     loaded.tokenizer.save_pretrained(hf_dir)
