@@ -130,8 +130,9 @@ def run(
         if temperatures:
             sweep[dtype] = _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens)
             log(f"[{dtype}] temperature sweep done")
+        peak_rss = memory.peak_rss_bytes()
         for label in labels:
-            cells[(dtype, label)].peak_rss = memory.peak_rss_bytes()
+            cells[(dtype, label)].peak_rss = peak_rss
     out = report(prompts, cells, dtypes, labels, set(peer_specs))
     out["alpha_vs_temperature"] = sweep
     return out

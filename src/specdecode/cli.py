@@ -282,10 +282,11 @@ def cmd_bench(args) -> None:
                        params=params, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                        seed=args.seed, adaptive=args.adaptive, peer_specs=peer_specs, temperatures=temperatures,
                        log=lambda m: print(m, file=sys.stderr))
-    print(bench.table(report))
+    table = bench.table(report)
+    print(table)
     if args.out:
         bench.dump(report, args.out)
-        Path(args.out).with_suffix(".md").write_text(bench.table(report) + "\n")
+        Path(args.out).with_suffix(".md").write_text(table + "\n")
     if args.plots:
         from specdecode import plots
 

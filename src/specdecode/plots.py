@@ -27,8 +27,7 @@ def alpha_by_task(report: dict, ax) -> bool:
         ax.bar([i + j * width for i in range(len(categories))], [by_cat.get(c, 0) for c in categories], width,
                label=f"{dtype} {label}")
     ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(categories))], categories, rotation=30)
-    ax.set_ylabel("acceptance rate α")
-    ax.set_title("α by task")
+    ax.set(ylabel="acceptance rate α", title="α by task")
     ax.legend(fontsize="small")
     return True
 
@@ -48,9 +47,7 @@ def speedup_vs_k(report: dict, ax) -> bool:
         if adaptive:
             ax.axhline(adaptive[0]["speedup_vs_none"], linestyle="--", label=f"{dtype} {spec}+adaptive")
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xlabel("k (drafts per step)")
-    ax.set_ylabel("speedup vs plain (same dtype)")
-    ax.set_title("speedup vs k")
+    ax.set(xlabel="k (drafts per step)", ylabel="speedup vs plain (same dtype)", title="speedup vs k")
     ax.legend(fontsize="small")
     return True
 
@@ -63,9 +60,7 @@ def alpha_vs_temperature(report: dict, ax) -> bool:
         for label, by_t in by_label.items():
             temps = sorted(by_t, key=float)
             ax.plot([float(t) for t in temps], [by_t[t]["ALL"] for t in temps], marker="o", label=f"{dtype} {label}")
-    ax.set_xlabel("temperature")
-    ax.set_ylabel("acceptance rate α")
-    ax.set_title("α vs temperature")
+    ax.set(xlabel="temperature", ylabel="acceptance rate α", title="α vs temperature")
     ax.legend(fontsize="small")
     return True
 
@@ -80,8 +75,7 @@ def ideal_vs_measured(report: dict, ax) -> bool:
     ax.bar([x + 0.2 for x in xs], [r["speedup_vs_none"] for r in rows], 0.4, label="measured")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks(list(xs), names, rotation=30, ha="right")
-    ax.set_ylabel("speedup vs plain (same dtype)")
-    ax.set_title("ideal vs measured speedup")
+    ax.set(ylabel="speedup vs plain (same dtype)", title="ideal vs measured speedup")
     ax.legend(fontsize="small")
     return True
 
@@ -96,8 +90,8 @@ def overall(report: dict, ax) -> bool:
                 fontsize="x-small")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
-    ax.set_ylabel("speedup vs fastest plain decoding")
-    ax.set_title("overall (orange: Hugging Face; label: identical-output share)")
+    ax.set(ylabel="speedup vs fastest plain decoding",
+           title="overall (orange: Hugging Face; label: identical-output share)")
     return True
 
 

@@ -68,10 +68,10 @@ def cmd_data(args) -> None:
     from specdecode.train import data
 
     prompts = data.collect_prompts(args.prompts, args.exclude)
+    drafters.check_spec(args.drafter)  # before loading anything; generate_data builds it
     args.setup(args)
     loaded = _load_target(args)
     context = drafters.DrafterContext(loaded, "fp32", args.device, args.backend)
-    drafters.build(args.drafter, context)  # a bad spec fails here, before any work
     meta = {"target": checkpoint.describe(loaded), "prompts": args.prompts, "exclude": args.exclude,
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
     seqs = data.generate_data(loaded, prompts, args.out, drafter=args.drafter, context=context,
