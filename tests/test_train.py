@@ -159,6 +159,7 @@ def test_a_lora_adapter_starts_as_the_base_and_merges_to_the_same_linear():
 
 def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tmp_path):
     from specdecode import drafters
+    from specdecode.generation import generate
     from specdecode.sampling import SamplingParams
 
     fresh = TRAINERS["draft"](target, data_dir, tmp_path / "base", steps=6)
@@ -177,6 +178,11 @@ def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tm
     drafter = drafters.build(f"draft:{tmp_path / 'tuned'}", drafters.DrafterContext(target))
     drafter.begin([1, 2, 3])
     assert drafter.propose([1, 2, 3], 3, SamplingParams(), torch.Generator()).tokens.numel() == 3
+    ctx = drafters.DrafterContext(target)
+    for prompt in data.read(data_dir)[:2]:  # fp32 greedy: the fine-tuned draft changes nothing in the output
+        plain = generate(target, drafters.build("none", ctx), prompt.prompt_ids, max_new_tokens=24)
+        tuned = generate(target, drafter, prompt.prompt_ids, k=3, max_new_tokens=24)
+        assert tuned.token_ids == plain.token_ids and tuned.stats.drafted > 0
 
     (tmp_path / "medusa").mkdir()
     (tmp_path / "medusa" / "config.json").write_text(json.dumps({"kind": "medusa"}))
