@@ -169,3 +169,100 @@ def test_cost_measurement_times_real_proposals(target, trained, kind):
     g = torch.Generator().manual_seed(0)
     first = drafter.propose(ids, 3, SamplingParams(), g).tokens.tolist()
     assert len(first) == 3 and drafter.propose(ids, 3, SamplingParams(), g).tokens.tolist() == first
+
+
+@pytest.mark.parametrize("cls", [FastLlama, HFModel])
+def test_keep_moves_the_hidden_rows_of_a_trees_accepted_path(cls):
+    """After a tree forward and keep(), hidden rows 0.. are the root's and the accepted path's, as if
+    those tokens had been fed as a chain: what Medusa and EAGLE read after a tree step."""
+    from specdecode.tree import Tree
+
+    hf = make_llama(seed=4, layers=2)
+    prompt = torch.randint(0, 384, (6,), generator=torch.Generator().manual_seed(1)).tolist()
+    tree = Tree([11, 12, 13, 14, 15], [-1, -1, 1, 2, 0])  # path to node 3: 12 -> 13 -> 14
+    model = cls(hf)
+    model.capture = (0,)
+    model.extend(torch.tensor(prompt[:-1]))
+    base = model.length
+    model.extend_tree(torch.tensor([prompt[-1]] + tree.tokens), tree.positions(base), tree.mask())
+    model.keep(base + 1, [base + 1 + i for i in (1, 2, 3)])
+    chain = cls(hf)
+    chain.capture = (0,)
+    chain.extend(torch.tensor(prompt[:-1]))
+    chain.extend(torch.tensor([prompt[-1], 12, 13, 14]))
+    torch.testing.assert_close(model.hidden[:4], chain.hidden, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(model.layer_hidden[0][:4], chain.layer_hidden[0], atol=1e-4, rtol=1e-4)
+
+
+def test_eagle_head_tree_step_equals_feeding_each_path_as_a_chain():
+    from specdecode.drafters.growth import Growth
+
+    torch.manual_seed(0)
+    hidden, kvh, d = 32, 2, 8
+    head = EagleHead(hidden, 2 * hidden, 4, kvh, d, 48).eval()
+    cos, sin = rope_tables(make_llama(seed=0, hidden=32, heads=4, kv_heads=2), 64)
+    emb, fused = torch.randn(5, hidden), torch.randn(5, 2 * hidden)
+    node_emb = torch.randn(4, hidden)  # tree: 0 and 1 under the root, 2 under 0, 3 under 1
+    growth = Growth()
+    for parent in (-1, -1, 0, 1):
+        growth.add(parent, 0)
+    with torch.no_grad():
+        cache = KVCache(kvh, d, "cpu")
+        root = head.step(emb, head.fuse(fused), cache, cos, sin)[-1:]
+        level1 = head.step(node_emb[:2], root.expand(2, -1), cache, cos, sin, torch.tensor([5, 5]), growth.feed_mask([0, 1]))
+        level2 = head.step(node_emb[2:], level1, cache, cos, sin, torch.tensor([6, 6]), growth.feed_mask([2, 3]))
+        for first, second in ((0, 2), (1, 3)):
+            chain = KVCache(kvh, d, "cpu")
+            x = head.step(emb, head.fuse(fused), chain, cos, sin)[-1:]
+            x1 = head.step(node_emb[first : first + 1], x, chain, cos, sin)
+            x2 = head.step(node_emb[second : second + 1], x1, chain, cos, sin)
+            torch.testing.assert_close(level1[first], x1[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(level2[second - 2], x2[0], atol=1e-5, rtol=1e-5)
+
+
+TREES = [("medusa", "b=3:nodes=8"), ("eagle", "b=3:nodes=10"), ("eagle", "b=2")]
+
+
+@pytest.mark.parametrize("kind,options", TREES)
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+def test_greedy_tree_output_equals_plain_decoding(target, target_hf, trained, kind, options, backend):
+    loaded = target if backend == "fast" else target_hf
+    ctx = drafters.DrafterContext(loaded)
+    plain, drafter = drafters.build("none", ctx), drafters.build(f"{kind}:{options}:{trained[kind]}", ctx)
+    trees = accepted = 0
+    for prompt in PROMPTS:  # the training prompts (chat-formatted), where the heads' drafts are accepted at times
+        a = generate(loaded, plain, prompt, max_new_tokens=30)
+        b = generate(loaded, drafter, prompt, k=3, max_new_tokens=30)
+        assert a.token_ids == b.token_ids, (kind, options, prompt)
+        trees += b.stats.drafted - sum(b.stats.drafted_by_pos)  # nodes beyond one per depth
+        accepted += b.stats.accepted
+    assert trees > 0 and accepted > 0
+
+
+def test_medusa_tree_takes_each_depths_candidates_from_its_head(target, trained):
+    drafter = drafters.build(f"medusa:b=3:nodes=9:{trained['medusa']}", drafters.DrafterContext(target))
+    ids = target.tokenizer(PROMPTS[0])["input_ids"]
+    target.model.reset()
+    drafter.begin(ids)
+    target.model.extend(torch.tensor(ids[:-1]), num_logits=1)
+    proposal = drafter.propose(ids, 3, SamplingParams(), None)
+    tree = proposal.tree()
+    top = drafter.token_map[drafter.candidates(3).topk(3).indices]  # [3 depths, 3]
+    assert proposal.probs is None and 3 < len(tree) <= 9 and tree.max_depth == 3
+    assert all(token in top[depth - 1].tolist() for token, depth in zip(tree.tokens, tree.depth))
+    assert tree.child(-1, int(top[0, 0])) is not None  # the most likely first token is always kept
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_tree_drafters_sample(target, trained, kind):
+    drafter = drafters.build(f"{kind}:b=2:nodes=6:{trained[kind]}", drafters.DrafterContext(target))
+    result = generate(target, drafter, PROMPTS[1], k=3, max_new_tokens=20, params=SamplingParams(0.8), seed=1)
+    assert result.stats.new_tokens == 20 or result.finish_reason == "stop"
+    assert result.stats.drafted > sum(result.stats.drafted_by_pos)  # trees were verified
+
+
+@pytest.mark.parametrize("spec,message", [("medusa:nodes=4", "needs b=B"), ("eagle:b=0", "must be >= 1"),
+                                          ("eagle:depth=2", "unknown eagle option")])
+def test_bad_head_tree_specs(target, spec, message):
+    with pytest.raises(UserError, match=message):
+        drafters.build(spec, drafters.DrafterContext(target))

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specdecode import quant
+from specdecode.models import keep_hidden
 
 SUPPORTED = {"llama"}
 _BLOCK = 256  # cache capacity grows in multiples of this many positions
@@ -160,6 +161,7 @@ class FastLlama:
         length, length+1, ... (the accepted path of a tree; its positions already match)."""
         m = len(indices)
         if indices != list(range(length, length + m)):
+            keep_hidden(self, length, indices)
             idx = torch.tensor(indices, dtype=torch.long, device=self.device)
             self.k_cache[:, :, :, length : length + m] = self.k_cache[:, :, :, idx]  # gather copies first
             self.v_cache[:, :, :, length : length + m] = self.v_cache[:, :, :, idx]

@@ -51,6 +51,18 @@ class CausalLM(Protocol):
         ...
 
 
+def keep_hidden(model, length: int, indices: list[int]) -> None:
+    """After keep(length, indices): reorder the captured hidden rows the same way, so that rows
+    0.. again follow the cache (row r = position hidden_start + r) and a feature-reading drafter
+    finds the accepted path of a tree right after the root, as after a chain."""
+    if model.hidden is None or not model.hidden_start <= length <= model.hidden_start + len(model.hidden):
+        return
+    rows = list(range(length - model.hidden_start)) + [i - model.hidden_start for i in indices]
+    index = torch.tensor(rows, dtype=torch.long, device=model.hidden.device)
+    model.hidden = model.hidden[index]
+    model.layer_hidden = [h[index] for h in model.layer_hidden]
+
+
 class HFModel:
     """A transformers causal LM with one sequence's KV cache (a DynamicCache cropped on rollback)."""
 
@@ -73,25 +85,10 @@ class HFModel:
         self.cache.activate_past_recording()  # lets sliding-window layers roll back too
         self.length = 0
 
-    @torch.inference_mode()
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
-        n = tokens.shape[0]
-        positions = torch.arange(self.length, self.length + n, device=self.device)
-        out = self.hf(
-            input_ids=tokens.to(self.device)[None],
-            position_ids=positions[None],
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=num_logits,
-            output_hidden_states=True,
-        )
-        states = out.hidden_states  # (embeddings, layer 0, ..., last layer after the final norm)
-        self.hidden, self.hidden_start = states[-1][0], self.length
-        self.layer_hidden = [states[i + 1][0] for i in self.capture]
-        self.length += n
-        return out.logits[0].float()
+        positions = torch.arange(self.length, self.length + tokens.shape[0], device=self.device)
+        return self._forward(tokens, positions, None, num_logits)
 
-    @torch.inference_mode()
     def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
         """As CausalLM.extend_tree: a custom 4D boolean attention mask [1, 1, n, length+n] and explicit
         position ids (transformers 5 passes a 4D mask through unchanged; checked against per-path
@@ -100,14 +97,24 @@ class HFModel:
         n = tokens.shape[0]
         prefix = torch.ones(n, self.length + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
         mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)[None, None]
+        return self._forward(tokens, positions.to(self.device), mask, 0)
+
+    @torch.inference_mode()
+    def _forward(self, tokens, positions, mask, num_logits: int) -> torch.Tensor:
+        """tokens, positions: [n]; mask: [1, 1, n, length+n] bool or None (causal) -> logits float32."""
         out = self.hf(
             input_ids=tokens.to(self.device)[None],
-            position_ids=positions.to(self.device)[None],
+            position_ids=positions[None],
             attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
+            logits_to_keep=num_logits,
+            output_hidden_states=True,
         )
-        self.length += n
+        states = out.hidden_states  # (embeddings, layer 0, ..., last layer after the final norm)
+        self.hidden, self.hidden_start = states[-1][0], self.length
+        self.layer_hidden = [states[i + 1][0] for i in self.capture]
+        self.length += tokens.shape[0]
         return out.logits[0].float()
 
     def _check_tree_support(self) -> None:
@@ -126,6 +133,7 @@ class HFModel:
             return self.truncate(length + len(indices))
         idx = torch.tensor(indices, dtype=torch.long, device=self.device)
         self._check_tree_support()
+        keep_hidden(self, length, indices)
         for layer in self.cache.layers:
             layer.keys = torch.cat([layer.keys[..., :length, :], layer.keys[..., idx, :]], dim=-2)
             layer.values = torch.cat([layer.values[..., :length, :], layer.values[..., idx, :]], dim=-2)

@@ -5,6 +5,7 @@ Options are `key=value` segments separated by ':' (before a model path): `ngram:
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,16 +91,21 @@ def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
     return DraftModelDrafter(draft.model, ctx.target.model.vocab_size)
 
 
-def draft_options(arg: str) -> tuple[dict[str, int], str]:
-    """`[b=B:[nodes=N:]]<model>` -> ({"b": B, "nodes": N}, model path or hub id)."""
+def tree_options(arg: str, what: str) -> tuple[dict[str, int], str]:
+    """`[b=B:[nodes=N:]]REST` -> ({"b": B, "nodes": N}, REST: a model path, hub id or checkpoint)."""
     segments = arg.split(":")
     n_options = next(i for i, s in enumerate(segments + [""]) if not _OPTION.fullmatch(s))
-    options = _options(segments[:n_options], {"b", "nodes"}, "draft")
-    path = ":".join(segments[n_options:])
+    options = _options(segments[:n_options], {"b", "nodes"}, what)
+    if "nodes" in options and "b" not in options:
+        raise UserError(f"{what} option nodes=N needs b=B (children per expanded node)")
+    return options, ":".join(segments[n_options:])
+
+
+def draft_options(arg: str) -> tuple[dict[str, int], str]:
+    """`[b=B:[nodes=N:]]<model>` -> ({"b": B, "nodes": N}, model path or hub id)."""
+    options, path = tree_options(arg, "draft")
     if not path:
         raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id>")
-    if "nodes" in options and "b" not in options:
-        raise UserError("draft option nodes=N needs b=B (children per expanded node)")
     return options, path
 
 
@@ -124,16 +130,15 @@ def _ensemble(arg: str | None, ctx: DrafterContext) -> Drafter:
 _OPTION = re.compile(r"[a-z]+=[^:]*")
 
 
-def _medusa(arg: str | None, ctx: DrafterContext) -> Drafter:
-    from specdecode.drafters import medusa
+def _heads(kind: str) -> Callable[[str | None, DrafterContext], Drafter]:
+    """`medusa|eagle[:b=B[:nodes=N]][:DIR]`: heads on the target's features; b > 1 proposes trees."""
 
-    return medusa.load(arg, ctx.target)
+    def factory(arg: str | None, ctx: DrafterContext) -> Drafter:
+        module = importlib.import_module(f"specdecode.drafters.{kind}")
+        options, path = tree_options(arg or "", kind)
+        return module.load(path or None, ctx.target, options.get("b", 1), options.get("nodes"))
 
-
-def _eagle(arg: str | None, ctx: DrafterContext) -> Drafter:
-    from specdecode.drafters import eagle
-
-    return eagle.load(arg, ctx.target)
+    return factory
 
 
 FACTORIES: dict[str, Callable[[str | None, DrafterContext], Drafter]] = {
@@ -141,8 +146,8 @@ FACTORIES: dict[str, Callable[[str | None, DrafterContext], Drafter]] = {
     "ngram": _ngram,
     "draft": _draft,  # draft (shipped, distilled), draft:CHECKPOINT, draft:[b=B:[nodes=N:]]<HF model>
     "ensemble": _ensemble,
-    "medusa": _medusa,  # medusa[:DIR]: trained heads; no DIR = the shipped ones for the default target
-    "eagle": _eagle,  # eagle[:DIR]: likewise
+    "medusa": _heads("medusa"),  # medusa[:b=B[:nodes=N]][:DIR]: no DIR = the shipped heads for the default target
+    "eagle": _heads("eagle"),  # eagle[:b=B[:nodes=N]][:DIR]: likewise
 }
 
 
@@ -161,4 +166,5 @@ def build(spec: str, ctx: DrafterContext) -> Drafter:
 
 
 __all__ = ["CrossVocabDrafter", "Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
-           "NgramDrafter", "NoDrafter", "Proposal", "build", "check_spec", "draft_options", "FACTORIES"]
+           "NgramDrafter", "NoDrafter", "Proposal", "build", "check_spec", "draft_options", "tree_options",
+           "FACTORIES"]

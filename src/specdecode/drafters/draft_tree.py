@@ -5,11 +5,8 @@
   replacement from q (sampling; each carries q minus the earlier siblings, renormalised, so
   verification is recursive rejection sampling), and continue with argmax / samples from q.
   The shape never depends on the drawn tokens, which is what keeps sampled siblings lossless.
-- Dynamic (`b=B:nodes=N`, EAGLE-2: Li et al. 2024, "EAGLE-2: Faster Inference of Language Models
-  with Dynamic Draft Trees"): a node's score is the cumulative draft log-probability of its path.
-  At each depth the B best nodes of the previous depth get their B most likely children; at the
-  end the N best nodes of all of them are kept (tree.best_nodes). Tokens are chosen, not sampled,
-  so q is one-hot (q = None): lossless for any choice; with sampling the draft's warped q ranks them.
+- Dynamic (`b=B:nodes=N`): EAGLE-2's tree of N nodes grown B children at a time (growth.py), ranked
+  by the draft's probabilities (its warped q when sampling); tokens are chosen, so q is one-hot.
 
 The draft model's cache holds the committed context; tree nodes are fed after it and dropped again
 once the tree is built (the next step re-feeds what was accepted together with the new token).
@@ -21,9 +18,10 @@ import torch
 
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_model import DraftModelDrafter
+from specdecode.drafters.growth import Growth
 from specdecode.errors import UserError
 from specdecode.sampling import SamplingParams, warp
-from specdecode.tree import Tree, best_nodes
+from specdecode.tree import Tree
 
 
 class DraftTreeDrafter(DraftModelDrafter):
@@ -43,45 +41,25 @@ class DraftTreeDrafter(DraftModelDrafter):
         try:
             if self.nodes is None:
                 return grow.static(root, k, self.branches, generator)
-            return grow.dynamic(root, k, self.branches, self.nodes)
+            tree = grow.dynamic(grow.dist(root).log(), k, self.branches, self.nodes,
+                                lambda frontier: grow.dist(grow.feed(frontier)).log())
+            return Proposal.of_tree(tree)
         finally:
             self.model.truncate(len(context))  # keep only the committed context cached
             self.cached = list(context)
 
 
-class _Growth:
-    """One tree being grown: nodes (tokens, parents, depth) and which of them the draft model holds."""
+class _Growth(Growth):
+    """A tree being grown over the draft model, which holds the committed context."""
 
     def __init__(self, model, align, context_length: int, params: SamplingParams):
+        super().__init__()
         self.model, self.align = model, align  # align: draft logits -> the target's vocabulary
         self.length, self.params = context_length, params
-        self.tokens: list[int] = []
-        self.parents: list[int] = []
-        self.depth: list[int] = []
-        self.fed: dict[int, int] = {}  # node -> its slot among the tree nodes in the draft cache
-
-    def add(self, parent: int, token: int) -> int:
-        self.tokens.append(token)
-        self.parents.append(parent)
-        self.depth.append(1 if parent < 0 else self.depth[parent] + 1)
-        return len(self.tokens) - 1
 
     def feed(self, frontier: list[int]) -> torch.Tensor:
         """Run the draft model on the frontier nodes (each sees its own ancestors) -> logits [F, V]."""
-        offset = len(self.fed)
-        rows, cols = [], []  # mask entries over [fed nodes, frontier]: itself and its ancestors
-        for row, node in enumerate(frontier):
-            rows.append(row)
-            cols.append(offset + row)
-            parent = self.parents[node]
-            while parent >= 0:
-                rows.append(row)
-                cols.append(self.fed[parent])
-                parent = self.parents[parent]
-        mask = torch.zeros(len(frontier), offset + len(frontier), dtype=torch.bool)
-        mask[rows, cols] = True
-        for node in frontier:
-            self.fed[node] = len(self.fed)
+        mask = self.feed_mask(frontier)
         # the last context token sits at position length - 1, so depth d goes to length - 1 + d
         positions = torch.tensor([self.length - 1 + self.depth[n] for n in frontier], dtype=torch.long)
         tokens = torch.tensor([self.tokens[n] for n in frontier], dtype=torch.long)
@@ -119,26 +97,3 @@ class _Growth:
             frontier = [self.add(node, x) for node, x in zip(frontier, chosen)]
         tree = Tree(self.tokens, self.parents)  # nodes level by level, as the rows of probs
         return Proposal.of_tree(tree, torch.cat(probs) if probs else None)
-
-    def dynamic(self, root: torch.Tensor, k: int, b: int, budget: int) -> Proposal:
-        scores: list[float] = []
-
-        def expand(parent: int, logits: torch.Tensor) -> list[int]:
-            logq = self.dist(logits).log()
-            top = logq.topk(b)
-            base = scores[parent] if parent >= 0 else 0.0
-            added = []
-            for value, x in zip(top.values.tolist(), top.indices.tolist()):
-                if value > float("-inf"):  # never a token outside the warped support
-                    added.append(self.add(parent, x))
-                    scores.append(base + value)
-            return added
-
-        level = expand(-1, root)
-        for _ in range(1, k):
-            frontier = sorted(sorted(level, key=lambda i: -scores[i])[:b])
-            if not frontier:
-                break
-            level = [c for node, logits in zip(frontier, self.feed(frontier)) for c in expand(node, logits)]
-        tree = Tree(self.tokens, self.parents).subset(best_nodes(self.parents, scores, budget))
-        return Proposal.of_tree(tree)

@@ -7,8 +7,9 @@ whose LM-head output gives the token at t + 2. EAGLE-3 (Li et al. 2025, "EAGLE-3
 Inference Acceleration of Large Language Models via Training-Time Test") feeds a fusion of low,
 mid and high target layers instead of the top one, drops the feature-regression loss, and trains
 with "training-time test": later draft steps see the head's own outputs as features, as at
-inference. EAGLE-2 (Li et al. 2024) grows a dynamic tree from the draft's confidences; here the
-drafter proposes a chain (top-1 per depth) and `chain` returns each depth's logits for a tree.
+inference. The drafter proposes a chain (top-1 per depth), or with `b=B[:nodes=N]` EAGLE-2's dynamic
+tree (Li et al. 2024; growth.py): the head runs once per depth on the B best nodes of the previous
+depth, each node attending to its own ancestors in the head's cache (N defaults to B·k).
 
 The head here, per position j:  g = fuse([layer_a; layer_b; layer_c])  (target features; the head's
 own previous output o at later draft steps), x = g + Attn(qkv([norm(embed(t_{j+1})); norm(g)])),
@@ -25,8 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.drafters.base import Proposal
+from specdecode.drafters.growth import Growth
 from specdecode.drafters.medusa import scatter_probs
 from specdecode.sampling import SamplingParams, sample, warp
+from specdecode.tree import Tree
 
 
 def rope_tables(hf_model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,12 +81,22 @@ class EagleHead(nn.Module):
         """o: [..., H], lm_head: [Vd, H] -> [..., Vd]."""
         return _norm(o, self.norm_out, self.eps) @ lm_head.T
 
-    def step(self, emb, feat, cache: "KVCache", cos, sin) -> torch.Tensor:
-        """Inference: emb, feat [m, H] at positions cache.length.. -> o [m, H]; appends to the cache."""
+    def step(self, emb, feat, cache: "KVCache", cos, sin, positions=None, tree_mask=None) -> torch.Tensor:
+        """Inference: emb, feat [m, H] into cache slots cache.length.. -> o [m, H]; appends to the cache.
+        By default the rows are consecutive positions, causally masked; a tree passes `positions` [m]
+        and `tree_mask` [m, t] over the last t slots (each row sees every slot before those)."""
         start, m = cache.length, emb.shape[0]
-        q, k, v = self._qkv(emb[None], feat[None], cos[start : start + m], sin[start : start + m])
+        if positions is not None:
+            cos, sin = cos[positions], sin[positions]
+        else:
+            cos, sin = cos[start : start + m], sin[start : start + m]
+        q, k, v = self._qkv(emb[None], feat[None], cos, sin)
         keys, values = cache.append(k[0], v[0])
-        mask = torch.ones(m, start + m, dtype=torch.bool, device=emb.device).tril(start) if m > 1 else None
+        if tree_mask is not None:
+            prefix = torch.ones(m, start + m - tree_mask.shape[1], dtype=torch.bool, device=emb.device)
+            mask = torch.cat([prefix, tree_mask.to(emb.device)], 1)
+        else:
+            mask = torch.ones(m, start + m, dtype=torch.bool, device=emb.device).tril(start) if m > 1 else None
         attn = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
         return self._finish(feat[None], attn)[0]
 
@@ -143,9 +156,12 @@ class KVCache:
 class EagleDrafter:
     name = "eagle"
 
-    def __init__(self, head: EagleHead, token_map: torch.Tensor, target, layer_ids: tuple[int, ...]):
-        """target: the target's CausalLM; it is asked to capture `layer_ids` on every forward."""
+    def __init__(self, head: EagleHead, token_map: torch.Tensor, target, layer_ids: tuple[int, ...],
+                 branches: int = 1, nodes: int | None = None):
+        """target: the target's CausalLM; it is asked to capture `layer_ids` on every forward.
+        branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
         self.head = head.eval()
+        self.branches, self.nodes = branches, nodes
         self.target = target
         target.capture = tuple(layer_ids)
         self.token_map = token_map.to(target.device)
@@ -165,9 +181,9 @@ class EagleDrafter:
         return torch.cat(self.target.layer_hidden, -1)[rows].float()
 
     @torch.inference_mode()
-    def chain(self, context: list[int], k: int, pick) -> tuple[list[int], list[torch.Tensor]]:
-        """Draft up to k tokens, choosing each with pick(logits [Vd]) -> draft-vocabulary index.
-        Returns the target ids and each depth's logits [Vd] (the per-depth candidates a tree needs)."""
+    def _sync(self, context: list[int]) -> bool:
+        """Feed the head the target features it has not seen; True when it holds the whole context
+        (its output at the last position, `root`, is the first draft's input)."""
         if self.prefill_pending:
             self.pending.append(self._features(slice(None)))
             self.prefill_pending = False
@@ -180,23 +196,54 @@ class EagleDrafter:
             o = self.head.step(F.embedding(tokens, self.embed).float(), self.head.fuse(feats), self.cache, self.cos, self.sin)
             self.fed, self.pending, self.root = len(context) - 1, [], o[-1:]
         elif self.root is None or self.fed != len(context) - 1:
-            return [], []  # no target features for this context yet
+            return False  # no target features for this context yet
         self.cache.length = self.fed  # drafting again for the same context (e.g. timing) redrafts
-        drafted, depth_logits = [], []
+        return True
+
+    @torch.inference_mode()
+    def chain(self, context: list[int], k: int, pick) -> list[int]:
+        """Draft up to k tokens (target ids), choosing each with pick(logits [Vd]) -> draft index."""
+        if not self._sync(context):
+            return []
+        drafted = []
         x = self.root
         for i in range(k):
-            logits = self.head.logits(x[-1], self.lm_head)
-            choice = pick(logits)
+            choice = pick(self.head.logits(x[-1], self.lm_head))
             drafted.append(int(self.token_map[choice]))
-            depth_logits.append(logits)
             if i < k - 1:
                 emb = F.embedding(self.token_map[choice].view(1), self.embed).float()
                 x = self.head.step(emb, x, self.cache, self.cos, self.sin)
-        return drafted, depth_logits
+        return drafted
+
+    @torch.inference_mode()
+    def tree(self, context: list[int], k: int, params: SamplingParams) -> Tree | None:
+        """EAGLE-2's dynamic tree of up to `nodes` nodes, at most k deep, over target ids."""
+        if not self._sync(context):
+            return None
+        growth, outputs = Growth(), {-1: self.root}  # node -> the head's output after it [1, H]
+
+        def logq(o: torch.Tensor) -> torch.Tensor:
+            logits = self.head.logits(o, self.lm_head)
+            return (logits.softmax(-1) if params.greedy else warp(logits, params)).log()
+
+        def children_logq(frontier: list[int]) -> torch.Tensor:
+            mask = growth.feed_mask(frontier)
+            positions = torch.tensor([self.fed - 1 + growth.depth[n] for n in frontier], device=self.cos.device)
+            emb = F.embedding(self.token_map[[growth.tokens[n] for n in frontier]], self.embed).float()
+            feat = torch.cat([outputs[growth.parents[n]] for n in frontier])
+            o = self.head.step(emb, feat, self.cache, self.cos, self.sin, positions, mask)  # [F, H]
+            outputs.update((n, o[i : i + 1]) for i, n in enumerate(frontier))
+            return logq(o)
+
+        tree = growth.dynamic(logq(self.root[-1]), k, self.branches, self.nodes or self.branches * k, children_logq)
+        return Tree(self.token_map[tree.tokens].tolist(), tree.parents)
 
     def propose(self, context, k, params: SamplingParams, generator):
+        if self.branches > 1:
+            tree = self.tree(context, k, params)
+            return Proposal.of_tree(tree) if tree is not None else Proposal.empty()
         if params.greedy:
-            tokens, _ = self.chain(context, k, lambda logits: int(logits.argmax()))
+            tokens = self.chain(context, k, lambda logits: int(logits.argmax()))
             return Proposal(torch.tensor(tokens, dtype=torch.long))
         qs = []
 
@@ -204,7 +251,7 @@ class EagleDrafter:
             qs.append(warp(logits, params))
             return sample(qs[-1], generator)
 
-        tokens, _ = self.chain(context, k, pick)
+        tokens = self.chain(context, k, pick)
         if not tokens:
             return Proposal.empty()
         q = scatter_probs(torch.stack(qs), self.token_map, self.target.vocab_size)
@@ -220,11 +267,12 @@ def head_from_config(config: dict) -> EagleHead:
                      config["kv_heads"], config["head_dim"], config["intermediate"], config["eps"])
 
 
-def load(spec: str | None, loaded) -> EagleDrafter:
+def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) -> EagleDrafter:
     """spec: a checkpoint directory from `specdecode train eagle`, or None for the shipped one."""
     from specdecode import checkpoint
 
     tensors, config = checkpoint.load(spec, "eagle", loaded)
     head = head_from_config(config)
     head.load_state_dict({k: v.float() for k, v in tensors.items() if k != "token_map"})
-    return EagleDrafter(head.to(loaded.model.device), tensors["token_map"].long(), loaded.model, tuple(config["layers"]))
+    return EagleDrafter(head.to(loaded.model.device), tensors["token_map"].long(), loaded.model, tuple(config["layers"]),
+                        branches, nodes)

@@ -8,10 +8,12 @@ supplies as the bonus token). Each head is one residual SiLU block, z = h + SiLU
 restricted to a draft vocabulary (the most frequent target tokens): nothing of the 49k-row LM head is
 stored with the heads.
 
-Proposals are a chain: the top token of heads 1..k. `candidates` returns each head's top-b tokens
-with probabilities for a token tree. The drafter reads h_t from the target (`hidden`, see
-fast_llama.py): after prefill, the last prompt row (the token before the last committed one);
-after a verify step, the row of the last accepted token.
+Proposals are a chain, the top token of heads 1..k, or with `b=B[:nodes=N]` a token tree (Medusa's
+tree attention): head d's B best tokens are the candidates at depth d whatever the path, and the N
+nodes whose paths have the highest product of head probabilities are kept (growth.py; N defaults
+to B·k). The drafter reads h_t from the target (`hidden`, see fast_llama.py): after prefill, the last
+prompt row (the token before the last committed one); after a verify step, the row of the last
+accepted token (the decoder's keep() puts a tree's accepted path there).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.drafters.base import Proposal
+from specdecode.drafters.growth import Growth
 from specdecode.sampling import SamplingParams, sample, warp
+from specdecode.tree import Tree
 
 
 class MedusaHeads(nn.Module):
@@ -49,9 +53,12 @@ def scatter_probs(q_draft: torch.Tensor, token_map: torch.Tensor, vocab_size: in
 class MedusaDrafter:
     name = "medusa"
 
-    def __init__(self, heads: MedusaHeads, token_map: torch.Tensor, target):
-        """target: the target's CausalLM (FastLlama or HFModel), read for its hidden states."""
+    def __init__(self, heads: MedusaHeads, token_map: torch.Tensor, target, branches: int = 1,
+                 nodes: int | None = None):
+        """target: the target's CausalLM (FastLlama or HFModel), read for its hidden states;
+        branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
         self.heads = heads.eval()
+        self.branches, self.nodes = branches, nodes
         self.target = target
         self.token_map = token_map.to(target.device)
         self.lm_head = target.hf.get_output_embeddings().weight.detach()[self.token_map].float()  # [Vd, H]
@@ -78,6 +85,12 @@ class MedusaDrafter:
         logits = self.candidates(k)
         if logits is None:
             return Proposal.empty()
+        if self.branches > 1:
+            logq = (logits.softmax(-1) if params.greedy else warp(logits, params)).log()  # [k', Vd]
+            growth = Growth()
+            tree = growth.dynamic(logq[0], len(logq), self.branches, self.nodes or self.branches * len(logq),
+                                  lambda frontier: logq[growth.depth[frontier[0]]].expand(len(frontier), -1))
+            return Proposal.of_tree(Tree(self.token_map[tree.tokens].tolist(), tree.parents))
         if params.greedy:
             return Proposal(self.token_map[logits.argmax(-1)].cpu())
         q = warp(logits, params)  # [k, Vd]
@@ -89,11 +102,11 @@ class MedusaDrafter:
         self.h = self.target.hidden[accepted]
 
 
-def load(spec: str | None, loaded) -> MedusaDrafter:
+def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) -> MedusaDrafter:
     """spec: a checkpoint directory from `specdecode train medusa`, or None for the shipped one."""
     from specdecode import checkpoint
 
     tensors, config = checkpoint.load(spec, "medusa", loaded)
     heads = MedusaHeads(config["hidden"], config["num_heads"])
     heads.load_state_dict({"weight": tensors["weight"].float(), "bias": tensors["bias"].float()})
-    return MedusaDrafter(heads.to(loaded.model.device), tensors["token_map"].long(), loaded.model)
+    return MedusaDrafter(heads.to(loaded.model.device), tensors["token_map"].long(), loaded.model, branches, nodes)

@@ -82,20 +82,28 @@ _DRAFT_MODEL_NOTE = ("method draft_model needs a vLLM whose V1 engine has the dr
                      "#24322); v0.11.0 rejects it with NotImplementedError")
 
 
-def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k: str | None = None) -> Callable:
+def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k: str | None = None,
+             trees: bool = False) -> Callable:
     """Exporter of our trained checkpoints: convert(tensors, config, loaded target) -> (tensors, config.json).
     max_k: the exported config.json key that bounds num_speculative_tokens (medusa: num_heads, since vLLM
-    builds num_speculative_tokens heads and can load only the trained ones)."""
+    builds num_speculative_tokens heads and can load only the trained ones). trees: the spec may start
+    with tree options (b=, nodes=)."""
 
     def export(arg, k, ctx) -> RouteExport:
         from specdecode import checkpoint
+        from specdecode.drafters import tree_options
+
+        options, arg = tree_options(arg or "", kind) if trees else ({}, arg)
+        arg = arg or None
+        tree_notes = [f"{kind} options {options} make token trees; the export drafts one chain (vLLM's "
+                      "default proposer for this method)"] if options else []
 
         def write(path: Path) -> None:
             tensors, config = checkpoint.load(arg, kind, ctx.target)
             ckpt.save(path, *convert(tensors, config, ctx.target))
 
         path = ctx.directory(f"{kind}:{arg}" if arg else kind, method, write)
-        out = list(notes)
+        out = list(notes) + tree_notes
         bound = json.loads((path / "config.json").read_text())[max_k] if max_k else k
         if k > bound:
             out.append(f"the {kind} checkpoint has {max_k}={bound}: num_speculative_tokens={bound}, not k={k}")
@@ -117,8 +125,10 @@ def _embedding(loaded):
     return loaded.model.hf.get_input_embeddings().weight
 
 
-_medusa = _trained("medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads")
-_eagle = _trained("eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded)))
+_medusa = _trained("medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads",
+                   trees=True)
+_eagle = _trained("eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded)),
+                  trees=True)
 _distilled = _trained("draft", "draft_model", lambda t, c, loaded: ckpt.draft(t, c, _embedding(loaded), _hf_config(loaded)),
                       notes=(_DRAFT_MODEL_NOTE,))
 
