@@ -5,6 +5,7 @@ what our drafters draft. Refusals name the mismatch; routing and adaptive k are 
 
 import importlib.util
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -129,7 +130,7 @@ def test_medusa_checkpoint_loads_and_drafts_like_ours(target4, trained, tmp_path
     assert config["truncated_vocab_size"] < config["vocab_size"]  # so vLLM uses the token map
 
     ours = drafters.build(f"medusa:{trained['medusa']}", drafters.DrafterContext(target))
-    ours.lm_head = tensors["lm_heads.0.weight"].float()  # the same (bf16-rounded) LM head rows on both sides
+    ours.project = partial(F.linear, weight=tensors["lm_heads.0.weight"].float())  # the same (bf16-rounded) rows
     h = torch.randn(5, config["hidden_size"], generator=torch.Generator().manual_seed(0)) * 3
     for row in h:  # vLLM: x = h + SiLU(W x + b) per head; lm_head; scatter at token_map (-inf elsewhere)
         theirs = []
@@ -215,7 +216,7 @@ def test_eagle3_checkpoint_loads_and_drafts_like_ours(target4, trained, tmp_path
     logits, out = _vllm_eagle3(tensors, cfg, embed[nxt], fc, torch.arange(n), cache_theirs)
     ours_tokens, theirs_tokens, x_ours, x_theirs = [], [], o[-1:], out[-1:]
     for step in range(4):
-        ours_tokens.append(int(token_map[head.logits(x_ours[-1], lm_head).argmax()]))
+        ours_tokens.append(int(token_map[head.logits(x_ours[-1], partial(F.linear, weight=lm_head)).argmax()]))
         theirs_tokens.append(int(logits[-1].argmax()))
         e = embed[torch.tensor([ours_tokens[-1]])]
         x_ours = head.step(e, x_ours, cache_ours, cos, sin)

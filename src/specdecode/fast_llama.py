@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from specdecode import quant
 from specdecode.models import keep_hidden
@@ -41,6 +42,28 @@ class Linear:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+class PackedLinear(nn.Module):
+    """Inference-only stand-in for an nn.Linear, calling Linear (prepacked on CPU in fp32)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        bias = linear.bias.detach() if linear.bias is not None else None
+        self.linear = Linear(linear.weight.detach(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def pack_linears(module: nn.Module) -> nn.Module:
+    """Replace every nn.Linear inside `module` by a PackedLinear (for drafter heads at inference)."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, PackedLinear(child))
+        else:
+            pack_linears(child)
+    return module
 
 
 class _Layer:

@@ -27,6 +27,7 @@ from torch import nn
 
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.growth import Growth
+from specdecode.fast_llama import Linear, pack_linears
 from specdecode.drafters.medusa import scatter_probs
 from specdecode.sampling import SamplingParams, sample, warp
 from specdecode.tree import Tree
@@ -77,9 +78,9 @@ class EagleHead(nn.Module):
         gate, up = self.gate_up(_norm(x, self.norm_mlp, self.eps)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
-    def logits(self, o: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
-        """o: [..., H], lm_head: [Vd, H] -> [..., Vd]."""
-        return _norm(o, self.norm_out, self.eps) @ lm_head.T
+    def logits(self, o: torch.Tensor, project) -> torch.Tensor:
+        """o: [..., H]; project: [..., H] -> [..., Vd], the LM head over the draft vocabulary."""
+        return project(_norm(o, self.norm_out, self.eps))
 
     def step(self, emb, feat, cache: "KVCache", cos, sin, positions=None, tree_mask=None) -> torch.Tensor:
         """Inference: emb, feat [m, H] into cache slots cache.length.. -> o [m, H]; appends to the cache.
@@ -160,13 +161,14 @@ class EagleDrafter:
                  branches: int = 1, nodes: int | None = None):
         """target: the target's CausalLM; it is asked to capture `layer_ids` on every forward.
         branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
-        self.head = head.eval()
+        self.head = pack_linears(head.eval())
         self.branches, self.nodes = branches, nodes
         self.target = target
         target.capture = tuple(layer_ids)
         self.token_map = token_map.to(target.device)
         self.embed = target.hf.get_input_embeddings().weight.detach()
-        self.lm_head = target.hf.get_output_embeddings().weight.detach()[self.token_map].float()  # [Vd, H]
+        # the LM head's rows of the draft vocabulary [Vd, H]; prepacked, as a 1-row product it dominates a draft step
+        self.project = Linear(target.hf.get_output_embeddings().weight.detach()[self.token_map].float())
         self.cos, self.sin = rope_tables(target.hf, target.max_length + 64)
         self.cache = KVCache(head.kv_heads, head.head_dim, target.device)
 
@@ -208,7 +210,7 @@ class EagleDrafter:
         drafted = []
         x = self.root
         for i in range(k):
-            choice = pick(self.head.logits(x[-1], self.lm_head))
+            choice = pick(self.head.logits(x[-1:], self.project)[0])
             drafted.append(int(self.token_map[choice]))
             if i < k - 1:
                 emb = F.embedding(self.token_map[choice].view(1), self.embed).float()
@@ -223,7 +225,7 @@ class EagleDrafter:
         growth, outputs = Growth(), {-1: self.root}  # node -> the head's output after it [1, H]
 
         def logq(o: torch.Tensor) -> torch.Tensor:
-            logits = self.head.logits(o, self.lm_head)
+            logits = self.head.logits(o, self.project)
             return (logits.softmax(-1) if params.greedy else warp(logits, params)).log()
 
         def children_logq(frontier: list[int]) -> torch.Tensor:
@@ -235,7 +237,7 @@ class EagleDrafter:
             outputs.update((n, o[i : i + 1]) for i, n in enumerate(frontier))
             return logq(o)
 
-        tree = growth.dynamic(logq(self.root[-1]), k, self.branches, self.nodes or self.branches * k, children_logq)
+        tree = growth.dynamic(logq(self.root)[0], k, self.branches, self.nodes or self.branches * k, children_logq)
         return Tree(self.token_map[tree.tokens].tolist(), tree.parents)
 
     def propose(self, context, k, params: SamplingParams, generator):

@@ -24,6 +24,7 @@ from torch import nn
 
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.growth import Growth
+from specdecode.fast_llama import Linear
 from specdecode.sampling import SamplingParams, sample, warp
 from specdecode.tree import Tree
 
@@ -38,11 +39,12 @@ class MedusaHeads(nn.Module):
     def num_heads(self) -> int:
         return self.weight.shape[0]
 
-    def forward(self, h: torch.Tensor, lm_head: torch.Tensor, heads: int | None = None) -> torch.Tensor:
-        """h: [N, H], lm_head: [Vd, H] -> logits [N, K, Vd] over the draft vocabulary (first `heads` heads)."""
+    def forward(self, h: torch.Tensor, project, heads: int | None = None) -> torch.Tensor:
+        """h: [N, H]; project: [..., H] -> [..., Vd], the LM head over the draft vocabulary
+        -> logits [N, K, Vd] (first `heads` heads)."""
         w, b = self.weight[:heads], self.bias[:heads]
         z = h[:, None] + F.silu(torch.einsum("nh,kgh->nkg", h, w) + b)  # [N, K, H]
-        return z @ lm_head.T
+        return project(z)
 
 
 def scatter_probs(q_draft: torch.Tensor, token_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -61,7 +63,7 @@ class MedusaDrafter:
         self.branches, self.nodes = branches, nodes
         self.target = target
         self.token_map = token_map.to(target.device)
-        self.lm_head = target.hf.get_output_embeddings().weight.detach()[self.token_map].float()  # [Vd, H]
+        self.project = Linear(target.hf.get_output_embeddings().weight.detach()[self.token_map].float())  # [Vd, H]
         self.h: torch.Tensor | None = None
 
     def begin(self, prompt):
@@ -79,7 +81,7 @@ class MedusaDrafter:
         h = self._hidden()
         if h is None or k <= 0:
             return None
-        return self.heads(h.float()[None], self.lm_head, heads=k)[0]
+        return self.heads(h.float()[None], self.project, heads=k)[0]
 
     def propose(self, context, k, params: SamplingParams, generator):
         logits = self.candidates(k)

@@ -9,6 +9,8 @@ The decoder layer is initialised from the target's last layer (attention and MLP
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
@@ -82,7 +84,7 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
         losses, metrics = [], {}
         for s, o in enumerate(outs):
             valid = mask & (torch.arange(mask.shape[1]) >= s)
-            loss, agree = loop.kl_loss(module.logits(o, lm_head), teacher, valid)
+            loss, agree = loop.kl_loss(module.logits(o, partial(F.linear, weight=lm_head)), teacher, valid)
             losses.append(loss)
             metrics[f"top1_{s}"] = float(agree)
         return sum(losses) / len(losses), metrics

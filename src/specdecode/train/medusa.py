@@ -8,7 +8,10 @@ forward per sequence (features.py).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
+import torch.nn.functional as F
 
 from specdecode import checkpoint
 from specdecode.drafters.medusa import MedusaHeads
@@ -43,7 +46,7 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
         pick = torch.randint(len(bases), (batch_tokens,), generator=loop.batch_generator(seed, step))
         rows, valid = bases[pick], room[pick, None] >= offsets  # [B], [B, K]
         target_rows = (rows[:, None] + offsets).clamp_max(len(hidden) - 1)  # [B, K]
-        student = module(hidden[rows], lm_head)  # [B, K, Vd]
+        student = module(hidden[rows], partial(F.linear, weight=lm_head))  # [B, K, Vd]
         teacher = hidden[target_rows] @ lm_head.T  # [B, K, Vd]
         loss, agree = loop.kl_loss(student, teacher, valid)
         return loss, {"top1": agree}
