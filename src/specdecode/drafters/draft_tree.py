@@ -18,7 +18,7 @@ import torch
 
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_model import DraftModelDrafter
-from specdecode.drafters.growth import Growth
+from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.errors import UserError
 from specdecode.sampling import SamplingParams, warp
 from specdecode.tree import Tree
@@ -41,8 +41,8 @@ class DraftTreeDrafter(DraftModelDrafter):
         try:
             if self.nodes is None:
                 return grow.static(root, k, self.branches, generator)
-            tree = grow.dynamic(grow.dist(root).log(), k, self.branches, self.nodes,
-                                lambda frontier: grow.dist(grow.feed(frontier)).log())
+            tree = grow.dynamic(draft_dist(root, params).log(), k, self.branches, self.nodes,
+                                lambda frontier: draft_dist(grow.feed(frontier), params).log())
             return Proposal.of_tree(tree)
         finally:
             self.model.truncate(len(context))  # keep only the committed context cached
@@ -65,12 +65,8 @@ class _Growth(Growth):
         tokens = torch.tensor([self.tokens[n] for n in frontier], dtype=torch.long)
         return self.align(self.model.extend_tree(tokens, positions, mask))
 
-    def dist(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft distribution used to choose and score tokens: warped q, or softmax when greedy."""
-        return logits.float().softmax(-1) if self.params.greedy else warp(logits, self.params)
-
     def static(self, root: torch.Tensor, k: int, b: int, generator) -> Proposal:
-        q = self.dist(root)  # [V]
+        q = draft_dist(root, self.params)  # [V]
         b = min(b, int((q > 0).sum()))
         sampled = not self.params.greedy
         if sampled:

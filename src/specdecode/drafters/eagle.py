@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.drafters.base import Proposal
-from specdecode.drafters.growth import Growth
-from specdecode.fast_llama import Linear, pack_linears
-from specdecode.drafters.medusa import scatter_probs
+from specdecode.drafters.growth import Growth, draft_dist
+from specdecode.drafters.medusa import draft_lm_head, scatter_probs
+from specdecode.fast_llama import pack_linears
 from specdecode.sampling import SamplingParams, sample, warp
 from specdecode.tree import Tree
 
@@ -167,8 +167,7 @@ class EagleDrafter:
         target.capture = tuple(layer_ids)
         self.token_map = token_map.to(target.device)
         self.embed = target.hf.get_input_embeddings().weight.detach()
-        # the LM head's rows of the draft vocabulary [Vd, H]; prepacked, as a 1-row product it dominates a draft step
-        self.project = Linear(target.hf.get_output_embeddings().weight.detach()[self.token_map].float())
+        self.project = draft_lm_head(target, self.token_map)
         self.cos, self.sin = rope_tables(target.hf, target.max_length + 64)
         self.cache = KVCache(head.kv_heads, head.head_dim, target.device)
 
@@ -225,8 +224,7 @@ class EagleDrafter:
         growth, outputs = Growth(), {-1: self.root}  # node -> the head's output after it [1, H]
 
         def logq(o: torch.Tensor) -> torch.Tensor:
-            logits = self.head.logits(o, self.project)
-            return (logits.softmax(-1) if params.greedy else warp(logits, params)).log()
+            return draft_dist(self.head.logits(o, self.project), params).log()
 
         def children_logq(frontier: list[int]) -> torch.Tensor:
             mask = growth.feed_mask(frontier)

@@ -16,7 +16,14 @@ from collections.abc import Callable
 
 import torch
 
+from specdecode.sampling import SamplingParams, warp
 from specdecode.tree import Tree, best_nodes
+
+
+def draft_dist(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[..., V] draft logits -> the distribution a tree chooses and ranks tokens by: softmax when
+    greedy, the warped q (temperature, top-k, top-p) when sampling."""
+    return logits.float().softmax(-1) if params.greedy else warp(logits, params)
 
 
 class Growth:

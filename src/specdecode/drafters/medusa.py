@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.drafters.base import Proposal
-from specdecode.drafters.growth import Growth
+from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.fast_llama import Linear
 from specdecode.sampling import SamplingParams, sample, warp
 from specdecode.tree import Tree
@@ -47,6 +47,12 @@ class MedusaHeads(nn.Module):
         return project(z)
 
 
+def draft_lm_head(target, token_map: torch.Tensor) -> Linear:
+    """The target's LM-head rows of the draft vocabulary [Vd, H], prepacked: [..., H] -> [..., Vd].
+    As a 1-row product it dominates a head's draft step."""
+    return Linear(target.hf.get_output_embeddings().weight.detach()[token_map].float())
+
+
 def scatter_probs(q_draft: torch.Tensor, token_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[k, Vd] probabilities over the draft vocabulary -> [k, V] over the target's."""
     return q_draft.new_zeros(q_draft.shape[0], vocab_size).index_copy_(1, token_map, q_draft)
@@ -63,7 +69,7 @@ class MedusaDrafter:
         self.branches, self.nodes = branches, nodes
         self.target = target
         self.token_map = token_map.to(target.device)
-        self.project = Linear(target.hf.get_output_embeddings().weight.detach()[self.token_map].float())  # [Vd, H]
+        self.project = draft_lm_head(target, self.token_map)
         self.h: torch.Tensor | None = None
 
     def begin(self, prompt):
@@ -88,7 +94,7 @@ class MedusaDrafter:
         if logits is None:
             return Proposal.empty()
         if self.branches > 1:
-            logq = (logits.softmax(-1) if params.greedy else warp(logits, params)).log()  # [k', Vd]
+            logq = draft_dist(logits, params).log()  # [k', Vd]
             growth = Growth()
             tree = growth.dynamic(logq[0], len(logq), self.branches, self.nodes or self.branches * len(logq),
                                   lambda frontier: logq[growth.depth[frontier[0]]].expand(len(frontier), -1))
