@@ -198,7 +198,7 @@ def test_eagle3_checkpoint_loads_and_drafts_like_ours(target4, trained, tmp_path
     target.model.capture = (0, 1, 2)
     target.model.reset()
     target.model.extend(prompt)
-    assert torch.allclose(torch.cat(target.model.layer_hidden, -1), aux, atol=1e-5)
+    assert torch.allclose(torch.cat(target.model.layer_hidden, -1), aux, atol=1e-4)  # kernels.cpp vs MKL rounding: ~3e-5 on values ~25
 
     # greedy drafting: vLLM's layer on the exported tensors vs our head on ours
     ours_t = load_file(trained["eagle"] / "model.safetensors")

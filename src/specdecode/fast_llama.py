@@ -7,20 +7,26 @@ beyond it are overwritten by the next extend (as in gpt-fast).
 
 Why: on a small CPU model the per-op overhead of the general HF forward (mask building, cache
 objects, module hooks) costs as much as the matmuls themselves; every saved millisecond multiplies
-with speculation.
+with speculation. On CPU in fp32 and bf16 the forward of up to 64 tokens goes further: kernels.cpp
+does the matmuls (bf16 weights read as bf16) and fuses the small ops between them (_forward_fused);
+the eager _forward stays for prefill, GPUs and machines without a C++ compiler.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdecode import kernels as fused_kernels
 from specdecode import quant
 from specdecode.models import keep_hidden
 
 SUPPORTED = {"llama"}
 _BLOCK = 256  # cache capacity grows in multiples of this many positions
+_FUSED_MAX_TOKENS = 64  # the fused kernels' attention is a plain loop: longer prefills take SDPA
 
 
 class Linear:
@@ -42,6 +48,23 @@ class Linear:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+class FusedLinear:
+    """y = x W^T (+ b) through kernels.linear: W float32 or bfloat16 (read as is, so bf16 weights
+    move half the bytes), x and y float32. For decoding and verification (a few rows of x) it
+    reads every weight row once for all rows, and it gives a row the same bits whatever the other
+    rows, so verifying k drafts costs about one decode step and matches it exactly."""
+
+    def __init__(self, ops, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.ops, self.weight, self.bias = ops, weight.contiguous(), bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ops.linear(x.reshape(-1, x.shape[-1]).float().contiguous(), self.weight)
+        if self.bias is not None:
+            y += self.bias.float()
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 class PackedLinear(nn.Module):
@@ -67,10 +90,11 @@ def pack_linears(module: nn.Module) -> nn.Module:
 
 
 class _Layer:
-    def __init__(self, hf_layer):
+    def __init__(self, hf_layer, linear, norm_dtype: torch.dtype):
+        """linear: (weight, bias) -> a callable x -> x W^T + b (Linear or FusedLinear)."""
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
-        self.norm1 = hf_layer.input_layernorm.weight
-        self.norm2 = hf_layer.post_attention_layernorm.weight
+        self.norm1 = hf_layer.input_layernorm.weight.to(norm_dtype)
+        self.norm2 = hf_layer.post_attention_layernorm.weight.to(norm_dtype)
         if quant.is_int8(attn.q_proj):  # quant.quantize ran on the HF model: call its int8 weights
             self.qkv = quant.Int8Linears([attn.q_proj, attn.k_proj, attn.v_proj])
             self.o = quant.Int8Linears([attn.o_proj])
@@ -78,19 +102,21 @@ class _Layer:
             self.down = quant.Int8Linears([mlp.down_proj])
             return
         biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
-        self.qkv = Linear(
+        self.qkv = linear(
             torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
             torch.cat(biases) if all(b is not None for b in biases) else None,
         )
-        self.o = Linear(attn.o_proj.weight, attn.o_proj.bias)
-        self.gate_up = Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-        self.down = Linear(mlp.down_proj.weight)
+        self.o = linear(attn.o_proj.weight, attn.o_proj.bias)
+        self.gate_up = linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
+        self.down = linear(mlp.down_proj.weight, None)
 
 
 class FastLlama:
     """CausalLM protocol (reset / extend / truncate, extend_tree / keep) for LlamaForCausalLM weights."""
 
-    def __init__(self, hf_model, max_length: int | None = None):
+    def __init__(self, hf_model, max_length: int | None = None, fused: bool = True):
+        """fused: run fp32 and bf16 on CPU through kernels.cpp when it builds (see kernels.py);
+        there bf16 means bf16 weights with float32 activations, cache and accumulation."""
         cfg = hf_model.config
         if cfg.model_type not in SUPPORTED or getattr(cfg, "mlp_bias", False):
             raise ValueError(f"FastLlama does not support model_type {cfg.model_type!r}")
@@ -99,18 +125,23 @@ class FastLlama:
         self.hf = hf_model.eval()
         self.config = cfg
         self.device = hf_model.device
-        self.dtype = hf_model.dtype  # of activations and the KV cache (int8 linears keep fp32 activations)
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        cpu = self.device.type == "cpu" and hf_model.dtype in (torch.float32, torch.bfloat16)
+        widths = (cfg.hidden_size, cfg.intermediate_size, self.heads * self.head_dim)  # the linears' inputs
+        self.kernels = fused_kernels.load() if fused and cpu and all(w % 16 == 0 for w in widths) else None
+        # dtype of activations and the KV cache (int8 linears keep fp32 activations)
+        self.dtype = torch.float32 if self.kernels else hf_model.dtype
+        linear = partial(FusedLinear, self.kernels) if self.kernels else Linear
         self.eps = cfg.rms_norm_eps
         self.max_length = max_length or getattr(cfg, "max_position_embeddings", 2048)
         self.embed = hf_model.get_input_embeddings().weight
-        self.lm_head = Linear(hf_model.get_output_embeddings().weight)
+        self.lm_head = linear(hf_model.get_output_embeddings().weight, None)
         self.vocab_size = self.lm_head.out_features
-        self.final_norm = hf_model.model.norm.weight
+        self.final_norm = hf_model.model.norm.weight.to(self.dtype)
         with torch.no_grad():
-            self.layers = [_Layer(layer) for layer in hf_model.model.layers]
+            self.layers = [_Layer(layer, linear, self.dtype) for layer in hf_model.model.layers]
             # cos/sin for every position from HF's own rotary module (covers rope scaling variants)
             positions = torch.arange(self.max_length, device=self.device)[None]
             probe = torch.empty(0, dtype=self.dtype, device=self.device)
@@ -198,10 +229,12 @@ class FastLlama:
     def _forward(self, tokens, cos, sin, mask, num_logits: int) -> torch.Tensor:
         """tokens: [n] into cache slots length..length+n-1; cos, sin: [n, d]; mask: [n, length+n] bool
         or None (a single token sees everything) -> logits [n or num_logits, V] float32."""
+        if self.kernels is not None and tokens.shape[0] <= _FUSED_MAX_TOKENS:
+            return self._forward_fused(tokens, cos, sin, mask, num_logits)
         n, start = tokens.shape[0], self.length
         end = start + n
         h, d, kvh = self.heads, self.head_dim, self.kv_heads
-        x = F.embedding(tokens.to(self.device), self.embed)[None]  # [1, n, hidden]
+        x = F.embedding(tokens.to(self.device), self.embed).to(self.dtype)[None]  # [1, n, hidden]
         captured = []
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x, layer.norm1))  # [1, n, (h+2kvh)*d]
@@ -226,3 +259,23 @@ class FastLlama:
         if num_logits:
             x = x[:, -num_logits:]
         return self.lm_head(x)[0].float()
+
+    def _forward_fused(self, tokens, cos, sin, mask, num_logits: int) -> torch.Tensor:
+        """_forward with kernels.cpp between the matmuls: one call per group of small ops."""
+        ops, n, start = self.kernels, tokens.shape[0], self.length
+        x = F.embedding(tokens.to(self.device), self.embed).float()  # [n, hidden], the residual stream, updated in place
+        xn = ops.add_rms_norm(x, None, self.layers[0].norm1, self.eps)
+        norms = [layer.norm1 for layer in self.layers[1:]] + [self.final_norm]  # the norm after each layer
+        captured = []
+        for i, layer in enumerate(self.layers):
+            attn = ops.attention(layer.qkv(xn), self.k_cache[i, 0], self.v_cache[i, 0], cos.contiguous(),
+                                 sin.contiguous(), mask, start, self.heads, self.kv_heads)  # [n, h*d]
+            xn = ops.add_rms_norm(x, layer.o(attn), layer.norm2, self.eps)
+            xn = ops.add_rms_norm(x, layer.down(ops.silu_mul(layer.gate_up(xn))), norms[i], self.eps)
+            if i in self.capture:
+                captured.append(x.clone())
+        self.length = start + n
+        if len(self.layers) - 1 in self.capture:
+            captured[-1] = xn  # as HF's output_hidden_states: the last layer's entry is after the norm
+        self.hidden, self.layer_hidden, self.hidden_start = xn, captured, start
+        return self.lm_head(xn[-num_logits:] if num_logits else xn).float()

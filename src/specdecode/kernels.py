@@ -1,0 +1,59 @@
+"""Builds and loads kernels.cpp, FastLlama's fused fp32 CPU ops, once per machine.
+
+The extension is compiled on first use with the system C++ compiler (about a minute) into the
+specdecode cache, under a name that covers the source, torch's version and the CPU's instruction
+set (it is built with -march=native). Without a compiler, or if the build fails, `load()` says
+why once on stderr and returns None: FastLlama then runs its eager PyTorch ops, which give the
+same tokens, only slower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def cache_root() -> Path:
+    from specdecode.models import cache_dir
+
+    return cache_dir() / "kernels"
+
+
+@cache
+def load():
+    """The compiled module (add_rms_norm, silu_mul, attention), or None when it cannot be built."""
+    from torch.utils import cpp_extension
+
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
+    build = cache_root() / key
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(
+            name=f"specdecode_kernels_{key}",
+            sources=[str(SOURCE)],
+            build_directory=str(build),
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as e:  # no compiler, no ninja, a failed build: the eager path still works
+        print(f"specdecode: fused CPU kernels unavailable, using eager ops ({type(e).__name__}: {e})".splitlines()[0],
+              file=sys.stderr)
+        return None

@@ -1,0 +1,154 @@
+"""kernels.cpp (FastLlama's fused CPU ops) against PyTorch references, and FastLlama with and
+without them. The build needs a C++ compiler; where there is none the kernel tests skip and say so,
+and FastLlama's eager path (tested here too) is what runs."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import make_llama
+from specdecode import kernels
+from specdecode.decoder import decode
+from specdecode.drafters import NgramDrafter, NoDrafter
+from specdecode.fast_llama import FastLlama
+from specdecode.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def ops():
+    module = kernels.load()
+    if module is None:
+        assert shutil.which("c++") is None, "a C++ compiler is present, yet kernels.cpp did not build"
+        pytest.skip("no C++ compiler: FastLlama runs eager ops")
+    return module
+
+
+def test_a_failed_build_falls_back_with_a_message(tmp_path, monkeypatch, capsys):
+    broken = tmp_path / "kernels.cpp"
+    broken.write_text("#error deliberately broken\n")
+    monkeypatch.setattr(kernels, "SOURCE", broken)
+    monkeypatch.setattr(kernels, "cache_root", lambda: tmp_path / "cache")
+    assert kernels.load.__wrapped__() is None
+    assert "fused CPU kernels unavailable, using eager ops" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_linear_matches_matmul_and_a_row_does_not_depend_on_the_others(ops, wdtype):
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(67, 96, generator=g) * 0.1).to(wdtype)  # odd row count: a partial last block
+    x = torch.randn(9, 96, generator=g)
+    y = ops.linear(x, w)
+    assert y.shape == (9, 67) and y.dtype == torch.float32
+    assert torch.allclose(y.double(), x.double() @ w.double().T, atol=1e-5, rtol=1e-5)
+    for m in range(1, 10):  # decoding (one row) and verifying (m rows) give the same bits
+        assert torch.equal(ops.linear(x[:m], w), y[:m])
+    assert torch.equal(ops.linear(x[4:5].contiguous(), w), y[4:5])
+
+
+def test_linear_rejects_bad_shapes(ops):
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ops.linear(torch.randn(2, 40), torch.randn(8, 40))
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        ops.linear(torch.randn(2, 32), torch.randn(8, 32).half())
+    with pytest.raises(RuntimeError, match="CPU float32"):
+        ops.linear(torch.randn(2, 32).double(), torch.randn(8, 32))
+
+
+def test_add_rms_norm_and_silu_mul(ops):
+    g = torch.Generator().manual_seed(1)
+    x, delta, w = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g), torch.rand(64, generator=g)
+    stream = x.clone()
+    out = ops.add_rms_norm(stream, delta, w, 1e-5)
+    assert torch.allclose(stream, x + delta)  # the residual stream is updated in place
+    assert torch.allclose(out, F.rms_norm(x + delta, (64,), w, 1e-5), atol=1e-5)
+    assert torch.allclose(ops.add_rms_norm(x.clone(), None, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5), atol=1e-5)
+    gu = torch.randn(3, 2 * 48, generator=g)
+    assert torch.allclose(ops.silu_mul(gu), F.silu(gu[:, :48]) * gu[:, 48:], atol=1e-6)
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_attention_matches_sdpa_and_writes_the_cache(ops, tree):
+    h, kvh, d, start, n, cap = 4, 2, 32, 5, 4, 16
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(n, (h + 2 * kvh) * d, generator=g)
+    k_cache, v_cache = torch.randn(kvh, cap, d, generator=g), torch.randn(kvh, cap, d, generator=g)
+    k_old, v_old = k_cache.clone(), v_cache.clone()
+    angles = torch.randn(n, d // 2, generator=g).repeat(1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    mask = torch.ones(n, start + n, dtype=torch.bool).tril(start)
+    if tree:  # a tree: node 2 is a sibling of node 1, node 3 its child
+        mask[:, start:] = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    out = ops.attention(qkv, k_cache, v_cache, cos, sin, mask if tree else None, start, h, kvh)
+
+    q, k, v = qkv.view(n, h + 2 * kvh, d).transpose(0, 1).split([h, kvh, kvh])
+    k = _rope(k, cos, sin)
+    assert torch.allclose(k_cache[:, start:start + n], k, atol=1e-6)
+    assert torch.equal(v_cache[:, start:start + n], v)
+    assert torch.equal(k_cache[:, :start], k_old[:, :start]) and torch.equal(v_cache[:, start + n:], v_old[:, start + n:])
+    ref = F.scaled_dot_product_attention(_rope(q, cos, sin)[None], k_cache[None, :, :start + n],
+                                         v_cache[None, :, :start + n], attn_mask=mask, enable_gqa=True)
+    assert torch.allclose(out, ref[0].transpose(0, 1).reshape(n, h * d), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return make_llama(seed=4, layers=2, hidden=64)
+
+
+def test_fused_and_eager_forwards_agree(ops, hf):
+    fused, eager = FastLlama(hf), FastLlama(hf, fused=False)
+    assert fused.kernels is not None and eager.kernels is None
+    ids = torch.randint(0, hf.config.vocab_size, (90,), generator=torch.Generator().manual_seed(3))
+    for chunk, keep in [(70, None), (5, 72), (1, None), (9, 75), (1, None)]:  # 70 > 64: prefill takes SDPA
+        start = fused.length
+        a, b = fused.extend(ids[start:start + chunk]), eager.extend(ids[start:start + chunk])
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+        if keep is not None:
+            fused.truncate(keep), eager.truncate(keep)
+
+
+def test_fused_verification_equals_decode_steps_bit_for_bit(ops, hf):
+    model = FastLlama(hf)
+    ids = torch.randint(0, hf.config.vocab_size, (30,), generator=torch.Generator().manual_seed(4))
+    model.reset(), model.extend(ids[:20])
+    block = model.extend(ids[20:])
+    model.truncate(20)
+    steps = torch.cat([model.extend(ids[i:i + 1]) for i in range(20, 30)])
+    assert torch.equal(block, steps)
+
+
+def _greedy(model, drafter, prompt):
+    steps = decode(model, drafter, prompt, k=4, params=SamplingParams(), max_new_tokens=24,
+                   generator=torch.Generator().manual_seed(0))
+    return [t for s in steps for t in s.tokens]
+
+
+def test_bf16_weights_fused_speculation_is_token_identical(ops, hf):
+    """bf16 through the kernels: bf16 weights, float32 activations; rows of a verification equal
+    decode steps exactly, so greedy speculation reproduces plain bf16 decoding token for token."""
+    import copy
+
+    bf16 = FastLlama(copy.deepcopy(hf).to(torch.bfloat16))
+    assert bf16.kernels is not None and bf16.dtype == torch.float32
+    assert bf16.layers[0].qkv.weight.dtype == torch.bfloat16
+    prompt = ([5, 9, 11, 7] * 6)[:22]
+    plain = _greedy(bf16, NoDrafter(), prompt)
+    assert _greedy(bf16, NgramDrafter(), prompt) == plain
+    # and it is the fp32 model with its weights rounded to bf16
+    rounded = FastLlama(copy.deepcopy(hf).to(torch.bfloat16).float())
+    bf16.reset(), rounded.reset()
+    ids = torch.tensor(prompt)
+    assert torch.equal(bf16.extend(ids), rounded.extend(ids))
+
+
+def test_eager_fastllama_speculation_is_token_identical(hf):
+    eager = FastLlama(hf, fused=False)
+    prompt = ([3, 8, 8, 12, 40] * 5)[:21]
+    assert _greedy(eager, NgramDrafter(), prompt) == _greedy(eager, NoDrafter(), prompt)
