@@ -43,8 +43,8 @@ def load():
 
     key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
     build = cache_root() / key
-    build.mkdir(parents=True, exist_ok=True)
     try:
+        build.mkdir(parents=True, exist_ok=True)
         return cpp_extension.load(
             name=f"specdecode_kernels_{key}",
             sources=[str(SOURCE)],
@@ -53,7 +53,7 @@ def load():
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )
-    except Exception as e:  # no compiler, no ninja, a failed build: the eager path still works
+    except Exception as e:  # no compiler, no ninja, an unwritable cache, a failed build: eager ops still work
         print(f"specdecode: fused CPU kernels unavailable, using eager ops ({type(e).__name__}: {e})".splitlines()[0],
               file=sys.stderr)
         return None
