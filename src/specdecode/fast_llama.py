@@ -57,7 +57,8 @@ class FusedLinear:
     rows, so verifying k drafts costs about one decode step and matches it exactly."""
 
     def __init__(self, ops, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.ops, self.weight, self.bias = ops, weight.contiguous(), bias
+        self.ops, self.weight = ops, weight.contiguous()
+        self.bias = bias.float() if bias is not None else None  # added to float32 outputs
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +66,7 @@ class FusedLinear:
             return self.ops.linear(x, self.weight)  # the fused forward's case, without reshaping
         y = self.ops.linear(x.reshape(-1, x.shape[-1]).float().contiguous(), self.weight)
         if self.bias is not None:
-            y += self.bias.float()
+            y += self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
 

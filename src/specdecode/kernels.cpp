@@ -1,4 +1,5 @@
-// Fused fp32 CPU kernels for the small ops between FastLlama's matmuls (kernels.py builds this).
+// FastLlama's fused CPU kernels (kernels.py builds this): the few-row matmuls (float32 or bfloat16
+// weights, float32 activations) and the small ops between them.
 //
 // Why: a decode step of a 135M model on two cores spends ~20 ms in its 121 matmuls and, in eager
 // PyTorch, another 10-20 ms in ~900 tiny ops (norms, rotary, cache writes, attention, SiLU,

@@ -1,6 +1,6 @@
-"""Builds and loads kernels.cpp, FastLlama's fused fp32 CPU ops, once per machine.
+"""Builds and loads kernels.cpp, FastLlama's fused fp32/bf16 CPU ops, once per machine.
 
-The extension is compiled on first use with the system C++ compiler (about a minute) into the
+The extension is compiled on first use with the system C++ compiler (about 45 s here) into the
 specdecode cache, under a name that covers the source, torch's version and the CPU's instruction
 set (it is built with -march=native). Without a compiler, or if the build fails, `load()` says
 why once on stderr and returns None: FastLlama then runs its eager PyTorch ops, which give the
@@ -38,7 +38,7 @@ def cache_root() -> Path:
 
 @cache
 def load():
-    """The compiled module (add_rms_norm, silu_mul, attention), or None when it cannot be built."""
+    """The compiled module (linear, add_rms_norm, silu_mul, attention), or None when it cannot be built."""
     from torch.utils import cpp_extension
 
     key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
