@@ -1,4 +1,4 @@
-"""Stats: acceptance rate α, mean accepted length τ = 1 + accepted/steps, by-position, merge."""
+"""Stats: acceptance rate α, mean acceptance length τ = 1 + accepted/drafts (vLLM's), by-position, merge."""
 
 import pytest
 
@@ -19,7 +19,8 @@ def test_alpha_tau_and_by_position():
     assert stats.mean_accepted_length == pytest.approx(1 + 7 / 4)
     assert stats.drafted_by_pos == [4, 4, 3, 3]
     assert stats.accepted_by_pos == [3, 2, 1, 1]
-    assert stats.acceptance_by_position == pytest.approx([3 / 4, 2 / 4, 1 / 3, 1 / 3])
+    # vLLM's per-position rate: accepted at position i over all drafts (not over drafts that reached i)
+    assert stats.acceptance_by_position == pytest.approx([3 / 4, 2 / 4, 1 / 4, 1 / 4])
     assert stats.target_forwards == 5
 
 
@@ -27,6 +28,17 @@ def test_by_position_grows_with_the_longest_draft():
     stats = observed([(1, 1), (3, 2), (0, 0)])
     assert stats.drafted_by_pos == [2, 1, 1] and stats.accepted_by_pos == [2, 1, 0]
     assert stats.steps == 3 and stats.drafted == 4 and stats.accepted == 3
+
+
+def test_tau_counts_drafts_not_steps_that_drafted_nothing():
+    """vLLM's num_drafts counts steps that carried a draft; an n-gram step without a match is a
+    plain step: it adds to steps (target forwards), not to drafts."""
+    stats = observed([(3, 2), (0, 0), (0, 0), (2, 0)])
+    assert (stats.steps, stats.drafts) == (4, 2)
+    assert stats.mean_accepted_length == pytest.approx(1 + 2 / 2)
+    assert stats.tokens_per_step == pytest.approx(1 + 2 / 4) == stats.new_tokens / stats.steps
+    assert stats.acceptance_by_position == pytest.approx([1 / 2, 1 / 2, 0.0])
+    assert stats.to_dict()["drafts"] == 2 and stats.merge(stats).drafts == 4
 
 
 def test_plain_decoding_and_empty_stats():

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from specdecode import costs, drafters
+from specdecode import control, costs, drafters
 from specdecode.config import Route, SpecConfig
+from specdecode.control import FixedK
 from specdecode.corpora import Prompt
 from specdecode.generation import encode_prompt, generate
 from specdecode.metrics import Stats
@@ -17,6 +18,7 @@ from specdecode.sampling import SamplingParams
 from specdecode.tasks import classify
 
 MARGIN = 0.03  # a drafter must be predicted at least 3% faster than plain decoding to be recommended
+PLAIN = "none"  # the spec (and report label) of plain decoding
 
 
 def _measure(target, runs: dict, ids_list, params, max_new_tokens) -> dict[str, Stats]:
@@ -27,7 +29,7 @@ def _measure(target, runs: dict, ids_list, params, max_new_tokens) -> dict[str, 
     for i, ids in enumerate(ids_list):
         for label in labels[i % len(labels):] + labels[: i % len(labels)]:
             drafter, k = runs[label]
-            r = generate(target, drafter, ids, k=k, params=params, max_new_tokens=max_new_tokens)
+            r = generate(target, drafter, ids, k=FixedK(k), params=params, max_new_tokens=max_new_tokens)
             totals[label] = totals[label].merge(r.stats)
     return totals
 
@@ -43,11 +45,9 @@ def predicted_speedup(stats: Stats, cost, k: int) -> float:
     steps = stats.steps
     at_least = [1.0] + [d / steps for d in stats.drafted_by_pos] + [0.0]  # P(D >= n), n = 0, 1, ...
     expected = 1 + sum(stats.accepted_by_pos[:k]) / steps
-    cost_per_step = 0.0
-    for n in range(k + 1):
-        p_n = at_least[min(n, len(at_least) - 1)] - (at_least[min(n + 1, len(at_least) - 1)] if n < k else 0.0)
-        cost_per_step += p_n * (n * cost.draft_cost + cost.r(n))
-    return expected / cost_per_step
+    p_drafted = [at_least[min(n, len(at_least) - 1)] - (at_least[min(n + 1, len(at_least) - 1)] if n < k else 0.0)
+                 for n in range(k + 1)]
+    return control.speedup(expected, p_drafted, cost)
 
 
 def advise(
@@ -61,14 +61,15 @@ def advise(
     temperatures: tuple[float, ...] = (0.0, 0.3, 0.7, 1.0),
     log=print,
 ) -> tuple[SpecConfig, dict]:
-    specs = [c for c in candidates if c != "none"]
+    specs = [c for c in candidates if drafters.parse(c).speculates]
+    plain_k = drafters.parse(PLAIN).k(k_max)
     by_task: dict[str, list[list[int]]] = defaultdict(list)
     for p in prompts:
         by_task[p.task or classify(p.prompt)].append(encode_prompt(target.tokenizer, p.prompt, None))
     built = {s: drafters.build(s, ctx) for s in specs}
     probe = next(iter(by_task.values()))[0]
     cost = {s: costs.measure(target.model, built[s], k_max, probe) for s in specs}
-    none = drafters.build("none", ctx)
+    none = drafters.build(PLAIN, ctx)
     greedy = SamplingParams()
     for d in [none, *built.values()]:  # warm-up: first calls pay one-off kernel set-up
         generate(target, d, probe, k=k_max, params=greedy, max_new_tokens=8)
@@ -76,9 +77,9 @@ def advise(
     routing: dict[str, Route] = {}
     for task, ids_list in sorted(by_task.items()):
         log(f"advise: task {task} ({len(ids_list)} prompts)")
-        full = _measure(target, {"none": (none, 1), **{s: (built[s], k_max) for s in specs}}, ids_list, greedy,
+        full = _measure(target, {PLAIN: (none, plain_k), **{s: (built[s], k_max) for s in specs}}, ids_list, greedy,
                         max_new_tokens)
-        plain_tps = full["none"].tokens_per_s
+        plain_tps = full[PLAIN].tokens_per_s
         rows, best = [], {}
         for s in specs:
             stats = full[s]
@@ -93,11 +94,11 @@ def advise(
             })
         second = {s: (built[s], best[s]) for s in specs if 0 < best[s] < k_max}
         if second:  # measure the recommended k too, against plain decoding in the same rounds
-            again = _measure(target, {"none": (none, 1), **second}, ids_list, greedy, max_new_tokens)
+            again = _measure(target, {PLAIN: (none, plain_k), **second}, ids_list, greedy, max_new_tokens)
             for row in rows:
                 if row["drafter"] in second:
                     row["measured_speedup_best_k"] = round(
-                        again[row["drafter"]].tokens_per_s / again["none"].tokens_per_s, 3)
+                        again[row["drafter"]].tokens_per_s / again[PLAIN].tokens_per_s, 3)
         for row in rows:
             if row["best_k"] == k_max:
                 row["measured_speedup_best_k"] = row["measured_speedup_k_max"]
@@ -108,7 +109,7 @@ def advise(
             routing[task] = Route(pick["drafter"], max(pick["best_k"], 1), True)
             advice = f"{pick['drafter']} k={pick['best_k']}"
         else:
-            routing[task] = Route("none", 1, False)
+            routing[task] = Route(PLAIN, 1, False)
             advice = "do not speculate"
         sweep = {}
         if viable and temperatures:
@@ -119,8 +120,8 @@ def advise(
                 sweep[str(t)] = round(stats.acceptance_rate, 4)
         report["tasks"][task] = {"prompts": len(ids_list), "plain_tokens_per_s": round(plain_tps, 2),
                                  "drafters": rows, "advice": advice, "alpha_vs_temperature": sweep}
-    default = Route(specs[0], k_max, True) if specs else Route("none", 1, False)
-    config = SpecConfig(default=default, routing=routing, candidates=["none"] + specs, costs=cost,
+    default = Route(specs[0], k_max, True) if specs else Route(PLAIN, 1, False)
+    config = SpecConfig(default=default, routing=routing, candidates=[PLAIN] + specs, costs=cost,
                         target=target.name, dtype=ctx.dtype)
     return config, report
 

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 
 from specdecode import drafters as drafter_registry
 from specdecode import memory, models, peers
-from specdecode.control import CostModel
+from specdecode.control import CostModel, FixedK, speedup
 from specdecode.corpora import Prompt
 from specdecode.generation import Result, encode_prompt, generate
 from specdecode.metrics import Stats
 from specdecode.sampling import SamplingParams
 
 LOAD_LIMIT = 0.3  # cores busy with other work during a run before it is repeated
+PLAIN = "none"  # the spec (and row label) of plain decoding, the baseline of every speedup
 
 
 def _busy_jiffies() -> int | None:
@@ -63,9 +64,10 @@ class Cell:
 
 def variants(drafter_specs: list[str], ks: list[int], adaptive: bool) -> list[tuple[str, str, int | None]]:
     """(label, drafter spec, fixed k or None for adaptive k) for every run of a prompt; plain first."""
-    out: list[tuple[str, str, int | None]] = [("none", "none", 1)]
-    for s in dict.fromkeys(d for d in drafter_specs if d != "none"):
-        out += [(s if len(ks) == 1 else f"{s}@k{k}", s, k) for k in ks]
+    parse = drafter_registry.parse
+    out: list[tuple[str, str, int | None]] = [(PLAIN, PLAIN, parse(PLAIN).k(max(ks)))]
+    for s in dict.fromkeys(d for d in drafter_specs if parse(d).speculates):
+        out += [(s if len(ks) == 1 else f"{s}@k{k}", s, parse(s).k(k)) for k in ks]
         if adaptive:
             out.append((f"{s}+adaptive", s, None))
     return out
@@ -146,7 +148,7 @@ def _runners(loaded, ctx, runs, peer_specs, k_max, probe_ids, params, seed) -> d
     fns = {}
     for label, spec, k in runs:
         def fn(ids, category, n, learn=True, sampling=params, label=label, spec=spec, k=k):
-            res = generate(loaded, built[spec], ids, k=k if k is not None else policy[spec](category),
+            res = generate(loaded, built[spec], ids, k=FixedK(k) if k is not None else policy[spec](category),
                            params=sampling, max_new_tokens=n, seed=seed)
             if k is None and learn:
                 policy[spec].state.observe(category, label, res.stats)
@@ -167,19 +169,18 @@ class _AdaptiveFactory:
         self.cost, self.k_max, self.label, self.state = cost, k_max, label, TaskState()
 
     def __call__(self, category: str):
-        from specdecode.control import AdaptiveK
+        from specdecode.control import adaptive_k
         from specdecode.costs import CostTracker
 
         rec = self.state.get(category, self.label)
-        prior = rec.profile if rec and rec.profile else [0.5]
-        return AdaptiveK(self.cost, self.k_max, prior=prior, tracker=CostTracker(self.cost))
+        return adaptive_k(self.cost, self.k_max, rec.profile if rec else None, tracker=CostTracker(self.cost))
 
 
 def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) -> dict:
     """label -> {temperature: {category: α, "ALL": α}} for every fixed-k drafter run."""
     out = {}
     for label, spec, k in runs:
-        if spec == "none" or k is None:
+        if not drafter_registry.parse(spec).speculates or k is None:
             continue
         out[label] = {}
         for t in temperatures:
@@ -197,19 +198,19 @@ def _costs(loaded, built, k_max, ids, params) -> dict:
     """drafter spec -> its measured cost model (c, r(1..k_max)) on this target and dtype."""
     from specdecode.costs import measure
 
-    return {s: measure(loaded.model, d, k_max, ids, params) for s, d in built.items() if s != "none"}
+    return {s: measure(loaded.model, d, k_max, ids, params) for s, d in built.items()
+            if drafter_registry.parse(s).speculates}
 
 
 def ideal_speedup(stats: Stats, cost) -> float | None:
-    """τ / mean step cost: the speedup a loop with no overhead would reach with this run's own
-    acceptance and draft counts, under the measured costs (c, r). None for token trees (their
-    drafted nodes are not positions)."""
+    """Tokens per step / mean step cost (control.speedup): the speedup a loop with no overhead would
+    reach with this run's own acceptance and draft counts, under the measured costs (c, r). None for
+    token trees (their drafted nodes are not positions)."""
     if not stats.steps or stats.drafted != sum(stats.drafted_by_pos):
         return None
     by_pos = stats.drafted_by_pos + [0]
     exactly = [stats.steps - (by_pos[0] if stats.drafted_by_pos else 0)] + [by_pos[n - 1] - by_pos[n] for n in range(1, len(by_pos))]
-    spent = sum(count * (n * cost.draft_cost + cost.r(n)) for n, count in enumerate(exactly))
-    return stats.mean_accepted_length / (spent / stats.steps)
+    return speedup(stats.tokens_per_step, [count / stats.steps for count in exactly], cost)
 
 
 def report(prompts: list[Prompt], cells: dict, dtypes: list[str], labels: list[str], peer_labels=frozenset()) -> dict:
@@ -218,14 +219,14 @@ def report(prompts: list[Prompt], cells: dict, dtypes: list[str], labels: list[s
     categories = sorted({p.category for p in prompts}) + ["ALL"]
     rows = []
     for dtype in dtypes:
-        base = cells[(dtype, "none")]
+        base = cells[(dtype, PLAIN)]
         for label in labels:
             cell = cells[(dtype, label)]
             for cat in categories:
                 ids = [p.id for p in prompts if cat == "ALL" or p.category == cat]
                 rows.append(_row(dtype, label, cat, ids, cell, base, label in peer_labels))
     overall = [r for r in rows if r["category"] == "ALL"]
-    best_plain = max(r["tokens_per_s"] for r in overall if r["drafter"] == "none")
+    best_plain = max(r["tokens_per_s"] for r in overall if r["drafter"] == PLAIN)
     for r in overall:
         r["speedup_vs_best_plain"] = round(r["tokens_per_s"] / best_plain, 3)
         r["speedup_vs_peers"] = {q["dtype"] + " " + q["drafter"]: round(r["tokens_per_s"] / q["tokens_per_s"], 3)

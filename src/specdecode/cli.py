@@ -32,12 +32,12 @@ def _quant_args(p: argparse.ArgumentParser) -> None:
 def _check_quant(args, drafter_specs: list[str]) -> None:
     """Validate --target-quant / --drafter-quant before any model is loaded."""
     from specdecode import quant
+    from specdecode.drafters import parse
 
     for dtype in args.dtype.split(","):
         quant.check(args.target_quant, dtype, args.device)
         quant.check(args.drafter_quant, dtype, args.device)
-    members = [m for spec in drafter_specs for m in spec.removeprefix("ensemble:").split("+")]
-    if args.drafter_quant != "none" and not any(m.partition(":")[0] == "draft" for m in members):
+    if args.drafter_quant != "none" and not any(parse(spec).draft_models for spec in drafter_specs):
         raise UserError("--drafter-quant applies to draft models (draft, draft:<model>); "
                         f"none among {', '.join(drafter_specs)}")
 
@@ -198,7 +198,7 @@ def cmd_generate(args) -> None:
 
     check_k(args.k)
     params = _sampling(args)
-    drafters.check_spec(args.drafter)
+    drafters.parse(args.drafter)
     _check_quant(args, [args.drafter])
     if args.config:
         from specdecode.config import load_config
@@ -250,13 +250,13 @@ def cmd_check_tokenizers(args) -> int:
 def cmd_bench(args) -> None:
     from specdecode import bench, peers
     from specdecode.corpora import load_prompts
-    from specdecode.drafters import check_spec
+    from specdecode.drafters import parse
     from specdecode.generation import check_k
 
     params = _sampling(args)
     specs = [s for s in args.drafter.split(",") if s]
     for spec in specs:
-        check_spec(spec)
+        parse(spec)
     _check_quant(args, specs)
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
@@ -304,7 +304,7 @@ def cmd_advise(args) -> None:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     specs = [c for c in args.candidates.split(",") if c]
     for spec in specs:
-        drafters.check_spec(spec)
+        drafters.parse(spec)
     try:
         temps = tuple(float(t) for t in args.temperatures.split(",") if t.strip())
     except ValueError:

@@ -76,19 +76,26 @@ def _at(profile: list[float] | None, i: int, default: float) -> float:
     return profile[min(i, len(profile) - 1)] if profile else default
 
 
+def speedup(expected: float, p_drafted: list[float], cost: CostModel) -> float:
+    """The speedup formula (the module docstring's), the one every estimate uses: E / cost, with
+    E the expected tokens committed per step and cost = Σ_n P(a step drafts n)·(n·c + r(n)) in plain
+    steps. p_drafted[n] = P(a step drafts exactly n tokens)."""
+    return expected / sum(p * (n * cost.draft_cost + cost.r(n)) for n, p in enumerate(p_drafted))
+
+
 def predicted_speedup(accept: list[float], cost: CostModel, k: int, supply: list[float] | None = None) -> float:
     """E(k) / cost(k) with per-position acceptance and (optionally) supply; supply None = always k drafts."""
     if k <= 0:
         return 1.0
-    expected, spent, offered, reach = 1.0, 0.0, 1.0, 1.0  # offered = P(D >= n), reach = P(n drafts accepted)
+    expected, offered, reach = 1.0, 1.0, 1.0  # offered = P(D >= n), reach = P(n drafts accepted)
+    exactly = []  # P(D = n)
     for n in range(k):
         more = offered * _at(supply, n, 1.0)
-        spent += (offered - more) * (n * cost.draft_cost + cost.r(n))
+        exactly.append(offered - more)
         offered = more
         reach *= _at(supply, n, 1.0) * _at(accept, n, 0.0)
         expected += reach
-    spent += offered * (k * cost.draft_cost + cost.r(k))
-    return expected / spent
+    return speedup(expected, exactly + [offered], cost)
 
 
 def best_k(profile: list[float], cost: CostModel, k_max: int, supply: list[float] | None = None) -> tuple[int, float]:
@@ -119,6 +126,16 @@ class FixedK:
         pass
 
 
+DEFAULT_PRIOR = (0.5,)  # acceptance assumed at every draft position before anything is measured
+
+
+def adaptive_k(cost: CostModel, k_max: int, history: list[float] | None = None, tracker=None) -> "AdaptiveK":
+    """The one way the decoder, router, bench and server make an AdaptiveK: its prior is the measured
+    per-position (conditional) acceptance `history` of this drafter and task when there is one, else
+    DEFAULT_PRIOR. tracker: a costs.CostTracker refreshing `cost` from step timings."""
+    return AdaptiveK(cost, k_max, prior=list(history or DEFAULT_PRIOR), tracker=tracker)
+
+
 @dataclass
 class AdaptiveK:
     """Per-request k from a running per-position acceptance estimate and the cost model.
@@ -137,7 +154,7 @@ class AdaptiveK:
 
     cost: CostModel
     k_max: int
-    prior: list[float] = field(default_factory=lambda: [0.5])
+    prior: list[float] = field(default_factory=lambda: list(DEFAULT_PRIOR))
     prior_weight: float = 1.0
     decay: float = 0.85
     margin: float = 0.03

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from specdecode.errors import UserError
 
@@ -109,34 +110,84 @@ def current_rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def heads_estimate(directory, target_cfg, dtype: str) -> Estimate:
+    """Medusa/EAGLE heads: the checkpoint's tensors plus the LM head rows its token map keeps
+    (draft_lm_head), in the dtype; read from the file's header, nothing is loaded. Not modelled: an
+    EAGLE head's own KV cache (one layer, small beside the target's)."""
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), "pt") as f:
+        shapes = {key: f.get_slice(key).get_shape() for key in f.keys()}
+    elements = sum(math.prod(shape) for shape in shapes.values())
+    if "token_map" in shapes:
+        elements += shapes["token_map"][0] * target_cfg.hidden_size
+    return Estimate(elements * BYTES[dtype], 0, 0, 0)
+
+
+def draft_config(source: str | None, target_cfg):
+    """(config, shares the target's embedding) of a draft model source: a distilled checkpoint
+    (None: the shipped one) is the target's architecture with its own few layers over the target's
+    embedding and tied head; anything else is a model of its own."""
+    import copy
+
+    from specdecode import models
+    from specdecode.drafters import distilled
+
+    if distilled.is_checkpoint(source):
+        cfg = copy.deepcopy(target_cfg)
+        cfg.num_hidden_layers, cfg.tie_word_embeddings = distilled.num_layers(source), True
+        return cfg, True
+    return models.load_config(source), False
+
+
 def report(target: str | None, drafter: str, *, dtype: str, context: int, batch: int, k: int,
            backend: str = "auto", measure: bool = False, target_quant: str = "none",
            drafter_quant: str = "none") -> dict:
+    """Estimates for the target (verifying the spec's largest step: its tree nodes + 1 tokens), each
+    draft model the spec loads (one token per forward, b per forward for a static tree) and trained heads."""
     import torch
 
     from specdecode import models
+    from specdecode.checkpoint import SHIPPED
+    from specdecode.drafters import distilled, parse
     from specdecode.fast_llama import SUPPORTED
 
-    def est(spec, tokens, quant):
-        cfg = models.load_config(spec)
-        fast = backend != "hf" and cfg.model_type in SUPPORTED
-        return cfg, estimate(cfg, dtype=dtype, context=context, batch=batch, tokens_in_flight=tokens,
-                             fast_backend=fast, quant=quant)
+    spec = parse(drafter)
 
-    out = {"dtype": dtype, "context": context, "batch": batch, "k": k, "target_quant": target_quant,
-           "drafter_quant": drafter_quant}
-    _, out["target"] = est(target, k + 1, target_quant)
-    draft_spec = drafter.partition(":")[2] if drafter.startswith("draft:") else None
-    if draft_spec:
-        _, out["draft"] = est(draft_spec, 1, drafter_quant)
-    out["total"] = out["target"].total + (out["draft"].total if draft_spec else 0)
+    def est(cfg, tokens, quant):
+        fast = backend != "hf" and cfg.model_type in SUPPORTED
+        return estimate(cfg, dtype=dtype, context=context, batch=batch, tokens_in_flight=tokens,
+                        fast_backend=fast, quant=quant)
+
+    out = {"dtype": dtype, "context": context, "batch": batch, "k": k, "drafter": str(spec),
+           "target_quant": target_quant, "drafter_quant": drafter_quant}
+    target_cfg = models.load_config(target)
+    out["target"] = est(target_cfg, spec.tree_nodes(k) + 1, target_quant)
+    parts = [out["target"]]
+    for i, source in enumerate(spec.draft_models):
+        cfg, shared = draft_config(source, target_cfg)
+        e = est(cfg, spec.option("b", 1), drafter_quant)
+        if shared:  # the embedding (and tied head) are the target's own tensors
+            e = Estimate(e.weights - cfg.vocab_size * cfg.hidden_size * BYTES[dtype], e.packed_weights, e.kv_cache,
+                         e.activations)
+        out["draft" if i == 0 else f"draft{i + 1}"] = e
+        parts.append(e)
+    for i, member in enumerate(s for s in (spec, *spec.members) if s.info.uses_features):
+        directory = Path(member.arg).expanduser() if member.arg else SHIPPED / member.kind
+        parts.append(heads_estimate(directory, target_cfg, dtype))
+        out["heads" if i == 0 else f"heads{i + 1}"] = parts[-1]
+    out["total"] = sum(e.total for e in parts)
     if measure:
         if batch != 1:
             raise UserError("--measure runs one sequence; use --batch 1")
+        if spec.uses_features or not all(source and not distilled.is_checkpoint(source)
+                                         for source in spec.draft_models):
+            raise UserError(f"--measure loads the target and separate draft models (draft:<model>) only; "
+                            f"{spec} is built over the target")
         before = current_rss_bytes()
-        loaded = [models.load(target, dtype, "cpu", backend, target_quant)] + (
-            [models.load(draft_spec, dtype, "cpu", backend, drafter_quant)] if draft_spec else [])
-        for m, tokens in zip(loaded, [k + 1, 1]):
+        loaded = [models.load(target, dtype, "cpu", backend, target_quant)] + [
+            models.load(source, dtype, "cpu", backend, drafter_quant) for source in spec.draft_models]
+        for m, tokens in zip(loaded, [spec.tree_nodes(k) + 1] + [spec.option("b", 1)] * len(spec.draft_models)):
             m.model.reset()
             fill = max(1, min(context, m.model.max_length) - tokens)
             m.model.extend(torch.randint(0, m.model.vocab_size, (fill,)), num_logits=1)
@@ -148,13 +199,13 @@ def report(target: str | None, drafter: str, *, dtype: str, context: int, batch:
 
 def render(rep: dict) -> str:
     lines = [f"memory estimate ({rep['dtype']}, context {rep['context']}, batch {rep['batch']}, k {rep['k']}):"]
-    for name in ("target", "draft"):
-        if name in rep:
-            e = rep[name]
-            quant = rep[f"{'target' if name == 'target' else 'drafter'}_quant"]
-            name += " (int8 linears)" if quant == "int8" else ""
-            lines.append(f"  {name}: weights {fmt(e.weights)} + prepacked {fmt(e.packed_weights)} + KV cache "
-                         f"{fmt(e.kv_cache)} + activations {fmt(e.activations)} = {fmt(e.total)}")
+    for name, e in rep.items():
+        if not isinstance(e, Estimate):
+            continue
+        quant = rep["target_quant" if name == "target" else "drafter_quant"]
+        name += " (int8 linears)" if quant == "int8" and not name.startswith("heads") else ""
+        lines.append(f"  {name}: weights {fmt(e.weights)} + prepacked {fmt(e.packed_weights)} + KV cache "
+                     f"{fmt(e.kv_cache)} + activations {fmt(e.activations)} = {fmt(e.total)}")
     lines.append(f"  total estimate: {fmt(rep['total'])}")
     if "measured_resident" in rep:
         err = (rep["measured_resident"] - rep["total"]) / rep["total"] * 100

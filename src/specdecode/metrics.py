@@ -1,15 +1,24 @@
-"""Speculation metrics, defined once.
+"""Speculation metrics, defined once, as vLLM defines its `spec_decode_*` metrics (vllm/v1/spec_decode/
+metrics.py: SpecDecodingStats.observe_draft and SpecDecodingLogging):
 
-- drafted / accepted: draft tokens proposed / kept by verification (for a token tree: its nodes /
-  the accepted path's length, so α of a tree is the share of its nodes that were kept).
+- steps: verify forwards (target forwards after the prefill); drafts: the steps that carried at least
+  one draft token (vLLM's num_drafts; a step whose drafter offered nothing is a plain step, not a draft).
+- drafted / accepted: draft tokens proposed / kept by verification (vLLM's num_draft_tokens /
+  num_accepted_tokens; for a token tree: its nodes / the accepted path's length, so α of a tree is
+  the share of its nodes that were kept).
 - acceptance rate α = accepted / drafted.
-- mean accepted length τ = tokens committed per verify forward including the recovered/bonus
-  token = 1 + accepted / steps (vLLM's "mean acceptance length").
-- acceptance by position: for draft position i (1-based), accepted_i / drafted_i (vLLM's
-  per-position rate; a tree's positions are its depths); the conditional rate accepted_i / reached_i,
-  where reached_i counts steps whose drafts before i were all accepted, is what adaptive k models.
+- mean acceptance length τ = 1 + accepted / drafts: tokens committed per draft including the
+  recovered/bonus token. Tokens per verify forward, 1 + accepted / steps, is lower whenever some
+  steps draft nothing (n-gram lookup without a match).
+- acceptance by position: accepted_i / drafts, the share of drafts whose position i (1-based; a
+  tree's positions are its depths) was accepted (vLLM's per-position acceptance rate); the
+  conditional rate accepted_i / reached_i, where reached_i counts drafts whose positions before i
+  were all accepted and that reached i, is what adaptive k models.
 - target_forwards = decode steps + 1 prefill.
 - TTFT: request start to first committed token; mean ITL: mean gap between later tokens.
+
+The formulas below (`acceptance_rate`, `mean_acceptance_length`, `acceptance_by_position`) are the
+only ones: Stats, the server's /metrics and /stats, and the monitor all call them.
 """
 
 from __future__ import annotations
@@ -17,11 +26,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def acceptance_rate(accepted: float, draft_tokens: float) -> float | None:
+    """α = accepted / draft tokens (None when nothing was drafted)."""
+    return accepted / draft_tokens if draft_tokens else None
+
+
+def mean_acceptance_length(accepted: float, drafts: float) -> float | None:
+    """τ = 1 + accepted / drafts, the bonus token included (None before the first draft)."""
+    return 1 + accepted / drafts if drafts else None
+
+
+def acceptance_by_position(accepted_per_pos: list[float], drafts: float) -> list[float]:
+    """accepted_i / drafts for each draft position i."""
+    return [a / drafts if drafts else 0.0 for a in accepted_per_pos]
+
+
 @dataclass
 class Stats:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
+    drafts: int = 0
     prefills: int = 0
     new_tokens: int = 0
     draft_s: float = 0.0
@@ -38,6 +63,7 @@ class Stats:
         depth: for a token tree, its number of draft positions (drafted counts its nodes); the
         by-position counters count positions, so a tree counts once per depth it reached."""
         self.steps += 1
+        self.drafts += drafted > 0
         self.drafted += drafted
         self.accepted += accepted
         self.new_tokens += committed
@@ -56,7 +82,7 @@ class Stats:
 
     def merge(self, other: "Stats") -> "Stats":
         out = Stats()
-        for name in ("drafted", "accepted", "steps", "prefills", "new_tokens", "draft_s", "verify_s",
+        for name in ("drafted", "accepted", "steps", "drafts", "prefills", "new_tokens", "draft_s", "verify_s",
                      "prefill_s", "wall_s", "ttft_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         size = max(len(self.drafted_by_pos), len(other.drafted_by_pos))
@@ -68,10 +94,16 @@ class Stats:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return acceptance_rate(self.accepted, self.drafted) or 0.0
 
     @property
     def mean_accepted_length(self) -> float:
+        """τ (vLLM's mean acceptance length); 1.0 for plain decoding, 0.0 before any step."""
+        return mean_acceptance_length(self.accepted, self.drafts) or (1.0 if self.steps else 0.0)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens committed per verify forward, counting steps that drafted nothing: 1 + accepted / steps."""
         return 1 + self.accepted / self.steps if self.steps else 0.0
 
     @property
@@ -90,7 +122,7 @@ class Stats:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]
+        return acceptance_by_position(self.accepted_by_pos, self.drafts)
 
     @property
     def conditional_acceptance(self) -> list[float]:
@@ -98,6 +130,7 @@ class Stats:
 
     def to_dict(self) -> dict:
         return {
+            "drafts": self.drafts,
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),

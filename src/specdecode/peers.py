@@ -82,8 +82,11 @@ def _lookup_tokens(arg: str | None) -> int:
 
 
 def _assistant_spec(arg: str | None) -> str:
+    from specdecode.drafters import parse
+
     spec = arg or "draft"
-    if spec.partition(":")[0] != "draft":
+    parsed = parse(spec)
+    if len(parsed.draft_models) != 1 or parsed.members:
         raise UserError(f"peer 'hf-assist:{spec}': the assistant must be a draft model spec (draft or draft:...)")
     return spec
 

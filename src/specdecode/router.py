@@ -8,13 +8,14 @@ import logging
 
 from specdecode import costs, drafters
 from specdecode.config import Route, SpecConfig
-from specdecode.control import AdaptiveK, CostModel
+from specdecode.control import CostModel, FixedK, KPolicy, adaptive_k
 from specdecode.generation import Result, encode_prompt, generate
 from specdecode.models import LoadedModel
 from specdecode.tasks import classify
 from specdecode.taskstate import TaskState
 
 log = logging.getLogger("specdecode.router")
+PLAIN = "none"  # the route of plain decoding
 
 
 class Router:
@@ -27,9 +28,10 @@ class Router:
         self.costs: dict[str, CostModel] = dict(config.costs)
 
     def drafter(self, spec: str) -> drafters.Drafter:
-        if spec not in self.drafters:
-            self.drafters[spec] = drafters.build(spec, self.ctx)
-        return self.drafters[spec]
+        key = drafters.canonical(spec)
+        if key not in self.drafters:
+            self.drafters[key] = drafters.build(key, self.ctx)
+        return self.drafters[key]
 
     def cost(self, spec: str, k_max: int, context: list[int]) -> CostModel:
         """The measured cost model of a drafter (measured once, then refreshed online)."""
@@ -49,30 +51,32 @@ class Router:
             if rec is None or rec.requests < self.explore:
                 return Route(spec, route.k, route.adaptive)
             speed = rec.speedup if rec.speedup is not None else 1.0
-            if spec != "none" and speed > best_speed:
+            if drafters.parse(spec).speculates and speed > best_speed:
                 best, best_speed = spec, speed
-        return Route(best or "none", route.k, route.adaptive)
+        return Route(best or PLAIN, route.k, route.adaptive)
+
+    def policy(self, task: str, route: Route, cost: CostModel | None) -> KPolicy:
+        """Fixed k (k = 0 for a drafter that never drafts), or adaptive k from the task's history."""
+        spec = drafters.parse(route.drafter)
+        if not route.adaptive or not spec.speculates:
+            return FixedK(spec.k(route.k))
+        rec = self.state.get(task, route.drafter)
+        return adaptive_k(cost, route.k, rec.profile if rec else None, tracker=costs.CostTracker(cost))
 
     def run(self, prompt: str, *, task: str | None = None, chat: bool | None = None, **kw) -> Result:
         task = task or classify(prompt)
         route = self.choose(task)
         ids = encode_prompt(self.target.tokenizer, prompt, chat)
         drafter = self.drafter(route.drafter)
-        cost = self.cost(route.drafter, route.k, ids) if route.drafter != "none" else None
-        k = route.k
-        if route.drafter == "none":
-            k = 1  # the none drafter proposes nothing whatever k is
-        elif route.adaptive:
-            rec = self.state.get(task, route.drafter)
-            prior = rec.profile if rec and rec.profile else [0.5]
-            k = AdaptiveK(cost, route.k, prior=prior, tracker=costs.CostTracker(cost))
-        result = generate(self.target, drafter, ids, k=k, **kw)
+        speculates = drafters.parse(route.drafter).speculates
+        cost = self.cost(route.drafter, route.k, ids) if speculates else None
+        result = generate(self.target, drafter, ids, k=self.policy(task, route, cost), **kw)
         s = result.stats
         decode_s = s.draft_s + s.verify_s
         speedup = None
         if cost is not None and cost.step_s and decode_s > 0:
             speedup = s.new_tokens * cost.step_s / decode_s
-        elif route.drafter == "none":
+        elif not speculates:
             speedup = 1.0
         self.state.observe(task, route.drafter, s, speedup)
         result.extra.update(task=task, drafter=route.drafter, k=route.k, adaptive=route.adaptive,

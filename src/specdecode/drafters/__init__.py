@@ -1,13 +1,19 @@
-"""Drafters by name. A spec is `name` or `name:argument`, e.g. `none`, `ngram`, `draft:/path/to/model`.
+"""Drafters by spec: one registered `Kind` per drafter kind (spec.py defines Spec and Kind).
 
-Options are `key=value` segments separated by ':' (before a model path): `ngram:2-4:b=3`,
-`draft:b=4:nodes=24:/path/to/model`; `ensemble:A+B` joins drafter specs."""
+    none                                   no drafting: plain decoding (k = 0)
+    ngram[:N|:MIN-MAX][:b=B]               prompt lookup; b > 1 proposes a tree of b continuations
+    draft                                  the shipped distilled draft model (draft:DIR: a `train draft` checkpoint)
+    draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
+    medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
+    ensemble:A+B[+...]                     several drafters' proposals merged into one tree
+
+A model path may contain ':'. To add a drafter: one file with the drafter, then one `register(Kind(...))`
+below with its parser, builder and facts.
+"""
 
 from __future__ import annotations
 
 import importlib
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from specdecode.drafters.base import Drafter, Proposal
@@ -15,8 +21,9 @@ from specdecode.drafters.cross_vocab import CrossVocabDrafter
 from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.draft_tree import DraftTreeDrafter
 from specdecode.drafters.ensemble import EnsembleDrafter
-from specdecode.drafters.ngram import NgramDrafter
+from specdecode.drafters.ngram import MAX_N, MIN_N, NgramDrafter
 from specdecode.drafters.none import NoDrafter
+from specdecode.drafters.spec import KINDS, Kind, Spec, canonical, int_options, parse, register, tree_options
 from specdecode.errors import UserError
 from specdecode.models import LoadedModel
 
@@ -32,139 +39,140 @@ class DrafterContext:
     quant: str = "none"  # of draft models: "int8" quantizes their linear layers (quant.py)
 
 
-def _options(segments: list[str], known: set[str], what: str) -> dict[str, int]:
-    """`key=value` segments of a spec argument -> {key: positive int}."""
-    options = {}
-    for segment in segments:
-        key, _, value = segment.partition("=")
-        if key not in known:
-            raise UserError(f"unknown {what} option {key!r}; known: {', '.join(sorted(known))}")
-        try:
-            options[key] = int(value)
-        except ValueError:
-            raise UserError(f"{what} option {key} needs an integer, got {value!r}") from None
-        if options[key] < 1:
-            raise UserError(f"{what} option {key} must be >= 1, got {options[key]}")
-    return options
+def build(spec: str | Spec, ctx: DrafterContext) -> Drafter:
+    spec = parse(spec)
+    return spec.info.build(spec, ctx)
 
 
-def _ngram(arg: str | None, ctx: DrafterContext) -> Drafter:
-    """`ngram[:N|:MIN-MAX][:b=B]`: b > 1 proposes a tree of up to b continuations."""
-    segments = arg.split(":") if arg else []
+def check_spec(spec: str) -> str:
+    """Validate a drafter spec before anything is loaded; returns its kind."""
+    return parse(spec).kind
+
+
+# -- none ------------------------------------------------------------------------------------------
+
+def _parse_none(arg: str | None) -> Spec:
+    if arg:
+        raise UserError(f"drafter none takes no argument, got {arg!r}")
+    return Spec("none")
+
+
+# -- ngram -----------------------------------------------------------------------------------------
+
+def _parse_ngram(arg: str | None) -> Spec:
+    """`ngram[:N|:MIN-MAX][:b=B]`."""
+    segments = [s.strip() for s in arg.split(":")] if arg else []
     ranges = [s for s in segments if "=" not in s]
-    options = _options([s for s in segments if "=" in s], {"b"}, "ngram")
+    b = dict(int_options([s for s in segments if "=" in s], ("b",), "ngram")).get("b", 1)
     if len(ranges) > 1:
         raise UserError(f"ngram argument must be N or MIN-MAX (and b=B), got {arg!r}")
-    kwargs = {"branches": options.get("b", 1)}
+    lo, hi = MIN_N, MAX_N
     if ranges:
         try:
-            lo, _, hi = ranges[0].partition("-")
-            kwargs.update(max_n=int(hi or lo), min_n=int(lo))
+            first, _, last = ranges[0].partition("-")
+            lo, hi = int(first), int(last or first)
         except ValueError:
             raise UserError(f"ngram argument must be N or MIN-MAX, got {arg!r}") from None
-    return NgramDrafter(**kwargs)
+    if not 1 <= lo <= hi:
+        raise UserError(f"ngram needs 1 <= min_n <= max_n, got min_n={lo} max_n={hi}")
+    return Spec("ngram", (("min_n", lo), ("max_n", hi)) + ((("b", b),) if b > 1 else ()))
 
 
-def _draft(arg: str | None, ctx: DrafterContext) -> Drafter:
-    """`draft:[b=B:[nodes=N:]]<model>`: b gives a static tree of b branches, nodes a dynamic
-    (EAGLE-2) tree of that many nodes grown b children at a time. The model path may contain ':'.
-    A model with another tokenizer than the target's drafts across vocabularies (chains only)."""
+def _format_ngram(spec: Spec) -> str:
+    lo, hi, b = spec.option("min_n"), spec.option("max_n"), spec.option("b", 1)
+    return f"ngram:{lo}" + (f"-{hi}" if hi != lo else "") + (f":b={b}" if b > 1 else "")
+
+
+def _build_ngram(spec: Spec, ctx) -> Drafter:
+    return NgramDrafter(max_n=spec.option("max_n"), min_n=spec.option("min_n"), branches=spec.option("b", 1))
+
+
+# -- draft -----------------------------------------------------------------------------------------
+
+def _parse_draft(arg: str | None) -> Spec:
+    if arg is None:
+        return Spec("draft")  # the shipped distilled draft
+    options, path = tree_options(arg, "draft")
+    if not path:
+        raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id> "
+                        "(or `draft` for the shipped one)")
+    return Spec("draft", options, path)
+
+
+def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
+    """A distilled checkpoint (spec.arg None or a `train draft` directory) or any causal LM; a model
+    with another tokenizer than the target's drafts across vocabularies (chains only)."""
     from specdecode import models
     from specdecode.drafters import distilled
     from specdecode.tokenizer_check import compare
 
-    if arg == "":
-        raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id> "
-                        "(or `draft` for the shipped one)")
-    if distilled.is_checkpoint(arg):  # none: the shipped distilled draft; or a `train draft` checkpoint
-        return distilled.load(arg, ctx)
-    options, path = draft_options(arg)
-    draft = models.load(path, ctx.dtype, ctx.device, ctx.backend, ctx.quant)
-    if not compare(ctx.target.tokenizer, draft.tokenizer).compatible:
-        if options:
-            raise UserError(f"draft model {path} has another tokenizer than the target; token trees (b=, nodes=) "
-                            "need the same one: cross-vocabulary drafting proposes chains")
-        return CrossVocabDrafter(draft.model, draft.tokenizer, ctx.target.tokenizer, ctx.target.model.vocab_size,
-                                 draft.eos_ids, ctx.target.tokenizer.eos_token_id)
-    if "b" in options:
-        return DraftTreeDrafter(draft.model, ctx.target.model.vocab_size, options["b"], options.get("nodes"))
-    return DraftModelDrafter(draft.model, ctx.target.model.vocab_size)
+    vocab = ctx.target.model.vocab_size
+    if distilled.is_checkpoint(spec.arg):
+        model = distilled.load(spec.arg, ctx)
+    else:
+        draft = models.load(spec.arg, ctx.dtype, ctx.device, ctx.backend, ctx.quant)
+        if not compare(ctx.target.tokenizer, draft.tokenizer).compatible:
+            if spec.options:
+                raise UserError(f"draft model {spec.arg} has another tokenizer than the target; token trees (b=, "
+                                "nodes=) need the same one: cross-vocabulary drafting proposes chains")
+            return CrossVocabDrafter(draft.model, draft.tokenizer, ctx.target.tokenizer, vocab, draft.eos_ids,
+                                     ctx.target.tokenizer.eos_token_id)
+        model = draft.model
+    if spec.option("b") is not None:
+        return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"))
+    return DraftModelDrafter(model, vocab)
 
 
-def tree_options(arg: str, what: str) -> tuple[dict[str, int], str]:
-    """`[b=B:[nodes=N:]]REST` -> ({"b": B, "nodes": N}, REST: a model path, hub id or checkpoint)."""
-    segments = arg.split(":")
-    n_options = next(i for i, s in enumerate(segments + [""]) if not _OPTION.fullmatch(s))
-    options = _options(segments[:n_options], {"b", "nodes"}, what)
-    if "nodes" in options and "b" not in options:
-        raise UserError(f"{what} option nodes=N needs b=B (children per expanded node)")
-    return options, ":".join(segments[n_options:])
+# -- medusa, eagle ---------------------------------------------------------------------------------
+
+def _parse_heads(kind: str):
+    def parse_heads(arg: str | None) -> Spec:
+        options, path = tree_options(arg or "", kind)
+        return Spec(kind, options, path or None)
+
+    return parse_heads
 
 
-def draft_options(arg: str) -> tuple[dict[str, int], str]:
-    """`[b=B:[nodes=N:]]<model>` -> ({"b": B, "nodes": N}, model path or hub id)."""
-    options, path = tree_options(arg, "draft")
-    if not path:
-        raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id>")
-    return options, path
+def _build_heads(spec: Spec, ctx: DrafterContext) -> Drafter:
+    module = importlib.import_module(f"specdecode.drafters.{spec.kind}")
+    return module.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"))
 
 
-def _ensemble(arg: str | None, ctx: DrafterContext) -> Drafter:
+# -- ensemble --------------------------------------------------------------------------------------
+
+def _parse_ensemble(arg: str | None) -> Spec:
     """`ensemble:A+B[+...]`, members being drafter specs (a '+' inside a draft model's path is kept
     when the text after it does not start with a drafter name)."""
-    members: list[str] = []
+    pieces: list[str] = []
     for piece in (arg or "").split("+"):
-        in_path = members and members[-1].startswith("draft:") and piece.partition(":")[0] not in FACTORIES
-        if in_path:
-            members[-1] += "+" + piece
+        if pieces and pieces[-1].startswith("draft:") and piece.partition(":")[0] not in KINDS:
+            pieces[-1] += "+" + piece
         else:
-            members.append(piece)
-    if len(members) < 2 or not all(members):
-        raise UserError(f"ensemble needs two or more drafters joined by '+', e.g. ensemble:ngram+draft:<model>; got {arg!r}")
-    for spec in members:
-        if check_spec(spec) in ("ensemble", "none"):
-            raise UserError(f"ensemble members cannot be {spec!r}")
-    return EnsembleDrafter([build(spec, ctx) for spec in members])
+            pieces.append(piece)
+    if len(pieces) < 2 or not all(p.strip() for p in pieces):
+        raise UserError(f"ensemble needs two or more drafters joined by '+', e.g. ensemble:ngram+draft:<model>; "
+                        f"got {arg!r}")
+    members = tuple(parse(p) for p in pieces)
+    for piece, member in zip(pieces, members):
+        if not member.speculates or member.members:
+            raise UserError(f"ensemble members cannot be {piece!r}")
+    return Spec("ensemble", members=members)
 
 
-_OPTION = re.compile(r"[a-z]+=[^:]*")
+def _build_ensemble(spec: Spec, ctx: DrafterContext) -> Drafter:
+    return EnsembleDrafter([build(member, ctx) for member in spec.members])
 
 
-def _heads(kind: str) -> Callable[[str | None, DrafterContext], Drafter]:
-    """`medusa|eagle[:b=B[:nodes=N]][:DIR]`: heads on the target's features; b > 1 proposes trees."""
-
-    def factory(arg: str | None, ctx: DrafterContext) -> Drafter:
-        module = importlib.import_module(f"specdecode.drafters.{kind}")
-        options, path = tree_options(arg or "", kind)
-        return module.load(path or None, ctx.target, options.get("b", 1), options.get("nodes"))
-
-    return factory
-
-
-FACTORIES: dict[str, Callable[[str | None, DrafterContext], Drafter]] = {
-    "none": lambda arg, ctx: NoDrafter(),
-    "ngram": _ngram,
-    "draft": _draft,  # draft (shipped, distilled), draft:CHECKPOINT, draft:[b=B:[nodes=N:]]<HF model>
-    "ensemble": _ensemble,
-    "medusa": _heads("medusa"),  # medusa[:b=B[:nodes=N]][:DIR]: no DIR = the shipped heads for the default target
-    "eagle": _heads("eagle"),  # eagle[:b=B[:nodes=N]][:DIR]: likewise
-}
-
-
-def check_spec(spec: str) -> str:
-    """Validate a drafter spec's name before anything is loaded; returns the name."""
-    name = spec.partition(":")[0]
-    if name not in FACTORIES:
-        raise UserError(f"unknown drafter {spec!r}; known: {', '.join(FACTORIES)}")
-    return name
-
-
-def build(spec: str, ctx: DrafterContext) -> Drafter:
-    name, sep, arg = spec.partition(":")
-    check_spec(spec)
-    return FACTORIES[name](arg if sep else None, ctx)
+register(Kind("none", _parse_none, lambda spec, ctx: NoDrafter(), weightless=True, speculates=False,
+              trees=lambda spec: False, tree_nodes=lambda spec, k: 0))
+register(Kind("ngram", _parse_ngram, _build_ngram, weightless=True, format=_format_ngram))
+register(Kind("draft", _parse_draft, _build_draft, draft_models=lambda spec: (spec.arg,)))
+register(Kind("ensemble", _parse_ensemble, _build_ensemble, weightless=True, trees=lambda spec: True,
+              tree_nodes=lambda spec, k: sum(m.tree_nodes(k) for m in spec.members),
+              format=lambda spec: "ensemble:" + "+".join(map(str, spec.members))))
+register(Kind("medusa", _parse_heads("medusa"), _build_heads, uses_features=True))
+register(Kind("eagle", _parse_heads("eagle"), _build_heads, uses_features=True))
 
 
 __all__ = ["CrossVocabDrafter", "Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
-           "NgramDrafter", "NoDrafter", "Proposal", "build", "check_spec", "draft_options", "tree_options",
-           "FACTORIES"]
+           "KINDS", "Kind", "NgramDrafter", "NoDrafter", "Proposal", "Spec", "build", "canonical", "check_spec", "parse"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from specdecode.drafters.base import Proposal
-from specdecode.drafters.draft_model import DraftModelDrafter
+from specdecode.drafters.draft_lm import DraftLM
 from specdecode.models import CausalLM
 from specdecode.sampling import SamplingParams, sample, warp
 from specdecode.tokenizer_check import token_bytes
@@ -47,7 +47,7 @@ def intersection(draft_tok, target_tok, draft_vocab_size: int, draft_eos: set[in
     return out
 
 
-class CrossVocabDrafter(DraftModelDrafter):
+class CrossVocabDrafter(DraftLM):
     def __init__(self, model: CausalLM, draft_tok, target_tok, target_vocab_size: int,
                  draft_eos: set[int], target_eos: int | None):
         super().__init__(model, target_vocab_size)
@@ -75,7 +75,7 @@ class CrossVocabDrafter(DraftModelDrafter):
 
     def propose(self, context, k, params: SamplingParams, generator):
         ids = self._draft_ids(context)
-        logits = self._sync(ids)
+        logits = self.sync(ids)
         if params.greedy:
             return self._slem(context, ids, logits, k)
         return self._tli(logits, k, params, generator)

@@ -4,15 +4,13 @@ Speculative Decoding via Knowledge Distillation").
 
 The checkpoint holds only what differs from the target: n decoder layers and the final norm. The
 model is rebuilt as a Llama with the target's configuration, n layers, and the target's own
-embedding and (tied) LM head, then drafts through the ordinary DraftModelDrafter. `specdecode train
-draft` also writes a complete Hugging Face model directory (`DIR/hf`) for other tools.
+embedding and (tied) LM head, then drafts like any other draft model (drafters/__init__.py wraps it).
+`specdecode train draft` also writes a complete Hugging Face model directory (`DIR/hf`) for other tools.
 """
 
 from __future__ import annotations
 
 import torch
-
-from specdecode.drafters.draft_model import DraftModelDrafter
 
 
 def is_checkpoint(spec: str | None) -> bool:
@@ -42,7 +40,19 @@ def build_model(target_hf, num_layers: int, tensors: dict[str, torch.Tensor] | N
     return model.eval()
 
 
-def load(spec: str | None, ctx) -> DraftModelDrafter:
+def num_layers(spec: str | None) -> int:
+    """The decoder layers of a distilled checkpoint (None: the shipped one), read from its config."""
+    import json
+    from pathlib import Path
+
+    from specdecode.checkpoint import SHIPPED
+
+    directory = Path(spec).expanduser() if spec else SHIPPED / "draft"
+    return int(json.loads((directory / "config.json").read_text())["num_layers"])
+
+
+def load(spec: str | None, ctx):
+    """The distilled draft model (a CausalLM over the target's embedding) for the target in ctx."""
     from specdecode import checkpoint, models, quant
 
     quant.check(ctx.quant, ctx.dtype, ctx.device)
@@ -50,4 +60,4 @@ def load(spec: str | None, ctx) -> DraftModelDrafter:
     hf = build_model(ctx.target.model.hf, config["num_layers"], tensors)
     if ctx.quant == "int8":
         quant.quantize(hf)
-    return DraftModelDrafter(models.wrap(hf, ctx.backend), ctx.target.model.vocab_size)
+    return models.wrap(hf, ctx.backend)

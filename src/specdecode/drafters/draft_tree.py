@@ -17,14 +17,14 @@ from __future__ import annotations
 import torch
 
 from specdecode.drafters.base import Proposal
-from specdecode.drafters.draft_model import DraftModelDrafter
+from specdecode.drafters.draft_lm import DraftLM
 from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.errors import UserError
 from specdecode.sampling import SamplingParams, warp
 from specdecode.tree import Tree
 
 
-class DraftTreeDrafter(DraftModelDrafter):
+class DraftTreeDrafter(DraftLM):
     name = "draft-tree"
 
     def __init__(self, model, target_vocab_size: int, branches: int, nodes: int | None = None):
@@ -36,8 +36,8 @@ class DraftTreeDrafter(DraftModelDrafter):
         self.branches, self.nodes = branches, nodes
 
     def propose(self, context, k, params: SamplingParams, generator):
-        root = self._align(self._sync(context))  # [V]
-        grow = _Growth(self.model, self._align, len(context), params)
+        root = self.align(self.sync(context))  # [V]
+        grow = _Growth(self.model, self.align, len(context), params)
         try:
             if self.nodes is None:
                 return grow.static(root, k, self.branches, generator)

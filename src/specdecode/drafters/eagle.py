@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.drafters.base import Proposal
+from specdecode.drafters.draft_vocab import draft_lm_head, scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
-from specdecode.drafters.medusa import draft_lm_head, scatter_probs
 from specdecode.fast_llama import pack_linears
 from specdecode.sampling import SamplingParams, sample, warp
 from specdecode.tree import Tree

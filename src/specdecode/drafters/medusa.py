@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.drafters.base import Proposal
+from specdecode.drafters.draft_vocab import draft_lm_head, scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
-from specdecode.fast_llama import Linear
 from specdecode.sampling import SamplingParams, sample, warp
 from specdecode.tree import Tree
 
@@ -45,17 +45,6 @@ class MedusaHeads(nn.Module):
         w, b = self.weight[:heads], self.bias[:heads]
         z = h[:, None] + F.silu(torch.einsum("nh,kgh->nkg", h, w) + b)  # [N, K, H]
         return project(z)
-
-
-def draft_lm_head(target, token_map: torch.Tensor) -> Linear:
-    """The target's LM-head rows of the draft vocabulary [Vd, H], prepacked: [..., H] -> [..., Vd].
-    As a 1-row product it dominates a head's draft step."""
-    return Linear(target.hf.get_output_embeddings().weight.detach()[token_map].float())
-
-
-def scatter_probs(q_draft: torch.Tensor, token_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[k, Vd] probabilities over the draft vocabulary -> [k, V] over the target's."""
-    return q_draft.new_zeros(q_draft.shape[0], vocab_size).index_copy_(1, token_map, q_draft)
 
 
 class MedusaDrafter:

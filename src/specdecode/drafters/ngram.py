@@ -47,10 +47,13 @@ def lookup_all(context: np.ndarray, k: int, max_n: int, min_n: int, limit: int) 
     return found
 
 
+MIN_N, MAX_N = 2, 4  # the n-gram lengths tried when the spec names none
+
+
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, min_n: int = 2, branches: int = 1):
+    def __init__(self, max_n: int = MAX_N, min_n: int = MIN_N, branches: int = 1):
         if not 1 <= min_n <= max_n:
             raise UserError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n} max_n={max_n}")
         if branches < 1:

@@ -73,7 +73,7 @@ def _target_config(target: str | None, tp: int, notes: list[str]):
 
 def _config(args):
     from specdecode.config import Route, SpecConfig, load_config
-    from specdecode.drafters import check_spec
+    from specdecode.drafters import parse
     from specdecode.generation import check_k
 
     if args.config and (args.drafter or args.k is not None):
@@ -81,7 +81,7 @@ def _config(args):
     if args.config:
         return load_config(args.config)
     drafter, k = args.drafter or "ngram", 4 if args.k is None else args.k
-    check_spec(drafter)
+    parse(drafter)
     check_k(k)
     return SpecConfig(default=Route(drafter, k, adaptive=False))
 

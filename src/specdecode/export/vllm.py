@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdecode.config import Route, SpecConfig
+from specdecode.drafters.spec import Spec, parse
 from specdecode.errors import UserError
 from specdecode.export import vllm_checkpoints as ckpt
 
@@ -61,20 +62,17 @@ class RouteExport:
     notes: list[str] = field(default_factory=list)
 
 
-def _none(arg, k, ctx) -> RouteExport:
+def _none(spec, k, ctx) -> RouteExport:
     return RouteExport(None, ["plain decoding: vllm serve without --speculative-config"])
 
 
-def _ngram(arg, k, ctx) -> RouteExport:
-    from specdecode.drafters import build
-
-    drafter = build(f"ngram:{arg}" if arg else "ngram", None)  # parses MIN-MAX and b=; needs no target
+def _ngram(spec, k, ctx) -> RouteExport:
     notes = []
-    if drafter.branches > 1:
-        notes.append(f"ngram b={drafter.branches} proposes token trees; vLLM's ngram proposer drafts one chain, "
+    if spec.trees:
+        notes.append(f"ngram b={spec.option('b')} proposes token trees; vLLM's ngram proposer drafts one chain, "
                      "so the export drafts the longest, most recent match only (b=1)")
     cfg = {"method": "ngram", "num_speculative_tokens": k,
-           "prompt_lookup_min": drafter.min_n, "prompt_lookup_max": drafter.max_n}
+           "prompt_lookup_min": spec.option("min_n"), "prompt_lookup_max": spec.option("max_n")}
     return RouteExport(cfg, notes)
 
 
@@ -82,21 +80,17 @@ _DRAFT_MODEL_NOTE = ("method draft_model needs a vLLM whose V1 engine has the dr
                      "#24322); v0.11.0 rejects it with NotImplementedError")
 
 
-def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k: str | None = None,
-             trees: bool = False) -> Callable:
+def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k: str | None = None) -> Callable:
     """Exporter of our trained checkpoints: convert(tensors, config, loaded target) -> (tensors, config.json).
     max_k: the exported config.json key that bounds num_speculative_tokens (medusa: num_heads, since vLLM
-    builds num_speculative_tokens heads and can load only the trained ones). trees: the spec may start
-    with tree options (b=, nodes=)."""
+    builds num_speculative_tokens heads and can load only the trained ones)."""
 
-    def export(arg, k, ctx) -> RouteExport:
+    def export(spec, k, ctx) -> RouteExport:
         from specdecode import checkpoint
-        from specdecode.drafters import tree_options
 
-        options, arg = tree_options(arg or "", kind) if trees else ({}, arg)
-        arg = arg or None
-        tree_notes = [f"{kind} options {options} make token trees; the export drafts one chain (vLLM's "
-                      "default proposer for this method)"] if options else []
+        arg = spec.arg
+        tree_notes = [f"{kind} options {dict(spec.options)} make token trees; the export drafts one chain (vLLM's "
+                      "default proposer for this method)"] if spec.options else []
 
         def write(path: Path) -> None:
             tensors, config = checkpoint.load(arg, kind, ctx.target)
@@ -125,22 +119,20 @@ def _embedding(loaded):
     return loaded.model.hf.get_input_embeddings().weight
 
 
-_medusa = _trained("medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads",
-                   trees=True)
-_eagle = _trained("eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded)),
-                  trees=True)
+_medusa = _trained("medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads")
+_eagle = _trained("eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded)))
 _distilled = _trained("draft", "draft_model", lambda t, c, loaded: ckpt.draft(t, c, _embedding(loaded), _hf_config(loaded)),
                       notes=(_DRAFT_MODEL_NOTE,))
 
 
-def _draft(arg, k, ctx) -> RouteExport:
+def _draft(spec, k, ctx) -> RouteExport:
     from specdecode import models
-    from specdecode.drafters import distilled, draft_options
+    from specdecode.drafters import distilled
 
-    if distilled.is_checkpoint(arg):  # the shipped distilled draft, or a `specdecode train draft` checkpoint
-        return _distilled(arg, k, ctx)
-    options, model = draft_options(arg)
-    where = models.local_path(model)  # a .gguf draft becomes a model directory (dequantized once)
+    if distilled.is_checkpoint(spec.arg):  # the shipped distilled draft, or a `specdecode train draft` checkpoint
+        return _distilled(spec, k, ctx)
+    options = dict(spec.options)
+    where = models.local_path(spec.arg)  # a .gguf draft becomes a model directory (dequantized once)
     model = str(where.resolve()) if isinstance(where, Path) else where
     notes = [_DRAFT_MODEL_NOTE]
     if options:
@@ -148,20 +140,21 @@ def _draft(arg, k, ctx) -> RouteExport:
     return RouteExport({"method": "draft_model", "model": model, "num_speculative_tokens": k}, notes)
 
 
-def _ensemble(arg, k, ctx) -> RouteExport:
-    raise UserError(f"ensemble:{arg} has no vLLM equivalent (one proposer per server); export one of its members")
+def _ensemble(spec, k, ctx) -> RouteExport:
+    raise UserError(f"{spec} has no vLLM equivalent (one proposer per server); export one of its members")
 
 
-EXPORTERS: dict[str, Callable[[str | None, int, Context], RouteExport]] = {
+# one exporter per drafter kind (tests check that every registered kind has one)
+EXPORTERS: dict[str, Callable[[Spec, int, Context], RouteExport]] = {
     "none": _none, "ngram": _ngram, "draft": _draft, "medusa": _medusa, "eagle": _eagle, "ensemble": _ensemble,
 }
 
 
 def export_route(route: Route, ctx: Context, where: str) -> RouteExport:
-    name, sep, arg = route.drafter.partition(":")
-    if name not in EXPORTERS:
+    spec = parse(route.drafter)
+    if spec.kind not in EXPORTERS:
         raise UserError(f"{where}: no vLLM export for drafter {route.drafter!r}")
-    result = EXPORTERS[name](arg if sep else None, route.k, ctx)
+    result = EXPORTERS[spec.kind](spec, route.k, ctx)
     if route.adaptive and result.speculative_config:
         result.notes.append(f"adaptive k (0..{route.k} per step from live α and measured costs) has no vLLM "
                             f"equivalent: fixed num_speculative_tokens={result.speculative_config['num_speculative_tokens']}")

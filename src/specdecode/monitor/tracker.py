@@ -8,9 +8,8 @@ SpecDecodingLogging and our metrics.py:
     τ (mean acceptance length)   = 1 + accepted tokens / drafts      (the bonus token included)
     acceptance at position i     = accepted_per_pos[i] / drafts      (0-based i)
 
-A draft is one verify step that carried draft tokens. vLLM always drafts k tokens, so the
-per-position rate equals metrics.py's accepted_i / drafted_i; our server's drafts may be shorter
-(n-gram lookup), and then it is the share of all drafts whose position i was accepted.
+A draft is one verify step that carried draft tokens; the formulas are specdecode.metrics', the
+ones the CLI, bench and server report.
 
 Windows: each scrape contributes the counters' increase since the previous scrape, per series
 (one label set); a series that went down was reset (the server restarted), so its new value is the
@@ -25,6 +24,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
+from specdecode import metrics
 from specdecode.taskstate import DRIFT_DROP, drifted
 
 PREFIXES = ("vllm:", "specdecode:")  # vLLM's and ours; the first one present is read
@@ -60,16 +60,16 @@ class Counts:
 
     @property
     def alpha(self) -> float | None:
-        return self.accepted / self.draft_tokens if self.draft_tokens else None
+        return metrics.acceptance_rate(self.accepted, self.draft_tokens)
 
     @property
     def tau(self) -> float | None:
-        return 1 + self.accepted / self.drafts if self.drafts else None
+        return metrics.mean_acceptance_length(self.accepted, self.drafts)
 
     @property
     def by_position(self) -> list[float]:
         size = max(self.per_pos, default=-1) + 1
-        return [self.per_pos.get(i, 0.0) / self.drafts if self.drafts else 0.0 for i in range(size)]
+        return metrics.acceptance_by_position([self.per_pos.get(i, 0.0) for i in range(size)], self.drafts)
 
     def to_json(self) -> dict:
         r = lambda x: None if x is None else round(x, 4)  # noqa: E731

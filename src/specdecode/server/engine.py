@@ -27,9 +27,10 @@ from itertools import count
 import torch
 
 from specdecode.batch_model import BatchLM, Row
-from specdecode.control import AdaptiveK, CostModel, FixedK, KPolicy
+from specdecode.control import CostModel, FixedK, KPolicy, adaptive_k
 from specdecode.decoder import Step
 from specdecode.drafters.base import Drafter
+from specdecode.drafters.spec import parse
 from specdecode.generation import _StopScanner
 from specdecode.metrics import Stats
 from specdecode.sampling import SamplingParams, warp
@@ -193,13 +194,13 @@ class Engine:
     # -- engine thread --------------------------------------------------------------------------
 
     def _policy(self, request: Request) -> KPolicy:
-        if not request.adaptive or request.drafter == "none":
-            return FixedK(0 if request.drafter == "none" else request.k)
+        spec = parse(request.drafter)
+        if not request.adaptive or not spec.speculates:
+            return FixedK(spec.k(request.k))
         cost = self.costs.cost(1, self.draft_s_per_token.get(request.drafter, 0.0), request.k) if self.costs \
             else CostModel(0.0, {})
         known = self.spec_stats.get(request.drafter)
-        prior = known.conditional_acceptance if known and known.drafted >= 32 else [0.5]
-        return AdaptiveK(cost, request.k, prior=prior)
+        return adaptive_k(cost, request.k, known.conditional_acceptance if known and known.drafted >= 32 else None)
 
     def _gauges(self) -> None:
         self.metrics.set_queue(len(self.running), len(self.waiting))

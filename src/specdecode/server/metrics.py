@@ -5,8 +5,9 @@ Speculation counters mean what vLLM's `vllm:spec_decode_*` counters mean, under 
 - num_drafts: verify steps that carried at least one draft token;
 - num_draft_tokens: draft tokens proposed; num_accepted_tokens: draft tokens kept;
 - num_accepted_tokens_per_pos{position=i}: steps whose draft at position i (0-based) was kept.
-So α = accepted / draft_tokens and τ (mean acceptance length, bonus included) = 1 + accepted / drafts.
-/stats is computed from these same counters, so the two views cannot disagree.
+So α = accepted / draft_tokens and τ (mean acceptance length, bonus included) = 1 + accepted / drafts,
+computed by specdecode.metrics (the one definition the CLI and bench use too). /stats is computed from
+these same counters, so the two views cannot disagree.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specdecode import metrics
 
 PREFIX = "specdecode:"
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -122,9 +125,10 @@ class _Tally:
         v = self.values
         drafts, drafted, accepted = v["num_drafts"], v["num_draft_tokens"], v["num_accepted_tokens"]
         size = max(self.per_pos, default=-1) + 1
+        alpha, tau = metrics.acceptance_rate(accepted, drafted), metrics.mean_acceptance_length(accepted, drafts)
         return {
             **v,
-            "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
-            "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
+            "acceptance_rate": None if alpha is None else round(alpha, 4),
+            "mean_acceptance_length": None if tau is None else round(tau, 4),
             "num_accepted_tokens_per_pos": [self.per_pos.get(i, 0) for i in range(size)],
         }

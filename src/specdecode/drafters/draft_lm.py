@@ -1,0 +1,43 @@
+"""A draft language model's KV cache kept in step with the committed context: the part every drafter
+built on a separate draft model shares (draft_model.py chains, draft_tree.py trees, cross_vocab.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.models import CausalLM
+
+
+class DraftLM:
+    """Holds `model` (a CausalLM with its own cache) and `cached`, the tokens its cache holds."""
+
+    def __init__(self, model: CausalLM, target_vocab_size: int):
+        self.model = model
+        self.vocab_size = target_vocab_size
+        self.cached: list[int] = []  # tokens whose keys/values sit in the draft model's cache
+
+    def begin(self, prompt):
+        self.model.reset()
+        self.cached = []
+
+    def sync(self, context: list[int]) -> torch.Tensor:
+        """Roll the cache back to the longest prefix it shares with context, feed the rest.
+        Returns the logits [V_draft] for the token after context."""
+        n = min(len(self.cached), len(context) - 1)
+        if self.cached[:n] != context[:n]:
+            n = next(i for i, (a, b) in enumerate(zip(self.cached, context)) if a != b)
+        self.model.truncate(n)
+        logits = self.model.extend(torch.tensor(context[n:], dtype=torch.long), num_logits=1)[-1]
+        self.cached = list(context)
+        return logits
+
+    def align(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., V_draft] -> [..., V_target] (padded vocabularies differ in size, not in ids)."""
+        if logits.shape[-1] >= self.vocab_size:
+            return logits[..., : self.vocab_size]
+        pad = logits.new_full((*logits.shape[:-1], self.vocab_size - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    def observe(self, drafted, accepted):
+        pass

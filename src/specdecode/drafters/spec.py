@@ -1,0 +1,158 @@
+"""Drafter specs, parsed once.
+
+A spec string names a drafter kind and its argument: `none`, `ngram:2-4:b=3`,
+`draft:b=4:nodes=24:/path/to/model`, `ensemble:ngram+draft:<model>` (drafters/__init__.py lists
+the forms). `parse` turns it into a `Spec`: the kind, its options (`key=value` integers) in the
+kind's canonical order, its argument (a model path, a checkpoint directory) and, for an ensemble,
+the member specs. `str(spec)` is the canonical form: `ngram:02-4`, `ngram: 2-4` and `ngram` all
+read as `ngram:2-4`, so equal drafters have equal strings (metric labels, caches, config keys).
+
+Each kind registers one `Kind`: how to parse and build it, and the facts other modules ask about
+it (weightless, proposes trees, drafts from the target's features, which draft models it loads).
+Code outside the registry asks the spec (`spec.weightless`, `spec.k(4)`) and never compares a
+drafter's name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specdecode.errors import UserError
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str
+    options: tuple[tuple[str, int], ...] = ()  # key=value options, in the kind's canonical order
+    arg: str | None = None  # a model path / hub id / checkpoint directory; None: the shipped one, or none
+    members: tuple["Spec", ...] = ()  # ensemble members
+
+    def __str__(self) -> str:
+        return KINDS[self.kind].format(self)
+
+    def option(self, key: str, default: int | None = None) -> int | None:
+        return dict(self.options).get(key, default)
+
+    @property
+    def info(self) -> "Kind":
+        return KINDS[self.kind]
+
+    @property
+    def speculates(self) -> bool:
+        """False for a kind that never proposes anything (`none`): plain decoding."""
+        return self.info.speculates
+
+    def k(self, requested: int) -> int:
+        """Draft tokens per step to run this spec with: `none` runs with k = 0, whatever was asked."""
+        return requested if self.speculates else 0
+
+    @property
+    def weightless(self) -> bool:
+        """Builds without loading any weights (cheap enough to build per request)."""
+        return self.info.weightless and all(m.weightless for m in self.members)
+
+    @property
+    def uses_features(self) -> bool:
+        """Drafts from the target's hidden states (Medusa, EAGLE heads)."""
+        return self.info.uses_features or any(m.uses_features for m in self.members)
+
+    @property
+    def trees(self) -> bool:
+        """Proposes token trees (b > 1, dynamic trees, ensembles), not only chains."""
+        return self.info.trees(self)
+
+    def tree_nodes(self, k: int) -> int:
+        """The most draft tokens one step may verify at depth k (k for a chain)."""
+        return self.info.tree_nodes(self, k)
+
+    @property
+    def draft_models(self) -> tuple[str | None, ...]:
+        """The separate draft models this spec loads (None: the shipped distilled draft)."""
+        return self.info.draft_models(self) + tuple(m for s in self.members for m in s.draft_models)
+
+
+def _tree_option(spec: Spec) -> bool:
+    return spec.option("b", 1) > 1 or spec.option("nodes") is not None
+
+
+def _tree_nodes(spec: Spec, k: int) -> int:
+    return spec.option("nodes") or spec.option("b", 1) * k
+
+
+def options_then_arg(spec: Spec) -> str:
+    """`kind[:key=value...][:arg]`: the form of kinds whose argument is a path (it may hold ':')."""
+    parts = [spec.kind, *(f"{key}={value}" for key, value in spec.options)]
+    return ":".join(parts + ([spec.arg] if spec.arg is not None else []))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One drafter kind: its parser and builder, and the facts the rest of the code may ask."""
+
+    name: str
+    parse: Callable[[str | None], Spec]  # the text after `name:` (None: no ':') -> Spec
+    build: Callable  # (Spec, DrafterContext) -> Drafter
+    weightless: bool = False
+    speculates: bool = True
+    uses_features: bool = False
+    trees: Callable[[Spec], bool] = _tree_option
+    tree_nodes: Callable[[Spec, int], int] = _tree_nodes
+    draft_models: Callable[[Spec], tuple[str | None, ...]] = field(default=lambda spec: ())
+    format: Callable[[Spec], str] = options_then_arg
+
+
+KINDS: dict[str, Kind] = {}
+
+
+def register(kind: Kind) -> Kind:
+    KINDS[kind.name] = kind
+    return kind
+
+
+def parse(text: str | Spec) -> Spec:
+    """A spec string -> Spec (a Spec passes through); a clear UserError names what is wrong."""
+    if isinstance(text, Spec):
+        return text
+    name, sep, arg = text.strip().partition(":")
+    name = name.strip()
+    if name not in KINDS:
+        raise UserError(f"unknown drafter {text!r}; known: {', '.join(KINDS)}")
+    return KINDS[name].parse(arg.strip() if sep else None)
+
+
+def canonical(text: str) -> str:
+    """The canonical string of a spec: `ngram:02-4` and `ngram: 2-4` -> `ngram:2-4`."""
+    return str(parse(text))
+
+
+# -- helpers for the kinds' parsers --------------------------------------------------------------
+
+OPTION = re.compile(r"\s*[a-z_]+\s*=[^:]*")
+
+
+def int_options(segments: list[str], known: tuple[str, ...], what: str) -> tuple[tuple[str, int], ...]:
+    """`key=value` segments -> ((key, positive int), ...) in the order of `known`."""
+    options: dict[str, int] = {}
+    for segment in segments:
+        key, _, value = (s.strip() for s in segment.partition("="))
+        if key not in known:
+            raise UserError(f"unknown {what} option {key!r}; known: {', '.join(sorted(known))}")
+        try:
+            options[key] = int(value)
+        except ValueError:
+            raise UserError(f"{what} option {key} needs an integer, got {value!r}") from None
+        if options[key] < 1:
+            raise UserError(f"{what} option {key} must be >= 1, got {options[key]}")
+    return tuple((key, options[key]) for key in known if key in options)
+
+
+def tree_options(arg: str, what: str) -> tuple[tuple[tuple[str, int], ...], str]:
+    """`[b=B:[nodes=N:]]REST` -> ((("b", B), ("nodes", N)), REST: a model path, hub id or checkpoint)."""
+    segments = arg.split(":")
+    n_options = next(i for i, s in enumerate(segments + [""]) if not OPTION.fullmatch(s))
+    options = int_options(segments[:n_options], ("b", "nodes"), what)
+    if "nodes" in dict(options) and "b" not in dict(options):
+        raise UserError(f"{what} option nodes=N needs b=B (children per expanded node)")
+    return options, ":".join(segments[n_options:]).strip()

@@ -1,0 +1,114 @@
+"""Drafter specs parsed once: canonical strings, the facts other modules ask, and the one place
+where `none` means k = 0."""
+
+import pytest
+
+from specdecode import drafters
+from specdecode.config import Route, SpecConfig
+from specdecode.drafters import KINDS, canonical, parse
+from specdecode.errors import UserError
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("none", "none"),
+    (" none ", "none"),
+    ("ngram", "ngram:2-4"),
+    ("ngram:02-4", "ngram:2-4"),
+    ("ngram: 2-4", "ngram:2-4"),
+    ("ngram:2-4:b=1", "ngram:2-4"),
+    ("ngram:3-3", "ngram:3"),
+    ("ngram:b=03:1-2", "ngram:1-2:b=3"),
+    ("draft", "draft"),
+    ("draft:/m", "draft:/m"),
+    ("draft:nodes=8:b=2:/path:with:colons", "draft:b=2:nodes=8:/path:with:colons"),
+    ("draft: b=2 :/m", "draft:b=2:/m"),
+    ("medusa", "medusa"),
+    ("eagle:b=2:nodes=6", "eagle:b=2:nodes=6"),
+    ("ensemble:ngram+draft:/a+b", "ensemble:ngram:2-4+draft:/a+b"),
+])
+def test_canonical_strings_round_trip(text, expected):
+    assert canonical(text) == expected
+    spec = parse(text)
+    assert parse(str(spec)) == spec and str(spec) == expected
+    assert hash(parse(expected)) == hash(spec)
+
+
+def test_equal_drafters_compare_equal_whatever_the_spelling():
+    assert parse("ngram") == parse("ngram:2-4") == parse("ngram:02-04:b=1")
+    assert parse("ngram:2-5") != parse("ngram:2-4")
+    assert parse("draft:b=2:/m") != parse("draft:/m")
+
+
+@pytest.mark.parametrize("text,weightless,trees,features,models,nodes", [
+    ("none", True, False, False, (), 0),
+    ("ngram", True, False, False, (), 4),
+    ("ngram:b=3", True, True, False, (), 12),
+    ("draft", False, False, False, (None,), 4),
+    ("draft:/m", False, False, False, ("/m",), 4),
+    ("draft:b=2:/m", False, True, False, ("/m",), 8),
+    ("draft:b=2:nodes=10:/m", False, True, False, ("/m",), 10),
+    ("medusa", False, False, True, (), 4),
+    ("eagle:b=2:/d", False, True, True, (), 8),
+    ("ensemble:ngram+draft:/m", False, True, False, ("/m",), 8),
+    ("ensemble:ngram+ngram:1-2", True, True, False, (), 8),
+    ("ensemble:ngram+eagle", False, True, True, (), 8),
+])
+def test_facts(text, weightless, trees, features, models, nodes):
+    spec = parse(text)
+    assert (spec.weightless, spec.trees, spec.uses_features, spec.draft_models) == (weightless, trees, features, models)
+    assert spec.tree_nodes(4) == nodes
+
+
+def test_none_means_k_zero_and_nothing_else_does():
+    assert parse("none").k(4) == 0 and not parse("none").speculates
+    for text in ("ngram", "draft:/m", "medusa", "ensemble:ngram+ngram:1-2"):
+        assert parse(text).k(4) == 4 and parse(text).speculates
+
+
+@pytest.mark.parametrize("text,message", [
+    ("none:3", "none takes no argument"),
+    ("ngram:0-2", "1 <= min_n"),
+    ("ngram:4-2", "min_n"),
+    ("ngram:1-2-3", "ngram argument"),
+    ("draft:b=2", "needs a model"),
+    ("medusa:nodes=4", "needs b=B"),
+    ("ensemble:ngram+none", "cannot be 'none'"),
+    ("oracle", "unknown drafter 'oracle'; known: none, ngram, draft, ensemble, medusa, eagle"),
+])
+def test_bad_specs_are_refused_by_the_parser(text, message):
+    with pytest.raises(UserError, match=message):
+        parse(text)
+
+
+def test_every_kind_has_a_vllm_exporter():
+    """A new drafter kind must decide how (or that it cannot) be exported to vLLM."""
+    from specdecode.export.vllm import EXPORTERS
+
+    assert set(EXPORTERS) == set(KINDS)
+
+
+def test_server_asks_the_spec_what_it_can_serve():
+    from specdecode.server.drafting import _on_demand, check_servable
+
+    assert _on_demand() == ["none", "ngram"]
+    assert check_servable("ngram:02-4") == parse("ngram:2-4")
+    for text, why in [("ngram:b=2", "token trees"), ("draft:b=2:/m", "token trees"), ("medusa", "hidden states"),
+                      ("ensemble:ngram+ngram:1-2", "token trees")]:
+        with pytest.raises(UserError, match=why):
+            check_servable(text)
+
+
+def test_router_and_server_agree_that_none_runs_with_k_zero(target):
+    """router.py ran `none` with k = 1 and the server with k = 0; both now ask the spec."""
+    from specdecode.router import Router
+
+    router = Router(target, SpecConfig(default=Route("none", 4, False)), drafters.DrafterContext(target))
+    assert router.policy("code", Route("none", 4, True), None).next_k() == 0
+    assert router.policy("code", Route("ngram", 4, False), None).next_k() == 4
+
+
+def test_router_builds_one_drafter_per_canonical_spec(target):
+    from specdecode.router import Router
+
+    router = Router(target, SpecConfig(default=Route("ngram", 4, False)), drafters.DrafterContext(target))
+    assert router.drafter("ngram") is router.drafter("ngram:02-4")
