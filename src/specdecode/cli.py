@@ -193,12 +193,13 @@ def _router(args, target):
 
 def cmd_generate(args) -> None:
     from specdecode import drafters, models
+    from specdecode.control import FixedK
     from specdecode.corpora import Prompt, read_jsonl
     from specdecode.generation import check_k, generate
 
     check_k(args.k)
     params = _sampling(args)
-    drafters.parse(args.drafter)
+    spec = drafters.parse(args.drafter)
     _check_quant(args, [args.drafter])
     if args.config:
         from specdecode.config import load_config
@@ -218,14 +219,14 @@ def cmd_generate(args) -> None:
     target = models.load(args.target, args.dtype, args.device, args.backend, args.target_quant)
     router = _router(args, target)
     ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend, args.drafter_quant)
-    drafter = None if router else drafters.build(args.drafter, ctx)
+    drafter = None if router else drafters.build(spec, ctx)
     for p in prompts:
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
         common = dict(params=params, max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, on_text=stream)
         if router:
             result = router.run(p.prompt, task=args.task or p.task, chat=args.chat, **common)
         else:
-            result = generate(target, drafter, p.prompt, k=args.k, chat=args.chat, **common)
+            result = generate(target, drafter, p.prompt, k=FixedK(spec.k(args.k)), chat=args.chat, **common)
         result.id, result.category = p.id, p.category
         if args.json:
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
