@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from specdecode.lm import Output
 from specdecode.sampling import SamplingParams, warp
 
 
@@ -41,6 +42,12 @@ class TableModel:
         if num_logits:
             tokens = tokens[-num_logits:]
         return self.table.index_select(0, tokens)
+
+    def forward(self, tokens, *, num_logits=0, layers=(), positions=None, tree_mask=None) -> Output:
+        assert not layers, "a table has no hidden states"
+        if tree_mask is not None:
+            return Output(self.extend_tree(tokens, positions, tree_mask))
+        return Output(self.extend(tokens, num_logits))
 
     def truncate(self, length: int) -> None:
         assert 0 <= length <= len(self.tokens), (length, len(self.tokens))

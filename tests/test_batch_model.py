@@ -27,14 +27,14 @@ def test_ragged_rows_match_single_sequence_logits(fast):
     # ragged prefill in slots 4, 1, 2, 0 (not contiguous, not in order); row 3 is a single token
     cuts = [20, 3, 290, 1]
     slots = [4, 1, 2, 0]
-    out = bm.forward([Row(slot, s[:c]) for slot, s, c in zip(slots, seqs, cuts)])
+    out = [o.logits for o in bm.forward([Row(slot, s[:c]) for slot, s, c in zip(slots, seqs, cuts)])]
     for o, ref, c in zip(out, refs, cuts):
         assert o.shape == (c, 384)
         assert torch.allclose(o, ref[:c], atol=1e-4, rtol=1e-4)
     # verify-like ragged steps with rollback in between: 1..k+1 tokens per row, last rows only
     bm.truncate(4, 15)  # reject drafts: slot 4 back to 15 tokens
     rows = [Row(4, seqs[0][15:30]), Row(2, seqs[2][290:300], num_logits=3), Row(0, seqs[3][1:12])]
-    out = bm.forward(rows)
+    out = [o.logits for o in bm.forward(rows)]
     assert torch.allclose(out[0], refs[0][15:30], atol=1e-4, rtol=1e-4)
     assert out[1].shape == (3, 384) and torch.allclose(out[1], refs[2][297:300], atol=1e-4, rtol=1e-4)
     assert torch.allclose(out[2], refs[3][1:12], atol=1e-4, rtol=1e-4)
@@ -47,7 +47,7 @@ def test_contiguous_slots_match_too(fast):
     seqs = [torch.randint(0, 384, (n,), generator=g) for n in (9, 14, 5)]
     refs = [_single(fast, s) for s in seqs]
     bm = BatchedLlama(fast, slots=3)
-    out = bm.forward([Row(i, s) for i, s in enumerate(seqs)])
+    out = [o.logits for o in bm.forward([Row(i, s) for i, s in enumerate(seqs)])]
     for o, ref in zip(out, refs):
         assert torch.allclose(o, ref, atol=1e-4, rtol=1e-4)
 
@@ -63,7 +63,7 @@ def test_hf_fallback_runs_rows_per_slot(target_hf, target):
     lm = batched(target_hf.model, 2)
     assert isinstance(lm, PerSlotLM)
     a, b = torch.arange(5, 25), torch.arange(40, 47)
-    out = lm.forward([Row(0, a), Row(1, b, num_logits=1)])
+    out = [o.logits for o in lm.forward([Row(0, a), Row(1, b, num_logits=1)])]
     ref = models.HFModel(target_hf.model.hf)
     assert torch.allclose(out[0], ref.extend(a), atol=1e-5)
     ref.reset()

@@ -1,6 +1,7 @@
 """The decoder loop: greedy speculative output is token-identical to plain greedy decoding for every
 drafter and k; bookkeeping (stats, EOS, max_new_tokens, KV-cache invariant); and, through the real loop
-on table models, sampled output is distributed exactly as the target's distribution."""
+on table models, sampled output is distributed exactly as the target's distribution: through the
+single-sequence loop and through the batched core (the server's step), which share step.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 import torch
 
 from helpers import DELTA, TableModel, joint_two, tv, tv_bound
-from specdecode import decoder as decoder_module
+from specdecode import step as step_module
+from specdecode.batch_decoder import BatchDecoder, Sequence, per_sequence
+from specdecode.batch_model import PerSlotLM
+from specdecode.control import FixedK
 from specdecode.decoder import decode
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specdecode.errors import UserError
@@ -351,6 +355,37 @@ def first_two_counts(target, drafter, prompt, params, n, seed=0):
     return torch.tensor(counts).view(vocab, vocab), drafted, accepted, first_accepted
 
 
+def first_two_counts_batched(target, drafter, prompt, params, n, seed=0, slots=8):
+    """first_two_counts through the batched core: n sequences, `slots` decoding side by side (each
+    with its own generator and drafter copy, as server requests), joining as others finish."""
+    vocab = target.vocab_size
+    counts = [0] * (vocab * vocab)
+    core = BatchDecoder(PerSlotLM([TableModel(target.table) for _ in range(slots)]))
+    running: dict[Sequence, list[int]] = {}
+    drafted = accepted = first_accepted = started = 0
+    while started < n or running:
+        fresh = [Sequence(prompt, per_sequence(drafter), FixedK(2), params,
+                          torch.Generator().manual_seed(seed * n + started + i), 3)
+                 for i in range(min(len(core.free), n - started))]
+        started += len(fresh)
+        core.start(fresh)
+        running.update((seq, []) for seq in fresh)
+        for seq, step in zip(list(running), core.step(list(running))):
+            if not running[seq]:
+                first_accepted += step.accepted > 0
+            running[seq] += step.tokens
+            drafted += step.drafted
+            accepted += step.accepted
+            if len(running[seq]) >= 2:  # the first two tokens are fixed: skip the rest of the run
+                out = running.pop(seq)
+                counts[out[0] * vocab + out[1]] += 1
+                core.release(seq)
+    return torch.tensor(counts).view(vocab, vocab), drafted, accepted, first_accepted
+
+
+RUNNERS = {"decode": first_two_counts, "batched": first_two_counts_batched}
+
+
 # Each setting costs ~20 s on a small CPU (the loop's per-step overhead), so the four features are
 # covered by two settings: T 0.7 with top-k 3 through the draft-model drafter (q with probabilities),
 # T 1.0 with top-p 0.9 through the n-gram drafter (one-hot q).
@@ -360,8 +395,9 @@ SETTINGS = [
 ]
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("drafter_name,params", SETTINGS, ids=[f"{d}-{p}" for d, p in SETTINGS])
-def test_sampled_tokens_follow_the_target_distribution(tables, drafter_name, params):
+def test_sampled_tokens_follow_the_target_distribution(tables, drafter_name, params, runner):
     target, draft_model = tables
     p = warp(target.table[2], params)  # the target's distribution for the first new token
     if drafter_name == "draft":
@@ -373,7 +409,7 @@ def test_sampled_tokens_follow_the_target_distribution(tables, drafter_name, par
         first_acceptance = float(p[prompt[2]])  # one-hot q: P(accept d) = p(d)
     assert prompt[-1] == 2
     exact = joint_two(target.table, 2, params)
-    counts, drafted, accepted, first_accepted = first_two_counts(target, drafter, prompt, params, N)
+    counts, drafted, accepted, first_accepted = RUNNERS[runner](target, drafter, prompt, params, N)
     assert drafted >= 2 * N and 0.05 * drafted < accepted < 0.95 * drafted  # both paths exercised
     # The acceptance rate of the first draft token is known exactly (Leviathan et al. 2023, §3.3);
     # Hoeffding: P(|mean - α| >= t) <= 2 exp(-2 N t²) = delta -> t = sqrt(ln(2 / delta) / (2N)) = 0.019.
@@ -387,7 +423,8 @@ def test_sampled_tokens_follow_the_target_distribution(tables, drafter_name, par
     assert tv(counts, exact) < tv_bound(support, N)
 
 
-def test_distribution_check_catches_a_wrong_residual(tables, monkeypatch):
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_distribution_check_catches_a_wrong_residual(tables, monkeypatch, runner):
     """Negative control through the same loop: recovered tokens drawn from p instead of
     norm(max(0, p - q)) must fail the check (with 3k runs and the correspondingly wider bound)."""
 
@@ -400,11 +437,11 @@ def test_distribution_check_catches_a_wrong_residual(tables, monkeypatch):
                 return Verdict(i, int(torch.multinomial(p[i], 1, generator=generator)))
         return Verdict(k, int(torch.multinomial(p[k], 1, generator=generator)))
 
-    monkeypatch.setattr(decoder_module, "verify_rejection", residual_is_p)
+    monkeypatch.setattr(step_module, "verify_rejection", residual_is_p)
     target, draft_model = tables
     params = SamplingParams(temperature=1.0)
     n = 3000  # bound 0.098 for 64 cells; this bug lands at TV ≈ 0.19
-    counts, *_ = first_two_counts(target, DraftModelDrafter(draft_model, 8), [2], params, n)
+    counts, *_ = RUNNERS[runner](target, DraftModelDrafter(draft_model, 8), [2], params, n)
     assert tv(counts, joint_two(target.table, 2, params)) > tv_bound(64, n)
 
 

@@ -139,7 +139,7 @@ def test_medusa_checkpoint_loads_and_drafts_like_ours(target4, trained, tmp_path
             full = torch.full((config["vocab_size"],), float("-inf"))
             full[token_map] = tensors["lm_heads.0.weight"].float() @ x
             theirs.append(int(full.argmax()))
-        ours.h, ours.prefill_pending = row, False
+        ours.feed(row[None])
         assert [int(t) for t in ours.token_map[ours.candidates(3).argmax(-1)]] == theirs[:3]
 
 
@@ -195,10 +195,9 @@ def test_eagle3_checkpoint_loads_and_drafts_like_ours(target4, trained, tmp_path
     prompt = torch.tensor(target.tokenizer("def fibonacci(n): return n")["input_ids"])
     hf_states = target.model.hf(prompt[None], output_hidden_states=True).hidden_states
     aux = torch.cat([hf_states[j][0] for j in cfg["eagle_aux_hidden_state_layer_ids"]], -1)  # [n, 3H]
-    target.model.capture = (0, 1, 2)
     target.model.reset()
-    target.model.extend(prompt)
-    assert torch.allclose(torch.cat(target.model.layer_hidden, -1), aux, atol=1e-4)  # kernels.cpp vs MKL rounding: ~3e-5 on values ~25
+    features = target.model.forward(prompt, layers=(0, 1, 2)).features
+    assert torch.allclose(features, aux, atol=1e-4)  # kernels.cpp vs MKL rounding: ~3e-5 on values ~25
 
     # greedy drafting: vLLM's layer on the exported tensors vs our head on ours
     ours_t = load_file(trained["eagle"] / "model.safetensors")

@@ -38,13 +38,14 @@ def test_capture_equals_hf_output_hidden_states(cls):
     tokens = torch.randint(0, 384, (9,), generator=torch.Generator().manual_seed(0))
     ref = hf(tokens[None], output_hidden_states=True).hidden_states  # (embeddings, layer 0, 1, 2 normed)
     model = cls(hf)
-    model.capture = (0, 1, 2)
     model.extend(tokens[:4])
-    model.extend(tokens[4:], num_logits=1)  # hidden covers every new row, whatever num_logits
-    assert model.hidden_start == 4 and model.hidden.shape == (5, 64)
-    torch.testing.assert_close(model.hidden, ref[-1][0, 4:], atol=1e-4, rtol=1e-4)
+    out = model.forward(tokens[4:], num_logits=1, layers=(-1, 0, 1, 2))  # features cover every new row
+    hidden, layer_hidden = out.features[:, :64], out.features[:, 64:].split(64, -1)
+    assert out.logits.shape == (1, 384) and out.features.shape == (5, 4 * 64)
+    torch.testing.assert_close(hidden, ref[-1][0, 4:], atol=1e-4, rtol=1e-4)
     for i in range(3):
-        torch.testing.assert_close(model.layer_hidden[i], ref[i + 1][0, 4:], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(layer_hidden[i], ref[i + 1][0, 4:], atol=1e-4, rtol=1e-4)
+    assert model.forward(tokens[:1]).features is None  # nothing asked, nothing computed
 
 
 def test_eagle_unroll_matches_cached_inference():
@@ -100,7 +101,7 @@ def test_sampling_proposals_carry_q_over_the_target_vocabulary(target, trained, 
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
     target.model.reset()
     drafter.begin(ids)
-    target.model.extend(torch.tensor(ids[:-1]), num_logits=1)
+    drafter.feed(target.model.forward(torch.tensor(ids[:-1]), num_logits=1, layers=drafter.layers).features)
     g = torch.Generator().manual_seed(0)
     proposal = drafter.propose(ids, 3, SamplingParams(temperature=0.8), g)
     assert proposal.tokens.shape == (3,) and proposal.probs.shape == (3, target.model.vocab_size)
@@ -172,26 +173,25 @@ def test_cost_measurement_times_real_proposals(target, trained, kind):
 
 
 @pytest.mark.parametrize("cls", [FastLlama, HFModel])
-def test_keep_moves_the_hidden_rows_of_a_trees_accepted_path(cls):
-    """After a tree forward and keep(), hidden rows 0.. are the root's and the accepted path's, as if
-    those tokens had been fed as a chain: what Medusa and EAGLE read after a tree step."""
+def test_a_trees_accepted_rows_equal_feeding_the_path_as_a_chain(cls):
+    """The features of a tree forward's root and accepted path (the rows the decoder feeds the
+    drafter) equal those of feeding those tokens as a chain, and keep() leaves the cache as the chain's."""
     from specdecode.tree import Tree
 
     hf = make_llama(seed=4, layers=2)
     prompt = torch.randint(0, 384, (6,), generator=torch.Generator().manual_seed(1)).tolist()
     tree = Tree([11, 12, 13, 14, 15], [-1, -1, 1, 2, 0])  # path to node 3: 12 -> 13 -> 14
     model = cls(hf)
-    model.capture = (0,)
     model.extend(torch.tensor(prompt[:-1]))
     base = model.length
-    model.extend_tree(torch.tensor([prompt[-1]] + tree.tokens), tree.positions(base), tree.mask())
+    out = model.forward(torch.tensor([prompt[-1]] + tree.tokens), positions=tree.positions(base), tree_mask=tree.mask(),
+                        layers=(-1, 0))
     model.keep(base + 1, [base + 1 + i for i in (1, 2, 3)])
     chain = cls(hf)
-    chain.capture = (0,)
     chain.extend(torch.tensor(prompt[:-1]))
-    chain.extend(torch.tensor([prompt[-1], 12, 13, 14]))
-    torch.testing.assert_close(model.hidden[:4], chain.hidden, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(model.layer_hidden[0][:4], chain.layer_hidden[0], atol=1e-4, rtol=1e-4)
+    ref = chain.forward(torch.tensor([prompt[-1], 12, 13, 14]), layers=(-1, 0))
+    torch.testing.assert_close(out.features[[0, 2, 3, 4]], ref.features, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(model.extend(torch.tensor([7])), chain.extend(torch.tensor([7])), atol=1e-4, rtol=1e-4)
 
 
 def test_eagle_head_tree_step_equals_feeding_each_path_as_a_chain():
@@ -244,7 +244,7 @@ def test_medusa_tree_takes_each_depths_candidates_from_its_head(target, trained)
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
     target.model.reset()
     drafter.begin(ids)
-    target.model.extend(torch.tensor(ids[:-1]), num_logits=1)
+    drafter.feed(target.model.forward(torch.tensor(ids[:-1]), num_logits=1, layers=drafter.layers).features)
     proposal = drafter.propose(ids, 3, SamplingParams(), None)
     tree = proposal.tree()
     top = drafter.token_map[drafter.candidates(3).topk(3).indices]  # [3 depths, 3]
@@ -266,3 +266,33 @@ def test_tree_drafters_sample(target, trained, kind):
 def test_bad_head_tree_specs(target, spec, message):
     with pytest.raises(UserError, match=message):
         drafters.build(spec, drafters.DrafterContext(target))
+
+
+@pytest.mark.parametrize("spec", ["medusa", "eagle", "eagle:b=2:nodes=6"])
+def test_server_serves_feature_drafters_with_single_request_output(target, trained, spec):
+    """Medusa and EAGLE (chains and trees) through the batched server: concurrent requests, each
+    fed its own rows of the batched forward's features, give the greedy output they get alone."""
+    import asyncio
+
+    import openai
+
+    from serving import MODEL, reference, serve
+
+    kind, _, options = spec.partition(":")
+    full = f"{spec}:{trained[kind]}" if options else f"{kind}:{trained[kind]}"
+    with serve(target, drafter=full, k=3, max_batch=3, load_control=False) as srv:
+        async def main():
+            async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:
+                return await asyncio.gather(*(
+                    c.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0) for p in PROMPTS[:5]))
+
+        results = asyncio.run(main())
+    for prompt, r in zip(PROMPTS[:5], results):
+        ids = target.tokenizer(prompt)["input_ids"]
+        assert r.choices[0].text == reference(target, ids, 16).text
+        alone = generate(target, drafters.build(full, drafters.DrafterContext(target)), ids, k=3, max_new_tokens=16)
+        assert r.choices[0].text == alone.text
+        # the same drafts, step by step: the server fed the heads the same feature rows
+        assert r.usage.speculative["num_draft_tokens"] == alone.stats.drafted
+        assert r.usage.speculative["num_accepted_tokens"] == alone.stats.accepted
+    assert sum(r.usage.speculative["num_draft_tokens"] for r in results) > 0

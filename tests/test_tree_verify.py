@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers import TableModel, joint_two, tv, tv_bound
-from specdecode import decoder as decoder_module
+from specdecode import step as step_module
 from specdecode.decoder import decode
 from specdecode.drafters import DraftTreeDrafter, NgramDrafter
 from specdecode.sampling import SamplingParams, warp
@@ -143,7 +143,7 @@ def test_sampled_trees_follow_the_target_distribution(tables, name, params):
 
 def test_distribution_check_catches_a_wrong_tree_verifier(tables, monkeypatch):
     """Negative control through the same loop: siblings tested without the residual update."""
-    monkeypatch.setattr(decoder_module, "verify_tree_rejection", no_residual_update)
+    monkeypatch.setattr(step_module, "verify_tree_rejection", no_residual_update)
     target, _ = tables
     params = SamplingParams(temperature=1.0)
     n = 3000

@@ -5,10 +5,12 @@ static KV cache per *slot* ([layers, slots, kv_heads, cap, head_dim]) and one le
 rolling a slot back is, as in FastLlama, only a change of its length. A forward takes ragged rows
 (slot, tokens): the linear layers run on the rows' tokens packed together ([N, hidden], no
 padding work), only attention scatters them into a right-padded [B, heads, S, head_dim] block
-with a per-row causal mask over the row's own slot, at per-row RoPE positions.
+with a per-row causal mask over the row's own slot, at per-row RoPE positions. A row may be a token
+tree (its own positions and tree mask, as CausalLM.forward), and may ask for the hidden rows of
+some layers (Output.features), so one batch can verify trees and feed Medusa/EAGLE drafters.
 
-`PerSlotLM` is the fallback for other architectures (HF forward): one HFModel cache per slot,
-rows run one after another.
+`PerSlotLM` is the fallback for other architectures (HF forward): one single-sequence model
+(HFModel, or any CausalLM) per slot, rows run one after another.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from specdecode.fast_llama import _BLOCK, FastLlama
-from specdecode.models import CausalLM, HFModel
+from specdecode.lm import CausalLM, Output, layer_ids
+from specdecode.models import HFModel
 
 
 @dataclass
@@ -28,6 +31,9 @@ class Row:
     slot: int
     tokens: torch.Tensor  # [n] new tokens for this slot, appended after its cached ones
     num_logits: int = 0  # return only the last num_logits rows of logits (0: all n)
+    layers: tuple[int, ...] = ()  # hidden rows wanted for these layers (Output.features)
+    positions: torch.Tensor | None = None  # [n] a token tree's rotary positions (None: consecutive)
+    tree_mask: torch.Tensor | None = None  # [n, t] bool a token tree's mask over the slot's last t tokens
 
 
 class BatchLM(Protocol):
@@ -39,8 +45,13 @@ class BatchLM(Protocol):
 
     def truncate(self, slot: int, length: int) -> None: ...
 
-    def forward(self, rows: list[Row]) -> list[torch.Tensor]:
-        """rows -> logits [n_i (or num_logits), V] float32 per row; appends the tokens to each slot."""
+    def keep(self, slot: int, length: int, indices: list[int]) -> None:
+        """As CausalLM.keep, for one slot (a tree's accepted path)."""
+        ...
+
+    def forward(self, rows: list[Row]) -> list[Output]:
+        """rows -> one Output per row (logits [n_i or num_logits, V] float32, features [n_i, F]
+        when asked); appends the tokens to each slot."""
         ...
 
 
@@ -48,7 +59,7 @@ def batched(model: CausalLM, slots: int) -> BatchLM:
     """The batched form of a loaded target: BatchedLlama for FastLlama, PerSlotLM otherwise."""
     if isinstance(model, FastLlama):
         return BatchedLlama(model, slots)
-    return PerSlotLM(model.hf, slots)
+    return PerSlotLM([HFModel(model.hf) for _ in range(slots)])
 
 
 class BatchedLlama:
@@ -65,6 +76,15 @@ class BatchedLlama:
     def truncate(self, slot: int, length: int) -> None:
         self.lengths[slot] = min(self.lengths[slot], length)
 
+    @torch.inference_mode()
+    def keep(self, slot: int, length: int, indices: list[int]) -> None:
+        m = len(indices)
+        if indices != list(range(length, length + m)):
+            idx = torch.tensor(indices, dtype=torch.long, device=self.device)
+            self.k_cache[:, slot, :, length : length + m] = self.k_cache[:, slot, :, idx]  # gather copies first
+            self.v_cache[:, slot, :, length : length + m] = self.v_cache[:, slot, :, idx]
+        self.lengths[slot] = length + m
+
     def _ensure_capacity(self, needed: int) -> None:
         have = 0 if self.k_cache is None else self.k_cache.shape[3]
         if needed <= have:
@@ -80,9 +100,10 @@ class BatchedLlama:
         self.k_cache, self.v_cache = k, v
 
     @torch.inference_mode()
-    def forward(self, rows: list[Row]) -> list[torch.Tensor]:
+    def forward(self, rows: list[Row]) -> list[Output]:
         f, dev = self.fast, self.device
         counts = [r.tokens.shape[0] for r in rows]
+        offsets = torch.tensor([0] + counts[:-1]).cumsum(0).tolist()  # row b's tokens start at offsets[b]
         starts = [self.lengths[r.slot] for r in rows]
         ends = [s + n for s, n in zip(starts, counts)]
         if max(ends) > self.max_length:
@@ -94,17 +115,26 @@ class BatchedLlama:
         row_of = torch.repeat_interleave(torch.arange(b), torch.tensor(counts)).to(dev)  # [N]
         t_of = torch.cat([torch.arange(n) for n in counts]).to(dev)  # [N] index within the row
         start_t = torch.tensor(starts, device=dev)
-        pos = start_t[row_of] + t_of  # [N] absolute positions
+        pos = start_t[row_of] + t_of  # [N] cache positions
         slot_ids = [r.slot for r in rows]
         slot_t = torch.tensor(slot_ids, device=dev)
         slot_of = slot_t[row_of]  # [N]
-        cos, sin = f.cos[pos][:, None], f.sin[pos][:, None]  # [N, 1, d]
         # query t of row b (position start_b + t) sees keys 0..start_b + t of its own slot
         keys = torch.arange(l_max, device=dev)
         mask = keys[None, None, :] <= (start_t[:, None] + torch.arange(s_max, device=dev)[None, :])[:, :, None]
+        rotary = pos
+        if any(r.tree_mask is not None for r in rows):
+            rotary = pos.clone()
+            for i, (r, o, n, end) in enumerate(zip(rows, offsets, counts, ends)):
+                if r.tree_mask is not None:  # a tree's last t tokens see each other only as its mask says
+                    rotary[o : o + n] = r.positions.to(dev)
+                    mask[i, :n, end - r.tree_mask.shape[1] : end] = r.tree_mask.to(dev)
+        cos, sin = f.cos[rotary][:, None], f.sin[rotary][:, None]  # [N, 1, d]
         mask = mask[:, None]  # [B, 1, S, L]
         contiguous = slot_ids == list(range(slot_ids[0], slot_ids[0] + b))
         sel = slice(slot_ids[0], slot_ids[0] + b) if contiguous else slot_t
+        wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
+        captured = {}
 
         x = F.embedding(torch.cat([r.tokens for r in rows]).to(dev), f.embed)  # [N, hidden]
         for i, layer in enumerate(f.layers):
@@ -122,22 +152,33 @@ class BatchedLlama:
             x = x + layer.o(attn.transpose(1, 2)[row_of, t_of].reshape(-1, h * d))
             gate, up = layer.gate_up(f._norm(x, layer.norm2)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
+            if i in wanted:
+                captured[i] = x
         for r, end in zip(rows, ends):
             self.lengths[r.slot] = end
 
         keep = [r.num_logits or n for r, n in zip(rows, counts)]
-        offsets = torch.tensor([0] + counts[:-1]).cumsum(0).tolist()
         picked = torch.cat([torch.arange(o + n - m, o + n) for o, n, m in zip(offsets, counts, keep)]).to(dev)
-        logits = f.lm_head(f._norm(x[picked], f.final_norm)).float()  # [sum keep, V]
-        return list(logits.split(keep))
+        last = len(f.layers) - 1
+        if last in wanted:  # as HF's output_hidden_states: the last entry is after the final norm
+            captured[last] = f._norm(x, f.final_norm)
+            logits = f.lm_head(captured[last][picked]).float()
+        else:
+            logits = f.lm_head(f._norm(x[picked], f.final_norm)).float()  # [sum keep, V]
+        outputs = []
+        for r, o, n, row_logits in zip(rows, offsets, counts, logits.split(keep)):
+            ids = layer_ids(r.layers, len(f.layers))
+            features = torch.cat([captured[i][o : o + n] for i in ids], -1) if ids else None
+            outputs.append(Output(row_logits, features))
+        return outputs
 
 
 class PerSlotLM:
-    """Any transformers causal LM: one HFModel (its own DynamicCache) per slot, rows in turn."""
+    """One CausalLM per slot (for a transformers model: HFModels, each with its own DynamicCache), rows in turn."""
 
-    def __init__(self, hf_model, slots: int):
-        self.seqs = [HFModel(hf_model) for _ in range(slots)]
-        self.slots = slots
+    def __init__(self, seqs: list[CausalLM]):
+        self.seqs = seqs
+        self.slots = len(seqs)
         self.max_length, self.vocab_size = self.seqs[0].max_length, self.seqs[0].vocab_size
 
     def length(self, slot: int) -> int:
@@ -150,5 +191,9 @@ class PerSlotLM:
         else:
             seq.truncate(length)
 
-    def forward(self, rows: list[Row]) -> list[torch.Tensor]:
-        return [self.seqs[r.slot].extend(r.tokens, num_logits=r.num_logits) for r in rows]
+    def keep(self, slot: int, length: int, indices: list[int]) -> None:
+        self.seqs[slot].keep(length, indices)
+
+    def forward(self, rows: list[Row]) -> list[Output]:
+        return [self.seqs[r.slot].forward(r.tokens, num_logits=r.num_logits, layers=r.layers, positions=r.positions,
+                                          tree_mask=r.tree_mask) for r in rows]

@@ -10,8 +10,8 @@ import time
 import torch
 
 from specdecode.control import CostModel
-from specdecode.drafters.base import Drafter
-from specdecode.models import CausalLM
+from specdecode.drafters.base import Drafter, feature_layers
+from specdecode.lm import CausalLM
 from specdecode.sampling import SamplingParams
 
 
@@ -34,8 +34,9 @@ def measure(
     repeats: int = 7,
 ) -> CostModel:
     """Time the target on 1..k_max+1 tokens after `context`, and the drafter proposing k_max."""
+    layers = feature_layers(drafter)
     target.reset()
-    target.extend(torch.tensor(context[:-1]), num_logits=1)
+    prefill = target.forward(torch.tensor(context[:-1]), num_logits=1, layers=layers)
     base = target.length
     step = torch.tensor(context[-1:] * (k_max + 1))
 
@@ -53,9 +54,9 @@ def measure(
             forward(n)
             samples[n].append(time.perf_counter() - t0)
     t = {n: statistics.median(v) for n, v in samples.items()}
-    target.reset()  # prefill again, so the target's last forward (hidden states) is the context's
-    target.extend(torch.tensor(context[:-1]), num_logits=1)
     drafter.begin(context)
+    if layers:
+        drafter.feed(prefill.features)
     generator = torch.Generator().manual_seed(0)
     draft_s = _median_time(lambda: drafter.propose(context, k_max, params, generator), repeats)
     ratios = monotone([max(1.0, t[k + 1] / t[1]) for k in range(1, k_max + 1)])

@@ -22,7 +22,7 @@ from torch import nn
 
 from specdecode import kernels as fused_kernels
 from specdecode import quant
-from specdecode.models import keep_hidden
+from specdecode.lm import Output, layer_ids
 
 SUPPORTED = {"llama"}
 _BLOCK = 256  # cache capacity grows in multiples of this many positions
@@ -151,13 +151,6 @@ class FastLlama:
             cos, sin = hf_model.model.rotary_emb(probe, positions)
             self.cos, self.sin = cos[0], sin[0]  # [max_length, head_dim]
         self.k_cache = self.v_cache = None
-        # Hidden states of the rows of the latest extend, for drafters that read the target's
-        # features (Medusa, EAGLE): `hidden` [n, H] after the final norm (what the LM head sees),
-        # `layer_hidden` the outputs of the layers listed in `capture`, `hidden_start` the position
-        # of row 0. Holding references costs nothing; `capture` is empty unless a drafter asks.
-        self.capture: tuple[int, ...] = ()
-        self.hidden = self.hidden_start = None
-        self.layer_hidden: list[torch.Tensor] = []
         self.reset()
 
     def reset(self) -> None:
@@ -189,28 +182,34 @@ class FastLlama:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    @torch.inference_mode()
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
         """tokens: [n] -> logits [n, V] float32 (last num_logits rows if > 0); appends to the cache."""
-        n, start = tokens.shape[0], self.length
-        self._check_room(start + n)
-        mask = None
-        if n > 1:  # query i (position start+i) sees keys 0..start+i
-            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)
-        return self._forward(tokens, self.cos[start : start + n], self.sin[start : start + n], mask, num_logits)
+        return self.forward(tokens, num_logits=num_logits).logits
+
+    def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+        return self.forward(tokens, positions=positions, tree_mask=tree_mask).logits
 
     @torch.inference_mode()
-    def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
-        """tokens: [n] at cache slots length..length+n-1 with rotary positions `positions` [n];
-        tree_mask: [n, t] bool (t >= n) over the last t - n cached tokens and the n new ones: token i
-        attends to slot j there where tree_mask[i, j], and to every slot before. -> logits [n, V]
-        float32. Follow with keep() (or truncate)."""
+    def forward(self, tokens: torch.Tensor, *, num_logits: int = 0, layers: tuple[int, ...] = (),
+                positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> Output:
+        """As CausalLM.forward. tokens: [n] into cache slots length..length+n-1. A chain's query i
+        (position start+i) sees keys 0..start+i; a tree's token i sits at rotary position
+        positions[i] and attends to slot j of the last t slots where tree_mask[i, j], and to every
+        slot before (follow with keep() or truncate)."""
         n, start = tokens.shape[0], self.length
         self._check_room(start + n)
-        positions = positions.to(self.device)
-        prefix = torch.ones(n, start + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
-        mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)  # [n, start+n]
-        return self._forward(tokens, self.cos[positions], self.sin[positions], mask, 0)
+        if tree_mask is not None:
+            positions = positions.to(self.device)
+            prefix = torch.ones(n, start + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
+            mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)  # [n, start+n]
+            cos, sin = self.cos[positions], self.sin[positions]
+        else:
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start) if n > 1 else None
+            cos, sin = self.cos[start : start + n], self.sin[start : start + n]
+        ids = layer_ids(layers, len(self.layers))
+        forward = self._forward_fused if self.kernels is not None and n <= _FUSED_MAX_TOKENS else self._forward
+        logits, captured = forward(tokens, cos, sin, mask, num_logits, set(ids))
+        return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)
 
     @torch.inference_mode()
     def keep(self, length: int, indices: list[int]) -> None:
@@ -218,7 +217,6 @@ class FastLlama:
         length, length+1, ... (the accepted path of a tree; its positions already match)."""
         m = len(indices)
         if indices != list(range(length, length + m)):
-            keep_hidden(self, length, indices)
             idx = torch.tensor(indices, dtype=torch.long, device=self.device)
             self.k_cache[:, :, :, length : length + m] = self.k_cache[:, :, :, idx]  # gather copies first
             self.v_cache[:, :, :, length : length + m] = self.v_cache[:, :, :, idx]
@@ -229,16 +227,15 @@ class FastLlama:
             raise ValueError(f"sequence of {end} tokens exceeds max_length {self.max_length}")
         self._ensure_capacity(end)
 
-    def _forward(self, tokens, cos, sin, mask, num_logits: int) -> torch.Tensor:
+    def _forward(self, tokens, cos, sin, mask, num_logits: int, capture: set[int]):
         """tokens: [n] into cache slots length..length+n-1; cos, sin: [n, d]; mask: [n, length+n] bool
-        or None (a single token sees everything) -> logits [n or num_logits, V] float32."""
-        if self.kernels is not None and tokens.shape[0] <= _FUSED_MAX_TOKENS:
-            return self._forward_fused(tokens, cos, sin, mask, num_logits)
+        or None (a single token sees everything) -> (logits [n or num_logits, V] float32,
+        {layer: its output [n, H]} for the layers in `capture`, the last one after the final norm)."""
         n, start = tokens.shape[0], self.length
         end = start + n
         h, d, kvh = self.heads, self.head_dim, self.kv_heads
         x = F.embedding(tokens.to(self.device), self.embed).to(self.dtype)[None]  # [1, n, hidden]
-        captured = []
+        captured = {}
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x, layer.norm1))  # [1, n, (h+2kvh)*d]
             qkv = qkv.view(1, n, h + 2 * kvh, d).transpose(1, 2)
@@ -252,33 +249,31 @@ class FastLlama:
             x = x + layer.o(attn.transpose(1, 2).reshape(1, n, h * d))
             gate, up = layer.gate_up(self._norm(x, layer.norm2)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-            if i in self.capture:
-                captured.append(x[0])
+            if i in capture:
+                captured[i] = x[0]
         self.length = end
         x = self._norm(x, self.final_norm)
-        if len(self.layers) - 1 in self.capture:
-            captured[-1] = x[0]  # as HF's output_hidden_states: the last layer's entry is after the norm
-        self.hidden, self.layer_hidden, self.hidden_start = x[0], captured, start
+        if len(self.layers) - 1 in capture:
+            captured[len(self.layers) - 1] = x[0]  # as HF's output_hidden_states: the last entry is after the norm
         if num_logits:
             x = x[:, -num_logits:]
-        return self.lm_head(x)[0].float()
+        return self.lm_head(x)[0].float(), captured
 
-    def _forward_fused(self, tokens, cos, sin, mask, num_logits: int) -> torch.Tensor:
+    def _forward_fused(self, tokens, cos, sin, mask, num_logits: int, capture: set[int]):
         """_forward with kernels.cpp between the matmuls: one call per group of small ops."""
         ops, n, start = self.kernels, tokens.shape[0], self.length
         x = F.embedding(tokens.to(self.device), self.embed).float()  # [n, hidden], the residual stream, updated in place
         xn = ops.add_rms_norm(x, None, self.layers[0].norm1, self.eps)
         norms = [layer.norm1 for layer in self.layers[1:]] + [self.final_norm]  # the norm after each layer
-        cos, sin, captured = cos.contiguous(), sin.contiguous(), []
+        cos, sin, captured = cos.contiguous(), sin.contiguous(), {}
         for i, layer in enumerate(self.layers):
             attn = ops.attention(layer.qkv(xn), self.k_cache[i, 0], self.v_cache[i, 0], cos, sin, mask, start,
                                  self.heads, self.kv_heads)  # [n, h*d]
             xn = ops.add_rms_norm(x, layer.o(attn), layer.norm2, self.eps)
             xn = ops.add_rms_norm(x, layer.down(ops.silu_mul(layer.gate_up(xn))), norms[i], self.eps)
-            if i in self.capture:
-                captured.append(x.clone())
+            if i in capture:
+                captured[i] = x.clone()
         self.length = start + n
-        if len(self.layers) - 1 in self.capture:
-            captured[-1] = xn  # as HF's output_hidden_states: the last layer's entry is after the norm
-        self.hidden, self.layer_hidden, self.hidden_start = xn, captured, start
-        return self.lm_head(xn[-num_logits:] if num_logits else xn).float()
+        if len(self.layers) - 1 in capture:
+            captured[len(self.layers) - 1] = xn  # as HF's output_hidden_states: the last entry is after the norm
+        return self.lm_head(xn[-num_logits:] if num_logits else xn).float(), captured

@@ -1,4 +1,4 @@
-"""Text in, text out: prompt encoding (chat template), stop strings, streaming, stats.
+"""Text in, text out: prompt encoding (chat template), stop strings and streaming (text.py), stats.
 
 The decoder works on token ids only; this layer owns the tokenizer.
 """
@@ -18,6 +18,7 @@ from specdecode.errors import UserError
 from specdecode.metrics import Stats
 from specdecode.models import LoadedModel
 from specdecode.sampling import SamplingParams
+from specdecode.text import TextStream
 
 MAX_K = 64
 
@@ -66,24 +67,6 @@ def check_k(k: int) -> int:
     return k
 
 
-class _StopScanner:
-    """Finds the earliest stop string in the growing text and decides what is safe to stream."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = [s for s in stops if s]
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-
-    def find(self, text: str) -> int:
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        return min(hits) if hits else -1
-
-    def safe_prefix(self, text: str) -> int:
-        end = len(text) - self.hold
-        while end > 0 and text[end - 1] == "\ufffd":  # an incomplete multi-byte character
-            end -= 1
-        return max(end, 0)
-
-
 def generate(
     target: LoadedModel,
     drafter: Drafter,
@@ -114,34 +97,22 @@ def generate(
             f"context of {limit} tokens"
         )
     generator = torch.Generator(device=target.model.device).manual_seed(seed)
-    scanner = _StopScanner(stop)
-    stats, out, text, streamed = Stats(prefills=1), [], "", 0
-    finish = "length"
+    stream = TextStream(tok, stop, target.eos_ids)
+    stats = Stats(prefills=1)
     start = time.perf_counter()
     for step in decode(target.model, drafter, ids, k=k, params=params, max_new_tokens=max_new_tokens,
                        eos_ids=target.eos_ids, generator=generator):
-        if not out:
+        if not stream.tokens:
             stats.ttft_s = time.perf_counter() - start
         stats.observe(step.drafted, step.accepted, len(step.tokens), step.depth)
         stats.draft_s += step.draft_s
         stats.verify_s += step.verify_s
         stats.prefill_s += step.prefill_s
-        out.extend(step.tokens)
-        text = tok.decode(out, skip_special_tokens=True)
-        cut = scanner.find(text)
-        if cut >= 0:
-            text, finish = text[:cut], "stop"
-            while len(out) > 1 and scanner.find(tok.decode(out[:-1], skip_special_tokens=True)) >= 0:
-                out.pop()
-        elif step.finished and out[-1] in target.eos_ids:
-            finish = "stop"
-        if on_text:
-            end = len(text) if (cut >= 0 or step.finished) else scanner.safe_prefix(text)
-            if end > streamed:
-                on_text(text[streamed:end])
-                streamed = end
-        if cut >= 0:
+        delta = stream.push(step.tokens, step.finished)
+        if on_text and delta:
+            on_text(delta)
+        if stream.finish_reason:
             break
     stats.wall_s = time.perf_counter() - start
-    stats.new_tokens = len(out)
-    return Result(text, out, stats, finish, prompt_tokens=len(ids))
+    stats.new_tokens = len(stream.tokens)
+    return Result(stream.text, stream.tokens, stats, stream.finish_reason or "length", prompt_tokens=len(ids))

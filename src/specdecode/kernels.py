@@ -31,7 +31,7 @@ def _cpu_flags() -> str:
 
 
 def cache_root() -> Path:
-    from specdecode.models import cache_dir
+    from specdecode.lm import cache_dir
 
     return cache_dir() / "kernels"
 

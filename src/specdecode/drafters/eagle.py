@@ -159,35 +159,30 @@ class EagleDrafter:
 
     def __init__(self, head: EagleHead, token_map: torch.Tensor, target, layer_ids: tuple[int, ...],
                  branches: int = 1, nodes: int | None = None):
-        """target: the target's CausalLM; it is asked to capture `layer_ids` on every forward.
-        branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
+        """target: the target's CausalLM; the decoder feeds this drafter the rows of its layers
+        `layer_ids` (self.layers). branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
         self.head = pack_linears(head.eval())
         self.branches, self.nodes = branches, nodes
         self.target = target
-        target.capture = tuple(layer_ids)
+        self.layers = tuple(layer_ids)
         self.token_map = token_map.to(target.device)
         self.embed = target.hf.get_input_embeddings().weight.detach()
         self.project = draft_lm_head(target, self.token_map)
         self.cos, self.sin = rope_tables(target.hf, target.max_length + 64)
-        self.cache = KVCache(head.kv_heads, head.head_dim, target.device)
 
     def begin(self, prompt):
-        self.cache.length = 0
+        self.cache = KVCache(self.head.kv_heads, self.head.head_dim, self.target.device)  # a copy's own (server)
         self.fed = 0  # positions whose target features the head's cache holds
         self.root = None  # the head's output [1, H] at the last fed position: the first draft's input
         self.pending: list[torch.Tensor] = []  # target features [n, F] of positions fed.. (not yet fed)
-        self.prefill_pending = len(prompt) > 1  # the decoder prefills prompt[:-1]
 
-    def _features(self, rows: slice) -> torch.Tensor:
-        return torch.cat(self.target.layer_hidden, -1)[rows].float()
+    def feed(self, features):
+        self.pending.append(features.float())
 
     @torch.inference_mode()
     def _sync(self, context: list[int]) -> bool:
         """Feed the head the target features it has not seen; True when it holds the whole context
         (its output at the last position, `root`, is the first draft's input)."""
-        if self.prefill_pending:
-            self.pending.append(self._features(slice(None)))
-            self.prefill_pending = False
         if self.pending:
             feats = torch.cat(self.pending)
             if self.fed + len(feats) != len(context) - 1:  # the decoder always keeps them in step
@@ -258,8 +253,7 @@ class EagleDrafter:
         return Proposal(torch.tensor(tokens, dtype=torch.long), q)
 
     def observe(self, drafted, accepted):
-        self.prefill_pending = False
-        self.pending.append(self._features(slice(0, accepted + 1)))
+        pass
 
 
 def head_from_config(config: dict) -> EagleHead:

@@ -10,7 +10,7 @@ proposes anything, its proposal passes through unchanged, q included.
 
 from __future__ import annotations
 
-from specdecode.drafters.base import Drafter, Proposal
+from specdecode.drafters.base import Drafter, Proposal, feature_layers
 from specdecode.tree import Tree
 
 
@@ -19,6 +19,15 @@ class EnsembleDrafter:
 
     def __init__(self, members: list[Drafter]):
         self.members = members
+        self.layers = tuple(i for m in members for i in feature_layers(m))  # members' layers, in order
+
+    def feed(self, features):
+        """features [m, len(layers) * H]: each feature-reading member gets its own columns."""
+        width, start = features.shape[1] // len(self.layers), 0
+        for member in self.members:
+            if n := len(feature_layers(member)):
+                member.feed(features[:, start : start + n * width])
+                start += n * width
 
     def begin(self, prompt):
         for member in self.members:

@@ -11,9 +11,9 @@ stored with the heads.
 Proposals are a chain, the top token of heads 1..k, or with `b=B[:nodes=N]` a token tree (Medusa's
 tree attention): head d's B best tokens are the candidates at depth d whatever the path, and the N
 nodes whose paths have the highest product of head probabilities are kept (growth.py; N defaults
-to B·k). The drafter reads h_t from the target (`hidden`, see fast_llama.py): after prefill, the last
-prompt row (the token before the last committed one); after a verify step, the row of the last
-accepted token (the decoder's keep() puts a tree's accepted path there).
+to B·k). The drafter asks for the target's last hidden rows (`layers = (-1,)`) and keeps the
+latest row the decoder feeds it: after prefill the last prompt row (the token before the last
+committed one), after a verify step the last accepted token's row.
 """
 
 from __future__ import annotations
@@ -49,31 +49,30 @@ class MedusaHeads(nn.Module):
 
 class MedusaDrafter:
     name = "medusa"
+    layers = (-1,)  # the target's final hidden state (after the norm), fed to `feed`
 
     def __init__(self, heads: MedusaHeads, token_map: torch.Tensor, target, branches: int = 1,
                  nodes: int | None = None):
-        """target: the target's CausalLM (FastLlama or HFModel), read for its hidden states;
+        """target: the target's CausalLM (its LM head, device and vocabulary);
         branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
         self.heads = heads.eval()
         self.branches, self.nodes = branches, nodes
         self.target = target
         self.token_map = token_map.to(target.device)
         self.project = draft_lm_head(target, self.token_map)
-        self.h: torch.Tensor | None = None
+        self.h: torch.Tensor | None = None  # [H] the target's last hidden row of the committed context
 
     def begin(self, prompt):
-        self.h, self.prefill_pending = None, len(prompt) > 1  # the decoder prefills prompt[:-1]
+        self.h = None
 
-    def _hidden(self) -> torch.Tensor | None:
-        if self.prefill_pending:
-            self.h, self.prefill_pending = self.target.hidden[-1], False
-        return self.h
+    def feed(self, features):
+        self.h = features[-1]
 
     @torch.inference_mode()
     def candidates(self, k: int) -> torch.Tensor | None:
         """Logits [k', Vd] of heads 1..k' (k' = min(k, K)) over the draft vocabulary for the next
         tokens; top-b per row gives a Medusa token tree. None when no hidden state is known yet."""
-        h = self._hidden()
+        h = self.h
         if h is None or k <= 0:
             return None
         return self.heads(h.float()[None], self.project, heads=k)[0]
@@ -95,8 +94,7 @@ class MedusaDrafter:
         return Proposal(self.token_map[picks].cpu(), scatter_probs(q, self.token_map, self.target.vocab_size))
 
     def observe(self, drafted, accepted):
-        self.prefill_pending = False
-        self.h = self.target.hidden[accepted]
+        pass
 
 
 def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) -> MedusaDrafter:

@@ -1,7 +1,8 @@
 """`specdecode serve`: an OpenAI-compatible server with batched speculative decoding.
 
   batch_model.py (package root)  many sequences in one target forward (ragged rows, per-slot KV)
-  engine.py                      continuous batching scheduler: propose, one batched verify, commit
+  batch_decoder.py (root)        the decoding step for many sequences (step.py, shared with decoder.py)
+  engine.py                      continuous batching scheduler around it: queue, admit, k under load, deliver
   load.py                        measured verify cost at each batch size -> k under load
   drafting.py                    one drafter object per request
   metrics.py                     Prometheus counters/gauges/histograms, defined once; /stats view

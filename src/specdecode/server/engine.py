@@ -1,16 +1,15 @@
-"""The serving engine: continuous batching of speculative decoding in one scheduler thread.
+"""The serving engine: HTTP-facing queueing and scheduling around the batched decoding core.
 
-Each iteration of the loop:
+Each iteration of the scheduler thread:
   1. drops cancelled and timed-out requests (their slots are free again);
-  2. admits waiting requests into free slots and prefills their prompts (one batched forward);
-  3. asks every running request's drafter for up to k tokens (k from its policy, capped for the
-     current batch size by the measured cost model, see load.py);
-  4. runs ONE batched target forward over every running request's [last token, drafts] (ragged);
-  5. verifies each row with the request's own generator, rolls its slot back past the rejected
-     drafts, commits tokens, detokenizes, checks stop strings and delivers text.
-Steps 3-5 are decoder.decode's step, row by row, so a request's greedy output is the one it gets
-alone; requests join and leave between iterations. Events reach the API through `sink`, a
-callable the caller makes thread-safe.
+  2. admits waiting requests into free slots; the core prefills their prompts (one batched forward);
+  3. runs one step of the core (batch_decoder.py: decoder.decode's step for every running request,
+     one batched target forward), with each request's k capped for the current batch size by the
+     measured cost model (load.py);
+  4. accounts each request's step (usage, engine-wide acceptance, Prometheus) and delivers its new
+     text (text.py: detokenizing, stop strings, what is safe to stream).
+Requests join and leave between iterations. Events reach the API through `sink`, a callable the
+caller makes thread-safe.
 """
 
 from __future__ import annotations
@@ -26,18 +25,18 @@ from itertools import count
 
 import torch
 
-from specdecode.batch_model import BatchLM, Row
+from specdecode import batch_decoder
+from specdecode.batch_decoder import BatchDecoder
+from specdecode.batch_model import BatchLM
 from specdecode.control import CostModel, FixedK, KPolicy, adaptive_k
-from specdecode.decoder import Step
-from specdecode.drafters.base import Drafter
 from specdecode.drafters.spec import parse
-from specdecode.generation import _StopScanner
 from specdecode.metrics import Stats
-from specdecode.sampling import SamplingParams, warp
+from specdecode.sampling import SamplingParams
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.load import BatchCosts
 from specdecode.server.metrics import ServerMetrics
-from specdecode.verify import verify_greedy, verify_rejection
+from specdecode.step import Step
+from specdecode.text import TextStream
 
 log = logging.getLogger("specdecode.server")
 
@@ -116,19 +115,18 @@ class Sequence:
     id: int
     request: Request
     sink: Callable[[Event], None]
-    drafter: Drafter
-    policy: KPolicy
-    generator: torch.Generator
+    dec: batch_decoder.Sequence  # its decoding state in the core
     arrival: float
-    scanner: _StopScanner
-    slot: int | None = None
-    context: list[int] = field(default_factory=list)
-    out: list[int] = field(default_factory=list)
-    streamed: int = 0
+    text: TextStream
     stats: Stats = field(default_factory=lambda: Stats(prefills=1))
     num_drafts: int = 0
     last_delivery: float | None = None
     cancelled: bool = False
+
+    @property
+    def out(self) -> list[int]:
+        """The completion's tokens."""
+        return self.text.tokens
 
     @property
     def deadline(self) -> float | None:
@@ -140,12 +138,12 @@ class Engine:
     def __init__(self, model: BatchLM, tokenizer, eos_ids: set[int], pool: DrafterPool, metrics: ServerMetrics,
                  *, queue_size: int = 64, costs: BatchCosts | None = None, threads: int | None = None):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)
+        self.core = BatchDecoder(model)
         self.pool, self.metrics, self.costs = pool, metrics, costs
         self.queue_size = queue_size
         self.threads = threads or torch.get_num_threads()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.free = list(range(model.slots - 1, -1, -1))  # pop() hands out the lowest slot first
         self.cv = threading.Condition()
         self.stopping = False
         self.thread: threading.Thread | None = None
@@ -155,12 +153,17 @@ class Engine:
 
     # -- API side (any thread) ----------------------------------------------------------------
 
+    @property
+    def free(self) -> list[int]:
+        """KV slots not in use."""
+        return self.core.free
+
     def submit(self, request: Request, sink: Callable[[Event], None]) -> Sequence:
-        seq = Sequence(
-            next(self.ids), request, sink, self.pool.instance(request.drafter), self._policy(request),
-            torch.Generator().manual_seed(request.seed if request.seed is not None else secrets.randbits(63)),
-            time.perf_counter(), _StopScanner(request.stop),
-        )
+        eos = frozenset() if request.ignore_eos else frozenset(self.eos_ids)
+        generator = torch.Generator().manual_seed(request.seed if request.seed is not None else secrets.randbits(63))
+        dec = batch_decoder.Sequence(request.prompt, self.pool.instance(request.drafter), self._policy(request),
+                                     request.params, generator, request.max_tokens, eos)
+        seq = Sequence(next(self.ids), request, sink, dec, time.perf_counter(), TextStream(self.tokenizer, request.stop, eos))
         with self.cv:
             if self.stopping:
                 raise ShuttingDown("the server is shutting down")
@@ -215,9 +218,8 @@ class Engine:
                     break
                 self._sweep()
                 admitted = []
-                while self.waiting and self.free:
+                while self.waiting and len(admitted) < len(self.free):
                     seq = self.waiting.popleft()
-                    seq.slot = self.free.pop()
                     self.running.append(seq)
                     admitted.append(seq)
                 self._gauges()
@@ -252,101 +254,43 @@ class Engine:
             self.waiting.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
-            self.model.truncate(seq.slot, 0)
-            self.free.append(seq.slot)
-            self.free.sort(reverse=True)
+            self.core.release(seq.dec)
         self.metrics.observe_finish(reason, time.perf_counter() - seq.arrival)
         self._gauges()
         seq.sink(event)
 
     def _prefill(self, admitted: list[Sequence]) -> None:
-        rows = []
         for seq in admitted:
-            prompt = seq.request.prompt
-            seq.context = list(prompt)
-            seq.drafter.begin(prompt)
-            self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(len(prompt))
-            if len(prompt) > 1:
-                rows.append(Row(seq.slot, torch.tensor(prompt[:-1], dtype=torch.long), num_logits=1))
-        t0 = time.perf_counter()
-        if rows:
-            self.model.forward(rows)
+            self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(len(seq.request.prompt))
+        prefill_s = self.core.start([seq.dec for seq in admitted])
         for seq in admitted:
-            seq.stats.prefill_s = time.perf_counter() - t0
+            seq.stats.prefill_s = prefill_s
 
-    def _k(self, seq: Sequence, batch: int) -> int:
-        k = seq.policy.next_k()
+    def _limit(self, seq: Sequence, k: int) -> int:
+        """k for this request at the current batch size: capped by the measured cost model."""
         spec = seq.request.drafter
         known = self.spec_stats.get(spec)
-        if self.costs is not None and k > 0 and known is not None and known.drafted >= 32:
-            k = min(k, self.costs.cap(batch, known.conditional_acceptance, k, self.draft_s_per_token.get(spec, 0.0)))
-        return min(k, seq.request.max_tokens - len(seq.context) + len(seq.request.prompt) - 1)
+        if self.costs is not None and known is not None and known.drafted >= 32:
+            k = min(k, self.costs.cap(len(self.running), known.conditional_acceptance, k,
+                                      self.draft_s_per_token.get(spec, 0.0)))
+        return k
 
     def _step(self) -> None:
         active = list(self.running)
-        rows, drafts, proposals, draft_times, bases = [], [], [], [], []
-        for seq in active:
-            budget = self._k(seq, len(active))
-            t0 = time.perf_counter()
-            proposal = seq.drafter.propose(seq.context, budget, seq.request.params, seq.generator) if budget > 0 else None
-            draft = proposal.tokens[:budget] if proposal is not None else torch.empty(0, dtype=torch.long)
-            draft_times.append(time.perf_counter() - t0)
-            proposals.append(proposal)
-            drafts.append(draft)
-            bases.append(self.model.length(seq.slot))
-            rows.append(Row(seq.slot, torch.cat([torch.tensor(seq.context[-1:]), draft])))
-        t0 = time.perf_counter()
-        all_logits = self.model.forward(rows)
-        forward_s = time.perf_counter() - t0
-        tokens = sum(r.tokens.shape[0] for r in rows)
+        of = {seq.dec: seq for seq in active}
+        steps = self.core.step([seq.dec for seq in active], lambda dec, k: self._limit(of[dec], k))
         if self.costs is not None:
-            self.costs.observe(len(rows), round(tokens / len(rows)), forward_s)
-        self.metrics.batch_size.labels(self.metrics.model_name).observe(len(rows))
-        for seq, draft, proposal, logits, base, draft_s in zip(active, drafts, proposals, all_logits, bases, draft_times):
-            verdict = self._verify(seq, draft, proposal, logits)
-            self.model.truncate(seq.slot, base + 1 + verdict.accepted)
-            seq.drafter.observe(len(draft), verdict.accepted)
-            self._commit(seq, draft[: verdict.accepted].tolist() + [verdict.next_token],
-                         Step([], len(draft), verdict.accepted, draft_s, forward_s))
-
-    def _verify(self, seq: Sequence, draft, proposal, logits):
-        params = seq.request.params
-        if params.greedy:
-            return verify_greedy(draft.to(logits.device), logits)
-        q = proposal.probs[: len(draft)] if proposal is not None and proposal.probs is not None else None
-        return verify_rejection(draft.to(logits.device), q, warp(logits, params), seq.generator)
-
-    def _commit(self, seq: Sequence, new: list[int], step: Step) -> None:
-        req = seq.request
-        eos = set() if req.ignore_eos else self.eos_ids
-        for i, token in enumerate(new):
-            if token in eos:
-                new = new[: i + 1]
-                break
-        seq.context.extend(new)
-        generated = len(seq.context) - len(req.prompt)
-        finished = generated >= req.max_tokens or new[-1] in eos
-        step.tokens, step.finished = new, finished
-        seq.policy.observe(step)
-        self._account(seq, step)
-
-        seq.out.extend(new)
-        text = self.tokenizer.decode(seq.out, skip_special_tokens=True)
-        cut = seq.scanner.find(text)
-        reason = "length"
-        if cut >= 0:
-            text, reason = text[:cut], "stop"
-            while len(seq.out) > 1 and seq.scanner.find(self.tokenizer.decode(seq.out[:-1], skip_special_tokens=True)) >= 0:
-                seq.out.pop()
-        elif finished and new[-1] in eos:
-            reason = "stop"
-        end = len(text) if (cut >= 0 or finished) else seq.scanner.safe_prefix(text)
-        if end > seq.streamed:
-            seq.sink(Delta(text[seq.streamed:end]))
-            seq.streamed = end
-        if cut >= 0 or finished:
-            with self.cv:
-                self._finish(seq, reason, Done(reason, self._usage(seq)))
+            tokens = sum(step.drafted + 1 for step in steps)
+            self.costs.observe(len(steps), round(tokens / len(steps)), steps[0].verify_s)
+        self.metrics.batch_size.labels(self.metrics.model_name).observe(len(steps))
+        for seq, step in zip(active, steps):
+            self._account(seq, step)
+            delta = seq.text.push(step.tokens, step.finished)
+            if delta:
+                seq.sink(Delta(delta))
+            if reason := seq.text.finish_reason:
+                with self.cv:
+                    self._finish(seq, reason, Done(reason, self._usage(seq)))
 
     def _account(self, seq: Sequence, step: Step) -> None:
         """One definition of what a step adds: request usage, engine-wide stats, Prometheus."""

@@ -6,7 +6,7 @@ A data directory holds `sequences.jsonl`, one {"id", "category", "prompt_ids", "
 are recomputed at training time by one teacher-forced forward per sequence (features.py), which keeps
 the data small and valid for any head. Responses are generated with speculative decoding (n-gram
 drafter by default); in fp32 greedy that is token-identical to plain decoding, only faster; with
-batch > 1 several prompts decode together in the server's continuous-batching engine.
+batch > 1 several prompts decode together in the batched decoding core (batch_decoder.py).
 Lines are appended as they finish, so a killed run resumes where it stopped (ids already present
 are skipped).
 """
@@ -86,7 +86,7 @@ def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | P
                   seed: int = 0, batch: int = 1, meta: dict | None = None) -> list[Sequence]:
     """Append the target's responses for every prompt not yet in out/sequences.jsonl; stop
     starting new ones after `minutes`. `drafter` is a drafter spec (context: how to build it);
-    batch > 1 decodes that many prompts at once through the serving engine (continuous batching,
+    batch > 1 decodes that many prompts at once through the batched core (continuous batching,
     same greedy output, several times the tokens per CPU-second). Returns all sequences."""
     from tqdm import tqdm
 
@@ -142,36 +142,35 @@ def _respond_one_by_one(loaded, prompts, *, drafter, context, k, params, max_new
 
 
 def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch):
-    """The same, `batch` at a time through the server's engine; yields in order of completion."""
-    import queue
+    """The same, `batch` at a time through the batched decoding core; yields in order of completion."""
+    import torch
 
-    from specdecode.server import build_engine, default_routes
-    from specdecode.server.engine import Done, Failed, Request
+    from specdecode import drafters
+    from specdecode.batch_decoder import BatchDecoder, Sequence, per_sequence
+    from specdecode.batch_model import batched
+    from specdecode.control import FixedK
 
-    engine = build_engine(loaded, default_routes(drafter, k, False), model_name="train-data", max_batch=batch,
-                          queue_size=2 * batch, load_control=False, dtype=context.dtype, device=context.device,
-                          backend=context.backend, drafter_quant=context.quant)
-    events: queue.Queue = queue.Queue()
-    pending = list(reversed(prompts))
-    running = {}
-    engine.start()
-    try:
-        while pending or running:
-            while pending and len(running) < 2 * batch and not (deadline and time.monotonic() > deadline):
-                p, ids = pending.pop()
-                request = Request(ids, params, max_new_tokens, seed=_seed(seed, p), drafter=drafter, k=k)
-                key = object()
-                running[key] = (p, ids, engine.submit(request, lambda e, key=key: events.put((key, e))))
-            if not running:
-                return
-            key, event = events.get()
-            if isinstance(event, Failed):
-                raise RuntimeError(f"batched generation failed: {event.message}")
-            if isinstance(event, Done):
-                p, ids, seq = running.pop(key)
-                yield p, ids, list(seq.out)
-    finally:
-        engine.stop()
+    core = BatchDecoder(batched(loaded.model, batch))
+    template = drafters.build(drafter, context)
+    pending, running = list(reversed(prompts)), {}
+    while pending or running:
+        admitted = []
+        while pending and len(admitted) < len(core.free) and not (deadline and time.monotonic() > deadline):
+            p, ids = pending.pop()
+            seq = Sequence(ids, per_sequence(template), FixedK(k), params, torch.Generator().manual_seed(_seed(seed, p)),
+                           max_new_tokens, loaded.eos_ids)
+            running[seq] = p
+            admitted.append(seq)
+        if admitted:
+            core.start(admitted)
+        if not running:
+            return
+        seqs = list(running)
+        core.step(seqs)
+        for seq in seqs:
+            if seq.finished:
+                core.release(seq)
+                yield running.pop(seq), seq.prompt, seq.context[len(seq.prompt):]
 
 
 def token_map(seqs: list[Sequence], vocab_size: int, size: int) -> "torch.Tensor":

@@ -26,23 +26,22 @@ class Features:
 
 
 def compute(model, seqs: list[Sequence], layer_ids: tuple[int, ...] = ()) -> Features:
-    """model: a CausalLM with hidden-state capture (FastLlama or HFModel)."""
+    """model: a CausalLM (FastLlama or HFModel), asked for its final hidden rows and the layers `layer_ids`."""
     from tqdm import tqdm
 
     out = Features([], [], [], [])
-    model.capture = tuple(layer_ids)
     try:
         for s in tqdm(seqs, desc="target features", unit="seq"):
             tokens = torch.tensor(s.tokens, dtype=torch.long)
             model.reset()
-            model.extend(tokens, num_logits=1)
+            feats = model.forward(tokens, num_logits=1, layers=(-1, *layer_ids)).features  # [n, (1 + layers) H]
+            width = feats.shape[1] // (1 + len(layer_ids))
+            hidden, layers = feats[:, :width], feats[:, width:]  # the final hidden rows, the layers' concatenated
             out.tokens.append(tokens)
             out.start.append(len(s.prompt_ids))
-            out.hidden.append(model.hidden.float().cpu().clone())  # clone: a normal (not inference) tensor
-            cat = torch.cat(model.layer_hidden, -1) if layer_ids else model.hidden.new_zeros(len(tokens), 0)
-            out.layers.append(cat.float().cpu().clone())
+            out.hidden.append(hidden.float().cpu().clone())  # clone: a normal (not inference) tensor
+            out.layers.append(layers.float().cpu().clone())
     finally:
-        model.capture = ()
         model.reset()
     return out
 

@@ -1,0 +1,146 @@
+"""Speculative decoding of many sequences at once: decoder.py's step, one row per sequence.
+
+The batched core knows nothing of HTTP, queues or text. Each sequence owns a slot of a BatchLM
+(batch_model.py) and keeps decoder.py's invariant: its slot holds every committed token but the
+last. One `step` is decoder.decode's step for every sequence given:
+
+  1. each drafter proposes up to its k tokens (its policy's k, optionally limited by the caller,
+     e.g. the server's load control), cut to the sequence's budget (step.plan);
+  2. ONE batched target forward over every row [last committed, drafts] (ragged; a tree row with
+     its own positions and mask; features for drafters that read them);
+  3. per row: the same verification (step.check), rollback (truncate, or keep for a tree), drafter
+     feedback and features, and commit (step.commit) as the single-sequence loop.
+
+Sequences join (`start`: prefill) and leave (`release`) between steps, so a sequence's greedy
+output is the one it gets alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specdecode.batch_model import BatchLM, Row
+from specdecode.control import KPolicy
+from specdecode.drafters.base import Drafter, feature_layers
+from specdecode.fast_llama import FastLlama
+from specdecode.lm import CausalLM
+from specdecode.sampling import SamplingParams
+from specdecode.step import Step, check, commit, plan
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence's decoding state."""
+
+    prompt: list[int]
+    drafter: Drafter
+    policy: KPolicy
+    params: SamplingParams
+    generator: torch.Generator | None
+    max_new_tokens: int
+    eos_ids: set[int] | frozenset[int] = frozenset()
+    slot: int | None = None  # its KV slot while it runs
+    context: list[int] = field(default_factory=list)  # every committed token, prompt included
+    finished: bool = False
+
+    @property
+    def generated(self) -> int:
+        return len(self.context) - len(self.prompt)
+
+
+class BatchDecoder:
+    def __init__(self, model: BatchLM):
+        self.model = model
+        self.free = list(range(model.slots - 1, -1, -1))  # pop() hands out the lowest slot first
+
+    def start(self, seqs: list[Sequence]) -> float:
+        """Give each sequence a free slot, begin its drafter and prefill every prompt but its last
+        token in one batched forward (features to the drafters that read them) -> seconds taken."""
+        t0 = time.perf_counter()
+        rows, fed = [], []
+        for seq in seqs:
+            seq.slot = self.free.pop()
+            seq.context = list(seq.prompt)
+            seq.drafter.begin(seq.prompt)
+            if len(seq.prompt) > 1:
+                layers = feature_layers(seq.drafter)
+                rows.append(Row(seq.slot, torch.tensor(seq.prompt[:-1], dtype=torch.long), 1, layers))
+                fed.append(seq.drafter if layers else None)
+        outs = self.model.forward(rows) if rows else []
+        for drafter, out in zip(fed, outs):
+            if drafter is not None:
+                drafter.feed(out.features)
+        return time.perf_counter() - t0
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence leaves: its slot is emptied and free again."""
+        if seq.slot is not None:
+            self.model.truncate(seq.slot, 0)
+            self.free.append(seq.slot)
+            self.free.sort(reverse=True)
+            seq.slot = None
+
+    def step(self, seqs: list[Sequence], limit: Callable[[Sequence, int], int] | None = None) -> list[Step]:
+        """One speculative step of every sequence (all started, none finished) -> their Steps.
+        limit(seq, k): the k to use when its policy asks for k (default: k)."""
+        rows, plans, bases, draft_s = [], [], [], []
+        for seq in seqs:
+            t0 = time.perf_counter()
+            k = seq.policy.next_k()
+            k = limit(seq, k) if limit is not None and k > 0 else k
+            budget = min(k, seq.max_new_tokens - seq.generated - 1)  # a step commits <= budget + 1
+            proposal = seq.drafter.propose(seq.context, budget, seq.params, seq.generator) if budget > 0 else None
+            planned = plan(seq.context[-1], proposal, budget)
+            draft_s.append(time.perf_counter() - t0)
+            base = self.model.length(seq.slot)
+            rows.append(Row(seq.slot, planned.tokens, layers=feature_layers(seq.drafter), **planned.tree_args(base)))
+            plans.append(planned)
+            bases.append(base)
+        t0 = time.perf_counter()
+        outs = self.model.forward(rows)
+        forward_s = time.perf_counter() - t0
+
+        steps = []
+        for seq, planned, base, out, row, seconds in zip(seqs, plans, bases, outs, rows, draft_s):
+            checked = check(planned, out.logits, seq.params, seq.generator)
+            if planned.tree is None:
+                self.model.truncate(seq.slot, base + 1 + len(checked.path))  # drop the rejected drafts
+            else:
+                self.model.keep(seq.slot, *checked.kept(base))  # move the accepted path up after the root
+            seq.drafter.observe(checked.drafted, len(checked.accepted))
+            if row.layers:
+                seq.drafter.feed(out.features[checked.rows])
+            new, seq.finished = commit(checked, seq.eos_ids, seq.max_new_tokens - seq.generated)
+            seq.context.extend(new)
+            step = Step(new, checked.drafted, len(checked.accepted), seconds, forward_s, finished=seq.finished,
+                        depth=checked.depth)
+            seq.policy.observe(step)
+            steps.append(step)
+        return steps
+
+
+def per_sequence(template: Drafter) -> Drafter:
+    """A drafter for one more sequence: a shallow copy of `template` (weights shared) with state of
+    its own where it is not reset by begin(): a draft model's KV cache, an ensemble's members."""
+    drafter = copy.copy(template)
+    model = getattr(drafter, "model", None)
+    if model is not None:
+        drafter.model = fork(model)
+    members = getattr(drafter, "members", None)
+    if members is not None:
+        drafter.members = [per_sequence(m) for m in members]
+    return drafter
+
+
+def fork(model: CausalLM) -> CausalLM:
+    """The same weights with an empty KV cache of its own."""
+    twin = copy.copy(model)
+    if isinstance(twin, FastLlama):
+        twin.k_cache = twin.v_cache = None
+    twin.reset()  # HFModel: a new DynamicCache
+    return twin

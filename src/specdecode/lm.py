@@ -1,0 +1,67 @@
+"""What the decoder sees of a language model: the `CausalLM` protocol and the `Output` of a forward.
+
+A forward returns what was asked for and nothing is left behind on the model: the logits, and
+when a drafter reads the target's hidden states (Medusa, EAGLE) the rows of the layers it named.
+This module imports no model code, so backends (fast_llama.py, models.py, batch_model.py) and
+their users depend on it, not on each other.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Output:
+    """One forward's results. Layer i's features are HF's output_hidden_states[i + 1] (the output
+    of decoder layer i); the last layer's entry is after the final norm (what the LM head reads),
+    and a negative i counts from the end, so (-1,) asks for the LM head's input."""
+
+    logits: torch.Tensor  # [n or num_logits, V] float32
+    features: torch.Tensor | None = None  # [n, len(layers) * H]: every new row, the asked layers concatenated
+
+
+def layer_ids(layers: tuple[int, ...], num_layers: int) -> list[int]:
+    """Requested layers with negative ids resolved; an id out of range is an error."""
+    ids = [i + num_layers if i < 0 else i for i in layers]
+    if any(not 0 <= i < num_layers for i in ids):
+        raise ValueError(f"layers {layers} out of range for a model of {num_layers} layers")
+    return ids
+
+
+class CausalLM(Protocol):
+    vocab_size: int
+    length: int  # tokens currently held in the KV cache
+
+    def reset(self) -> None: ...
+
+    def forward(self, tokens: torch.Tensor, *, num_logits: int = 0, layers: tuple[int, ...] = (),
+                positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> Output:
+        """tokens: [n] appended to the cache -> Output (logits of the last `num_logits` rows when > 0,
+        features of every row for `layers`). A token tree (tree.py) passes positions [n] and
+        tree_mask [n, t] bool (t >= n) over the last t - n cached tokens and the n new ones (i attends
+        to j where True); every new token also attends to all cached tokens before those."""
+        ...
+
+    def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
+        """forward(tokens, num_logits=...).logits: [n or num_logits, V] float32."""
+        ...
+
+    def truncate(self, length: int) -> None: ...
+
+    # Token trees: FastLlama and HFModel; a model without keep() cannot verify trees.
+    def keep(self, length: int, indices: list[int]) -> None:
+        """Keep the first `length` cached tokens, then those at `indices` (ascending), moved up."""
+        ...
+
+
+def cache_dir() -> Path:
+    """Where dequantized GGUF weights and built kernels are cached ($SPECDECODE_CACHE or the user cache dir)."""
+    import platformdirs
+
+    return Path(os.environ.get("SPECDECODE_CACHE") or platformdirs.user_cache_dir("specdecode"))

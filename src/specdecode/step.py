@@ -1,0 +1,117 @@
+"""One speculative step for one sequence, in pieces shared by the single-sequence loop (decoder.py)
+and the batched core (batch_decoder.py), so that both make exactly the same decisions:
+
+  plan(last, proposal, budget) -> Plan       what the target checks: [last, drafts], a chain or a
+                                              token tree, cut to the step's budget;
+  (the caller runs the target on plan.tokens: alone, or as one row of a batched forward)
+  check(plan, logits, params, generator)     greedy or rejection verification, chain or tree
+      -> Checked                              (verify.py, tree_verify.py);
+  cache rollback                              keep the root and the accepted path: plan.kept(base);
+  commit(checked, eos_ids, room)              the committed tokens: cut after an EOS, finished at
+      -> (tokens, finished)                   EOS or when the token budget is used up.
+
+Features (hidden rows) for drafters that read the target's (Medusa, EAGLE) are the forward's rows
+`checked.rows`: the root's and the accepted path's, the positions that stay in the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdecode.drafters.base import Proposal
+from specdecode.sampling import SamplingParams, warp
+from specdecode.tree import Tree
+from specdecode.tree_verify import verify_tree_greedy, verify_tree_rejection
+from specdecode.verify import verify_greedy, verify_rejection
+
+
+@dataclass
+class Step:
+    tokens: list[int]  # tokens committed by this step (accepted drafts + one target token)
+    drafted: int  # draft tokens proposed
+    accepted: int  # draft tokens accepted
+    draft_s: float  # time spent in the drafter
+    verify_s: float  # time spent in the target forward and verification
+    prefill_s: float = 0.0  # first step only: the prompt's prefill
+    finished: bool = False  # EOS or max_new_tokens reached
+    depth: int | None = None  # draft positions checked: = drafted for a chain, a tree's depth (None: unknown)
+
+
+@dataclass
+class Plan:
+    """The target's input for one step: the last committed token (the root), then the drafts."""
+
+    tokens: torch.Tensor  # [1 + n] long
+    tree: Tree | None  # the drafts as a tree (+1 layout, tree.py); None: a chain
+    probs: torch.Tensor | None  # [n, V] q of the drafts, None: one-hot
+
+    def tree_args(self, base: int) -> dict:
+        """forward() arguments placing a tree after `base` cached tokens (none for a chain)."""
+        if self.tree is None:
+            return {}
+        return {"positions": self.tree.positions(base), "tree_mask": self.tree.mask()}
+
+
+def plan(last: int, proposal: Proposal | None, budget: int) -> Plan:
+    """A proposal cut so that the step commits at most budget + 1 tokens: a chain to its first
+    `budget` drafts, a tree to the nodes at most `budget` deep."""
+    if proposal is None or budget <= 0:
+        return Plan(torch.tensor([last]), None, None)
+    probs = proposal.probs
+    if proposal.parents is None:
+        draft = proposal.tokens[:budget]
+        return Plan(torch.cat([torch.tensor([last]), draft]), None, probs[: len(draft)] if probs is not None else None)
+    tree = proposal.tree()
+    nodes = tree.up_to_depth(budget)
+    if len(nodes) < len(tree):
+        tree = tree.subset(nodes)
+        probs = probs[nodes] if probs is not None else None
+    return Plan(torch.tensor([last] + tree.tokens, dtype=torch.long), tree, probs)
+
+
+@dataclass
+class Checked:
+    path: list[int]  # accepted draft nodes in order (a chain: 0..a-1)
+    accepted: list[int]  # their tokens
+    next_token: int  # recovered or bonus token
+    drafted: int  # draft tokens (tree nodes) the target checked
+    depth: int  # longest draft path
+
+    @property
+    def rows(self) -> list[int]:
+        """The forward's rows that stay in the cache: the root (row 0) and the accepted path."""
+        return [0] + [1 + i for i in self.path]
+
+    def kept(self, base: int) -> tuple[int, list[int]]:
+        """keep(length, indices) arguments after a forward that started at `base` cached tokens."""
+        return base + 1, [base + 1 + i for i in self.path]
+
+
+def check(plan: Plan, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Checked:
+    """logits: [1 + n, V], the target's rows for plan.tokens -> the verdict (verify.py, tree_verify.py)."""
+    if plan.tree is None:
+        draft = plan.tokens[1:].to(logits.device)
+        if params.greedy:
+            verdict = verify_greedy(draft, logits)
+        else:
+            verdict = verify_rejection(draft, plan.probs, warp(logits, params), generator)
+        a = verdict.accepted
+        return Checked(list(range(a)), draft[:a].tolist(), verdict.next_token, len(draft), len(draft))
+    tree = plan.tree
+    if params.greedy:
+        verdict = verify_tree_greedy(tree, logits)
+    else:
+        verdict = verify_tree_rejection(tree, plan.probs, warp(logits, params), generator)
+    return Checked(verdict.path, [tree.tokens[i] for i in verdict.path], verdict.next_token, len(tree), tree.max_depth)
+
+
+def commit(checked: Checked, eos_ids: set[int] | frozenset[int], room: int) -> tuple[list[int], bool]:
+    """The tokens a step commits (accepted drafts, then the target's token), cut after the first
+    EOS; finished at EOS or when they fill the `room` left for new tokens."""
+    new = checked.accepted + [checked.next_token]
+    for i, token in enumerate(new):
+        if token in eos_ids:
+            return new[: i + 1], True
+    return new, len(new) >= room

@@ -1,0 +1,76 @@
+"""The batched decoding core: every sequence of a batch gets the output it gets alone through the
+single-sequence loop (greedy), whatever the others in the batch draft: chains, token trees (per-row
+tree masks in one forward) or nothing, on the fused Llama batch and on the per-slot HF fallback.
+Its sampled path is checked statistically in test_decoder.py (the same test as decode's)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdecode.batch_decoder import BatchDecoder, Sequence, per_sequence
+from specdecode.batch_model import BatchedLlama, PerSlotLM, batched
+from specdecode.control import FixedK
+from specdecode.drafters import NgramDrafter, NoDrafter
+from specdecode.sampling import SamplingParams
+from test_decoder import MAX_NEW, cases  # noqa: F401 (cases: the fixture of prompts with clear greedy margins)
+
+DRAFTERS = [NgramDrafter(min_n=1, branches=3), NoDrafter(), NgramDrafter(min_n=1), NgramDrafter(branches=2)]
+
+
+def together(lm, jobs, k):
+    """jobs: (prompt, drafter) decoded as many at a time as lm has slots, joining as others finish
+    -> (outputs in order, steps that verified a tree)."""
+    core = BatchDecoder(lm)
+    seqs = [Sequence(p, per_sequence(d), FixedK(k), SamplingParams(), None, MAX_NEW) for p, d in jobs]
+    waiting, running, trees = list(reversed(seqs)), [], 0
+    while waiting or running:
+        fresh = [waiting.pop() for _ in range(min(len(core.free), len(waiting)))]
+        core.start(fresh)
+        running += fresh
+        for seq, step in zip(running, core.step(running)):
+            trees += step.depth is not None and step.drafted > step.depth
+        for seq in [s for s in running if s.finished]:
+            core.release(seq)
+            running.remove(seq)
+    return [s.context[len(s.prompt):] for s in seqs], trees
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+def test_each_row_equals_plain_greedy_decoding(target, target_hf, cases, backend):
+    """Rows join and leave (3 slots), neighbours draft chains, trees or nothing: every output is the
+    plain greedy one (the full-recompute reference of test_decoder, also what decode gives alone)."""
+    loaded = target if backend == "fast" else target_hf
+    lm = batched(loaded.model, 3)
+    assert isinstance(lm, BatchedLlama if backend == "fast" else PerSlotLM)
+    chosen = cases[:8] if backend == "fast" else cases[:6]
+    jobs = [(prompt, DRAFTERS[i % len(DRAFTERS)]) for i, (prompt, _) in enumerate(chosen)]
+    outputs, trees = together(lm, jobs, k=4)
+    assert trees > 0  # tree rows were verified beside chain rows
+    for (prompt, reference), out in zip(chosen, outputs):
+        assert out == reference, prompt
+
+
+def test_tree_rows_with_their_masks_equal_the_single_sequence_tree_forward(target):
+    """One batched forward with a tree row and a chain row: the tree row's logits are what the
+    single-sequence model gives for the same tree, and keep() leaves the slot as it leaves the model."""
+    from specdecode.batch_model import Row
+    from specdecode.tree import Tree
+
+    model = target.model
+    lm = BatchedLlama(model, 2)
+    prompt = list(range(5, 25))
+    tree = Tree([40, 41, 42, 43, 44], [-1, -1, 1, 2, 0])
+    lm.forward([Row(0, torch.tensor(prompt[:-1])), Row(1, torch.tensor(prompt[:9]))])
+    tokens = torch.tensor([prompt[-1]] + tree.tokens)
+    out = lm.forward([Row(1, torch.tensor(prompt[9:14])),
+                      Row(0, tokens, layers=(-1,), positions=tree.positions(19), tree_mask=tree.mask())])
+    model.reset()
+    model.extend(torch.tensor(prompt[:-1]))
+    ref = model.forward(tokens, layers=(-1,), positions=tree.positions(19), tree_mask=tree.mask())
+    torch.testing.assert_close(out[1].logits, ref.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out[1].features, ref.features, atol=1e-4, rtol=1e-4)
+    lm.keep(0, 20, [21, 22, 23])
+    model.keep(20, [21, 22, 23])
+    after = lm.forward([Row(0, torch.tensor([7]))])[0].logits
+    torch.testing.assert_close(after, model.extend(torch.tensor([7])), atol=1e-4, rtol=1e-4)
