@@ -168,7 +168,7 @@ def sentencepiece_draft_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def target(tiny_model_dir):
     """The tiny target as a LoadedModel with the default backend (FastLlama for Llama models)."""
-    from specdecode import models
+    from specdecode.backends import models
 
     return models.load(tiny_model_dir, "fp32", "cpu")
 
@@ -176,14 +176,14 @@ def target(tiny_model_dir):
 @pytest.fixture(scope="session")
 def target_hf(tiny_model_dir):
     """The same target weights through HF's own forward and DynamicCache (backend hf)."""
-    from specdecode import models
+    from specdecode.backends import models
 
     return models.load(tiny_model_dir, "fp32", "cpu", backend="hf")
 
 
 @pytest.fixture(scope="session")
 def draft(tiny_draft_dir):
-    from specdecode import models
+    from specdecode.backends import models
 
     return models.load(tiny_draft_dir, "fp32", "cpu")
 

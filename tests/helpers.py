@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from specdecode.lm import Output
-from specdecode.sampling import SamplingParams, warp
+from specdecode.backends.lm import Output
+from specdecode.core.sampling import SamplingParams, warp
 
 
 class TableModel:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from specdecode.generation import generate
+from specdecode.core.generation import generate
 from specdecode.drafters.none import NoDrafter
-from specdecode.sampling import SamplingParams
+from specdecode.core.sampling import SamplingParams
 from specdecode.server import build_engine, default_routes
 from specdecode.server.app import ServeOptions, create_app
 from specdecode.server.engine import Engine

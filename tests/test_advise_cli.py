@@ -3,7 +3,7 @@
 import json
 
 from specdecode.cli import main
-from specdecode.config import load_config
+from specdecode.core.config import load_config
 
 
 def test_advise_writes_a_config_generate_accepts(capsys, tiny_model_dir, tmp_path):

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdecode.batch_decoder import BatchDecoder, Sequence, per_sequence
-from specdecode.batch_model import BatchedLlama, PerSlotLM, batched
-from specdecode.control import FixedK
+from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
+from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, batched
+from specdecode.core.control import FixedK
 from specdecode.drafters import NgramDrafter, NoDrafter
-from specdecode.sampling import SamplingParams
+from specdecode.core.sampling import SamplingParams
 from test_decoder import MAX_NEW, cases  # noqa: F401 (cases: the fixture of prompts with clear greedy margins)
 
 DRAFTERS = [NgramDrafter(min_n=1, branches=3), NoDrafter(), NgramDrafter(min_n=1), NgramDrafter(branches=2)]
@@ -54,8 +54,8 @@ def test_each_row_equals_plain_greedy_decoding(target, target_hf, cases, backend
 def test_tree_rows_with_their_masks_equal_the_single_sequence_tree_forward(target):
     """One batched forward with a tree row and a chain row: the tree row's logits are what the
     single-sequence model gives for the same tree, and keep() leaves the slot as it leaves the model."""
-    from specdecode.batch_model import Row
-    from specdecode.tree import Tree
+    from specdecode.backends.batch_model import Row
+    from specdecode.core.tree import Tree
 
     model = target.model
     lm = BatchedLlama(model, 2)

@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from conftest import make_llama
-from specdecode import models
-from specdecode.batch_model import BatchedLlama, PerSlotLM, Row, batched
-from specdecode.control import CostModel
-from specdecode.fast_llama import FastLlama
+from specdecode.backends import models
+from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, Row, batched
+from specdecode.core.control import CostModel
+from specdecode.backends.fast_llama import FastLlama
 from specdecode.server.load import BatchCosts
 
 

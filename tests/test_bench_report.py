@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from specdecode.bench import ideal_speedup
+from specdecode.bench.suite import ideal_speedup
 from specdecode.cli import main
-from specdecode.control import CostModel
-from specdecode.metrics import Stats
+from specdecode.core.control import CostModel
+from specdecode.core.metrics import Stats
 
 
 def test_ideal_speedup_counts_each_step_at_its_own_draft_length():

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from specdecode.config import Route, SpecConfig, load_config
-from specdecode.control import CostModel
+from specdecode.core.config import Route, SpecConfig, load_config
+from specdecode.core.control import CostModel
 from specdecode.errors import UserError
 
 

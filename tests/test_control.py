@@ -2,9 +2,9 @@ import itertools
 
 import pytest
 
-from specdecode.control import AdaptiveK, CostModel, best_k, expected_tokens, predicted_speedup
-from specdecode.costs import measure, monotone
-from specdecode.decoder import Step
+from specdecode.core.control import AdaptiveK, CostModel, best_k, expected_tokens, predicted_speedup
+from specdecode.core.costs import measure, monotone
+from specdecode.core.decoder import Step
 
 
 FREE = CostModel(0.0, {})  # r(k) = 1 and c = 0: the speedup is E(k) itself
@@ -84,9 +84,9 @@ def test_hysteresis_avoids_flapping_near_break_even():
 
 
 def test_k_zero_policy_still_decodes_in_the_loop(target):
-    from specdecode.decoder import decode
+    from specdecode.core.decoder import decode
     from specdecode.drafters import NgramDrafter
-    from specdecode.sampling import SamplingParams
+    from specdecode.core.sampling import SamplingParams
 
     never = AdaptiveK(CostModel(1.0, {k: 2.0 for k in range(1, 5)}), k_max=4, prior=[0.0])
     steps = list(decode(target.model, NgramDrafter(), [5, 6, 7, 5, 6, 7, 5, 6], k=never, params=SamplingParams(),
@@ -96,8 +96,8 @@ def test_k_zero_policy_still_decodes_in_the_loop(target):
 
 
 def test_advise_prediction_accounts_for_steps_without_proposals():
-    from specdecode.advise import predicted_speedup
-    from specdecode.metrics import Stats
+    from specdecode.bench.advise import predicted_speedup
+    from specdecode.core.metrics import Stats
 
     stats = Stats()
     for _ in range(10):

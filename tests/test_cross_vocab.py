@@ -10,13 +10,13 @@ import torch
 from conftest import make_sentencepiece_tokenizer, make_tokenizer
 from helpers import ScriptModel, TableModel, tv, tv_bound
 from specdecode import drafters
-from specdecode.decoder import decode
+from specdecode.core.decoder import decode
 from specdecode.drafters import CrossVocabDrafter, DrafterContext
 from specdecode.drafters.cross_vocab import intersection
 from specdecode.errors import UserError
-from specdecode.generation import generate
-from specdecode.sampling import SamplingParams, warp
-from specdecode.tokenizer_check import compare, token_bytes
+from specdecode.core.generation import generate
+from specdecode.core.sampling import SamplingParams, warp
+from specdecode.backends.tokenizer_check import compare, token_bytes
 
 PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    return", "Hello, world! How are", "SELECT id, name FROM"]
 
@@ -24,7 +24,7 @@ PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    return", "Hello, world
 @pytest.fixture(scope="module")
 def sp_target(sentencepiece_draft_dir):
     """The SentencePiece-style model as a target (the byte-level tiny draft then drafts for it)."""
-    from specdecode import models
+    from specdecode.backends import models
 
     return models.load(sentencepiece_draft_dir, "fp32", "cpu")
 

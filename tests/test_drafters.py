@@ -10,9 +10,9 @@ from specdecode import drafters
 from specdecode.drafters import DrafterContext, DraftModelDrafter, NgramDrafter, NoDrafter
 from specdecode.drafters.ngram import lookup
 from specdecode.errors import UserError
-from specdecode.fast_llama import FastLlama
-from specdecode.models import HFModel
-from specdecode.sampling import SamplingParams
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.models import HFModel
+from specdecode.core.sampling import SamplingParams
 
 
 def look(context, k, max_n=4, min_n=1):
@@ -121,7 +121,7 @@ def test_draft_model_probabilities_are_the_warped_draft_distribution():
     params = SamplingParams(temperature=0.8, top_p=0.9)
     drafter.begin([1])
     proposal = drafter.propose([1, 4], 3, params, torch.Generator().manual_seed(0))
-    from specdecode.sampling import warp
+    from specdecode.core.sampling import warp
 
     previous = [4] + proposal.tokens.tolist()[:-1]
     assert torch.allclose(proposal.probs, warp(table.table[previous], params))

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from conftest import _save, make_llama
-from specdecode import cli, drafters, models
-from specdecode.config import Route, SpecConfig
+from specdecode import cli, drafters
+from specdecode.backends import models
+from specdecode.core.config import Route, SpecConfig
 from specdecode.drafters.eagle import KVCache, head_from_config, rope_tables
 from specdecode.errors import UserError
 from specdecode.export import vllm

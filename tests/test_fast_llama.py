@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from conftest import make_llama
-from specdecode import models
+from specdecode.backends import models
 from specdecode.errors import UserError
-from specdecode.fast_llama import FastLlama
+from specdecode.backends.fast_llama import FastLlama
 
 
 @pytest.fixture(scope="module")

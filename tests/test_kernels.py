@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import make_llama
-from specdecode import kernels
-from specdecode.decoder import decode
+from specdecode.backends import kernels
+from specdecode.core.decoder import decode
 from specdecode.drafters import NgramDrafter, NoDrafter
-from specdecode.fast_llama import FastLlama
-from specdecode.sampling import SamplingParams
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.core.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

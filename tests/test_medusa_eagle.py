@@ -11,10 +11,10 @@ from conftest import make_llama
 from specdecode import drafters
 from specdecode.drafters.eagle import EagleHead, KVCache, rope_tables
 from specdecode.errors import UserError
-from specdecode.fast_llama import FastLlama
-from specdecode.generation import generate
-from specdecode.models import HFModel
-from specdecode.sampling import SamplingParams
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.core.generation import generate
+from specdecode.backends.models import HFModel
+from specdecode.core.sampling import SamplingParams
 from train_fixtures import PROMPTS, make_data
 
 
@@ -151,7 +151,7 @@ def test_shipped_drafters_load_for_the_default_target(default_target, kind):
 
 @pytest.fixture(scope="module")
 def default_target():
-    from specdecode import models
+    from specdecode.backends import models
 
     return models.load(None, "fp32", "cpu")
 
@@ -161,7 +161,7 @@ def test_cost_measurement_times_real_proposals(target, trained, kind):
     """costs.measure runs the target at several sizes, then times the drafter on the context:
     hidden-state drafters must see the context's features (not the last timing forward's), and
     proposing again for the same context redrafts the same tokens instead of nothing."""
-    from specdecode.costs import measure
+    from specdecode.core.costs import measure
 
     drafter = drafters.build(f"{kind}:{trained[kind]}", drafters.DrafterContext(target))
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
@@ -176,7 +176,7 @@ def test_cost_measurement_times_real_proposals(target, trained, kind):
 def test_a_trees_accepted_rows_equal_feeding_the_path_as_a_chain(cls):
     """The features of a tree forward's root and accepted path (the rows the decoder feeds the
     drafter) equal those of feeding those tokens as a chain, and keep() leaves the cache as the chain's."""
-    from specdecode.tree import Tree
+    from specdecode.core.tree import Tree
 
     hf = make_llama(seed=4, layers=2)
     prompt = torch.randint(0, 384, (6,), generator=torch.Generator().manual_seed(1)).tolist()

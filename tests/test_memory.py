@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import make_llama
-from specdecode import memory
+from specdecode.core import memory
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -25,8 +25,9 @@ MEASURE = """
 import json, sys, torch
 from transformers import AutoModelForCausalLM
 from transformers import LlamaForCausalLM  # noqa: F401  (code, not memory under test)
-from specdecode import memory, models, quant
-from specdecode.fast_llama import Linear
+from specdecode.core import memory
+from specdecode.backends import models, quant
+from specdecode.backends.fast_llama import Linear
 Linear(torch.zeros(8, 8))(torch.zeros(1, 8))  # initialise the oneDNN runtime before the baseline
 torch.ao.nn.quantized.dynamic.Linear(8, 8)(torch.zeros(1, 8))  # and the int8 kernels
 before = memory.current_rss_bytes()

@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
-from specdecode import memory, models
-from specdecode.checkpoint import SHIPPED
+from specdecode.core import memory
+from specdecode.backends import models
+from specdecode.backends.checkpoint import SHIPPED
 from specdecode.cli import main
 
 COMMON = dict(dtype="fp32", context=256, batch=1, k=4)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdecode.metrics import Stats
+from specdecode.core.metrics import Stats
 
 
 def observed(steps, prefills=1):
@@ -79,7 +79,7 @@ def test_merge_adds_counts_and_pads_positions():
 
 
 def test_conditional_acceptance_counts_reached_positions():
-    from specdecode.metrics import Stats
+    from specdecode.core.metrics import Stats
 
     s = Stats(prefills=1)
     s.observe(drafted=4, accepted=4, committed=5)  # reaches positions 1-4

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from conftest import make_llama
-from specdecode import drafters, models, quant
+from specdecode import drafters
+from specdecode.backends import models, quant
 from specdecode.cli import main
 from specdecode.errors import UserError
-from specdecode.generation import generate
+from specdecode.core.generation import generate
 
 PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    return", "Hello, world! How are"]
 

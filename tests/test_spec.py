@@ -4,7 +4,7 @@ where `none` means k = 0."""
 import pytest
 
 from specdecode import drafters
-from specdecode.config import Route, SpecConfig
+from specdecode.core.config import Route, SpecConfig
 from specdecode.drafters import KINDS, canonical, parse
 from specdecode.errors import UserError
 
@@ -101,7 +101,7 @@ def test_server_asks_the_spec_what_it_can_serve():
 
 def test_router_and_server_agree_that_none_runs_with_k_zero(target):
     """router.py ran `none` with k = 1 and the server with k = 0; both now ask the spec."""
-    from specdecode.router import Router
+    from specdecode.core.router import Router
 
     router = Router(target, SpecConfig(default=Route("none", 4, False)), drafters.DrafterContext(target))
     assert router.policy("code", Route("none", 4, True), None).next_k() == 0
@@ -109,7 +109,7 @@ def test_router_and_server_agree_that_none_runs_with_k_zero(target):
 
 
 def test_router_builds_one_drafter_per_canonical_spec(target):
-    from specdecode.router import Router
+    from specdecode.core.router import Router
 
     router = Router(target, SpecConfig(default=Route("ngram", 4, False)), drafters.DrafterContext(target))
     assert router.drafter("ngram") is router.drafter("ngram:02-4")

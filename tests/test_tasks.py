@@ -1,4 +1,4 @@
-from specdecode.tasks import TASKS, classify
+from specdecode.core.tasks import TASKS, classify
 
 LABELLED = [
     ("Write a Python function that merges two sorted lists.", "code"),

@@ -3,8 +3,8 @@ import logging
 import pytest
 
 from specdecode.errors import UserError
-from specdecode.metrics import Stats
-from specdecode.taskstate import TaskState
+from specdecode.core.metrics import Stats
+from specdecode.core.taskstate import TaskState
 
 
 def stats(accepted_per_step, k=4):

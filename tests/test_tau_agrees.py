@@ -8,12 +8,12 @@ import json
 import httpx
 
 from serving import MODEL, serve
-from specdecode import bench
+from specdecode.bench import suite as bench
 from specdecode.cli import main
 from specdecode.corpora import Prompt
 from specdecode.monitor import prom
 from specdecode.monitor.tracker import group_counts, spec_series
-from specdecode.sampling import SamplingParams
+from specdecode.core.sampling import SamplingParams
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox",
            "Hello, world! How are you today?",

@@ -4,7 +4,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import make_tokenizer
-from specdecode.tokenizer_check import PROBES, compare
+from specdecode.backends.tokenizer_check import PROBES, compare
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import make_llama
-from specdecode import models
+from specdecode.backends import models
 from specdecode.errors import UserError
-from specdecode.fast_llama import FastLlama
-from specdecode.tree import Tree, best_nodes
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.core.tree import Tree, best_nodes
 
 #        root
 #       /    \

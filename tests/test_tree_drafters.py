@@ -12,10 +12,10 @@ from specdecode import drafters
 from specdecode.drafters import DrafterContext, DraftModelDrafter, DraftTreeDrafter, EnsembleDrafter, NgramDrafter
 from specdecode.drafters.ngram import lookup_all
 from specdecode.errors import UserError
-from specdecode.fast_llama import FastLlama
-from specdecode.generation import generate
-from specdecode.models import HFModel
-from specdecode.sampling import SamplingParams
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.core.generation import generate
+from specdecode.backends.models import HFModel
+from specdecode.core.sampling import SamplingParams
 from test_decoder import MAX_NEW, MIN_MARGIN, full_recompute_greedy, make_prompts, perturbed_copy, run
 
 

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from helpers import TableModel, joint_two, tv, tv_bound
-from specdecode import step as step_module
-from specdecode.decoder import decode
+from specdecode.core import step as step_module
+from specdecode.core.decoder import decode
 from specdecode.drafters import DraftTreeDrafter, NgramDrafter
-from specdecode.sampling import SamplingParams, warp
-from specdecode.tree import Tree
-from specdecode.tree_verify import TreeVerdict, verify_tree_greedy, verify_tree_rejection
+from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.tree import Tree
+from specdecode.core.tree_verify import TreeVerdict, verify_tree_greedy, verify_tree_rejection
 
 V = 8
 TREE = Tree.from_sequences([[3, 1, 4], [3, 5], [2, 6]])  # nodes: 3 1 4 5 2 6

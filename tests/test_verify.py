@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers import tv, tv_bound
-from specdecode.verify import Verdict, verify_greedy, verify_rejection
+from specdecode.core.verify import Verdict, verify_greedy, verify_rejection
 
 V = 8
 

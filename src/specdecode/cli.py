@@ -31,7 +31,7 @@ def _quant_args(p: argparse.ArgumentParser) -> None:
 
 def _check_quant(args, drafter_specs: list[str]) -> None:
     """Validate --target-quant / --drafter-quant before any model is loaded."""
-    from specdecode import quant
+    from specdecode.backends import quant
     from specdecode.drafters import parse
 
     for dtype in args.dtype.split(","):
@@ -167,7 +167,7 @@ def _setup(args) -> None:
 
 
 def _sampling(args):
-    from specdecode.sampling import SamplingParams
+    from specdecode.core.sampling import SamplingParams
 
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
@@ -177,10 +177,10 @@ def _sampling(args):
 def _router(args, target):
     """A Router when any control flag is set, else None (plain fixed-k generation)."""
     from specdecode import drafters
-    from specdecode.config import Route, SpecConfig, load_config
-    from specdecode.router import Router
-    from specdecode.tasks import TASKS
-    from specdecode.taskstate import TaskState
+    from specdecode.core.config import Route, SpecConfig, load_config
+    from specdecode.core.router import Router
+    from specdecode.core.tasks import TASKS
+    from specdecode.core.taskstate import TaskState
 
     if args.task is not None and args.task not in TASKS:
         raise UserError(f"unknown task {args.task!r}; known: {', '.join(TASKS)}")
@@ -192,17 +192,18 @@ def _router(args, target):
 
 
 def cmd_generate(args) -> None:
-    from specdecode import drafters, models
-    from specdecode.control import FixedK
+    from specdecode import drafters
+    from specdecode.backends import models
+    from specdecode.core.control import FixedK
     from specdecode.corpora import Prompt, read_jsonl
-    from specdecode.generation import check_k, generate
+    from specdecode.core.generation import check_k, generate
 
     check_k(args.k)
     params = _sampling(args)
     spec = drafters.parse(args.drafter)
     _check_quant(args, [args.drafter])
     if args.config:
-        from specdecode.config import load_config
+        from specdecode.core.config import load_config
 
         load_config(args.config)  # validate before loading any model
     if args.prompt is not None and args.prompt_file:
@@ -240,8 +241,8 @@ def cmd_generate(args) -> None:
 
 
 def cmd_check_tokenizers(args) -> int:
-    from specdecode.models import load_tokenizer
-    from specdecode.tokenizer_check import compare
+    from specdecode.backends.models import load_tokenizer
+    from specdecode.backends.tokenizer_check import compare
 
     report = compare(load_tokenizer(args.a), load_tokenizer(args.b))
     print(report.summary(args.a, args.b))
@@ -249,10 +250,10 @@ def cmd_check_tokenizers(args) -> int:
 
 
 def cmd_bench(args) -> None:
-    from specdecode import bench, peers
+    from specdecode.bench import suite as bench, peers
     from specdecode.corpora import load_prompts
     from specdecode.drafters import parse
-    from specdecode.generation import check_k
+    from specdecode.core.generation import check_k
 
     params = _sampling(args)
     specs = [s for s in args.drafter.split(",") if s]
@@ -289,16 +290,18 @@ def cmd_bench(args) -> None:
         bench.dump(report, args.out)
         Path(args.out).with_suffix(".md").write_text(table + "\n")
     if args.plots:
-        from specdecode import plots
+        from specdecode.bench import plots
 
         for path in plots.write(report, args.plots):
             print(f"wrote {path}", file=sys.stderr)
 
 
 def cmd_advise(args) -> None:
-    from specdecode import advise, drafters, models
+    from specdecode.bench import advise
+    from specdecode import drafters
+    from specdecode.backends import models
     from specdecode.corpora import load_prompts
-    from specdecode.generation import check_k
+    from specdecode.core.generation import check_k
 
     check_k(args.k_max)
     if args.max_new_tokens <= 0:
@@ -327,7 +330,7 @@ def cmd_advise(args) -> None:
 
 
 def cmd_memory(args) -> None:
-    from specdecode import memory
+    from specdecode.core import memory
 
     if args.context < 1 or args.batch < 1 or args.k < 0:
         raise UserError("--context and --batch must be >= 1 and --k >= 0")
@@ -345,10 +348,11 @@ def cmd_serve(args) -> None:
     import os
     from pathlib import Path
 
-    from specdecode import drafters, models
-    from specdecode.config import load_config
+    from specdecode import drafters
+    from specdecode.backends import models
+    from specdecode.core.config import load_config
 
-    from specdecode.generation import check_k
+    from specdecode.core.generation import check_k
 
     from specdecode.server.drafting import check_servable
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.errors import UserError
-from specdecode.tasks import TASKS
+from specdecode.core.tasks import TASKS
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Prompt:
     prompt: str
     id: str
     category: str = "default"
-    task: str | None = None  # a task label (specdecode.tasks.TASKS); None: classified from the text
+    task: str | None = None  # a task label (specdecode.core.tasks.TASKS); None: classified from the text
 
 
 def read_jsonl(path: str | Path) -> list[Prompt]:

@@ -25,7 +25,7 @@ from specdecode.drafters.ngram import MAX_N, MIN_N, NgramDrafter
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.spec import KINDS, Kind, Spec, canonical, int_options, parse, register, tree_options
 from specdecode.errors import UserError
-from specdecode.models import LoadedModel
+from specdecode.backends.models import LoadedModel
 
 
 @dataclass
@@ -102,9 +102,9 @@ def _parse_draft(arg: str | None) -> Spec:
 def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
     """A distilled checkpoint (spec.arg None or a `train draft` directory) or any causal LM; a model
     with another tokenizer than the target's drafts across vocabularies (chains only)."""
-    from specdecode import models
+    from specdecode.backends import models
     from specdecode.drafters import distilled
-    from specdecode.tokenizer_check import compare
+    from specdecode.backends.tokenizer_check import compare
 
     vocab = ctx.target.model.vocab_size
     if distilled.is_checkpoint(spec.arg):

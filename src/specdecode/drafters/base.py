@@ -11,8 +11,8 @@ from typing import Protocol
 
 import torch
 
-from specdecode.sampling import SamplingParams
-from specdecode.tree import Tree
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.tree import Tree
 
 
 @dataclass

@@ -45,7 +45,7 @@ def num_layers(spec: str | None) -> int:
     import json
     from pathlib import Path
 
-    from specdecode.checkpoint import SHIPPED
+    from specdecode.backends.checkpoint import SHIPPED
 
     directory = Path(spec).expanduser() if spec else SHIPPED / "draft"
     return int(json.loads((directory / "config.json").read_text())["num_layers"])
@@ -53,7 +53,7 @@ def num_layers(spec: str | None) -> int:
 
 def load(spec: str | None, ctx):
     """The distilled draft model (a CausalLM over the target's embedding) for the target in ctx."""
-    from specdecode import checkpoint, models, quant
+    from specdecode.backends import checkpoint, models, quant
 
     quant.check(ctx.quant, ctx.dtype, ctx.device)
     tensors, config = checkpoint.load(spec, "draft", ctx.target)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.models import CausalLM
+from specdecode.backends.models import CausalLM
 
 
 class DraftLM:

@@ -8,7 +8,7 @@ import torch
 
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
-from specdecode.sampling import SamplingParams, sample, warp
+from specdecode.core.sampling import SamplingParams, sample, warp
 
 
 class DraftModelDrafter(DraftLM):

@@ -20,8 +20,8 @@ from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
 from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.errors import UserError
-from specdecode.sampling import SamplingParams, warp
-from specdecode.tree import Tree
+from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.tree import Tree
 
 
 class DraftTreeDrafter(DraftLM):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.fast_llama import Linear
+from specdecode.backends.fast_llama import Linear
 
 
 def draft_lm_head(target, token_map: torch.Tensor) -> Linear:

@@ -28,9 +28,9 @@ from torch import nn
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_vocab import draft_lm_head, scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
-from specdecode.fast_llama import pack_linears
-from specdecode.sampling import SamplingParams, sample, warp
-from specdecode.tree import Tree
+from specdecode.backends.fast_llama import pack_linears
+from specdecode.core.sampling import SamplingParams, sample, warp
+from specdecode.core.tree import Tree
 
 
 def rope_tables(hf_model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,7 +263,7 @@ def head_from_config(config: dict) -> EagleHead:
 
 def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) -> EagleDrafter:
     """spec: a checkpoint directory from `specdecode train eagle`, or None for the shipped one."""
-    from specdecode import checkpoint
+    from specdecode.backends import checkpoint
 
     tensors, config = checkpoint.load(spec, "eagle", loaded)
     head = head_from_config(config)

@@ -11,7 +11,7 @@ proposes anything, its proposal passes through unchanged, q included.
 from __future__ import annotations
 
 from specdecode.drafters.base import Drafter, Proposal, feature_layers
-from specdecode.tree import Tree
+from specdecode.core.tree import Tree
 
 
 class EnsembleDrafter:

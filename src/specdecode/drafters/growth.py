@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from specdecode.sampling import SamplingParams, warp
-from specdecode.tree import Tree, best_nodes
+from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.tree import Tree, best_nodes
 
 
 def draft_dist(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -25,8 +25,8 @@ from torch import nn
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_vocab import draft_lm_head, scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
-from specdecode.sampling import SamplingParams, sample, warp
-from specdecode.tree import Tree
+from specdecode.core.sampling import SamplingParams, sample, warp
+from specdecode.core.tree import Tree
 
 
 class MedusaHeads(nn.Module):
@@ -99,7 +99,7 @@ class MedusaDrafter:
 
 def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) -> MedusaDrafter:
     """spec: a checkpoint directory from `specdecode train medusa`, or None for the shipped one."""
-    from specdecode import checkpoint
+    from specdecode.backends import checkpoint
 
     tensors, config = checkpoint.load(spec, "medusa", loaded)
     heads = MedusaHeads(config["hidden"], config["num_heads"])

@@ -15,7 +15,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from specdecode.drafters.base import Proposal
 from specdecode.errors import UserError
-from specdecode.tree import Tree
+from specdecode.core.tree import Tree
 
 _MAX_HITS = 64  # matches examined per n when collecting several continuations
 

@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
 
 def vllm_target(spec: str | None) -> tuple[str, dict | None, list[str]]:
     """Our --target -> (what vllm serve loads, --hf-overrides or None, notes)."""
-    from specdecode import models
+    from specdecode.backends import models
 
     where = models.local_path(spec)
     if not isinstance(where, Path):
@@ -58,7 +58,7 @@ def vllm_target(spec: str | None) -> tuple[str, dict | None, list[str]]:
 def _target_config(target: str | None, tp: int, notes: list[str]):
     """The target's config, checked against vLLM's tensor-parallel rule (attention heads divisible by
     the TP size); None, with a note, when it cannot be read (a hub id offline)."""
-    from specdecode import models
+    from specdecode.backends import models
 
     try:
         cfg = models.load_config(target)
@@ -72,9 +72,9 @@ def _target_config(target: str | None, tp: int, notes: list[str]):
 
 
 def _config(args):
-    from specdecode.config import Route, SpecConfig, load_config
+    from specdecode.core.config import Route, SpecConfig, load_config
     from specdecode.drafters import parse
-    from specdecode.generation import check_k
+    from specdecode.core.generation import check_k
 
     if args.config and (args.drafter or args.k is not None):
         raise UserError("give either --config or --drafter/--k, not both")
@@ -87,7 +87,7 @@ def _config(args):
 
 
 def cmd_vllm(args) -> None:
-    from specdecode import models
+    from specdecode.backends import models
     from specdecode.export import vllm, vllm_memory
 
     config = _config(args)

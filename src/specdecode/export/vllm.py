@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdecode.config import Route, SpecConfig
+from specdecode.core.config import Route, SpecConfig
 from specdecode.drafters.spec import Spec, parse
 from specdecode.errors import UserError
 from specdecode.export import vllm_checkpoints as ckpt
@@ -86,7 +86,7 @@ def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k
     builds num_speculative_tokens heads and can load only the trained ones)."""
 
     def export(spec, k, ctx) -> RouteExport:
-        from specdecode import checkpoint
+        from specdecode.backends import checkpoint
 
         arg = spec.arg
         tree_notes = [f"{kind} options {dict(spec.options)} make token trees; the export drafts one chain (vLLM's "
@@ -126,7 +126,7 @@ _distilled = _trained("draft", "draft_model", lambda t, c, loaded: ckpt.draft(t,
 
 
 def _draft(spec, k, ctx) -> RouteExport:
-    from specdecode import models
+    from specdecode.backends import models
     from specdecode.drafters import distilled
 
     if distilled.is_checkpoint(spec.arg):  # the shipped distilled draft, or a `specdecode train draft` checkpoint

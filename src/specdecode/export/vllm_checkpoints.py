@@ -147,7 +147,7 @@ def save(directory: Path, tensors: dict, config: dict) -> None:
     """model.safetensors and config.json (config last: a directory with a config has its weights)."""
     from safetensors.torch import save_file
 
-    from specdecode.checkpoint import write_atomic
+    from specdecode.backends.checkpoint import write_atomic
 
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     write_atomic(directory / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdecode.memory import fmt, param_count
+from specdecode.core.memory import fmt, param_count
 
 BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}  # vllm serve --dtype
 VLLM_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
@@ -71,7 +71,7 @@ def _head(with_kv: bool):
 
 
 def _draft_model(spec: dict, tp: int) -> tuple[Shape, int]:
-    from specdecode import models
+    from specdecode.backends import models
 
     return Shape.of(models.load_config(spec["model"])), spec.get("draft_tensor_parallel_size", tp)
 

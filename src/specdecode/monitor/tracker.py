@@ -8,7 +8,7 @@ SpecDecodingLogging and our metrics.py:
     τ (mean acceptance length)   = 1 + accepted tokens / drafts      (the bonus token included)
     acceptance at position i     = accepted_per_pos[i] / drafts      (0-based i)
 
-A draft is one verify step that carried draft tokens; the formulas are specdecode.metrics', the
+A draft is one verify step that carried draft tokens; the formulas are specdecode.core.metrics', the
 ones the CLI, bench and server report.
 
 Windows: each scrape contributes the counters' increase since the previous scrape, per series
@@ -24,8 +24,8 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from specdecode import metrics
-from specdecode.taskstate import DRIFT_DROP, drifted
+from specdecode.core import metrics
+from specdecode.core.taskstate import DRIFT_DROP, drifted
 
 PREFIXES = ("vllm:", "specdecode:")  # vLLM's and ours; the first one present is read
 FAMILIES = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")

@@ -12,9 +12,9 @@
 from __future__ import annotations
 
 from specdecode import drafters
-from specdecode.batch_model import batched
-from specdecode.config import Route, SpecConfig
-from specdecode.models import LoadedModel
+from specdecode.backends.batch_model import batched
+from specdecode.core.config import Route, SpecConfig
+from specdecode.backends.models import LoadedModel
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.engine import Engine
 from specdecode.server.load import measure

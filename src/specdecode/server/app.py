@@ -20,12 +20,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from specdecode.config import Route, SpecConfig
+from specdecode.core.config import Route, SpecConfig
 from specdecode.errors import UserError
-from specdecode.sampling import SamplingParams
+from specdecode.core.sampling import SamplingParams
 from specdecode.server import engine as eng
 from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest, Speculative, error_response
-from specdecode.tasks import classify
+from specdecode.core.tasks import classify
 
 
 @dataclass

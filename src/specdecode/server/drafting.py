@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable
 
 from specdecode import drafters
-from specdecode.batch_decoder import per_sequence
+from specdecode.core.batch_decoder import per_sequence
 from specdecode.errors import UserError
 
 def check_servable(text: str) -> drafters.Spec:

@@ -25,18 +25,18 @@ from itertools import count
 
 import torch
 
-from specdecode import batch_decoder
-from specdecode.batch_decoder import BatchDecoder
-from specdecode.batch_model import BatchLM
-from specdecode.control import CostModel, FixedK, KPolicy, adaptive_k
+from specdecode.core import batch_decoder
+from specdecode.core.batch_decoder import BatchDecoder
+from specdecode.backends.batch_model import BatchLM
+from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
 from specdecode.drafters.spec import parse
-from specdecode.metrics import Stats
-from specdecode.sampling import SamplingParams
+from specdecode.core.metrics import Stats
+from specdecode.core.sampling import SamplingParams
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.load import BatchCosts
 from specdecode.server.metrics import ServerMetrics
-from specdecode.step import Step
-from specdecode.text import TextStream
+from specdecode.core.step import Step
+from specdecode.core.text import TextStream
 
 log = logging.getLogger("specdecode.server")
 

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from specdecode.batch_model import BatchLM, Row
-from specdecode.control import CostModel, best_k
+from specdecode.backends.batch_model import BatchLM, Row
+from specdecode.core.control import CostModel, best_k
 
 
 class BatchCosts:

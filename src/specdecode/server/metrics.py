@@ -6,7 +6,7 @@ Speculation counters mean what vLLM's `vllm:spec_decode_*` counters mean, under 
 - num_draft_tokens: draft tokens proposed; num_accepted_tokens: draft tokens kept;
 - num_accepted_tokens_per_pos{position=i}: steps whose draft at position i (0-based) was kept.
 So α = accepted / draft_tokens and τ (mean acceptance length, bonus included) = 1 + accepted / drafts,
-computed by specdecode.metrics (the one definition the CLI and bench use too). /stats is computed from
+computed by specdecode.core.metrics (the one definition the CLI and bench use too). /stats is computed from
 these same counters, so the two views cannot disagree.
 """
 
@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from specdecode import metrics
+from specdecode.core import metrics
 
 PREFIX = "specdecode:"
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

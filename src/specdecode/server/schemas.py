@@ -12,8 +12,8 @@ from typing import Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from specdecode.generation import MAX_K
-from specdecode.tasks import TASKS
+from specdecode.core.generation import MAX_K
+from specdecode.core.tasks import TASKS
 
 MAX_STOPS = 16
 

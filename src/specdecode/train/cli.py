@@ -55,7 +55,7 @@ def add_parser(sub, model_args, setup) -> None:
 
 
 def _load_target(args):
-    from specdecode import models
+    from specdecode.backends import models
 
     if args.dtype != "fp32":
         raise UserError("training uses the target in fp32 (--dtype fp32)")
@@ -63,8 +63,9 @@ def _load_target(args):
 
 
 def cmd_data(args) -> None:
-    from specdecode import checkpoint, drafters
-    from specdecode.sampling import SamplingParams
+    from specdecode.backends import checkpoint
+    from specdecode import drafters
+    from specdecode.core.sampling import SamplingParams
     from specdecode.train import data
 
     prompts = data.collect_prompts(args.prompts, args.exclude)

@@ -91,8 +91,8 @@ def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | P
     from tqdm import tqdm
 
     from specdecode.drafters import DrafterContext
-    from specdecode.generation import encode_prompt
-    from specdecode.sampling import SamplingParams
+    from specdecode.core.generation import encode_prompt
+    from specdecode.core.sampling import SamplingParams
 
     if batch < 1:
         raise UserError(f"batch must be at least 1, got {batch}")
@@ -131,7 +131,7 @@ def _seed(seed: int, prompt: Prompt) -> int:
 def _respond_one_by_one(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch):
     """(prompt, ids) -> yields (prompt, ids, response ids) in order, one generate() each."""
     from specdecode import drafters
-    from specdecode.generation import generate
+    from specdecode.core.generation import generate
 
     draft = drafters.build(drafter, context)
     for p, ids in prompts:
@@ -146,9 +146,9 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
     import torch
 
     from specdecode import drafters
-    from specdecode.batch_decoder import BatchDecoder, Sequence, per_sequence
-    from specdecode.batch_model import batched
-    from specdecode.control import FixedK
+    from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
+    from specdecode.backends.batch_model import batched
+    from specdecode.core.control import FixedK
 
     core = BatchDecoder(batched(loaded.model, batch))
     template = drafters.build(drafter, context)

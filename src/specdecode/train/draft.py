@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdecode import checkpoint
+from specdecode.backends import checkpoint
 from specdecode.drafters.distilled import build_model
 from specdecode.train import data, features, lora as lora_lib, loop
 

@@ -14,7 +14,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from specdecode import checkpoint
+from specdecode.backends import checkpoint
 from specdecode.drafters.eagle import EagleHead, head_from_config, rope_tables
 from specdecode.train import data, features, loop
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from specdecode.checkpoint import write_atomic
+from specdecode.backends.checkpoint import write_atomic
 from specdecode.errors import UserError
 
 

@@ -13,7 +13,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from specdecode import checkpoint
+from specdecode.backends import checkpoint
 from specdecode.drafters.medusa import MedusaHeads
 from specdecode.train import data, features, loop
 

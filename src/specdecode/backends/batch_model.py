@@ -21,9 +21,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from specdecode.fast_llama import _BLOCK, FastLlama
-from specdecode.lm import CausalLM, Output, layer_ids
-from specdecode.models import HFModel
+from specdecode.backends.fast_llama import _BLOCK, FastLlama
+from specdecode.backends.lm import CausalLM, Output, layer_ids
+from specdecode.backends.models import HFModel
 
 
 @dataclass

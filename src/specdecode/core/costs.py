@@ -9,10 +9,10 @@ import time
 
 import torch
 
-from specdecode.control import CostModel
+from specdecode.core.control import CostModel
 from specdecode.drafters.base import Drafter, feature_layers
-from specdecode.lm import CausalLM
-from specdecode.sampling import SamplingParams
+from specdecode.backends.lm import CausalLM
+from specdecode.core.sampling import SamplingParams
 
 
 def _median_time(fn, repeats: int) -> float:

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from specdecode import control, costs, drafters
-from specdecode.config import Route, SpecConfig
-from specdecode.control import FixedK
+from specdecode.core import control, costs
+from specdecode import drafters
+from specdecode.core.config import Route, SpecConfig
+from specdecode.core.control import FixedK
 from specdecode.corpora import Prompt
-from specdecode.generation import encode_prompt, generate
-from specdecode.metrics import Stats
-from specdecode.models import LoadedModel
-from specdecode.sampling import SamplingParams
-from specdecode.tasks import classify
+from specdecode.core.generation import encode_prompt, generate
+from specdecode.core.metrics import Stats
+from specdecode.backends.models import LoadedModel
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.tasks import classify
 
 MARGIN = 0.03  # a drafter must be predicted at least 3% faster than plain decoding to be recommended
 PLAIN = "none"  # the spec (and report label) of plain decoding

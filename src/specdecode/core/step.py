@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from specdecode.drafters.base import Proposal
-from specdecode.sampling import SamplingParams, warp
-from specdecode.tree import Tree
-from specdecode.tree_verify import verify_tree_greedy, verify_tree_rejection
-from specdecode.verify import verify_greedy, verify_rejection
+from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.tree import Tree
+from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
+from specdecode.core.verify import verify_greedy, verify_rejection
 
 
 @dataclass

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdecode.control import KPolicy
-from specdecode.decoder import decode
+from specdecode.core.control import KPolicy
+from specdecode.core.decoder import decode
 from specdecode.drafters.base import Drafter
 from specdecode.errors import UserError
-from specdecode.metrics import Stats
-from specdecode.models import LoadedModel
-from specdecode.sampling import SamplingParams
-from specdecode.text import TextStream
+from specdecode.core.metrics import Stats
+from specdecode.backends.models import LoadedModel
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.text import TextStream
 
 MAX_K = 64
 

@@ -130,7 +130,7 @@ def draft_config(source: str | None, target_cfg):
     embedding and tied head; anything else is a model of its own."""
     import copy
 
-    from specdecode import models
+    from specdecode.backends import models
     from specdecode.drafters import distilled
 
     if distilled.is_checkpoint(source):
@@ -147,10 +147,10 @@ def report(target: str | None, drafter: str, *, dtype: str, context: int, batch:
     draft model the spec loads (one token per forward, b per forward for a static tree) and trained heads."""
     import torch
 
-    from specdecode import models
-    from specdecode.checkpoint import SHIPPED
+    from specdecode.backends import models
+    from specdecode.backends.checkpoint import SHIPPED
     from specdecode.drafters import distilled, parse
-    from specdecode.fast_llama import SUPPORTED
+    from specdecode.backends.fast_llama import SUPPORTED
 
     spec = parse(drafter)
 

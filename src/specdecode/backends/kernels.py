@@ -31,7 +31,7 @@ def _cpu_flags() -> str:
 
 
 def cache_root() -> Path:
-    from specdecode.lm import cache_dir
+    from specdecode.backends.lm import cache_dir
 
     return cache_dir() / "kernels"
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import logging
 
-from specdecode import costs, drafters
-from specdecode.config import Route, SpecConfig
-from specdecode.control import CostModel, FixedK, KPolicy, adaptive_k
-from specdecode.generation import Result, encode_prompt, generate
-from specdecode.models import LoadedModel
-from specdecode.tasks import classify
-from specdecode.taskstate import TaskState
+from specdecode.core import costs
+from specdecode import drafters
+from specdecode.core.config import Route, SpecConfig
+from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
+from specdecode.core.generation import Result, encode_prompt, generate
+from specdecode.backends.models import LoadedModel
+from specdecode.core.tasks import classify
+from specdecode.core.taskstate import TaskState
 
-log = logging.getLogger("specdecode.router")
+log = logging.getLogger("specdecode.core.router")
 PLAIN = "none"  # the route of plain decoding
 
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 import torch
 
 from specdecode.errors import UserError
-from specdecode.generation import Result
-from specdecode.metrics import Stats
-from specdecode.sampling import SamplingParams
+from specdecode.core.generation import Result
+from specdecode.core.metrics import Stats
+from specdecode.core.sampling import SamplingParams
 
 Peer = Callable[[list[int], int, SamplingParams, int], Result]  # (ids, max_new_tokens, params, seed)
 

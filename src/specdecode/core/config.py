@@ -16,11 +16,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdecode.control import CostModel
+from specdecode.core.control import CostModel
 from specdecode.drafters import check_spec
 from specdecode.errors import UserError
-from specdecode.generation import MAX_K
-from specdecode.tasks import TASKS
+from specdecode.core.generation import MAX_K
+from specdecode.core.tasks import TASKS
 
 
 @dataclass(frozen=True)

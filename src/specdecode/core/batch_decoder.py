@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdecode.batch_model import BatchLM, Row
-from specdecode.control import KPolicy
+from specdecode.backends.batch_model import BatchLM, Row
+from specdecode.core.control import KPolicy
 from specdecode.drafters.base import Drafter, feature_layers
-from specdecode.fast_llama import FastLlama
-from specdecode.lm import CausalLM
-from specdecode.sampling import SamplingParams
-from specdecode.step import Step, check, commit, plan
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.lm import CausalLM
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.step import Step, check, commit, plan
 
 
 @dataclass(eq=False)

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdecode import kernels as fused_kernels
-from specdecode import quant
-from specdecode.lm import Output, layer_ids
+from specdecode.backends import kernels as fused_kernels
+from specdecode.backends import quant
+from specdecode.backends.lm import Output, layer_ids
 
 SUPPORTED = {"llama"}
 _BLOCK = 256  # cache capacity grows in multiples of this many positions

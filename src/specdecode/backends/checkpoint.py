@@ -16,7 +16,7 @@ import torch
 
 from specdecode.errors import UserError
 
-SHIPPED = Path(__file__).parent / "shipped"
+SHIPPED = Path(__file__).parent.parent / "shipped"
 
 
 def fingerprint(hf_model) -> str:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.tree import Tree
+from specdecode.core.tree import Tree
 
 
 @dataclass(frozen=True)

