@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from specdecode.backends.fast_llama import _BLOCK, FastLlama
+from specdecode.backends.fast_llama import FastLlama, grow_kv, rms_norm
 from specdecode.backends.lm import CausalLM, Output, layer_ids
 from specdecode.backends.models import HFModel
 
@@ -86,18 +86,10 @@ class BatchedLlama:
         self.lengths[slot] = length + m
 
     def _ensure_capacity(self, needed: int) -> None:
-        have = 0 if self.k_cache is None else self.k_cache.shape[3]
-        if needed <= have:
-            return
         f = self.fast
-        cap = min(self.max_length, -(-needed // _BLOCK) * _BLOCK)
-        shape = (len(f.layers), self.slots, f.kv_heads, cap, f.head_dim)
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        if have:
-            k[:, :, :, :have] = self.k_cache
-            v[:, :, :, :have] = self.v_cache
-        self.k_cache, self.v_cache = k, v
+        self.k_cache, self.v_cache = grow_kv(self.k_cache, self.v_cache, needed, self.max_length,
+                                             (len(f.layers), self.slots, f.kv_heads, f.head_dim), self.dtype,
+                                             self.device)
 
     @torch.inference_mode()
     def forward(self, rows: list[Row]) -> list[Output]:
@@ -129,7 +121,7 @@ class BatchedLlama:
                 if r.tree_mask is not None:  # a tree's last t tokens see each other only as its mask says
                     rotary[o : o + n] = r.positions.to(dev)
                     mask[i, :n, end - r.tree_mask.shape[1] : end] = r.tree_mask.to(dev)
-        cos, sin = f.cos[rotary][:, None], f.sin[rotary][:, None]  # [N, 1, d]
+        cos, sin = f.cos[rotary], f.sin[rotary]  # [N, d]
         mask = mask[:, None]  # [B, 1, S, L]
         contiguous = slot_ids == list(range(slot_ids[0], slot_ids[0] + b))
         sel = slice(slot_ids[0], slot_ids[0] + b) if contiguous else slot_t
@@ -138,9 +130,7 @@ class BatchedLlama:
 
         x = F.embedding(torch.cat([r.tokens for r in rows]).to(dev), f.embed)  # [N, hidden]
         for i, layer in enumerate(f.layers):
-            qkv = layer.qkv(f._norm(x, layer.norm1)).view(-1, h + 2 * kvh, d)  # [N, h+2kvh, d]
-            q, k = f._rope(qkv[:, : h + kvh], cos, sin).split([h, kvh], dim=1)
-            v = qkv[:, h + kvh :]
+            q, k, v = layer.attention_inputs(x, cos, sin, h, kvh, f.eps)  # [N, h|kvh, d]
             self.k_cache[i][slot_of, :, pos] = k  # [N, kvh, d] into [slots, kvh, cap, d]
             self.v_cache[i][slot_of, :, pos] = v
             q_pad = q.new_zeros(b, s_max, h, d)
@@ -149,9 +139,7 @@ class BatchedLlama:
                 q_pad.transpose(1, 2), self.k_cache[i][sel, :, :l_max], self.v_cache[i][sel, :, :l_max],
                 attn_mask=mask, enable_gqa=True,
             )  # [B, h, S, d]
-            x = x + layer.o(attn.transpose(1, 2)[row_of, t_of].reshape(-1, h * d))
-            gate, up = layer.gate_up(f._norm(x, layer.norm2)).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = layer.finish(x, attn.transpose(1, 2)[row_of, t_of].reshape(-1, h * d), f.eps)
             if i in wanted:
                 captured[i] = x
         for r, end in zip(rows, ends):
@@ -161,10 +149,10 @@ class BatchedLlama:
         picked = torch.cat([torch.arange(o + n - m, o + n) for o, n, m in zip(offsets, counts, keep)]).to(dev)
         last = len(f.layers) - 1
         if last in wanted:  # as HF's output_hidden_states: the last entry is after the final norm
-            captured[last] = f._norm(x, f.final_norm)
+            captured[last] = rms_norm(x, f.final_norm, f.eps)
             logits = f.lm_head(captured[last][picked]).float()
         else:
-            logits = f.lm_head(f._norm(x[picked], f.final_norm)).float()  # [sum keep, V]
+            logits = f.lm_head(rms_norm(x[picked], f.final_norm, f.eps)).float()  # [sum keep, V]
         outputs = []
         for r, o, n, row_logits in zip(rows, offsets, counts, logits.split(keep)):
             ids = layer_ids(r.layers, len(f.layers))

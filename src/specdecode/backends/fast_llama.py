@@ -25,7 +25,7 @@ from specdecode.backends import quant
 from specdecode.backends.lm import Output, layer_ids
 
 SUPPORTED = {"llama"}
-_BLOCK = 256  # cache capacity grows in multiples of this many positions
+CACHE_BLOCK = 256  # cache capacity grows in multiples of this many positions
 _FUSED_MAX_TOKENS = 64  # the fused kernels' attention is a plain loop: longer prefills take SDPA
 
 
@@ -92,7 +92,7 @@ def pack_linears(module: nn.Module) -> nn.Module:
     return module
 
 
-class _Layer:
+class Layer:
     def __init__(self, hf_layer, linear, norm_dtype: torch.dtype):
         """linear: (weight, bias) -> a callable x -> x W^T + b (Linear or FusedLinear)."""
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
@@ -112,6 +112,53 @@ class _Layer:
         self.o = linear(attn.o_proj.weight, attn.o_proj.bias)
         self.gate_up = linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
         self.down = linear(mlp.down_proj.weight, None)
+
+    def attention_inputs(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [N, hidden] rows (any sequences), cos/sin: [N, d] each row's rotary position
+        -> q [N, heads, d], k and v [N, kv_heads, d], q and k rotated."""
+        qkv = self.qkv(rms_norm(x, self.norm1, eps))
+        qkv = qkv.view(x.shape[0], heads + 2 * kv_heads, -1)
+        q, k = rope(qkv[:, : heads + kv_heads], cos[:, None], sin[:, None]).split([heads, kv_heads], dim=1)
+        return q, k, qkv[:, heads + kv_heads :]
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor, eps: float) -> torch.Tensor:
+        """x: [N, hidden] the residual stream, attn: [N, heads*d] -> the layer's output [N, hidden]:
+        output projection and the gated SiLU MLP, each added to the residual."""
+        x = x + self.o(attn)
+        gate, up = self.gate_up(rms_norm(x, self.norm2, eps)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def grow_kv(k_cache, v_cache, needed: int, max_length: int, dims: tuple[int, int, int, int], dtype, device):
+    """KV caches [layers, slots, kv_heads, capacity, d] (None: none yet) with room for `needed`
+    positions: the same tensors when they have it, else copies grown to a multiple of CACHE_BLOCK.
+    dims: (layers, slots, kv_heads, d)."""
+    have = 0 if k_cache is None else k_cache.shape[3]
+    if needed <= have:
+        return k_cache, v_cache
+    layers, slots, kv_heads, d = dims
+    shape = (layers, slots, kv_heads, min(max_length, -(-needed // CACHE_BLOCK) * CACHE_BLOCK), d)
+    k = torch.zeros(shape, dtype=dtype, device=device)
+    v = torch.zeros(shape, dtype=dtype, device=device)
+    if have:
+        k[:, :, :, :have] = k_cache
+        v[:, :, :, :have] = v_cache
+    return k, v
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as HF's Llama: statistics in float32 whatever the activation dtype."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, rotate-half layout: x [..., d], cos/sin broadcastable to it."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
 
 
 class FastLlama:
@@ -144,7 +191,7 @@ class FastLlama:
         self.vocab_size = self.lm_head.out_features
         self.final_norm = hf_model.model.norm.weight.to(self.dtype)
         with torch.no_grad():
-            self.layers = [_Layer(layer, linear, self.dtype) for layer in hf_model.model.layers]
+            self.layers = [Layer(layer, linear, self.dtype) for layer in hf_model.model.layers]
             # cos/sin for every position from HF's own rotary module (covers rope scaling variants)
             positions = torch.arange(self.max_length, device=self.device)[None]
             probe = torch.empty(0, dtype=self.dtype, device=self.device)
@@ -160,27 +207,9 @@ class FastLlama:
         self.length = min(self.length, length)
 
     def _ensure_capacity(self, needed: int) -> None:
-        have = 0 if self.k_cache is None else self.k_cache.shape[3]
-        if needed <= have:
-            return
-        cap = min(self.max_length, -(-needed // _BLOCK) * _BLOCK)
-        shape = (len(self.layers), 1, self.kv_heads, cap, self.head_dim)
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        if have:
-            k[:, :, :, :have] = self.k_cache
-            v[:, :, :, :have] = self.v_cache
-        self.k_cache, self.v_cache = k, v
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, weight.shape, weight, self.eps)
-        return weight * F.rms_norm(x.float(), weight.shape, None, self.eps).to(x.dtype)  # as HF: fp32 stats
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        self.k_cache, self.v_cache = grow_kv(self.k_cache, self.v_cache, needed, self.max_length,
+                                             (len(self.layers), 1, self.kv_heads, self.head_dim), self.dtype,
+                                             self.device)
 
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
         """tokens: [n] -> logits [n, V] float32 (last num_logits rows if > 0); appends to the cache."""
@@ -234,30 +263,26 @@ class FastLlama:
         n, start = tokens.shape[0], self.length
         end = start + n
         h, d, kvh = self.heads, self.head_dim, self.kv_heads
-        x = F.embedding(tokens.to(self.device), self.embed).to(self.dtype)[None]  # [1, n, hidden]
+        x = F.embedding(tokens.to(self.device), self.embed).to(self.dtype)  # [n, hidden]
         captured = {}
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._norm(x, layer.norm1))  # [1, n, (h+2kvh)*d]
-            qkv = qkv.view(1, n, h + 2 * kvh, d).transpose(1, 2)
-            q, k = self._rope(qkv[:, : h + kvh], cos, sin).split([h, kvh], dim=1)  # one rope for q and k
-            v = qkv[:, h + kvh :]
-            self.k_cache[i, :, :, start:end] = k
-            self.v_cache[i, :, :, start:end] = v
+            q, k, v = layer.attention_inputs(x, cos, sin, h, kvh, self.eps)  # [n, h|kvh, d]
+            self.k_cache[i, 0, :, start:end] = k.transpose(0, 1)
+            self.v_cache[i, 0, :, start:end] = v.transpose(0, 1)
             attn = F.scaled_dot_product_attention(
-                q, self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end], attn_mask=mask, enable_gqa=True
+                q.transpose(0, 1)[None], self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end], attn_mask=mask,
+                enable_gqa=True,
             )  # [1, h, n, d]
-            x = x + layer.o(attn.transpose(1, 2).reshape(1, n, h * d))
-            gate, up = layer.gate_up(self._norm(x, layer.norm2)).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = layer.finish(x, attn[0].transpose(0, 1).reshape(n, h * d), self.eps)
             if i in capture:
-                captured[i] = x[0]
+                captured[i] = x
         self.length = end
-        x = self._norm(x, self.final_norm)
+        x = rms_norm(x, self.final_norm, self.eps)
         if len(self.layers) - 1 in capture:
-            captured[len(self.layers) - 1] = x[0]  # as HF's output_hidden_states: the last entry is after the norm
+            captured[len(self.layers) - 1] = x  # as HF's output_hidden_states: the last entry is after the norm
         if num_logits:
-            x = x[:, -num_logits:]
-        return self.lm_head(x)[0].float(), captured
+            x = x[-num_logits:]
+        return self.lm_head(x).float(), captured
 
     def _forward_fused(self, tokens, cos, sin, mask, num_logits: int, capture: set[int]):
         """_forward with kernels.cpp between the matmuls: one call per group of small ops."""

@@ -28,7 +28,7 @@ from torch import nn
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_vocab import draft_lm_head, scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
-from specdecode.backends.fast_llama import pack_linears
+from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.core.sampling import SamplingParams, sample, warp
 from specdecode.core.tree import Tree
 
@@ -39,11 +39,6 @@ def rope_tables(hf_model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(n, device=hf_model.device)[None]
         cos, sin = hf_model.model.rotary_emb(torch.empty(0, dtype=torch.float32, device=hf_model.device), positions)
     return cos[0].float(), sin[0].float()
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -68,7 +63,7 @@ class EagleHead(nn.Module):
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         x = torch.cat([_norm(emb, self.norm_emb, self.eps), _norm(feat, self.norm_feat, self.eps)], -1)
         qkv = self.qkv(x).view(b, t, h + 2 * kvh, d).transpose(1, 2)
-        q, k = _rope(qkv[:, : h + kvh], cos, sin).split([h, kvh], dim=1)
+        q, k = rope(qkv[:, : h + kvh], cos, sin).split([h, kvh], dim=1)
         return q, k, qkv[:, h + kvh :]
 
     def _finish(self, feat, attn):
