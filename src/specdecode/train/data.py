@@ -1,40 +1,31 @@
 """Training data by self-distillation: the target's own responses to a prompt set.
 
-A data directory holds `sequences.jsonl`, one {"id", "category", "prompt_ids", "response_ids",
-"source"} per line ("target": generated here; "given": a user's `response` tokenized as it is), and
-`meta.json` naming the target. Only token ids are stored: hidden states and target distributions
-are recomputed at training time by one teacher-forced forward per sequence (features.py), which keeps
-the data small and valid for any head. Responses are generated with speculative decoding (n-gram
+A data directory holds shards of sequences (shards.py: prompt and response token ids, uint16,
+compressed, checksummed) and `meta.json` naming the target; older directories hold
+`sequences.jsonl`, still read. Only token ids are stored: hidden states and target distributions are
+recomputed at training time by one teacher-forced forward per sequence (features.py), which keeps the
+data small and valid for any head. Responses are generated with speculative decoding (n-gram
 drafter by default); in fp32 greedy that is token-identical to plain decoding, only faster; with
-batch > 1 several prompts decode together in the batched decoding core (batch_decoder.py).
-Lines are appended as they finish, so a killed run resumes where it stopped (ids already present
-are skipped).
+batch > 1 several prompts decode together in the batched decoding core (core/batch_decoder.py).
+Finished sequences are buffered and written as a shard every `shard_size` sequences, every
+`flush_minutes` and when the run ends or is stopped (SIGTERM, Ctrl-C): a rerun resumes by skipping the
+ids already in shards. A second turn (Prompt.parent, e.g. MT-bench's) is asked after its parent's
+response, which the same run (or an earlier one) generated first.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import signal
 import time
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.corpora import Prompt, load_prompts
 from specdecode.errors import UserError
-
-
-@dataclass
-class Sequence:
-    id: str
-    category: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    source: str = "target"
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
+from specdecode.train import shards
+from specdecode.train.shards import Sequence
 
 
 def _given_responses(spec: str) -> dict[str, str]:
@@ -74,54 +65,151 @@ def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | N
     return order
 
 
-def read(data_dir: str | Path) -> list[Sequence]:
-    path = Path(data_dir) / "sequences.jsonl"
-    if not path.is_file():
+def read(data_dir: str | Path, target: dict | None = None) -> list[Sequence]:
+    """Every sequence of a data directory: its shards, then a legacy sequences.jsonl."""
+    path = Path(data_dir)
+    legacy = path / "sequences.jsonl"
+    if not shards.paths(path) and not legacy.is_file():
         raise UserError(f"no training data in {data_dir}: run `specdecode train data --out {data_dir}` first")
-    return [Sequence(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    seqs = shards.read_all(path, target)
+    if legacy.is_file():
+        seqs += [Sequence(**json.loads(line)) for line in legacy.read_text().splitlines() if line.strip()]
+    return seqs
+
+
+class ShardWriter:
+    """Buffers finished sequences and writes them as a shard every `size` sequences or `minutes`."""
+
+    def __init__(self, directory: Path, target: dict, size: int = 256, minutes: float = 10.0):
+        self.directory, self.target, self.size, self.seconds = directory, target, size, 60 * minutes
+        self.buffer: list[Sequence] = []
+        self.last = time.monotonic()
+        self.written = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.buffer.append(seq)
+        if len(self.buffer) >= self.size or time.monotonic() - self.last >= self.seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            shards.write(shards.next_path(self.directory), self.buffer, self.target)
+            self.written += len(self.buffer)
+            self.buffer = []
+        self.last = time.monotonic()
+
+
+def merge(sources: list[str | Path], out: str | Path, shard_size: int = 1024) -> list[Sequence]:
+    """Join data directories into `out` (new, or holding shards of the same target): sequences
+    deduplicated by id (the first copy kept), written as shards of `shard_size`."""
+    out = Path(out)
+    targets = {json.dumps(shards.target_of(p), sort_keys=True) for d in [*sources, out] for p in shards.paths(d)}
+    if len(targets) > 1:
+        raise UserError(f"cannot merge responses of different targets: {sorted(targets)}")
+    have = {s.id for s in read(out)} if shards.paths(out) else set()
+    fresh = []
+    for source in sources:
+        for seq in read(source):
+            if seq.id not in have:
+                have.add(seq.id)
+                fresh.append(seq)
+    if not targets:
+        raise UserError(f"no shards in {', '.join(map(str, sources))}")
+    out.mkdir(parents=True, exist_ok=True)
+    target = json.loads(targets.pop())
+    for i in range(0, len(fresh), shard_size):
+        shards.write(shards.next_path(out), fresh[i : i + shard_size], target)
+    meta = Path(sources[0]) / "meta.json"
+    if meta.is_file() and not (out / "meta.json").exists():
+        (out / "meta.json").write_text(meta.read_text())
+    return read(out)
 
 
 def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | Path, *, drafter: str = "ngram",
                   context=None, k: int = 4, params=None, max_new_tokens: int = 256, minutes: float | None = None,
-                  seed: int = 0, batch: int = 1, meta: dict | None = None) -> list[Sequence]:
-    """Append the target's responses for every prompt not yet in out/sequences.jsonl; stop
-    starting new ones after `minutes`. `drafter` is a drafter spec (context: how to build it);
-    batch > 1 decodes that many prompts at once through the batched core (continuous batching,
-    same greedy output, several times the tokens per CPU-second). Returns all sequences."""
-    from tqdm import tqdm
-
+                  seed: int = 0, batch: int = 1, meta: dict | None = None, shard_size: int = 256,
+                  flush_minutes: float = 10.0, max_prompt_tokens: int | None = None) -> list[Sequence]:
+    """Generate the target's responses for every prompt whose id is not yet in `out`, writing shards
+    as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec (context: how to
+    build it); batch > 1 decodes that many prompts at once through the batched core (same greedy
+    output, several times the tokens per CPU-second). Prompts longer than max_prompt_tokens are
+    skipped. Returns all sequences of `out`."""
+    from specdecode.backends import checkpoint
     from specdecode.drafters import DrafterContext
-    from specdecode.core.generation import encode_prompt
     from specdecode.core.sampling import SamplingParams
 
     if batch < 1:
         raise UserError(f"batch must be at least 1, got {batch}")
+    if shard_size < 1:
+        raise UserError(f"shard size must be at least 1, got {shard_size}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").write_text(json.dumps(meta or {}, indent=1))
-    done = {s.id for s in read(out)} if (out / "sequences.jsonl").exists() else set()
-    todo = [(p, r) for p, r in prompts if p.id not in done]
+    target = checkpoint.describe(loaded)
+    done = {s.id: s for s in read(out, target)} if shards.paths(out) or (out / "sequences.jsonl").exists() else {}
+    if not (out / "meta.json").exists():
+        (out / "meta.json").write_text(json.dumps(meta or {}, indent=1))
+    by_id = {p.id: p for p, _ in prompts}
+    writer = ShardWriter(out, target, shard_size, flush_minutes)
     deadline = time.monotonic() + 60 * minutes if minutes else None
+    options = dict(drafter=drafter, context=context or DrafterContext(loaded), k=k, params=params or SamplingParams(),
+                   max_new_tokens=max_new_tokens, seed=seed, deadline=deadline, batch=batch)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    skipped = 0
+    try:
+        # first the prompts that can be asked now, then second turns whose parent got its answer
+        for ready in (lambda p: p.parent is None or p.parent in done, lambda p: p.parent in done):
+            todo = [(p, given) for p, given in prompts if p.id not in done and ready(p)]
+            encoded = [(p, _encode(loaded.tokenizer, p, by_id, done), given) for p, given in todo]
+            long = [e for e in encoded if max_prompt_tokens and len(e[1]) > max_prompt_tokens]
+            skipped += len(long)
+            encoded = [e for e in encoded if e not in long]
+            for seq in _responses(loaded, encoded, options):
+                writer.add(seq)
+                done[seq.id] = seq
+    finally:
+        writer.flush()
+        signal.signal(signal.SIGTERM, previous)
+    if skipped:
+        print(f"skipped {skipped} prompts longer than {max_prompt_tokens} tokens")
+    return read(out)
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through generate_data's finally: the buffer is written
+
+
+def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str, Sequence]) -> list[int]:
+    """Chat-formatted ids of a prompt; a second turn follows its parent's question and the target's own answer."""
+    from specdecode.core.generation import encode_prompt
+
+    if prompt.parent is None:
+        return encode_prompt(tokenizer, prompt.prompt, None)
+    answer = tokenizer.decode(done[prompt.parent].response_ids, skip_special_tokens=True)
+    messages = [{"role": "user", "content": by_id[prompt.parent].prompt}, {"role": "assistant", "content": answer},
+                {"role": "user", "content": prompt.prompt}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _responses(loaded, encoded, options):
+    """(prompt, ids, given response or None) -> Sequences: given responses as they are, the rest generated."""
+    from tqdm import tqdm
+
     tok, eos = loaded.tokenizer, loaded.eos_ids
-    encoded = [(p, encode_prompt(tok, p.prompt, None), given) for p, given in todo]
     generated = [(p, ids) for p, ids, given in encoded if given is None]
-    respond = _respond_one_by_one if batch == 1 else _respond_batched
-    replies = respond(loaded, generated, drafter=drafter, context=context or DrafterContext(loaded), k=k,
-                      params=params or SamplingParams(), max_new_tokens=max_new_tokens, seed=seed,
-                      deadline=deadline, batch=batch)
-    given_replies = ((p, ids, tok(given, add_special_tokens=False)["input_ids"] + sorted(eos)[:1], "given")
-                     for p, ids, given in encoded if given is not None)
+    respond = _respond_one_by_one if options["batch"] == 1 else _respond_batched
+    given = ((p, ids, tok(text, add_special_tokens=False)["input_ids"] + sorted(eos)[:1], "given")
+             for p, ids, text in encoded if text is not None)
+    replies = ((p, ids, r, "target") for p, ids, r in respond(loaded, generated, **options))
     new_tokens, t0 = 0, time.monotonic()
-    with open(out / "sequences.jsonl", "a") as f, tqdm(total=len(todo), desc="train data", unit="prompt") as bar:
-        for p, ids, response, source in itertools.chain(given_replies, ((p, ids, r, "target") for p, ids, r in replies)):
-            f.write(json.dumps(Sequence(p.id, p.category, ids, response, source).__dict__) + "\n")
-            f.flush()
+    with tqdm(total=len(encoded), desc="train data", unit="prompt") as bar:
+        for p, ids, response, source in itertools.chain(given, replies):
             new_tokens += len(response)
             bar.update()
             bar.set_postfix(tokens=new_tokens, tok_s=f"{new_tokens / (time.monotonic() - t0):.1f}")
-        if bar.n < len(todo):
-            bar.write(f"time limit reached after {bar.n} of {len(todo)} prompts")
-    return read(out)
+            yield Sequence(p.id, p.category, ids, response, source)
+        if bar.n < len(encoded):
+            bar.write(f"time limit reached after {bar.n} of {len(encoded)} prompts")
 
 
 def _seed(seed: int, prompt: Prompt) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from specdecode.train.data import Sequence
+from specdecode.train.shards import Sequence
 
 
 @dataclass

@@ -1,0 +1,106 @@
+"""Training-data shards: round trip, id width, corruption and wrong-target errors that overwrite
+nothing, merging, second turns asked after the target's own first answer, and the large prompt sets."""
+
+import pytest
+
+from specdecode import corpora
+from specdecode.corpora import Prompt
+from specdecode.errors import UserError
+from specdecode.train import data, shards
+from specdecode.train.shards import Sequence
+
+TARGET = {"name": "t", "fingerprint": "abc"}
+
+
+def seqs(n: int, top: int = 1000) -> list[Sequence]:
+    return [Sequence(f"s{i}", "c", [i % top, (7 * i) % top], [(3 * i + j) % top for j in range(i % 5 + 1)],
+                     "target" if i % 2 else "given") for i in range(n)]
+
+
+@pytest.mark.parametrize("top,dtype", [(49152, "uint16"), (2**16, "uint16"), (262144, "uint32")])
+def test_round_trip_and_id_width(tmp_path, top, dtype):
+    original = seqs(40, top) + [Sequence("max", "c", [top - 1], [top - 1, 0])]
+    shards.write(tmp_path / "shard-00000.sds", original, TARGET)
+    assert shards.read(tmp_path / "shard-00000.sds", TARGET) == original
+    assert f'"dtype": "{dtype}"' in (tmp_path / "shard-00000.sds").read_bytes()[:200].decode("latin-1")
+
+
+def test_uint16_shards_are_compact(tmp_path):
+    many = [Sequence(str(i), "c", list(range(100)), list(range(i, i + 300))) for i in range(100)]
+    shards.write(tmp_path / "s.sds", many, TARGET)
+    assert (tmp_path / "s.sds").stat().st_size < 2 * 400 * 100 / 2  # under half of raw uint16
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda b: b[:-7], "truncated or corrupt"),
+    (lambda b: b[:-3] + bytes([b[-3] ^ 1]) + b[-2:], "CRC"),
+    (lambda b: b"NOTASHARD" + b[9:], "not a specdecode shard"),
+    (lambda b: b[:20], "truncated or corrupt"),
+])
+def test_damaged_shards_are_clear_errors(tmp_path, damage, message):
+    path = tmp_path / "shard-00000.sds"
+    shards.write(path, seqs(10), TARGET)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(UserError, match=message) as e:
+        shards.read(path)
+    assert str(path) in str(e.value)
+
+
+def test_another_targets_shard_is_refused_and_nothing_is_overwritten(tmp_path):
+    path = tmp_path / "shard-00000.sds"
+    shards.write(path, seqs(3), TARGET)
+    before = path.read_bytes()
+    with pytest.raises(UserError, match="not of 'other'"):
+        shards.read(path, {"name": "other", "fingerprint": "zzz"})
+    with pytest.raises(UserError, match="not overwriting"):
+        shards.write(path, seqs(5), TARGET)
+    assert path.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
+
+
+def test_merge_deduplicates_by_id_and_refuses_mixed_targets(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d in (a, b, c):
+        d.mkdir()
+    shards.write(a / "shard-00000.sds", seqs(6), TARGET)
+    shards.write(b / "shard-00000.sds", seqs(10)[4:], TARGET)  # s4, s5 again
+    merged = data.merge([a, b], tmp_path / "out", shard_size=4)
+    assert [s.id for s in merged] == [f"s{i}" for i in range(10)]
+    assert len(shards.paths(tmp_path / "out")) == 3
+    shards.write(c / "shard-00000.sds", seqs(2), {"name": "x", "fingerprint": "y"})
+    with pytest.raises(UserError, match="different targets"):
+        data.merge([a, c], tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()
+
+
+def test_second_turns_follow_the_targets_own_first_answer(target, tmp_path):
+    first = Prompt("Name a colour.", "q1", "c")
+    second = Prompt("Now another one.", "q1-turn2", "c", parent="q1")
+    orphan = Prompt("And a third?", "q9-turn2", "c", parent="q9")  # its first turn is held out
+    out = data.generate_data(target, [(second, None), (orphan, None), (first, None)], tmp_path / "d",
+                             drafter="ngram", max_new_tokens=6)
+    by_id = {s.id: s for s in out}
+    assert sorted(by_id) == ["q1", "q1-turn2"]
+    answer = target.tokenizer.decode(by_id["q1"].response_ids, skip_special_tokens=True)
+    expected = target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": answer},
+         {"role": "user", "content": "Now another one."}], add_generation_prompt=True, tokenize=False)
+    assert by_id["q1-turn2"].prompt_ids == target.tokenizer(expected, add_special_tokens=False)["input_ids"]
+
+
+def test_long_prompts_are_skipped(target, tmp_path):
+    prompts = [(Prompt("short", "a", "c"), None), (Prompt("long " * 200, "b", "c"), None)]
+    out = data.generate_data(target, prompts, tmp_path / "d", drafter="ngram", max_new_tokens=4, max_prompt_tokens=50)
+    assert [s.id for s in out] == ["a"]
+
+
+def test_training_prompt_sets_cover_many_sources():
+    mt2 = corpora.load_prompts("mtbench2")
+    assert len(mt2) == 80 and all(p.parent and p.id == p.parent + "-turn2" for p in mt2)
+    bfcl = corpora.load_prompts("bfclall:5")
+    assert len({p.category for p in bfcl}) >= 15 and len({p.id for p in bfcl}) == len(bfcl)
+    heldout_bfcl = {p.id for p in corpora.load_prompts("bfcl:2")}
+    assert heldout_bfcl <= {p.id for p in corpora.load_prompts("bfclall")}  # same ids: --exclude works
+    reasoning = corpora.load_prompts("reasoning:2")
+    generators = {p.id.rsplit("-", 1)[0] for p in reasoning}
+    assert len(generators) >= 80 and len({p.id for p in reasoning}) == len(reasoning)
+    assert reasoning[0].id.endswith("-0") and reasoning[len(generators)].id.endswith("-1")  # interleaved
