@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from specdecode.server.lifecycle import Server
+
 from specdecode.core.generation import generate
 from specdecode.drafters.none import NoDrafter
 from specdecode.core.sampling import SamplingParams
@@ -23,18 +25,17 @@ MODEL = "tiny"
 class Running:
     url: str  # http://127.0.0.1:PORT
     engine: Engine
-    server: uvicorn.Server
+    server: Server
 
 
 @contextmanager
 def serve(target, *, drafter="ngram", k=4, adaptive=False, routes=None, max_batch=8, queue=64,
-          load_control=True, start_engine=True, **opts):
+          load_control=True, start_engine=True, drain_s=5.0, **opts):
     routes = routes or default_routes(drafter, k, adaptive)
     engine = build_engine(target, routes, model_name=MODEL, max_batch=max_batch, queue_size=queue,
                           load_control=load_control)
     app = create_app(engine, ServeOptions(MODEL, routes, **opts), start_engine=start_engine)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error",
-                                           timeout_graceful_shutdown=5))
+    server = Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"), engine, drain_s=drain_s)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -261,14 +261,17 @@ def test_serve_rejects_bad_flags_before_loading(capsys):
 
 def test_serve_command_wires_a_working_app(tiny_model_dir, monkeypatch):
     """`specdecode serve` end to end except the socket: uvicorn.run gets the app, which then serves."""
-    import uvicorn
     from fastapi.testclient import TestClient
 
+    from specdecode.server.lifecycle import FLUSH_S, Server
+
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.setattr(Server, "run", lambda self: seen.update(app=self.config.app, server=self))
     assert main(["serve", "--target", tiny_model_dir, "--port", "8123", "--served-model-name", MODEL, "--threads", "1",
                  "--max-batch", "2", "--api-key", KEY, "--shutdown-timeout", "7"]) == 0
-    assert (seen["host"], seen["port"], seen["timeout_graceful_shutdown"]) == ("127.0.0.1", 8123, 7.0)
+    config = seen["server"].config
+    assert (config.host, config.port, seen["server"].drain_s) == ("127.0.0.1", 8123, 7.0)
+    assert config.timeout_graceful_shutdown == 7.0 + FLUSH_S
     with TestClient(seen["app"]) as client:  # runs the lifespan: engine thread up, then down
         r = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0},
                         headers=AUTH)

@@ -369,6 +369,7 @@ def cmd_serve(args) -> None:
 
         from specdecode.server import build_engine, default_routes
         from specdecode.server.app import ServeOptions, create_app
+        from specdecode.server.lifecycle import Server
     except ImportError as e:
         raise UserError(f"serve needs fastapi, uvicorn and prometheus_client (pip install -e .): {e}") from None
     routes = load_config(args.config) if args.config else default_routes(args.drafter, args.k, args.adaptive)
@@ -384,8 +385,8 @@ def cmd_serve(args) -> None:
                         args.timeout, args.max_body_bytes)
     print(f"specdecode: serving {name} on http://{args.host}:{args.port} (drafter {routes.default.drafter}, "
           f"k {routes.default.k}, max batch {args.max_batch})", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(engine, opts), host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=args.shutdown_timeout)
+    config = uvicorn.Config(create_app(engine, opts), host=args.host, port=args.port, log_level="warning")
+    Server(config, engine, drain_s=args.shutdown_timeout).run()
 
 
 def main(argv: list[str] | None = None) -> int:

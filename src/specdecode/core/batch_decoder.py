@@ -31,6 +31,7 @@ from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.lm import CausalLM
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step, check, commit, plan
+from specdecode.core.verify import check_inputs
 
 
 @dataclass(eq=False)
@@ -87,41 +88,60 @@ class BatchDecoder:
 
     def step(self, seqs: list[Sequence], limit: Callable[[Sequence, int], int] | None = None) -> list[Step]:
         """One speculative step of every sequence (all started, none finished) -> their Steps.
-        limit(seq, k): the k to use when its policy asks for k (default: k)."""
-        rows, plans, bases, draft_s = [], [], [], []
-        for seq in seqs:
+        limit(seq, k): the k to use when its policy asks for k (default: k). A sequence whose drafter
+        or verification raises gets a Step with `error` set and is finished; the others go on."""
+        failed: dict[int, Exception] = {}
+        rows, plans, bases, draft_s = [], {}, {}, {}
+        for i, seq in enumerate(seqs):
             t0 = time.perf_counter()
-            k = seq.policy.next_k()
-            k = limit(seq, k) if limit is not None and k > 0 else k
-            budget = min(k, seq.max_new_tokens - seq.generated - 1)  # a step commits <= budget + 1
-            proposal = seq.drafter.propose(seq.context, budget, seq.params, seq.generator) if budget > 0 else None
-            planned = plan(seq.context[-1], proposal, budget)
-            draft_s.append(time.perf_counter() - t0)
-            base = self.model.length(seq.slot)
-            rows.append(Row(seq.slot, planned.tokens, layers=feature_layers(seq.drafter), **planned.tree_args(base)))
-            plans.append(planned)
-            bases.append(base)
+            try:
+                k = seq.policy.next_k()
+                k = limit(seq, k) if limit is not None and k > 0 else k
+                budget = min(k, seq.max_new_tokens - seq.generated - 1)  # a step commits <= budget + 1
+                proposal = seq.drafter.propose(seq.context, budget, seq.params, seq.generator) if budget > 0 else None
+                plans[i] = plan(seq.context[-1], proposal, budget)
+                check_inputs(plans[i].tokens, self.model.vocab_size)  # a bad id must not reach the forward
+            except Exception as e:  # noqa: BLE001 (one request's drafter must not fail the batch)
+                failed[i] = e
+                continue
+            draft_s[i] = time.perf_counter() - t0
+            bases[i] = self.model.length(seq.slot)
+            rows.append(Row(seq.slot, plans[i].tokens, layers=feature_layers(seq.drafter),
+                            **plans[i].tree_args(bases[i])))
         t0 = time.perf_counter()
-        outs = self.model.forward(rows)
+        outs = iter(self.model.forward(rows) if rows else [])
         forward_s = time.perf_counter() - t0
 
         steps = []
-        for seq, planned, base, out, row, seconds in zip(seqs, plans, bases, outs, rows, draft_s):
-            checked = check(planned, out.logits, seq.params, seq.generator)
-            if planned.tree is None:
-                self.model.truncate(seq.slot, base + 1 + len(checked.path))  # drop the rejected drafts
-            else:
-                self.model.keep(seq.slot, *checked.kept(base))  # move the accepted path up after the root
-            seq.drafter.observe(checked.drafted, len(checked.accepted))
-            if row.layers:
-                seq.drafter.feed(out.features[checked.rows])
-            new, seq.finished = commit(checked, seq.eos_ids, seq.max_new_tokens - seq.generated)
-            seq.context.extend(new)
-            step = Step(new, checked.drafted, len(checked.accepted), seconds, forward_s, finished=seq.finished,
-                        depth=checked.depth)
-            seq.policy.observe(step)
-            steps.append(step)
+        for i, seq in enumerate(seqs):
+            if i not in failed:
+                out = next(outs)
+                try:
+                    steps.append(self._advance(seq, plans[i], bases[i], out, draft_s[i], forward_s))
+                    continue
+                except Exception as e:  # noqa: BLE001 (e.g. the verifier refusing a bad draft)
+                    self.model.truncate(seq.slot, bases[i])  # the forward's rows leave the cache
+                    failed[i] = e
+            seq.finished = True
+            steps.append(Step([], 0, 0, 0.0, forward_s, finished=True, error=failed[i]))
         return steps
+
+    def _advance(self, seq: Sequence, planned, base: int, out, draft_s: float, forward_s: float) -> Step:
+        """Verify one row's drafts, roll its cache back to what it keeps, feed its drafter, commit."""
+        checked = check(planned, out.logits, seq.params, seq.generator)
+        if planned.tree is None:
+            self.model.truncate(seq.slot, base + 1 + len(checked.path))  # drop the rejected drafts
+        else:
+            self.model.keep(seq.slot, *checked.kept(base))  # move the accepted path up after the root
+        seq.drafter.observe(checked.drafted, len(checked.accepted))
+        if out.features is not None:
+            seq.drafter.feed(out.features[checked.rows])
+        new, seq.finished = commit(checked, seq.eos_ids, seq.max_new_tokens - seq.generated)
+        seq.context.extend(new)
+        step = Step(new, checked.drafted, len(checked.accepted), draft_s, forward_s, finished=seq.finished,
+                    depth=checked.depth)
+        seq.policy.observe(step)
+        return step
 
 
 def per_sequence(template: Drafter) -> Drafter:

@@ -35,12 +35,16 @@ class SamplingParams:
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits: [..., V] -> probabilities [..., V] (float32) after temperature, top-k and top-p.
 
-    Greedy parameters give the one-hot distribution of the argmax.
+    Greedy parameters give the one-hot distribution of the argmax. Safe for any valid parameters:
+    a temperature so small that logits / T overflows behaves as greedy (the limit of T -> 0), and
+    top-p always keeps the most likely token, however small p is (1e-46 underflows to 0 in float32).
     """
     logits = logits.float()
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+        return _one_hot_argmax(logits)
+    scaled = logits / params.temperature
+    overflow = (scaled.isnan() | (scaled == float("inf"))).any(-1, keepdim=True)  # [..., 1]
+    logits = torch.where(overflow, logits, scaled)
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -49,9 +53,15 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_probs = sorted_logits.softmax(-1)
         # Drop a token when the tokens ranked above it already cover top_p; the top one always stays.
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
+    probs = logits.softmax(-1)
+    return torch.where(overflow | probs.isnan().any(-1, keepdim=True), _one_hot_argmax(logits), probs)
+
+
+def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -37,6 +37,7 @@ class Step:
     prefill_s: float = 0.0  # first step only: the prompt's prefill
     finished: bool = False  # EOS or max_new_tokens reached
     depth: int | None = None  # draft positions checked: = drafted for a chain, a tree's depth (None: unknown)
+    error: Exception | None = None  # the batched core: this sequence's row failed (drafter or verifier); it stops
 
 
 @dataclass

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from specdecode.core.tree import Tree
+from specdecode.core.verify import check_inputs
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class TreeVerdict:
 
 def verify_tree_greedy(tree: Tree, target_logits: torch.Tensor) -> TreeVerdict:
     """target_logits: [N+1, V] (+1 layout) -> the longest path that follows the target's argmax."""
+    check_inputs(torch.as_tensor(tree.tokens, dtype=torch.long), target_logits.shape[-1])
     choice = target_logits.argmax(-1).tolist()  # [N+1]
     path, node = [], -1
     while (child := tree.child(node, choice[node + 1])) is not None:
@@ -65,7 +67,9 @@ def verify_tree_rejection(
 ) -> TreeVerdict:
     """draft_probs q: [N, V], row i the distribution node i was drawn from given its path and earlier
     siblings, or None (all nodes deterministic: one-hot); target_probs p: [N+1, V] (+1 layout).
-    Consumes one uniform per child tried and one categorical draw at the end."""
+    Consumes one uniform per child tried and one categorical draw at the end. A child whose q is 0
+    is never accepted."""
+    check_inputs(torch.as_tensor(tree.tokens, dtype=torch.long), target_probs.shape[-1], draft_probs, target_probs)
     path, node = [], -1
     while True:
         residual = target_probs[node + 1]
@@ -74,7 +78,7 @@ def verify_tree_rejection(
             q = draft_probs[child] if draft_probs is not None else None
             q_x = float(q[x]) if q is not None else 1.0
             u = float(torch.rand((), generator=generator, device=target_probs.device))
-            if u * q_x < float(residual[x]):
+            if q_x > 0 and u * q_x < float(residual[x]):
                 path.append(child)
                 node = child
                 break

@@ -22,6 +22,16 @@ from dataclasses import dataclass
 import torch
 
 
+def check_inputs(draft: torch.Tensor, vocab_size: int, *probs: torch.Tensor | None) -> None:
+    """Raise ValueError on a draft id outside [0, vocab_size) or a non-finite or negative
+    probability: a buggy drafter or a numerical failure must fail loudly, not be accepted."""
+    if draft.numel() and (int(draft.min()) < 0 or int(draft.max()) >= vocab_size):
+        raise ValueError(f"draft token id out of range [0, {vocab_size}): {draft.tolist()}")
+    for t in probs:
+        if t is not None and not (torch.isfinite(t).all() and (t >= 0).all()):
+            raise ValueError("probabilities must be finite and non-negative (got NaN, inf or a negative value)")
+
+
 @dataclass(frozen=True)
 class Verdict:
     accepted: int  # number of draft tokens accepted (0..k)
@@ -30,6 +40,7 @@ class Verdict:
 
 def verify_greedy(draft: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """draft: [k] token ids; target_logits: [k+1, V] -> accept while draft == target argmax."""
+    check_inputs(draft, target_logits.shape[-1])
     choice = target_logits.argmax(-1)  # [k+1]
     k = draft.shape[0]
     mismatch = (draft != choice[:k]).nonzero()
@@ -45,16 +56,18 @@ def verify_rejection(
 ) -> Verdict:
     """draft: [k]; draft_probs q: [k, V] or None (one-hot); target_probs p: [k+1, V].
 
-    Token i is accepted with probability min(1, p_i(d_i) / q_i(d_i)). On the first rejection the
+    Token i is accepted with probability min(1, p_i(d_i) / q_i(d_i)), never when q_i(d_i) = 0 (a
+    drafter cannot have drawn it; as vLLM's rejection sampler). On the first rejection the
     recovered token is drawn from norm(max(0, p_i - q_i)); if all are accepted the bonus token is
     drawn from p_k. Always consumes k uniforms and then one categorical draw from `generator`.
     """
+    check_inputs(draft, target_probs.shape[-1], draft_probs, target_probs)
     k = draft.shape[0]
     idx = torch.arange(k, device=draft.device)
     p_draft = target_probs[idx, draft]  # [k]
     q_draft = draft_probs[idx, draft] if draft_probs is not None else torch.ones_like(p_draft)
     u = torch.rand(k, generator=generator, device=target_probs.device)
-    rejected = (u * q_draft >= p_draft).nonzero()
+    rejected = ((q_draft <= 0) | (u * q_draft >= p_draft)).nonzero()
     if not rejected.numel():
         return Verdict(k, int(torch.multinomial(target_probs[k], 1, generator=generator)))
     i = int(rejected[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -26,6 +27,9 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.server import engine as eng
 from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest, Speculative, error_response
 from specdecode.core.tasks import classify
+from specdecode.drafters import canonical
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -155,7 +159,13 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        # a union (content: str | list of parts) reports each member; our own checks say the most
+        first = next((e for e in errors if not e.get("type", "").endswith("_type")), errors[0] if errors else
+                     {"loc": (), "msg": "invalid request"})
+        if first.get("type") == "json_invalid":  # loc is (body, character offset): not a parameter
+            where = first.get("loc", ("", "?"))[-1]
+            return error_response(400, f"the body is not valid JSON (at character {where}): "
+                                       f"{first.get('ctx', {}).get('error', first.get('msg'))}", "invalid_request_error")
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         param = ".".join(loc) or None
         return error_response(400, f"{param + ': ' if param else ''}{first.get('msg')}", "invalid_request_error", param)
@@ -171,7 +181,8 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
 
     @app.exception_handler(Exception)
     async def _crash(request, exc: Exception):
-        return error_response(500, "internal server error", "internal_error")
+        log.exception("request failed", exc_info=exc)
+        return error_response(500, "internal server error", "internal_error", headers={"Connection": "close"})
 
     def build(req, ids: list[int], task_text: str) -> eng.Request:
         if req.model is not None and req.model != opts.model_name:
@@ -195,7 +206,8 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
             params = SamplingParams(req.temperature, max(req.top_k, 0), req.top_p)
         except UserError as e:
             raise ApiError(400, str(e), param="speculative.drafter") from None
-        return eng.Request(ids, params, max_tokens, tuple(req.stop or ()), req.seed, route.drafter, route.k,
+        drafter = canonical(route.drafter)  # one spelling per drafter: metric labels, stats keys, templates
+        return eng.Request(ids, params, max_tokens, tuple(req.stop or ()), req.seed, drafter, route.k,
                            route.adaptive, task, req.ignore_eos, opts.timeout_s)
 
     async def run(request: Request, req, ids: list[int], task_text: str, fmt: CompletionFormat):
@@ -212,7 +224,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
         try:
             seq = engine.submit(engine_req, sink)
         except eng.QueueFull as e:
-            raise ApiError(429, str(e), "rate_limit_exceeded", code="queue_full") from None
+            raise ApiError(429, str(e), "rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"}) from None
         except eng.ShuttingDown as e:
             raise ApiError(503, str(e), "service_unavailable") from None
         if req.stream:
@@ -260,7 +272,8 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
                 elif isinstance(event, eng.Done):
                     return JSONResponse(fmt.full("".join(parts), event.finish_reason, event.usage.to_json()))
                 else:
-                    return error_response(event.status, event.message, event.type)
+                    headers = {"Connection": "close"} if event.status >= 500 else None
+                    return error_response(event.status, event.message, event.type, headers=headers)
         except asyncio.CancelledError:
             engine.cancel(seq)
             raise
@@ -269,6 +282,8 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
     async def completions(req: CompletionRequest, request: Request):
         prompt = req.prompt
         ids = list(prompt) if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
+        if any(t >= vocab for t in ids):  # before decoding them for the task classifier
+            raise ApiError(400, f"token ids must be in [0, {vocab})", param="prompt")
         text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
         return await run(request, req, ids, text, CompletionFormat(opts.model_name))
 

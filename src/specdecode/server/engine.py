@@ -198,7 +198,9 @@ class Engine:
 
     def _policy(self, request: Request) -> KPolicy:
         spec = parse(request.drafter)
-        if not request.adaptive or not spec.speculates:
+        if not request.adaptive or not spec.speculates or request.seed is not None:
+            # a seeded request keeps a fixed k: adaptive k follows measured timings and other requests'
+            # acceptance, and a different k consumes its generator differently (not reproducible)
             return FixedK(spec.k(request.k))
         cost = self.costs.cost(1, self.draft_s_per_token.get(request.drafter, 0.0), request.k) if self.costs \
             else CostModel(0.0, {})
@@ -270,6 +272,8 @@ class Engine:
         """k for this request at the current batch size: capped by the measured cost model."""
         spec = seq.request.drafter
         known = self.spec_stats.get(spec)
+        if seq.request.seed is not None:
+            return k  # load control leaves a seeded request's k alone: same text alone and in a full batch
         if self.costs is not None and known is not None and known.drafted >= 32:
             k = min(k, self.costs.cap(len(self.running), known.conditional_acceptance, k,
                                       self.draft_s_per_token.get(spec, 0.0)))
@@ -280,10 +284,16 @@ class Engine:
         of = {seq.dec: seq for seq in active}
         steps = self.core.step([seq.dec for seq in active], lambda dec, k: self._limit(of[dec], k))
         if self.costs is not None:
-            tokens = sum(step.drafted + 1 for step in steps)
-            self.costs.observe(len(steps), round(tokens / len(steps)), steps[0].verify_s)
+            tokens = sum(step.drafted + 1 for step in steps if step.error is None)
+            if tokens:
+                self.costs.observe(len(steps), round(tokens / len(steps)), steps[0].verify_s)
         self.metrics.batch_size.labels(self.metrics.model_name).observe(len(steps))
         for seq, step in zip(active, steps):
+            if step.error is not None:  # this request's row failed; the rest of the batch goes on
+                log.error("request %d failed in its step: %r", seq.id, step.error)
+                with self.cv:
+                    self._finish(seq, "error", Failed(500, "internal_error", f"engine error: {step.error}"))
+                continue
             self._account(seq, step)
             delta = seq.text.push(step.tokens, step.finished)
             if delta:

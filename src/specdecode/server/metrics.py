@@ -21,12 +21,30 @@ from specdecode.core import metrics
 PREFIX = "specdecode:"
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+MAX_DRAFTER_LABELS = 16  # distinct drafter label values; later ones are counted as "other"
+
+
+class BoundedLabels:
+    """The first `limit` distinct values as themselves, every later one as "other": a client naming
+    ever new drafter specs cannot grow /metrics without bound (specs arrive canonicalised)."""
+
+    def __init__(self, limit: int = MAX_DRAFTER_LABELS):
+        self.limit, self.seen = limit, set()
+
+    def __call__(self, value: str) -> str:
+        if value in self.seen:
+            return value
+        if len(self.seen) < self.limit:
+            self.seen.add(value)
+            return value
+        return "other"
 
 
 class ServerMetrics:
     def __init__(self, model_name: str):
         self.registry = r = CollectorRegistry()
         self.model_name = model_name
+        self.drafter_label = BoundedLabels()
         spec = ["model_name", "task", "drafter"]
         self.drafts = Counter(PREFIX + "spec_decode_num_drafts", "Verify steps with at least one draft token", spec, registry=r)
         self.draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed", spec, registry=r)
@@ -55,7 +73,7 @@ class ServerMetrics:
     # -- updates (called from the engine thread) --------------------------------------------
 
     def observe_step(self, task: str, drafter: str, drafted: int, accepted: int, committed: int) -> None:
-        labels = (self.model_name, task, drafter)
+        labels = (self.model_name, task, self.drafter_label(drafter))
         if drafted:
             self.drafts.labels(*labels).inc()
             self.draft_tokens.labels(*labels).inc(drafted)

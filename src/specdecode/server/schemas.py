@@ -7,10 +7,10 @@ we do not do (logprobs, n > 1, penalties) learns it. Extensions: `speculative`, 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specdecode.core.generation import MAX_K
 from specdecode.core.tasks import TASKS
@@ -20,12 +20,13 @@ MAX_STOPS = 16
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.type, self.param, self.code)
+        return error_response(self.status, self.message, self.type, self.param, self.code, self.headers)
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
@@ -38,7 +39,18 @@ def error_response(status: int, message: str, type: str, param: str | None = Non
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """Unknown fields, NaN/inf and type coercion ("8" for an integer) are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+def utf8(text: str) -> str:
+    """Refuse text that is not valid Unicode (a lone surrogate escape such as \\ud800)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (found a lone surrogate escape)") from None
+    return text
 
 
 class Speculative(_Strict):
@@ -55,8 +67,8 @@ class StreamOptions(_Strict):
 class _Common(_Strict):
     model: str | None = Field(None, max_length=512)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, le=2, strict=False)  # strict=False: an integer (1) is a float here
+    top_p: float = Field(1.0, gt=0, le=1, strict=False)
     top_k: int = Field(0, ge=-1, description="0 or -1: no top-k filter")
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=2**63)
@@ -79,7 +91,7 @@ class _Common(_Strict):
             raise ValueError(f"at most {MAX_STOPS} stop strings")
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
-        return stops
+        return [utf8(s) for s in stops]
 
     @field_validator("task")
     @classmethod
@@ -90,7 +102,8 @@ class _Common(_Strict):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] = Field(..., description="text, token ids, or a list of one text")
+    prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] = Field(
+        ..., description="text, token ids, or a list of one text")
     echo: Literal[False] = False
 
     @field_validator("prompt")
@@ -105,18 +118,35 @@ class CompletionRequest(_Common):
                 v = v[0]
         if isinstance(v, str) and not v:
             raise ValueError("prompt must not be empty")
-        return v
+        return utf8(v) if isinstance(v, str) else v
 
 
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
+    @model_validator(mode="before")
+    @classmethod
+    def _only_text(cls, v):
+        if isinstance(v, dict) and v.get("type") != "text":
+            raise ValueError(f"only text content parts are supported, not {v.get('type')!r}")
+        return v
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, v):
+        return utf8(v)
+
 
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = Field(None, max_length=256)
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v):
+        return utf8(v) if isinstance(v, str) else v
 
     def text(self) -> str:
         if isinstance(self.content, list):

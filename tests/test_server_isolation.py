@@ -1,0 +1,229 @@
+"""No request harms another (issue 19): each reproduction of the audit is a test against the real
+server on the tiny model, plus the pure verifier's input checks and the sampler's numerics."""
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from serving import MODEL, reference, scheduler_held, serve
+from specdecode import drafters
+from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.tree import Tree
+from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
+from specdecode.core.verify import verify_greedy, verify_rejection
+from specdecode.drafters.base import Drafter, Proposal
+from specdecode.server.metrics import MAX_DRAFTER_LABELS
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def server(target):
+    with serve(target, drafter="ngram", k=4, max_batch=8) as running:
+        yield running
+
+
+def complete(url, client=None, **body):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, **body}
+    return (client or httpx).post(url + "/v1/completions", json=body, timeout=60)
+
+
+def concurrently(*calls, engine=None):
+    """Run the calls (HTTP requests) in threads; with `engine`, its steps wait until every request is
+    in (running or queued), so they decode in one batch."""
+    results = [None] * len(calls)
+    gate, real = threading.Event(), None
+    if engine is not None:
+        real = engine.core.step
+        engine.core.step = lambda *a, **k: (gate.wait(30), real(*a, **k))[1]
+    else:
+        gate.set()
+
+    def run(i, call):
+        results[i] = call()
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while engine is not None and len(engine.running) + len(engine.waiting) < len(calls):
+            assert time.monotonic() < deadline, "requests did not arrive"
+            time.sleep(0.01)
+    finally:
+        gate.set()
+        if real is not None:
+            engine.core.step = real
+    for t in threads:
+        t.join(60)
+    return results
+
+
+# -- sampling numerics ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("params", [SamplingParams(1e-40), SamplingParams(1e-38), SamplingParams(0.7, top_p=1e-46),
+                                    SamplingParams(1e-45, top_k=3, top_p=1e-30)])
+def test_warp_is_a_distribution_for_any_valid_parameters(params):
+    logits = torch.randn(3, 50) * 30
+    probs = warp(logits, params)
+    assert torch.isfinite(probs).all() and torch.allclose(probs.sum(-1), torch.ones(3))
+    assert (probs.argmax(-1) == logits.argmax(-1)).all()  # underflowing T acts as greedy; top-p keeps the top
+
+
+@pytest.mark.parametrize("extra", [{"temperature": 1e-40}, {"temperature": 1e-38},
+                                   {"temperature": 0.7, "top_p": 1e-46}])
+def test_extreme_sampling_parameters_neither_fail_nor_harm_the_batch(target, server, extra):
+    want = reference(target, target.tokenizer(PROMPT)["input_ids"], 12).text
+    extreme, normal = concurrently(lambda: complete(server.url, seed=1, **extra), lambda: complete(server.url),
+                                   engine=server.engine)
+    assert extreme.status_code == 200, extreme.text
+    assert normal.status_code == 200 and normal.json()["choices"][0]["text"] == want
+
+
+# -- the verifier refuses bad input ------------------------------------------------------------
+
+def test_verifiers_refuse_out_of_range_ids_and_non_finite_probabilities():
+    p = torch.softmax(torch.randn(3, 10), -1)
+    with pytest.raises(ValueError, match="out of range"):
+        verify_rejection(torch.tensor([-1, 2]), None, p, None)
+    with pytest.raises(ValueError, match="out of range"):
+        verify_greedy(torch.tensor([10, 2]), torch.randn(3, 10))
+    bad = p.clone()
+    bad[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        verify_rejection(torch.tensor([1, 2]), None, bad, None)
+    with pytest.raises(ValueError, match="finite"):
+        verify_rejection(torch.tensor([1, 2]), torch.full((2, 10), float("inf")), p, None)
+    tree = Tree([4, 11], [-1, -1])
+    with pytest.raises(ValueError, match="out of range"):
+        verify_tree_greedy(tree, torch.randn(3, 10))
+    with pytest.raises(ValueError, match="finite"):
+        verify_tree_rejection(Tree([4, 5], [-1, -1]), None, bad, None)
+
+
+def test_a_token_its_drafter_gave_probability_zero_is_never_accepted():
+    p = torch.full((2, 4), 0.25)
+    q = torch.tensor([[0.0, 1.0, 0.0, 0.0]])  # the draft is token 0, with q = 0
+    for seed in range(50):
+        g = torch.Generator().manual_seed(seed)
+        assert verify_rejection(torch.tensor([0]), q, p, g).accepted == 0
+        g = torch.Generator().manual_seed(seed)
+        assert verify_tree_rejection(Tree([0], [-1]), q, p, g).accepted == 0
+
+
+# -- one request's failure stays its own ---------------------------------------------------------
+
+class BrokenDrafter(Drafter):
+    """Proposes token id -1: the verifier refuses it, for this request only."""
+
+    def begin(self, prompt):
+        pass
+
+    def propose(self, context, k, params, generator):
+        return Proposal(torch.tensor([-1] * k))
+
+    def observe(self, drafted, accepted):
+        pass
+
+
+def test_a_failing_row_fails_its_request_only(target, server):
+    key = str(drafters.parse("ngram:1-1"))
+    server.engine.pool.templates[key] = BrokenDrafter()
+    try:
+        want = reference(target, target.tokenizer(PROMPT)["input_ids"], 12).text
+        broken, normal = concurrently(lambda: complete(server.url, speculative={"drafter": "ngram:01-1"}),
+                                      lambda: complete(server.url), engine=server.engine)
+    finally:
+        del server.engine.pool.templates[key]
+    assert broken.status_code == 500 and "out of range" in broken.json()["error"]["message"]
+    assert broken.headers["connection"] == "close"
+    assert normal.status_code == 200 and normal.json()["choices"][0]["text"] == want
+    assert complete(server.url).status_code == 200  # the engine goes on
+
+
+# -- input problems are 4xx, never 500, and keep the connection usable -----------------------------
+
+@pytest.mark.parametrize("path,body,message", [
+    ("/v1/completions", '{"model": "tiny", "prompt": "Hello \\ud800 world", "max_tokens": 4}', "valid Unicode"),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": "Hi \\udfff"}]}',
+     "valid Unicode"),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", '
+                             '"text": "x\\ud800"}]}]}', "valid Unicode"),
+    ("/v1/completions", '{"model": "tiny", "prompt": [1, -5, 3], "max_tokens": 4}', "greater than or equal to 0"),
+    ("/v1/completions", '{"model": "tiny", "prompt": [1, 99999999], "max_tokens": 4}', "token ids must be in"),
+    ("/v1/completions", '{"model": "tiny", "prompt": "Hello", "max_tokens": "8"}', "max_tokens"),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", '
+                             '"image_url": {"url": "http://x/y.png"}}]}]}', "only text content parts"),
+])
+def test_bad_input_is_a_400_and_the_connection_stays_usable(server, path, body, message):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        r = client.post(path, content=body.encode(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert message in r.json()["error"]["message"]
+        assert complete(server.url, client).status_code == 200  # same keep-alive connection
+
+
+def test_a_json_syntax_error_names_no_parameter(server):
+    r = httpx.post(server.url + "/v1/completions", content=b'{"model": "tiny", "prompt": }',
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] is None and "not valid JSON" in error["message"]
+
+
+def test_a_full_queue_answers_429_with_retry_after(target):
+    with serve(target, max_batch=1, queue=1, load_control=False) as srv:
+        results = concurrently(*[lambda: complete(srv.url, max_tokens=64, ignore_eos=True)] * 6)
+    limited = [r for r in results if r.status_code == 429]
+    assert limited and all(r.headers.get("retry-after") == "1" for r in limited)
+    assert all(r.status_code in (200, 429) for r in results)
+
+
+# -- shutdown ------------------------------------------------------------------------------------
+
+def test_shutdown_ends_running_streams_with_an_error_event_and_done_and_others_with_503(target):
+    long = {"max_tokens": 480, "ignore_eos": True, "speculative": {"enabled": False}}
+    with serve(target, max_batch=2, load_control=False, drain_s=0.3) as srv:
+        plain = []
+        with httpx.stream("POST", srv.url + "/v1/completions",
+                          json={"model": MODEL, "prompt": "Hello", "temperature": 0, "stream": True, **long}) as resp:
+            lines = resp.iter_lines()
+            assert next(line for line in lines if line).startswith("data: ")
+            with scheduler_held(srv.engine):  # neither request can finish before the drain time is up
+                t = threading.Thread(target=lambda: plain.append(complete(srv.url, prompt="Hi", **long)))
+                t.start()
+                time.sleep(0.3)
+                srv.server.should_exit = True
+                time.sleep(0.6)
+            rest = [line for line in lines if line]
+        t.join(30)
+    assert rest[-1] == "data: [DONE]"
+    assert "error" in json.loads(rest[-2][6:])
+    assert plain and plain[0].status_code == 503
+
+
+# -- seeds and labels ------------------------------------------------------------------------------
+
+def test_a_seeded_sampled_request_gives_the_same_text_alone_and_under_load(server):
+    seeded = {"temperature": 0.9, "seed": 1234, "max_tokens": 24, "speculative": {"drafter": "ngram", "k": 6}}
+    alone = complete(server.url, **seeded).json()["choices"][0]["text"]
+    others = [lambda i=i: complete(server.url, prompt=f"Other request {i} " * 3, max_tokens=24) for i in range(7)]
+    results = concurrently(lambda: complete(server.url, **seeded), *others, engine=server.engine)
+    assert results[0].json()["choices"][0]["text"] == alone
+
+
+def test_drafter_labels_are_canonical_and_bounded(server):
+    for spelling in ("ngram:02-4", "ngram: 2-4", "ngram:2-4"):
+        assert complete(server.url, speculative={"drafter": spelling}).status_code == 200
+    for n in range(1, 8):
+        for m in range(n, min(n + 3, 9)):
+            complete(server.url, speculative={"drafter": f"ngram:{n}-{m}"})
+    text = httpx.get(server.url + "/metrics").text
+    labels = {line.split('drafter="')[1].split('"')[0] for line in text.splitlines()
+              if line.startswith("specdecode:spec_decode_num_draft_tokens_total{")}
+    assert "ngram:02-4" not in labels and "ngram: 2-4" not in labels
+    assert len(labels) <= MAX_DRAFTER_LABELS + 1 and "other" in labels
