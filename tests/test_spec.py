@@ -73,7 +73,7 @@ def test_none_means_k_zero_and_nothing_else_does():
     ("draft:b=2", "needs a model"),
     ("medusa:nodes=4", "needs b=B"),
     ("ensemble:ngram+none", "cannot be 'none'"),
-    ("oracle", "unknown drafter 'oracle'; known: none, ngram, draft, ensemble, medusa, eagle"),
+    ("oracle", "unknown drafter 'oracle'; known: none, ngram, draft, ensemble, medusa, eagle, suffix"),
 ])
 def test_bad_specs_are_refused_by_the_parser(text, message):
     with pytest.raises(UserError, match=message):
@@ -90,7 +90,7 @@ def test_every_kind_has_a_vllm_exporter():
 def test_server_asks_the_spec_what_it_can_serve():
     from specdecode.server.drafting import _on_demand, check_servable
 
-    assert _on_demand() == ["none", "ngram"]
+    assert _on_demand() == ["none", "ngram", "suffix"]  # weightless: built on first use, then shared
     assert check_servable("ngram:02-4") == parse("ngram:2-4")
     # the batched core verifies trees and hands feature drafters their rows: all of these are servable
     for text in ["ngram:b=2", "draft:b=2:/m", "medusa", "ensemble:ngram+ngram:1-2"]:

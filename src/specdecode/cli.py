@@ -85,6 +85,8 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(max_new_tokens=96)
     b.add_argument("--drafters", dest="drafter", help="alias of --drafter")
     b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--passes", type=int, default=1,
+                   help="serve the prompt set N times in one run, drafters (and suffix caches) kept: rows per pass")
     b.add_argument("--adaptive", action="store_true", help="also run each drafter with adaptive k (0..--k-max)")
     b.add_argument("--k-max", type=int, default=12, help="largest k adaptive control may pick")
     b.add_argument("--peers", default="", help="Hugging Face peers in the same run: hf, hf-lookup[:N], hf-assist[:DRAFTER]")
@@ -276,7 +278,9 @@ def cmd_bench(args) -> None:
         raise UserError(f"--sweep-temperatures must be comma-separated numbers, got {args.sweep_temperatures!r}") from None
     if any(t < 0 for t in temperatures):
         raise UserError("--sweep-temperatures: temperatures must be >= 0")
-    prompts = load_prompts(args.prompts)
+    if args.passes < 1:
+        raise UserError(f"--passes must be >= 1, got {args.passes}")
+    prompts = bench.passes(load_prompts(args.prompts), args.passes)
     _setup(args)
     report = bench.run(prompts, specs, target=args.target,
                        dtypes=[d for d in args.dtype.split(",") if d], device=args.device, backend=args.backend,

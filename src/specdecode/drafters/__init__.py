@@ -5,6 +5,7 @@
     draft                                  the shipped distilled draft model (draft:DIR: a `train draft` checkpoint)
     draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
+    suffix[:key=value...]                  suffix decoding over this request and previous responses (suffix.py)
     ensemble:A+B[+...]                     several drafters' proposals merged into one tree
 
 A model path may contain ':'. To add a drafter: one file with the drafter, then one `register(Kind(...))`
@@ -23,6 +24,8 @@ from specdecode.drafters.draft_tree import DraftTreeDrafter
 from specdecode.drafters.ensemble import EnsembleDrafter
 from specdecode.drafters.ngram import MAX_N, MIN_N, NgramDrafter
 from specdecode.drafters.none import NoDrafter
+from specdecode.drafters.suffix import DEFAULTS as SUFFIX_DEFAULTS
+from specdecode.drafters.suffix import SuffixCache, SuffixDrafter
 from specdecode.drafters.spec import KINDS, Kind, Spec, canonical, int_options, parse, register, tree_options
 from specdecode.errors import UserError
 from specdecode.backends.models import LoadedModel
@@ -138,6 +141,41 @@ def _build_heads(spec: Spec, ctx: DrafterContext) -> Drafter:
     return module.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"))
 
 
+# -- suffix ----------------------------------------------------------------------------------------
+
+_SUFFIX_KEYS = {"max_tree_depth": int, "max_cached_requests": int, "max_spec_factor": float, "min_token_prob": float,
+                "tree": int, "b": int}
+
+
+def _parse_suffix(arg: str | None) -> Spec:
+    """`suffix[:key=value...]`, keys as vLLM's suffix method (suffix.DEFAULTS) plus tree=0|1 and b."""
+    values = dict(SUFFIX_DEFAULTS)
+    for item in (s.strip() for s in (arg or "").split(":") if s.strip()):
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in _SUFFIX_KEYS:
+            raise UserError(f"suffix options are key=value with keys {', '.join(_SUFFIX_KEYS)}; got {item!r}")
+        try:
+            values[key.strip()] = _SUFFIX_KEYS[key.strip()](value.strip())
+        except ValueError:
+            raise UserError(f"suffix option {key.strip()} needs a number, got {value!r}") from None
+    if not 2 <= values["max_tree_depth"] <= 64 or values["max_cached_requests"] < 0 or values["b"] < 1:
+        raise UserError(f"suffix needs 2 <= max_tree_depth <= 64, max_cached_requests >= 0 and b >= 1: {arg!r}")
+    if not values["max_spec_factor"] > 0 or not 0 <= values["min_token_prob"] <= 1 or values["tree"] not in (0, 1):
+        raise UserError(f"suffix needs max_spec_factor > 0, 0 <= min_token_prob <= 1 and tree 0 or 1: {arg!r}")
+    return Spec("suffix", tuple(values.items()))
+
+
+def _format_suffix(spec: Spec) -> str:
+    changed = [f"{key}={value}" for key, value in spec.options if value != SUFFIX_DEFAULTS[key]]
+    return ":".join(["suffix", *changed])
+
+
+def _build_suffix(spec: Spec, ctx) -> Drafter:
+    o = dict(spec.options)
+    cache = SuffixCache(o["max_tree_depth"], o["max_cached_requests"])
+    return SuffixDrafter(cache, o["max_tree_depth"], o["max_spec_factor"], o["min_token_prob"], bool(o["tree"]), o["b"])
+
+
 # -- ensemble --------------------------------------------------------------------------------------
 
 def _parse_ensemble(arg: str | None) -> Spec:
@@ -172,7 +210,10 @@ register(Kind("ensemble", _parse_ensemble, _build_ensemble, weightless=True, tre
               format=lambda spec: "ensemble:" + "+".join(map(str, spec.members))))
 register(Kind("medusa", _parse_heads("medusa"), _build_heads, uses_features=True))
 register(Kind("eagle", _parse_heads("eagle"), _build_heads, uses_features=True))
+register(Kind("suffix", _parse_suffix, _build_suffix, weightless=True, format=_format_suffix,
+              trees=lambda spec: spec.option("tree") == 1,
+              tree_nodes=lambda spec, k: min(k, spec.option("max_tree_depth"))))
 
 
 __all__ = ["CrossVocabDrafter", "Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
-           "KINDS", "Kind", "NgramDrafter", "NoDrafter", "Proposal", "Spec", "build", "canonical", "check_spec", "parse"]
+           "KINDS", "Kind", "NgramDrafter", "NoDrafter", "Proposal", "Spec", "SuffixCache", "SuffixDrafter", "build", "canonical", "check_spec", "parse"]

@@ -76,6 +76,20 @@ def _ngram(spec, k, ctx) -> RouteExport:
     return RouteExport(cfg, notes)
 
 
+def _suffix(spec, k, ctx) -> RouteExport:
+    """vLLM's suffix method (SpeculativeConfig suffix_decoding_*; vLLM >= 0.11.1, needs arctic-inference)."""
+    o = dict(spec.options)
+    notes = ["vLLM's suffix method needs the arctic-inference package installed beside vLLM"]
+    if o["tree"] == 1:
+        notes.append("suffix tree=1 verifies token trees; vLLM's suffix proposer drafts one chain per step")
+    cfg = {"method": "suffix", "num_speculative_tokens": min(k, o["max_tree_depth"]),
+           "suffix_decoding_max_tree_depth": o["max_tree_depth"],
+           "suffix_decoding_max_cached_requests": o["max_cached_requests"],
+           "suffix_decoding_max_spec_factor": o["max_spec_factor"],
+           "suffix_decoding_min_token_prob": o["min_token_prob"]}
+    return RouteExport(cfg, notes)
+
+
 _DRAFT_MODEL_NOTE = ("method draft_model needs a vLLM whose V1 engine has the draft-model proposer (vLLM PR "
                      "#24322); v0.11.0 rejects it with NotImplementedError")
 
@@ -147,6 +161,7 @@ def _ensemble(spec, k, ctx) -> RouteExport:
 # one exporter per drafter kind (tests check that every registered kind has one)
 EXPORTERS: dict[str, Callable[[Spec, int, Context], RouteExport]] = {
     "none": _none, "ngram": _ngram, "draft": _draft, "medusa": _medusa, "eagle": _eagle, "ensemble": _ensemble,
+    "suffix": _suffix,
 }
 
 

@@ -1,0 +1,104 @@
+"""`suffix[:key=value...]`: suffix decoding (Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative
+Decoding for Emerging AI Applications", arXiv 2411.04975; vLLM's `method: "suffix"`).
+
+Two counting suffix tries (suffix_tree.py): one over this request's prompt and generated tokens, and
+one shared `SuffixCache` over the responses of previous requests (at most `max_cached_requests`,
+oldest evicted). Each step matches the longest recent pattern of the context in both, grows a
+token tree (or, with tree=0, a chain) from the continuations by their empirical probabilities,
+keeping nodes at least `min_token_prob` likely, and proposes the better-scoring of the two (score:
+the expected accepted tokens, the sum of path probabilities). Speculation length adapts to the match:
+at most `max_spec_factor` × the matched length, and at most `max_tree_depth`. No match: no drafts.
+q is one-hot (tokens chosen deterministically), so verification stays lossless.
+Options mirror vLLM's: max_tree_depth 24, max_cached_requests 10000, max_spec_factor 1.0,
+min_token_prob 0.1; plus tree (1: token trees, 0: chains) and b (branches per node, trees only).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+import torch
+
+from specdecode.core.sampling import SamplingParams
+from specdecode.drafters.base import Proposal
+from specdecode.drafters.suffix_tree import SuffixTrie, grow
+
+DEFAULTS = {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_factor": 1.0, "min_token_prob": 0.1,
+            "tree": 1, "b": 4}
+
+
+class SuffixCache:
+    """The global trie over previous responses, bounded by the number of responses it holds."""
+
+    def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000):
+        self.trie = SuffixTrie(max_tree_depth)
+        self.max_requests = max_cached_requests
+        self.order: OrderedDict[object, None] = OrderedDict()
+        self.ids = itertools.count()
+
+    def new_key(self) -> int:
+        return next(self.ids)
+
+    def extend(self, key, tokens: list[int]) -> None:
+        """Add tokens to response `key` (a new key is a new response; the oldest ones are evicted)."""
+        if self.max_requests == 0 or not tokens:
+            return
+        if key not in self.order:
+            self.order[key] = None
+            while len(self.order) > self.max_requests:
+                self.trie.remove(self.order.popitem(last=False)[0])
+        self.trie.extend(key, tokens)
+
+    def responses(self) -> list[list[int]]:
+        return [self.trie.streams[key] for key in self.order]
+
+    @property
+    def nodes(self) -> int:
+        return self.trie.nodes
+
+
+class SuffixDrafter:
+    name = "suffix"
+
+    def __init__(self, cache: SuffixCache | None = None, max_tree_depth: int = 24, max_spec_factor: float = 1.0,
+                 min_token_prob: float = 0.1, tree: bool = True, branches: int = 4):
+        self.cache = cache if cache is not None else SuffixCache(max_tree_depth)
+        self.depth, self.factor, self.min_prob = max_tree_depth, max_spec_factor, min_token_prob
+        self.branches = branches if tree else 1
+        self.local: SuffixTrie | None = None
+        self.key = None
+        self.seen = 0  # context tokens already added to the tries
+        self.prompt_len = 0
+
+    def begin(self, prompt: list[int]) -> None:
+        self.local = SuffixTrie(self.depth)
+        self.local.extend(0, prompt)
+        self.key = self.cache.new_key()
+        self.seen = self.prompt_len = len(prompt)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        """context: every committed token -> up to k tokens (a tree: nodes at most k deep)."""
+        if self.local is None:
+            self.begin(context)
+        new = context[self.seen :]
+        self.local.extend(0, new)
+        self.cache.extend(self.key, new)  # this response so far, for later requests (and this one)
+        self.seen = len(context)
+        best: tuple[float, list[int], list[int]] = (0.0, [], [])
+        for trie in (self.local, self.cache.trie):
+            node, length = trie.match(context)
+            if node is None:
+                continue
+            limit = min(k, self.depth, max(1, int(self.factor * length)))  # nodes, hence also depth <= k
+            tokens, parents, probs = grow(node, limit, self.min_prob, self.branches)
+            if sum(probs) > best[0]:
+                best = (sum(probs), tokens, parents)
+        _, tokens, parents = best
+        if not tokens:
+            return Proposal.empty()
+        chain = all(p == i - 1 for i, p in enumerate(parents))
+        return Proposal(torch.tensor(tokens, dtype=torch.long), None, None if chain else parents)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass

@@ -1,0 +1,175 @@
+"""Suffix decoding (issue 21): the counting suffix trie against a brute-force reference on random
+streams (counts, longest match, eviction), proposals, greedy identity of chains, trees and an
+ensemble in generate and in the batched core, the spec and the vLLM export."""
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from specdecode import drafters
+from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
+from specdecode.backends.batch_model import batched
+from specdecode.core.control import FixedK
+from specdecode.core.generation import generate
+from specdecode.core.sampling import SamplingParams
+from specdecode.drafters.suffix import SuffixCache, SuffixDrafter
+from specdecode.drafters.suffix_tree import SuffixTrie, grow
+from specdecode.errors import UserError
+
+
+def substring_counts(streams: list[list[int]], depth: int) -> Counter:
+    counts = Counter()
+    for s in streams:
+        for i in range(len(s)):
+            for j in range(i + 1, min(len(s), i + depth) + 1):
+                counts[tuple(s[i:j])] += 1
+    return counts
+
+
+def trie_counts(trie: SuffixTrie) -> Counter:
+    out, stack = Counter(), [((), trie.root)]
+    while stack:
+        path, node = stack.pop()
+        for t, child in node.children.items():
+            out[path + (t,)] = child.count
+            stack.append((path + (t,), child))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_counts_match_a_brute_force_reference_under_appends_and_evictions(seed):
+    rng = random.Random(seed)
+    depth = rng.choice([2, 3, 5, 8])
+    trie, streams = SuffixTrie(depth), {}
+    for step in range(60):
+        key = rng.randrange(6)
+        if rng.random() < 0.15 and key in streams:
+            trie.remove(key)
+            del streams[key]
+        else:
+            tokens = [rng.randrange(4) for _ in range(rng.randint(1, 6))]  # small alphabet: many repeats
+            trie.extend(key, tokens)
+            streams.setdefault(key, []).extend(tokens)
+        assert trie_counts(trie) == substring_counts(list(streams.values()), depth)
+        assert trie.nodes == 1 + len(trie_counts(trie))  # nothing left behind by evictions
+
+
+def test_longest_match_is_the_longest_suffix_seen_with_a_continuation():
+    rng = random.Random(7)
+    trie = SuffixTrie(6)
+    stream = [rng.randrange(3) for _ in range(200)]
+    trie.extend("a", stream)
+    for _ in range(50):
+        context = [rng.randrange(3) for _ in range(rng.randint(1, 10))]
+        node, length = trie.match(context)
+        expected = 0
+        for n in range(1, min(5, len(context)) + 1):  # a continuation needs room: at most depth - 1
+            pattern = context[-n:]
+            if any(stream[i : i + n] == pattern for i in range(len(stream) - n)):
+                expected = n
+        assert length == expected
+
+
+def test_the_cache_evicts_the_oldest_response():
+    cache = SuffixCache(max_tree_depth=4, max_cached_requests=2)
+    for key, tokens in enumerate([[1, 2, 3], [4, 5, 6], [7, 8, 9]]):
+        cache.extend(key, tokens)
+    assert cache.responses() == [[4, 5, 6], [7, 8, 9]]
+    assert cache.trie.match([1, 2])[0] is None and cache.trie.match([4, 5])[1] == 2
+
+
+def test_proposals_follow_the_most_frequent_continuation_above_min_prob():
+    trie = SuffixTrie(8)
+    trie.extend(0, [1, 2, 3, 9] * 3 + [1, 2, 4, 9])
+    node, length = trie.match([5, 1, 2])
+    assert length == 2
+    tokens, parents, probs = grow(node, 4, 0.1, 1)
+    assert tokens == [3, 9, 1, 2] and parents == [-1, 0, 1, 2]
+    assert probs[0] == pytest.approx(0.75)
+    tree = grow(node, 6, 0.1, 2)
+    assert tree[0][:2] == [3, 4] and tree[1][:2] == [-1, -1]  # both continuations as siblings
+    assert grow(node, 6, 0.8, 2)[0] == []  # nothing is 80% likely
+
+
+def test_speculation_length_follows_the_match_length():
+    drafter = SuffixDrafter(max_spec_factor=1.0, min_token_prob=0.0, tree=False)
+    prompt = list(range(10, 40)) + [7, 8]
+    drafter.begin(prompt)
+    context = prompt + list(range(10, 13))  # matches 3 tokens of the prompt
+    proposal = drafter.propose(context, 16, SamplingParams(), None)
+    assert proposal.tokens.tolist() == [13, 14, 15]  # at most max_spec_factor x 3
+    assert drafter.propose(context[:-2] + [99], 16, SamplingParams(), None).tokens.numel() == 0  # no match: nothing
+
+
+def test_previous_responses_are_proposed_in_a_new_request():
+    cache = SuffixCache(8)
+    first = SuffixDrafter(cache, min_token_prob=0.0)
+    first.begin([1, 2])
+    first.propose([1, 2, 50, 51, 52, 53, 54, 55], 4, SamplingParams(), None)  # its response so far
+    second = SuffixDrafter(cache, min_token_prob=0.0, tree=False)
+    second.begin([3, 4, 50, 51])
+    assert second.propose([3, 4, 50, 51, 52], 4, SamplingParams(), None).tokens.tolist() == [53, 54, 55]
+
+
+@pytest.mark.parametrize("spec", ["suffix", "suffix:tree=0", "suffix:b=2:min_token_prob=0.05",
+                                  "ensemble:suffix+ngram"])
+def test_greedy_output_is_plain_greedy_output(target, spec):
+    ctx = drafters.DrafterContext(target)
+    drafter = drafters.build(spec, ctx)
+    plain = drafters.build("none", ctx)
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13, 11, 12, 13, 11], [3, 9, 27, 3, 9]]
+    for rounds in range(2):  # the second round drafts from the first round's responses too
+        for ids in prompts:
+            want = generate(target, plain, ids, max_new_tokens=24).token_ids
+            got = generate(target, drafter, ids, k=8, max_new_tokens=24)
+            assert got.token_ids == want
+    assert got.stats.drafted > 0
+
+
+def test_batched_core_gives_single_request_output_with_suffix_trees(target):
+    template = drafters.build("suffix:min_token_prob=0.05", drafters.DrafterContext(target))
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13, 11, 12, 13, 11], [3, 9, 27, 3, 9], [5, 6, 7, 8, 5]]
+    want = [generate(target, drafters.build("none", drafters.DrafterContext(target)), p, max_new_tokens=20).token_ids
+            for p in prompts]
+    core = BatchDecoder(batched(target.model, 4))
+    seqs = [Sequence(p, per_sequence(template), FixedK(8), SamplingParams(), None, 20) for p in prompts]
+    core.start(seqs)
+    drafted = 0
+    while not all(s.finished for s in seqs):
+        running = [s for s in seqs if not s.finished]
+        drafted += sum(step.drafted for step in core.step(running))
+    assert [s.context[len(s.prompt):] for s in seqs] == want
+    assert drafted > 0 and template.cache.responses()  # the shared cache learned from every sequence
+
+
+@pytest.mark.parametrize("text,message", [("suffix:depth=3", "key=value with keys"), ("suffix:tree=2", "tree 0 or 1"),
+                                          ("suffix:max_spec_factor=x", "needs a number"),
+                                          ("suffix:max_tree_depth=1", "max_tree_depth")])
+def test_bad_suffix_specs_are_clear_errors(text, message):
+    with pytest.raises(UserError, match=message):
+        drafters.parse(text)
+
+
+def test_canonical_form_and_vllm_export():
+    from specdecode.core.config import Route
+    from specdecode.export.vllm import Context, export_route
+
+    assert drafters.canonical("suffix: min_token_prob=0.1 :max_spec_factor=2") == "suffix:max_spec_factor=2.0"
+    cfg = export_route(Route("suffix:tree=0:max_cached_requests=500", 32, False), Context.__new__(Context), "x")
+    assert cfg.speculative_config == {
+        "method": "suffix", "num_speculative_tokens": 24, "suffix_decoding_max_tree_depth": 24,
+        "suffix_decoding_max_cached_requests": 500, "suffix_decoding_max_spec_factor": 1.0,
+        "suffix_decoding_min_token_prob": 0.1}
+
+
+def test_memory_is_bounded_by_the_cached_responses():
+    cache = SuffixCache(max_tree_depth=6, max_cached_requests=3)
+    rng = random.Random(1)
+    sizes = []
+    for key in range(30):
+        cache.extend(key, [rng.randrange(1000) for _ in range(50)])
+        sizes.append(cache.nodes)
+    assert max(sizes[10:]) <= 3 * 50 * 6 + 1  # at most depth nodes per cached token
+    assert torch.tensor(sizes[10:]).float().std() < 100  # flat, not growing
