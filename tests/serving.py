@@ -9,14 +9,13 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from specdecode.server.lifecycle import Server
-
 from specdecode.core.generation import generate
 from specdecode.drafters.none import NoDrafter
 from specdecode.core.sampling import SamplingParams
 from specdecode.server import build_engine, default_routes
 from specdecode.server.app import ServeOptions, create_app
 from specdecode.server.engine import Engine
+from specdecode.server.lifecycle import Server
 
 MODEL = "tiny"
 
@@ -30,10 +29,10 @@ class Running:
 
 @contextmanager
 def serve(target, *, drafter="ngram", k=4, adaptive=False, routes=None, max_batch=8, queue=64,
-          load_control=True, start_engine=True, drain_s=5.0, **opts):
+          load_control=True, start_engine=True, drain_s=5.0, suffix_caches=None, **opts):
     routes = routes or default_routes(drafter, k, adaptive)
     engine = build_engine(target, routes, model_name=MODEL, max_batch=max_batch, queue_size=queue,
-                          load_control=load_control)
+                          load_control=load_control, suffix_caches=suffix_caches)
     app = create_app(engine, ServeOptions(MODEL, routes, **opts), start_engine=start_engine)
     server = Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"), engine, drain_s=drain_s)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -6,8 +6,9 @@ import pytest
 from specdecode import corpora
 from specdecode.corpora import Prompt
 from specdecode.errors import UserError
-from specdecode.train import data, shards
-from specdecode.train.shards import Sequence
+from specdecode import shards
+from specdecode.train import data
+from specdecode.shards import Sequence
 
 TARGET = {"name": "t", "fingerprint": "abc"}
 

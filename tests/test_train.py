@@ -30,7 +30,7 @@ def test_data_holds_the_targets_greedy_responses(target, data_dir):
 
 
 def test_data_generation_resumes_by_skipping_finished_prompts(target, data_dir, tmp_path):
-    from specdecode.train import shards
+    from specdecode import shards
 
     copy = tmp_path / "d"
     make_data(target, copy, shard_size=1)  # one shard per sequence

@@ -134,6 +134,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--load-control", action=argparse.BooleanOptionalAction, default=True,
                    help="measure verify cost per batch size and reduce k under load")
     s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
+    s.add_argument("--suffix-scope", default="global", choices=["global", "key", "user"],
+                   help="suffix drafter caches: shared by all requests, per API key, or per `user` field")
+    s.add_argument("--suffix-cache", default=None, metavar="FILE", help="load suffix caches at start, save at shutdown")
+    s.add_argument("--suffix-warm", default=None, metavar="PATH",
+                   help="past responses for the suffix caches: a `train data` directory or JSONL")
     s.set_defaults(run=cmd_serve)
 
     from specdecode.export.cli import add_parser as add_export_parser
@@ -374,17 +379,21 @@ def cmd_serve(args) -> None:
         from specdecode.server import build_engine, default_routes
         from specdecode.server.app import ServeOptions, create_app
         from specdecode.server.lifecycle import Server
+        from specdecode.server.suffix_cache import SuffixCaches, read_warm
     except ImportError as e:
         raise UserError(f"serve needs fastapi, uvicorn and prometheus_client (pip install -e .): {e}") from None
     routes = load_config(args.config) if args.config else default_routes(args.drafter, args.k, args.adaptive)
     for route in [routes.default, *routes.routing.values()]:
         check_servable(route.drafter)
+    caches = SuffixCaches(args.suffix_scope, args.suffix_cache)  # a bad cache file fails before the model loads
     _setup(args)
     target = models.load(args.target, args.dtype, args.device, args.backend, args.target_quant)
+    if args.suffix_warm:
+        caches.warm = read_warm(args.suffix_warm, target.tokenizer)
     name = args.served_model_name or (Path(target.name).name if target.name != models.DEFAULT_TARGET else target.name)
     engine = build_engine(target, routes, model_name=name, max_batch=args.max_batch, queue_size=args.queue,
                           load_control=args.load_control, dtype=args.dtype, device=args.device, backend=args.backend,
-                          drafter_quant=args.drafter_quant, threads=args.threads)
+                          drafter_quant=args.drafter_quant, threads=args.threads, suffix_caches=caches)
     opts = ServeOptions(name, routes, args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
                         args.timeout, args.max_body_bytes)
     print(f"specdecode: serving {name} on http://{args.host}:{args.port} (drafter {routes.default.drafter}, "

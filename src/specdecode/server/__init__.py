@@ -1,10 +1,12 @@
 """`specdecode serve`: an OpenAI-compatible server with batched speculative decoding.
 
-  batch_model.py (package root)  many sequences in one target forward (ragged rows, per-slot KV)
-  batch_decoder.py (root)        the decoding step for many sequences (step.py, shared with decoder.py)
+  backends/batch_model.py        many sequences in one target forward (ragged rows, per-slot KV)
+  core/batch_decoder.py          the decoding step for many sequences (core/step.py, shared with decoder.py)
   engine.py                      continuous batching scheduler around it: queue, admit, k under load, deliver
   load.py                        measured verify cost at each batch size -> k under load
   drafting.py                    one drafter object per request
+  suffix_cache.py                suffix decoding's response caches: scopes, persistence, warming
+  lifecycle.py                   shutdown: drain, then fail what still runs (error event + [DONE], 503)
   metrics.py                     Prometheus counters/gauges/histograms, defined once; /stats view
   schemas.py, app.py             pydantic bodies, routes, SSE streaming, auth, limits, errors
 """
@@ -19,16 +21,19 @@ from specdecode.server.drafting import DrafterPool
 from specdecode.server.engine import Engine
 from specdecode.server.load import measure
 from specdecode.server.metrics import ServerMetrics
+from specdecode.server.suffix_cache import SuffixCaches
 
 
 def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, max_batch: int = 8,
                  queue_size: int = 64, load_control: bool = True, dtype: str = "fp32", device: str | None = None,
-                 backend: str = "auto", drafter_quant: str = "none", threads: int | None = None) -> Engine:
+                 backend: str = "auto", drafter_quant: str = "none", threads: int | None = None,
+                 suffix_caches: SuffixCaches | None = None) -> Engine:
     """Everything the server runs on: batched target, drafters (model drafters loaded now), the
     measured batch costs (when load_control) and the metrics."""
     model = batched(target.model, max_batch)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
-    pool = DrafterPool(drafters.DrafterContext(target, dtype, device, backend, drafter_quant), sorted(specs))
+    pool = DrafterPool(drafters.DrafterContext(target, dtype, device, backend, drafter_quant), sorted(specs),
+                       suffix_caches)
     k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
     costs = measure(model, max_batch, min(k_max, 8)) if load_control else None
     return Engine(model, target.tokenizer, target.eos_ids, pool, ServerMetrics(model_name),

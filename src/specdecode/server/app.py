@@ -153,6 +153,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
             engine.start()
         yield
         engine.stop()  # in-flight requests have finished (uvicorn waits for them) or are failed now
+        engine.pool.caches.save()  # --suffix-cache: atomically
 
     app = FastAPI(title="specdecode", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -212,6 +213,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
 
     async def run(request: Request, req, ids: list[int], task_text: str, fmt: CompletionFormat):
         engine_req = build(req, ids, task_text)
+        engine_req.scope = engine.pool.caches.scope_key(request.headers.get("authorization"), req.user)
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from specdecode import drafters
 from specdecode.core.batch_decoder import per_sequence
 from specdecode.errors import UserError
+from specdecode.server.suffix_cache import SuffixCaches
 
 def check_servable(text: str) -> drafters.Spec:
     """Parse a drafter spec before anything is loaded (a malformed one is a clear error). Every
@@ -35,8 +36,9 @@ def _on_demand() -> list[str]:
 
 
 class DrafterPool:
-    def __init__(self, ctx: drafters.DrafterContext, preload: Iterable[str] = ()):
+    def __init__(self, ctx: drafters.DrafterContext, preload: Iterable[str] = (), caches: SuffixCaches | None = None):
         self.ctx = ctx
+        self.caches = caches or SuffixCaches()
         self.templates: dict[str, drafters.Drafter] = {}
         self.lock = threading.Lock()
         for spec in preload:
@@ -56,6 +58,9 @@ class DrafterPool:
     def available(self) -> list[str]:
         return sorted(set(self.templates) | set(_on_demand()))
 
-    def instance(self, spec: str) -> drafters.Drafter:
-        return per_sequence(self.template(spec))
+    def instance(self, spec: str, scope: str = "") -> drafters.Drafter:
+        """A drafter for one request; a suffix drafter gets the response cache of its spec and scope."""
+        drafter = per_sequence(self.template(spec))
+        self.caches.attach(drafter, str(drafters.parse(spec)), scope)
+        return drafter
 

@@ -54,6 +54,7 @@ class Request:
     task: str = "creative"
     ignore_eos: bool = False
     timeout_s: float | None = None
+    scope: str = ""  # whose suffix cache the request reads and feeds (suffix_cache.py)
 
 
 @dataclass
@@ -161,7 +162,8 @@ class Engine:
     def submit(self, request: Request, sink: Callable[[Event], None]) -> Sequence:
         eos = frozenset() if request.ignore_eos else frozenset(self.eos_ids)
         generator = torch.Generator().manual_seed(request.seed if request.seed is not None else secrets.randbits(63))
-        dec = batch_decoder.Sequence(request.prompt, self.pool.instance(request.drafter), self._policy(request),
+        dec = batch_decoder.Sequence(request.prompt, self.pool.instance(request.drafter, request.scope),
+                                     self._policy(request),
                                      request.params, generator, request.max_tokens, eos)
         seq = Sequence(next(self.ids), request, sink, dec, time.perf_counter(), TextStream(self.tokenizer, request.stop, eos))
         with self.cv:

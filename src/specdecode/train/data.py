@@ -24,8 +24,8 @@ from pathlib import Path
 
 from specdecode.corpora import Prompt, load_prompts
 from specdecode.errors import UserError
-from specdecode.train import shards
-from specdecode.train.shards import Sequence
+from specdecode import shards
+from specdecode.shards import Sequence
 
 
 def _given_responses(spec: str) -> dict[str, str]:

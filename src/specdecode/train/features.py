@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from specdecode.train.shards import Sequence
+from specdecode.shards import Sequence
 
 
 @dataclass
