@@ -226,6 +226,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
         try:
             seq = engine.submit(engine_req, sink)
         except eng.QueueFull as e:
+            engine.metrics.rejected.labels(engine.metrics.model_name, "queue_full").inc()
             raise ApiError(429, str(e), "rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"}) from None
         except eng.ShuttingDown as e:
             raise ApiError(503, str(e), "service_unavailable") from None

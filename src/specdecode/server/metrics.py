@@ -51,6 +51,10 @@ class ServerMetrics:
         self.accepted = Counter(PREFIX + "spec_decode_num_accepted_tokens", "Draft tokens accepted", spec, registry=r)
         self.accepted_per_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
                                         "Accepted draft tokens by draft position (0-based)", spec + ["position"], registry=r)
+        self.steps = Counter(PREFIX + "spec_decode_num_steps", "Verify steps, with or without drafts (a step without "
+                             "drafts is plain decoding: fallback or k = 0)", spec, registry=r)
+        self.rejected = Counter(PREFIX + "num_requests_rejected", "Requests refused before decoding (queue full)",
+                                ["model_name", "reason"], registry=r)
         self.running = Gauge(PREFIX + "num_requests_running", "Requests holding a batch slot", ["model_name"], registry=r)
         self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests queued for a slot", ["model_name"], registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens", ["model_name"], registry=r)
@@ -68,12 +72,14 @@ class ServerMetrics:
                                             ["model_name"], buckets=_TOKENS, registry=r)
         self.batch_size = Histogram(PREFIX + "batch_size", "Requests verified per batched target forward",
                                     ["model_name"], buckets=_TOKENS, registry=r)
+        self.rejected.labels(model_name, "queue_full")  # exported at 0 from the start, so rate() sees the first
         self.set_queue(0, 0)
 
     # -- updates (called from the engine thread) --------------------------------------------
 
     def observe_step(self, task: str, drafter: str, drafted: int, accepted: int, committed: int) -> None:
         labels = (self.model_name, task, self.drafter_label(drafter))
+        self.steps.labels(*labels).inc()
         if drafted:
             self.drafts.labels(*labels).inc()
             self.draft_tokens.labels(*labels).inc(drafted)
