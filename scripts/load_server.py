@@ -1,76 +1,145 @@
-"""Load a running `specdecode serve`: N concurrent streaming greedy requests, report tokens/s and ITL.
+"""A bounded load test of a running `specdecode serve` on loopback (issue 19).
 
-  python3 scripts/load_server.py --url http://127.0.0.1:8000 --concurrency 1,8 --requests 8 --max-tokens 32
+N concurrent streaming clients send mixed traffic for a fixed time: short and long prompts, greedy
+and seeded sampled requests, several max_tokens and stop strings, speculation on and off. Before the
+load, every distinct greedy request is sent once alone; under load each greedy answer must equal it.
+Reports errors (HTTP status, error events, missing [DONE]), greedy mismatches, TTFT and the gap
+between chunks (p50/p95/p99) and throughput; exits 1 on any error or mismatch.
+
+  python3 scripts/load_server.py --url http://127.0.0.1:8000 --clients 16 --seconds 120 [--out r.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import random
 import statistics
+import sys
 import time
 
-import openai
+import httpx
 
-PROMPTS = [
+SHORT = [
     "Write a Python function that checks whether a string is a palindrome.",
     "Explain what a hash map is in two sentences.",
     "List three uses of the SQL GROUP BY clause.",
-    "Summarize the plot of Romeo and Juliet in one paragraph.",
     "Write a haiku about the sea.",
-    "What is the capital of France, and why is it famous?",
     "Give a JSON object with fields name, age and city for a fictional person.",
     "Translate 'good morning, how are you?' into French and Spanish.",
 ]
+LONG = ("Here are meeting notes. " + " ".join(f"Item {i}: the team discussed topic {i % 7} and agreed on step {i}."
+                                                 for i in range(120)) + "\nSummarize the notes in three bullets.")
 
 
-async def one(client, model, prompt, max_tokens, spec):
+def requests(rng: random.Random) -> dict:
+    """One request body of the mix (model filled in by the caller)."""
+    prompt = LONG if rng.random() < 0.15 else rng.choice(SHORT)
+    body = {"prompt": prompt, "max_tokens": rng.choice([16, 32, 64]), "stream": True}
+    if rng.random() < 0.3:
+        body.update(temperature=0.8, top_p=0.95, seed=rng.randrange(1000))
+    else:
+        body["temperature"] = 0
+    if rng.random() < 0.2:
+        body["stop"] = ["\n\n"]
+    body["speculative"] = rng.choice([{"enabled": True}, {"enabled": False}, {"drafter": "ngram", "k": 6}])
+    return body
+
+
+def key(body: dict) -> str | None:
+    """Greedy requests with the same prompt, length and stops must give the same text."""
+    if body.get("temperature", 1) != 0:
+        return None
+    return json.dumps([body["prompt"], body["max_tokens"], body.get("stop")])
+
+
+async def stream(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     t0 = time.perf_counter()
-    stamps, tokens = [], 0
-    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                             stream=True, stream_options={"include_usage": True},
-                                             extra_body={"speculative": spec})
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
-            stamps.append(time.perf_counter() - t0)
-        if chunk.usage:
-            tokens = chunk.usage.completion_tokens
-    return tokens, stamps
+    stamps, parts, error, done = [], [], None, False
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    break
+                event = json.loads(line[6:])
+                if "error" in event:
+                    error = event["error"]["message"]
+                elif event["choices"] and event["choices"][0]["text"]:
+                    stamps.append(time.perf_counter() - t0)
+                    parts.append(event["choices"][0]["text"])
+    except httpx.HTTPError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    if error or not done:
+        return {"error": error or "stream ended without [DONE]"}
+    return {"text": "".join(parts), "stamps": stamps}
 
 
-async def run(url, model, concurrency, requests, max_tokens, spec):
-    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
-        sem = asyncio.Semaphore(concurrency)
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q / 100 * len(values)))]
 
-        async def limited(i):
-            async with sem:
-                return await one(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, spec)
+
+async def main(args) -> int:
+    rng = random.Random(args.seed)
+    limits = httpx.Limits(max_connections=args.clients + 4)
+    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
+        model = (await client.get(args.url + "/v1/models")).json()["data"][0]["id"]
+        mix = [{**requests(rng), "model": model} for _ in range(200)]
+        reference = {}
+        for body in mix:  # each distinct greedy request once, alone
+            k = key(body)
+            if k is not None and k not in reference:
+                result = await stream(client, args.url, {**body, "speculative": {"enabled": False}})
+                if "error" in result:
+                    print(f"reference request failed: {result['error']}", file=sys.stderr)
+                    return 1
+                reference[k] = result["text"]
+        results, deadline = [], time.monotonic() + args.seconds
+
+        async def worker(i: int):
+            local = random.Random(args.seed * 1000 + i)
+            while time.monotonic() < deadline:
+                body = local.choice(mix)
+                result = await stream(client, args.url, body)
+                result["key"] = key(body)
+                results.append(result)
 
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(limited(i) for i in range(requests)))
+        await asyncio.gather(*(worker(i) for i in range(args.clients)))
         wall = time.perf_counter() - t0
-    tokens = sum(t for t, _ in results)
-    gaps = [b - a for _, s in results for a, b in zip(s, s[1:])]
-    p = lambda q: statistics.quantiles(gaps, n=100)[q - 1] * 1000 if len(gaps) > 1 else 0.0  # noqa: E731
-    return tokens, wall, p(50), p(99)
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--url", default="http://127.0.0.1:8000")
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--concurrency", default="1,8")
-    ap.add_argument("--requests", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--speculative", default="on,off")
-    args = ap.parse_args()
-    for spec in args.speculative.split(","):
-        for c in (int(x) for x in args.concurrency.split(",")):
-            tokens, wall, p50, p99 = asyncio.run(run(args.url, args.model, c, args.requests, args.max_tokens,
-                                                     {"enabled": spec == "on"}))
-            print(f"speculation {spec:3} concurrency {c:2}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.1f} tok/s, "
-                  f"ITL p50 {p50:.1f} ms p99 {p99:.1f} ms (between streamed chunks)")
+    errors = [r["error"] for r in results if "error" in r]
+    ok = [r for r in results if "error" not in r]
+    mismatches = sum(1 for r in ok if r["key"] is not None and r["text"] != reference[r["key"]])
+    ttft = [r["stamps"][0] for r in ok if r["stamps"]]
+    gaps = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:])]
+    report = {
+        "clients": args.clients, "seconds": round(wall, 1), "requests": len(results), "errors": len(errors),
+        "error_samples": errors[:5], "greedy_checked": sum(1 for r in ok if r["key"] is not None),
+        "greedy_mismatches": mismatches, "chunks_per_s": round(sum(len(r["stamps"]) for r in ok) / wall, 1),
+        "ttft_s": {q: pct(ttft, q) for q in (50, 95, 99)}, "chunk_gap_s": {q: pct(gaps, q) for q in (50, 95, 99)},
+        "p99_gap_over_median": round(pct(gaps, 99) / statistics.median(gaps), 2) if gaps else None,
+    }
+    print(json.dumps(report, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 1 if errors or mismatches else 0
 
 
 if __name__ == "__main__":
-    main()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=60.0, help="how long the load runs (bounded)")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    sys.exit(asyncio.run(main(p.parse_args())))

@@ -38,12 +38,13 @@ def test_a_failed_build_falls_back_with_a_message(tmp_path, monkeypatch, capsys)
 def test_linear_matches_matmul_and_a_row_does_not_depend_on_the_others(ops, wdtype):
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(67, 96, generator=g) * 0.1).to(wdtype)  # odd row count: a partial last block
-    x = torch.randn(9, 96, generator=g)
+    x = torch.randn(17, 96, generator=g)
     y = ops.linear(x, w)
-    assert y.shape == (9, 67) and y.dtype == torch.float32
+    assert y.shape == (17, 67) and y.dtype == torch.float32
     assert torch.allclose(y.double(), x.double() @ w.double().T, atol=1e-5, rtol=1e-5)
-    for m in range(1, 10):  # decoding (one row) and verifying (m rows) give the same bits
+    for m in range(1, 18):  # decoding (one row) and verifying (m rows, 1-3 balanced tiles) give the same bits
         assert torch.equal(ops.linear(x[:m], w), y[:m])
+        assert torch.equal(ops.linear(x[m - 1 : m].contiguous(), w), y[m - 1 : m])
     assert torch.equal(ops.linear(x[4:5].contiguous(), w), y[4:5])
 
 

@@ -179,6 +179,7 @@ void tile(const W* w, const float* x, float* y, int64_t K, int64_t N, int64_t r,
   v8 acc[MB][2] = {};
   for (int64_t k = 0; k < K; k += 16) {
     const v8 w0 = load8(w + r * K + k), w1 = load8(w + r * K + k + 8);
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       acc[m][0] += w0 * load8(x + (m0 + m) * K + k);
       acc[m][1] += w1 * load8(x + (m0 + m) * K + k + 8);
@@ -187,16 +188,36 @@ void tile(const W* w, const float* x, float* y, int64_t K, int64_t N, int64_t r,
   for (int m = 0; m < MB; ++m) y[(m0 + m) * N + r] = hsum(acc[m][0], acc[m][1]);
 }
 
-// Weight rows [r0, r1) against all M rows of x, four at a time.
+// Rows of x per pass over a weight row: with AVX-512's 32 vector registers, 8 rows keep their 16
+// accumulators in registers; with AVX2's 16, 4 do.
+#ifdef __AVX512F__
+constexpr int64_t MAX_MB = 8;
+#else
+constexpr int64_t MAX_MB = 4;
+#endif
+
+// Weight rows [r0, r1) against all M rows of x: per weight row, balanced tiles of at most MAX_MB
+// rows (9 rows: 5 + 4, not 8 + 1); the row stays in L1 between its tiles.
 template <typename W>
 void rows(const W* w, const float* x, float* y, int64_t K, int64_t M, int64_t N, int64_t r0, int64_t r1) {
+  const int64_t passes = (M + MAX_MB - 1) / MAX_MB;
   for (int64_t r = r0; r < r1; ++r)
-    for (int64_t m0 = 0; m0 < M; m0 += 4) switch (std::min<int64_t>(4, M - m0)) {
+    for (int64_t p = 0, m0 = 0; p < passes; ++p) {
+      const int64_t mb = (M - m0 + (passes - p) - 1) / (passes - p);  // rows left spread over tiles left
+      switch (mb) {
         case 1: tile<W, 1>(w, x, y, K, N, r, m0); break;
         case 2: tile<W, 2>(w, x, y, K, N, r, m0); break;
         case 3: tile<W, 3>(w, x, y, K, N, r, m0); break;
-        default: tile<W, 4>(w, x, y, K, N, r, m0);
+        case 4: tile<W, 4>(w, x, y, K, N, r, m0); break;
+#ifdef __AVX512F__
+        case 5: tile<W, 5>(w, x, y, K, N, r, m0); break;
+        case 6: tile<W, 6>(w, x, y, K, N, r, m0); break;
+        case 7: tile<W, 7>(w, x, y, K, N, r, m0); break;
+        case 8: tile<W, 8>(w, x, y, K, N, r, m0); break;
+#endif
       }
+      m0 += mb;
+    }
 }
 
 }  // namespace

@@ -86,11 +86,14 @@ class SuffixDrafter:
         self.cache.extend(self.key, new)  # this response so far, for later requests (and this one)
         self.seen = len(context)
         best: tuple[float, list[int], list[int]] = (0.0, [], [])
+        # the trie holds pattern + continuation within `depth` tokens: a match of m leaves depth - m to
+        # speculate, and factor * m are wanted, so matches longer than depth / (1 + factor) only cost
+        longest = max(1, round(self.depth / (1 + self.factor)))
         for trie in (self.local, self.cache.trie):
-            node, length = trie.match(context)
+            node, length = trie.match(context, longest)
             if node is None:
                 continue
-            limit = min(k, self.depth, max(1, int(self.factor * length)))  # nodes, hence also depth <= k
+            limit = min(k, max(1, int(self.factor * length)))  # nodes, hence also depth <= k
             tokens, parents, probs = grow(node, limit, self.min_prob, self.branches)
             if sum(probs) > best[0]:
                 best = (sum(probs), tokens, parents)

@@ -50,10 +50,11 @@ class SuffixTrie:
         for end in range(len(tokens)):
             self._decrement(tokens[max(0, end - self.depth + 1) : end + 1])
 
-    def match(self, context: list[int]) -> tuple[Node | None, int]:
-        """The node of the longest suffix of `context` (at most depth - 1 tokens) that occurs in the
-        trie with a continuation, and that suffix's length (None, 0: no match)."""
-        for length in range(min(self.depth - 1, len(context)), 0, -1):
+    def match(self, context: list[int], longest: int | None = None) -> tuple[Node | None, int]:
+        """The node of the longest suffix of `context` (at most `longest`, default depth - 1 tokens)
+        that occurs in the trie with a continuation, and that suffix's length (None, 0: no match).
+        A match of m tokens leaves depth - m levels of continuation below it."""
+        for length in range(min(longest or self.depth - 1, self.depth - 1, len(context)), 0, -1):
             node = self.root
             for t in context[len(context) - length :]:
                 node = node.children.get(t)
