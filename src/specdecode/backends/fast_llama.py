@@ -233,7 +233,8 @@ class FastLlama:
             mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)  # [n, start+n]
             cos, sin = self.cos[positions], self.sin[positions]
         else:
-            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start) if n > 1 else None
+            # a fresh prefill is plain causal attention: SDPA's fused causal kernel, no [n, n] mask
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start) if n > 1 and start else None
             cos, sin = self.cos[start : start + n], self.sin[start : start + n]
         ids = layer_ids(layers, len(self.layers))
         forward = self._forward_fused if self.kernels is not None and n <= _FUSED_MAX_TOKENS else self._forward
@@ -257,8 +258,8 @@ class FastLlama:
         self._ensure_capacity(end)
 
     def _forward(self, tokens, cos, sin, mask, num_logits: int, capture: set[int]):
-        """tokens: [n] into cache slots length..length+n-1; cos, sin: [n, d]; mask: [n, length+n] bool
-        or None (a single token sees everything) -> (logits [n or num_logits, V] float32,
+        """tokens: [n] into cache slots length..length+n-1; cos, sin: [n, d]; mask: [n, length+n] bool,
+        or None: causal from an empty cache (or a single token, which sees everything) -> (logits [n or num_logits, V] float32,
         {layer: its output [n, H]} for the layers in `capture`, the last one after the final norm)."""
         n, start = tokens.shape[0], self.length
         end = start + n
@@ -271,7 +272,7 @@ class FastLlama:
             self.v_cache[i, 0, :, start:end] = v.transpose(0, 1)
             attn = F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None], self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end], attn_mask=mask,
-                enable_gqa=True,
+                is_causal=mask is None and n > 1, enable_gqa=True,
             )  # [1, h, n, d]
             x = layer.finish(x, attn[0].transpose(0, 1).reshape(n, h * d), self.eps)
             if i in capture:
