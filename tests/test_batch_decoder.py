@@ -74,3 +74,29 @@ def test_tree_rows_with_their_masks_equal_the_single_sequence_tree_forward(targe
     model.keep(20, [21, 22, 23])
     after = lm.forward([Row(0, torch.tensor([7]))])[0].logits
     torch.testing.assert_close(after, model.extend(torch.tensor([7])), atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(target, cases):
+    """Long prompts go in 5 tokens per step beside a short one that decodes from the first step: every
+    output is still the plain greedy one."""
+    lm = batched(target.model, 3)
+    core = BatchDecoder(lm)
+    (short, short_ref), *rest = cases[:3]
+    long_jobs = [(p * 4, None) for p, _ in rest]  # prompts of ~4x the length
+    seqs = [Sequence(short, per_sequence(DRAFTERS[0]), FixedK(4), SamplingParams(), None, MAX_NEW)]
+    seqs += [Sequence(p, per_sequence(DRAFTERS[1]), FixedK(4), SamplingParams(), None, MAX_NEW) for p, _ in long_jobs]
+    core.start(seqs, chunked=True)
+    steps_while_prefilling = 0
+    while not all(s.finished for s in seqs):
+        running = [s for s in seqs if not s.finished]
+        steps = core.step(running, prefill_budget=5)
+        if any(s.prefilling for s in seqs[1:]):
+            steps_while_prefilling += sum(len(st.tokens) for s, st in zip(running, steps) if s is seqs[0])
+        assert all(not st.tokens for s, st in zip(running, steps) if st.prefilling)
+    assert steps_while_prefilling > 0  # the short request was not frozen behind the long prefills
+    assert seqs[0].context[len(short):] == short_ref
+    from specdecode.core.generation import generate
+
+    for seq in seqs[1:]:
+        alone = generate(target, NoDrafter(), seq.prompt, max_new_tokens=MAX_NEW).token_ids
+        assert seq.context[len(seq.prompt):] == alone

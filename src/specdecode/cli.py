@@ -134,6 +134,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--load-control", action=argparse.BooleanOptionalAction, default=True,
                    help="measure verify cost per batch size and reduce k under load")
     s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
+    s.add_argument("--prefill-chunk", type=int, default=512,
+                   help="prompt tokens prefilled per step, interleaved with running requests' decode steps")
     s.add_argument("--suffix-scope", default="global", choices=["global", "key", "user"],
                    help="suffix drafter caches: shared by all requests, per API key, or per `user` field")
     s.add_argument("--suffix-cache", default=None, metavar="FILE", help="load suffix caches at start, save at shutdown")
@@ -371,6 +373,8 @@ def cmd_serve(args) -> None:
     for name, value in (("--max-batch", args.max_batch), ("--queue", args.queue), ("--max-body-bytes", args.max_body_bytes)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
+    if args.prefill_chunk < 1:
+        raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
     if not args.timeout > 0:
         raise UserError(f"--timeout must be positive, got {args.timeout}")
     try:
@@ -393,7 +397,8 @@ def cmd_serve(args) -> None:
     name = args.served_model_name or (Path(target.name).name if target.name != models.DEFAULT_TARGET else target.name)
     engine = build_engine(target, routes, model_name=name, max_batch=args.max_batch, queue_size=args.queue,
                           load_control=args.load_control, dtype=args.dtype, device=args.device, backend=args.backend,
-                          drafter_quant=args.drafter_quant, threads=args.threads, suffix_caches=caches)
+                          drafter_quant=args.drafter_quant, threads=args.threads, suffix_caches=caches,
+                          prefill_budget=args.prefill_chunk)
     opts = ServeOptions(name, routes, args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
                         args.timeout, args.max_body_bytes)
     print(f"specdecode: serving {name} on http://{args.host}:{args.port} (drafter {routes.default.drafter}, "

@@ -48,6 +48,11 @@ class Sequence:
     slot: int | None = None  # its KV slot while it runs
     context: list[int] = field(default_factory=list)  # every committed token, prompt included
     finished: bool = False
+    prefilled: int = 0  # prompt tokens in its slot; it decodes once all but the last are
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt) - 1
 
     @property
     def generated(self) -> int:
@@ -59,24 +64,31 @@ class BatchDecoder:
         self.model = model
         self.free = list(range(model.slots - 1, -1, -1))  # pop() hands out the lowest slot first
 
-    def start(self, seqs: list[Sequence]) -> float:
-        """Give each sequence a free slot, begin its drafter and prefill every prompt but its last
-        token in one batched forward (features to the drafters that read them) -> seconds taken."""
+    def start(self, seqs: list[Sequence], chunked: bool = False) -> float:
+        """Give each sequence a free slot and begin its drafter; prefill every prompt but its last token
+        now in one batched forward (features to the drafters that read them), or, when `chunked`, in
+        chunks inside the next steps (step's prefill_budget) -> seconds taken."""
         t0 = time.perf_counter()
-        rows, fed = [], []
         for seq in seqs:
             seq.slot = self.free.pop()
             seq.context = list(seq.prompt)
+            seq.prefilled = 0
             seq.drafter.begin(seq.prompt)
-            if len(seq.prompt) > 1:
-                layers = feature_layers(seq.drafter)
-                rows.append(Row(seq.slot, torch.tensor(seq.prompt[:-1], dtype=torch.long), 1, layers))
-                fed.append(seq.drafter if layers else None)
-        outs = self.model.forward(rows) if rows else []
-        for drafter, out in zip(fed, outs):
-            if drafter is not None:
-                drafter.feed(out.features)
+        if not chunked:
+            self._prefill([(seq, len(seq.prompt) - 1) for seq in seqs if seq.prefilling])
         return time.perf_counter() - t0
+
+    def _prefill(self, chunks: list[tuple[Sequence, int]], rows: list[Row] = ()) -> list:
+        """One batched forward over the next `n` prompt tokens of each (seq, n), after `rows` -> the
+        outputs of `rows`. Prompt rows feed their features to drafters that read them."""
+        prompt_rows = [Row(seq.slot, torch.tensor(seq.prompt[seq.prefilled : seq.prefilled + n], dtype=torch.long), 1,
+                           feature_layers(seq.drafter)) for seq, n in chunks]
+        outs = self.model.forward(list(rows) + prompt_rows) if rows or prompt_rows else []
+        for (seq, n), out in zip(chunks, outs[len(rows):]):
+            seq.prefilled += n
+            if out.features is not None:
+                seq.drafter.feed(out.features)
+        return outs[: len(rows)]
 
     def release(self, seq: Sequence) -> None:
         """The sequence leaves: its slot is emptied and free again."""
@@ -86,13 +98,25 @@ class BatchDecoder:
             self.free.sort(reverse=True)
             seq.slot = None
 
-    def step(self, seqs: list[Sequence], limit: Callable[[Sequence, int], int] | None = None) -> list[Step]:
+    def step(self, seqs: list[Sequence], limit: Callable[[Sequence, int], int] | None = None,
+             prefill_budget: int = 512) -> list[Step]:
         """One speculative step of every sequence (all started, none finished) -> their Steps.
         limit(seq, k): the k to use when its policy asks for k (default: k). A sequence whose drafter
-        or verification raises gets a Step with `error` set and is finished; the others go on."""
+        or verification raises gets a Step with `error` set and is finished; the others go on.
+        Sequences still prefilling (start(chunked=True)) get up to `prefill_budget` prompt tokens in
+        all, first come first served, in the same forward as the others' verification; their Steps
+        have `prefilling` set and no tokens."""
         failed: dict[int, Exception] = {}
+        chunks, budget = [], prefill_budget
+        for seq in seqs:
+            if seq.prefilling and budget > 0:
+                n = min(budget, len(seq.prompt) - 1 - seq.prefilled)
+                chunks.append((seq, n))
+                budget -= n
         rows, plans, bases, draft_s = [], {}, {}, {}
         for i, seq in enumerate(seqs):
+            if seq.prefilling:
+                continue
             t0 = time.perf_counter()
             try:
                 k = seq.policy.next_k()
@@ -109,11 +133,14 @@ class BatchDecoder:
             rows.append(Row(seq.slot, plans[i].tokens, layers=feature_layers(seq.drafter),
                             **plans[i].tree_args(bases[i])))
         t0 = time.perf_counter()
-        outs = iter(self.model.forward(rows) if rows else [])
+        outs = iter(self._prefill(chunks, rows))
         forward_s = time.perf_counter() - t0
 
         steps = []
         for i, seq in enumerate(seqs):
+            if i not in plans and i not in failed:  # prefilling (this step's chunk, or waiting for budget)
+                steps.append(Step([], 0, 0, 0.0, forward_s, prefilling=True))
+                continue
             if i not in failed:
                 out = next(outs)
                 try:

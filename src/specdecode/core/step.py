@@ -38,6 +38,7 @@ class Step:
     finished: bool = False  # EOS or max_new_tokens reached
     depth: int | None = None  # draft positions checked: = drafted for a chain, a tree's depth (None: unknown)
     error: Exception | None = None  # the batched core: this sequence's row failed (drafter or verifier); it stops
+    prefilling: bool = False  # the batched core: the sequence was still prefilling its prompt (no tokens)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from specdecode.server.suffix_cache import SuffixCaches
 def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, max_batch: int = 8,
                  queue_size: int = 64, load_control: bool = True, dtype: str = "fp32", device: str | None = None,
                  backend: str = "auto", drafter_quant: str = "none", threads: int | None = None,
-                 suffix_caches: SuffixCaches | None = None) -> Engine:
+                 suffix_caches: SuffixCaches | None = None, prefill_budget: int = 512) -> Engine:
     """Everything the server runs on: batched target, drafters (model drafters loaded now), the
     measured batch costs (when load_control) and the metrics."""
     model = batched(target.model, max_batch)
@@ -37,7 +37,7 @@ def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, ma
     k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
     costs = measure(model, max_batch, min(k_max, 8)) if load_control else None
     return Engine(model, target.tokenizer, target.eos_ids, pool, ServerMetrics(model_name),
-                  queue_size=queue_size, costs=costs, threads=threads)
+                  queue_size=queue_size, costs=costs, threads=threads, prefill_budget=prefill_budget)
 
 
 def default_routes(drafter: str, k: int, adaptive: bool) -> SpecConfig:

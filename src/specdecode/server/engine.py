@@ -137,11 +137,13 @@ class Sequence:
 
 class Engine:
     def __init__(self, model: BatchLM, tokenizer, eos_ids: set[int], pool: DrafterPool, metrics: ServerMetrics,
-                 *, queue_size: int = 64, costs: BatchCosts | None = None, threads: int | None = None):
+                 *, queue_size: int = 64, costs: BatchCosts | None = None, threads: int | None = None,
+                 prefill_budget: int = 512):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)
         self.core = BatchDecoder(model)
         self.pool, self.metrics, self.costs = pool, metrics, costs
         self.queue_size = queue_size
+        self.prefill_budget = prefill_budget  # prompt tokens per step: long prompts go in chunks between steps
         self.threads = threads or torch.get_num_threads()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -266,7 +268,7 @@ class Engine:
     def _prefill(self, admitted: list[Sequence]) -> None:
         for seq in admitted:
             self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(len(seq.request.prompt))
-        prefill_s = self.core.start([seq.dec for seq in admitted])
+        prefill_s = self.core.start([seq.dec for seq in admitted], chunked=True)  # prompts go in with the steps
         for seq in admitted:
             seq.stats.prefill_s = prefill_s
 
@@ -284,17 +286,20 @@ class Engine:
     def _step(self) -> None:
         active = list(self.running)
         of = {seq.dec: seq for seq in active}
-        steps = self.core.step([seq.dec for seq in active], lambda dec, k: self._limit(of[dec], k))
-        if self.costs is not None:
-            tokens = sum(step.drafted + 1 for step in steps if step.error is None)
-            if tokens:
-                self.costs.observe(len(steps), round(tokens / len(steps)), steps[0].verify_s)
+        steps = self.core.step([seq.dec for seq in active], lambda dec, k: self._limit(of[dec], k),
+                               prefill_budget=self.prefill_budget)
+        decoded = [step for step in steps if step.error is None and not step.prefilling]
+        if self.costs is not None and decoded and len(decoded) == len(steps):  # a step without prefill rows
+            tokens = sum(step.drafted + 1 for step in decoded)
+            self.costs.observe(len(steps), round(tokens / len(steps)), steps[0].verify_s)
         self.metrics.batch_size.labels(self.metrics.model_name).observe(len(steps))
         for seq, step in zip(active, steps):
             if step.error is not None:  # this request's row failed; the rest of the batch goes on
                 log.error("request %d failed in its step: %r", seq.id, step.error)
                 with self.cv:
                     self._finish(seq, "error", Failed(500, "internal_error", f"engine error: {step.error}"))
+                continue
+            if step.prefilling:  # its prompt is still going in, chunk by chunk
                 continue
             self._account(seq, step)
             delta = seq.text.push(step.tokens, step.finished)
