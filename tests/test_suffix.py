@@ -173,3 +173,11 @@ def test_memory_is_bounded_by_the_cached_responses():
         sizes.append(cache.nodes)
     assert max(sizes[10:]) <= 3 * 50 * 6 + 1  # at most depth nodes per cached token
     assert torch.tensor(sizes[10:]).float().std() < 100  # flat, not growing
+
+
+def test_bench_refuses_repeats_that_would_replay_answers_to_a_learning_drafter(capsys):
+    from specdecode.cli import main
+
+    assert main(["bench", "--prompts", "agentic:1", "--drafters", "none,suffix", "--repeats", "2"]) == 2
+    assert "--passes" in capsys.readouterr().err
+    assert drafters.parse("ensemble:suffix+ngram").learns and not drafters.parse("ngram").learns

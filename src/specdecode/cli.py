@@ -287,6 +287,9 @@ def cmd_bench(args) -> None:
         raise UserError("--sweep-temperatures: temperatures must be >= 0")
     if args.passes < 1:
         raise UserError(f"--passes must be >= 1, got {args.passes}")
+    if args.repeats > 1 and any(parse(spec).learns for spec in specs):
+        raise UserError("--repeats > 1 would let a learning drafter (suffix) propose from its own answers to "
+                        "the same prompts; use --passes to serve a set again on purpose")
     prompts = bench.passes(load_prompts(args.prompts), args.passes)
     _setup(args)
     report = bench.run(prompts, specs, target=args.target,

@@ -119,18 +119,25 @@ def run(
         loaded = models.load(target, dtype, device, backend, target_quant)
         ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend, drafter_quant)
         ids = {p.id: encode_prompt(loaded.tokenizer, p.prompt, None) for p in prompts}
-        fns, costs = _runners(loaded, ctx, runs, peer_specs, k_max, ids[prompts[0].id], params, seed)
+        fns, costs, built = _runners(loaded, ctx, runs, peer_specs, k_max, ids[prompts[0].id], params, seed)
+        learners = {label: spec for label, spec, _ in runs if drafter_registry.parse(spec).learns}
+        fresh = {spec: copy.deepcopy(built[spec]) for spec in learners.values()}
         for label in labels:  # warm-up, excluded
             fns[label](ids[prompts[0].id], prompts[0].category, 8, learn=False)
+        built.update(fresh)  # learning drafters forget the warm-up's answer
         for r in range(repeats):
             for i, p in enumerate(prompts):
                 shift = (i + r) % len(labels)
                 for label in labels[shift:] + labels[:shift]:
                     cell = cells.setdefault((dtype, label), Cell())
                     go = lambda: fns[label](ids[p.id], p.category, max_new_tokens)  # noqa: E731
+                    spec = learners.get(label)
+                    before = copy.deepcopy(built[spec]) if spec else None  # what it knew before this prompt
                     res, load = measured(go)
                     if load is not None and load > LOAD_LIMIT:
                         cell.reruns += 1
+                        if spec:  # a learning drafter must not see its own answer to the prompt it reruns
+                            built[spec] = copy.deepcopy(before)
                         res, load = measured(go)
                     cell.walls[p.id].append(res.stats.wall_s)
                     cell.ttfts[p.id].append(res.stats.ttft_s)
@@ -167,7 +174,7 @@ def _runners(loaded, ctx, runs, peer_specs, k_max, probe_ids, params, seed) -> d
     for spec in peer_specs:
         peer = peers.build(spec, loaded, ctx)
         fns[spec] = lambda ids, category, n, learn=True, peer=peer: peer(ids, n, params, seed)
-    return fns, costs
+    return fns, costs, built
 
 
 class _AdaptiveFactory:

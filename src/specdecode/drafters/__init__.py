@@ -210,7 +210,7 @@ register(Kind("ensemble", _parse_ensemble, _build_ensemble, weightless=True, tre
               format=lambda spec: "ensemble:" + "+".join(map(str, spec.members))))
 register(Kind("medusa", _parse_heads("medusa"), _build_heads, uses_features=True))
 register(Kind("eagle", _parse_heads("eagle"), _build_heads, uses_features=True))
-register(Kind("suffix", _parse_suffix, _build_suffix, weightless=True, format=_format_suffix,
+register(Kind("suffix", _parse_suffix, _build_suffix, weightless=True, learns=True, format=_format_suffix,
               trees=lambda spec: spec.option("tree") == 1,
               tree_nodes=lambda spec, k: min(k, spec.option("max_tree_depth"))))
 

@@ -54,6 +54,12 @@ class Spec:
         return self.info.weightless and all(m.weightless for m in self.members)
 
     @property
+    def learns(self) -> bool:
+        """Proposes from the responses of earlier requests (suffix decoding): a rerun of the same prompt
+        would find its own answer."""
+        return self.info.learns or any(m.learns for m in self.members)
+
+    @property
     def uses_features(self) -> bool:
         """Drafts from the target's hidden states (Medusa, EAGLE heads)."""
         return self.info.uses_features or any(m.uses_features for m in self.members)
@@ -97,6 +103,7 @@ class Kind:
     weightless: bool = False
     speculates: bool = True
     uses_features: bool = False
+    learns: bool = False  # proposals depend on earlier requests' responses (a benchmark must not replay to it)
     trees: Callable[[Spec], bool] = _tree_option
     tree_nodes: Callable[[Spec, int], int] = _tree_nodes
     draft_models: Callable[[Spec], tuple[str | None, ...]] = field(default=lambda spec: ())
