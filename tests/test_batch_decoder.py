@@ -100,3 +100,40 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
     for seq in seqs[1:]:
         alone = generate(target, NoDrafter(), seq.prompt, max_new_tokens=MAX_NEW).token_ids
         assert seq.context[len(seq.prompt):] == alone
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chunked):
+    """Prompts sharing a long prefix (a system prompt, an earlier chat turn): the later ones get the
+    cached KV blocks instead of prefilling them, and every output is still plain greedy decoding."""
+    from specdecode.core.generation import generate
+    from specdecode.core.prefix_cache import PrefixCache
+
+    shared = [t for p, _ in cases[:4] for t in p]  # ~a few dozen tokens
+    prompts = [shared + p for p, _ in cases[4:7]] + [shared[:40]]
+    cache = PrefixCache(block=8)
+    core = BatchDecoder(batched(target.model, 2), cache)
+    outputs = []
+    for prompt in prompts:  # one after another: each finds the blocks the earlier ones stored
+        seq = Sequence(prompt, per_sequence(DRAFTERS[0]), FixedK(4), SamplingParams(), None, MAX_NEW)
+        core.start([seq], chunked=chunked)
+        while not seq.finished:
+            core.step([seq], prefill_budget=16)
+        core.release(seq)
+        outputs.append(seq.context[len(prompt):])
+    assert cache.hits >= 2 * (len(shared) // 8) and cache.hits < cache.queries
+    for prompt, out in zip(prompts, outputs):
+        assert out == generate(target, NoDrafter(), prompt, max_new_tokens=MAX_NEW).token_ids
+
+
+def test_prefix_cache_evicts_least_recently_used_blocks_within_its_bound():
+    from specdecode.core.prefix_cache import PrefixCache
+
+    block_bytes = 2 * 3 * 1 * 4 * 2 * 4  # k and v of [layers 3, kv 1, 4 tokens, d 2] float32
+    cache = PrefixCache(block=4, max_bytes=2 * block_bytes)
+    read = lambda a, b: (torch.zeros(3, 1, b - a, 2), torch.zeros(3, 1, b - a, 2))  # noqa: E731
+    cache.store(list(range(8)), read)  # blocks A, AB
+    assert len(cache.lookup(list(range(9)))) == 2
+    cache.store([9, 9, 9, 9], read)  # a third block evicts the least recently used
+    assert cache.bytes <= 2 * block_bytes and len(cache.blocks) == 2
+    assert len(cache.lookup([9, 9, 9, 9])) == 1

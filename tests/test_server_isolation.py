@@ -227,3 +227,20 @@ def test_drafter_labels_are_canonical_and_bounded(server):
               if line.startswith("specdecode:spec_decode_num_draft_tokens_total{")}
     assert "ngram:02-4" not in labels and "ngram: 2-4" not in labels
     assert len(labels) <= MAX_DRAFTER_LABELS + 1 and "other" in labels
+
+
+def test_prefix_caching_in_the_server_reuses_a_chat_history_and_keeps_output(target, server):
+    system = "You are a careful assistant. " * 12
+    first = complete(server.url, prompt=system + "Question one?", max_tokens=8)
+    before = httpx.get(server.url + "/metrics").text
+    second = complete(server.url, prompt=system + "Question two?", max_tokens=8)
+    after = httpx.get(server.url + "/metrics").text
+    assert first.status_code == second.status_code == 200
+
+    def hits(text):
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("specdecode:prefix_cache_hits_total"))
+
+    assert hits(after) > hits(before)  # the shared system prompt's blocks were reused
+    ids = target.tokenizer(system + "Question two?")["input_ids"]
+    assert second.json()["choices"][0]["text"] == reference(target, ids, 8).text

@@ -136,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
     s.add_argument("--prefill-chunk", type=int, default=512,
                    help="prompt tokens prefilled per step, interleaved with running requests' decode steps")
+    s.add_argument("--prefix-cache-mb", type=int, default=256,
+                   help="memory for reusing KV blocks of equal prompt prefixes (0: off)")
     s.add_argument("--suffix-scope", default="global", choices=["global", "key", "user"],
                    help="suffix drafter caches: shared by all requests, per API key, or per `user` field")
     s.add_argument("--suffix-cache", default=None, metavar="FILE", help="load suffix caches at start, save at shutdown")
@@ -401,7 +403,7 @@ def cmd_serve(args) -> None:
     engine = build_engine(target, routes, model_name=name, max_batch=args.max_batch, queue_size=args.queue,
                           load_control=args.load_control, dtype=args.dtype, device=args.device, backend=args.backend,
                           drafter_quant=args.drafter_quant, threads=args.threads, suffix_caches=caches,
-                          prefill_budget=args.prefill_chunk)
+                          prefill_budget=args.prefill_chunk, prefix_cache_mb=args.prefix_cache_mb)
     opts = ServeOptions(name, routes, args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
                         args.timeout, args.max_body_bytes)
     print(f"specdecode: serving {name} on http://{args.host}:{args.port} (drafter {routes.default.drafter}, "

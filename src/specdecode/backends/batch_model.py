@@ -85,6 +85,20 @@ class BatchedLlama:
             self.v_cache[:, slot, :, length : length + m] = self.v_cache[:, slot, :, idx]
         self.lengths[slot] = length + m
 
+    def read_kv(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of cache positions [start, end) of a slot: each [layers, kv_heads, n, d] (copies)."""
+        return self.k_cache[:, slot, :, start:end].clone(), self.v_cache[:, slot, :, start:end].clone()
+
+    @torch.inference_mode()
+    def write_kv(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put keys and values (as read_kv returns them) at positions start.. of a slot, which then holds
+        start + n positions (prefix caching: a prompt's cached prefix instead of its prefill)."""
+        end = start + k.shape[2]
+        self._ensure_capacity(end)
+        self.k_cache[:, slot, :, start:end] = k
+        self.v_cache[:, slot, :, start:end] = v
+        self.lengths[slot] = end
+
     def _ensure_capacity(self, needed: int) -> None:
         f = self.fast
         self.k_cache, self.v_cache = grow_kv(self.k_cache, self.v_cache, needed, self.max_length,

@@ -26,6 +26,7 @@ import torch
 
 from specdecode.backends.batch_model import BatchLM, Row
 from specdecode.core.control import KPolicy
+from specdecode.core.prefix_cache import PrefixCache
 from specdecode.drafters.base import Drafter, feature_layers
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.lm import CausalLM
@@ -60,8 +61,10 @@ class Sequence:
 
 
 class BatchDecoder:
-    def __init__(self, model: BatchLM):
+    def __init__(self, model: BatchLM, prefix_cache: PrefixCache | None = None):
+        """prefix_cache: reuse KV blocks of equal prompt prefixes (needs a model with read_kv/write_kv)."""
         self.model = model
+        self.prefix_cache = prefix_cache if hasattr(model, "write_kv") else None
         self.free = list(range(model.slots - 1, -1, -1))  # pop() hands out the lowest slot first
 
     def start(self, seqs: list[Sequence], chunked: bool = False) -> float:
@@ -74,8 +77,9 @@ class BatchDecoder:
             seq.context = list(seq.prompt)
             seq.prefilled = 0
             seq.drafter.begin(seq.prompt)
+            self._reuse_prefix(seq)
         if not chunked:
-            self._prefill([(seq, len(seq.prompt) - 1) for seq in seqs if seq.prefilling])
+            self._prefill([(seq, len(seq.prompt) - 1 - seq.prefilled) for seq in seqs if seq.prefilling])
         return time.perf_counter() - t0
 
     def _prefill(self, chunks: list[tuple[Sequence, int]], rows: list[Row] = ()) -> list:
@@ -88,7 +92,20 @@ class BatchDecoder:
             seq.prefilled += n
             if out.features is not None:
                 seq.drafter.feed(out.features)
+            if not seq.prefilling and self.prefix_cache is not None and not feature_layers(seq.drafter):
+                self.prefix_cache.store(seq.prompt[: seq.prefilled],
+                                        lambda a, b, slot=seq.slot: self.model.read_kv(slot, a, b))
         return outs[: len(rows)]
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """Write the cached blocks that begin the prompt into the sequence's slot (not for drafters that
+        read the prompt's features: they need every row's)."""
+        if self.prefix_cache is None or feature_layers(seq.drafter):
+            return
+        blocks = self.prefix_cache.lookup(seq.prompt[:-1])
+        for k, v in blocks:
+            self.model.write_kv(seq.slot, seq.prefilled, k, v)
+            seq.prefilled += k.shape[2]
 
     def release(self, seq: Sequence) -> None:
         """The sequence leaves: its slot is emptied and free again."""

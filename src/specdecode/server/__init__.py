@@ -16,6 +16,7 @@ from __future__ import annotations
 from specdecode import drafters
 from specdecode.backends.batch_model import batched
 from specdecode.core.config import Route, SpecConfig
+from specdecode.core.prefix_cache import PrefixCache
 from specdecode.backends.models import LoadedModel
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.engine import Engine
@@ -27,7 +28,8 @@ from specdecode.server.suffix_cache import SuffixCaches
 def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, max_batch: int = 8,
                  queue_size: int = 64, load_control: bool = True, dtype: str = "fp32", device: str | None = None,
                  backend: str = "auto", drafter_quant: str = "none", threads: int | None = None,
-                 suffix_caches: SuffixCaches | None = None, prefill_budget: int = 512) -> Engine:
+                 suffix_caches: SuffixCaches | None = None, prefill_budget: int = 512,
+                 prefix_cache_mb: int = 256) -> Engine:
     """Everything the server runs on: batched target, drafters (model drafters loaded now), the
     measured batch costs (when load_control) and the metrics."""
     model = batched(target.model, max_batch)
@@ -37,7 +39,8 @@ def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, ma
     k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
     costs = measure(model, max_batch, min(k_max, 8)) if load_control else None
     return Engine(model, target.tokenizer, target.eos_ids, pool, ServerMetrics(model_name),
-                  queue_size=queue_size, costs=costs, threads=threads, prefill_budget=prefill_budget)
+                  queue_size=queue_size, costs=costs, threads=threads, prefill_budget=prefill_budget,
+                  prefix_cache=PrefixCache(max_bytes=prefix_cache_mb << 20) if prefix_cache_mb > 0 else None)
 
 
 def default_routes(drafter: str, k: int, adaptive: bool) -> SpecConfig:

@@ -28,6 +28,7 @@ import torch
 from specdecode.core import batch_decoder
 from specdecode.core.batch_decoder import BatchDecoder
 from specdecode.backends.batch_model import BatchLM
+from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
 from specdecode.drafters.spec import parse
 from specdecode.core.metrics import Stats
@@ -138,9 +139,9 @@ class Sequence:
 class Engine:
     def __init__(self, model: BatchLM, tokenizer, eos_ids: set[int], pool: DrafterPool, metrics: ServerMetrics,
                  *, queue_size: int = 64, costs: BatchCosts | None = None, threads: int | None = None,
-                 prefill_budget: int = 512):
+                 prefill_budget: int = 512, prefix_cache: PrefixCache | None = None):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)
-        self.core = BatchDecoder(model)
+        self.core = BatchDecoder(model, prefix_cache)
         self.pool, self.metrics, self.costs = pool, metrics, costs
         self.queue_size = queue_size
         self.prefill_budget = prefill_budget  # prompt tokens per step: long prompts go in chunks between steps
@@ -268,7 +269,11 @@ class Engine:
     def _prefill(self, admitted: list[Sequence]) -> None:
         for seq in admitted:
             self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(len(seq.request.prompt))
+        cache = self.core.prefix_cache
+        before = (cache.queries, cache.hits) if cache else (0, 0)
         prefill_s = self.core.start([seq.dec for seq in admitted], chunked=True)  # prompts go in with the steps
+        if cache:
+            self.metrics.observe_prefix(cache.queries - before[0], cache.hits - before[1])
         for seq in admitted:
             seq.stats.prefill_s = prefill_s
 

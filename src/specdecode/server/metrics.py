@@ -55,6 +55,10 @@ class ServerMetrics:
                              "drafts is plain decoding: fallback or k = 0)", spec, registry=r)
         self.rejected = Counter(PREFIX + "num_requests_rejected", "Requests refused before decoding (queue full)",
                                 ["model_name", "reason"], registry=r)
+        self.prefix_queries = Counter(PREFIX + "prefix_cache_queries", "Prompt KV blocks looked up in the prefix cache",
+                                      ["model_name"], registry=r)
+        self.prefix_hits = Counter(PREFIX + "prefix_cache_hits", "Prompt KV blocks found in the prefix cache",
+                                   ["model_name"], registry=r)
         self.running = Gauge(PREFIX + "num_requests_running", "Requests holding a batch slot", ["model_name"], registry=r)
         self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests queued for a slot", ["model_name"], registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens", ["model_name"], registry=r)
@@ -73,6 +77,7 @@ class ServerMetrics:
         self.batch_size = Histogram(PREFIX + "batch_size", "Requests verified per batched target forward",
                                     ["model_name"], buckets=_TOKENS, registry=r)
         self.rejected.labels(model_name, "queue_full")  # exported at 0 from the start, so rate() sees the first
+        self.observe_prefix(0, 0)
         self.set_queue(0, 0)
 
     # -- updates (called from the engine thread) --------------------------------------------
@@ -88,6 +93,11 @@ class ServerMetrics:
                 self.accepted_per_pos.labels(*labels, str(pos)).inc()
         self.tokens_per_forward.labels(self.model_name).observe(accepted + 1)
         self.generation_tokens.labels(self.model_name).inc(committed)
+
+    def observe_prefix(self, queries: int, hits: int) -> None:
+        """Blocks looked up and found since the last call."""
+        self.prefix_queries.labels(self.model_name).inc(queries)
+        self.prefix_hits.labels(self.model_name).inc(hits)
 
     def observe_delivery(self, gap_s: float, tokens: int, first: bool) -> None:
         if first:
