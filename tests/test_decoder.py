@@ -452,3 +452,19 @@ def test_stats_merge_of_generate_results(target):
     assert isinstance(merged, Stats)
     assert merged.steps == a.steps + b.steps and merged.prefills == 2
     assert merged.new_tokens == a.new_tokens + b.new_tokens
+
+
+def test_sampled_tree_verification_in_the_batched_core_follows_the_target(tables):
+    """Token trees in the batched path (suffix and n-gram trees reach the server this way): an n-gram
+    tree of two branches after `b`, sampled at T 1.0, gives the target's joint distribution."""
+    target, _ = tables
+    params = SamplingParams(temperature=1.0)
+    b = 2
+    c1, c2 = (int(t) for t in target.table[b].topk(2).indices)
+    prompt = [b, c1, int(target.table[c1].argmax()), b, c2, int(target.table[c2].argmax()), b]
+    counts, drafted, accepted, _ = first_two_counts_batched(target, NgramDrafter(min_n=1, branches=2), prompt,
+                                                            params, N)
+    assert drafted > 2 * N and 0.05 * drafted < accepted < 0.95 * drafted  # trees drafted, both paths taken
+    exact = joint_two(target.table, b, params)
+    assert counts[exact == 0].sum() == 0
+    assert tv(counts, exact) < tv_bound(int((exact > 0).sum()), N)
