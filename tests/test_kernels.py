@@ -35,10 +35,11 @@ def test_a_failed_build_falls_back_with_a_message(tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
-def test_linear_matches_matmul_and_a_row_does_not_depend_on_the_others(ops, wdtype):
+@pytest.mark.parametrize("K", [96, 112])  # 112: a last half block of 16 after blocks of 32
+def test_linear_matches_matmul_and_a_row_does_not_depend_on_the_others(ops, wdtype, K):
     g = torch.Generator().manual_seed(0)
-    w = (torch.randn(67, 96, generator=g) * 0.1).to(wdtype)  # odd row count: a partial last block
-    x = torch.randn(17, 96, generator=g)
+    w = (torch.randn(67, K, generator=g) * 0.1).to(wdtype)  # odd row count: a partial last block
+    x = torch.randn(17, K, generator=g)
     y = ops.linear(x, w)
     assert y.shape == (17, 67) and y.dtype == torch.float32
     assert torch.allclose(y.double(), x.double() @ w.double().T, atol=1e-5, rtol=1e-5)

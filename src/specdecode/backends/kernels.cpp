@@ -145,47 +145,65 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
 }
 
 using v8 = float __attribute__((vector_size(32)));
-using v8u16 = uint16_t __attribute__((vector_size(16)));
-using v8u32 = uint32_t __attribute__((vector_size(32)));
-
-template <typename W>
-inline v8 load8(const W* p);
-template <>
-inline v8 load8<float>(const float* p) {
-  v8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <>
-inline v8 load8<uint16_t>(const uint16_t* p) {  // bf16 -> fp32: the bits are the high half
-  v8u16 h;
-  std::memcpy(&h, p, sizeof h);
-  v8u32 w = __builtin_convertvector(h, v8u32) << 16;
-  v8 v;
-  std::memcpy(&v, &w, sizeof v);
-  return v;
-}
 
 inline float hsum(v8 a, v8 b) {
   v8 s = a + b;
   return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
+// 16 lanes: one AVX-512 register (two AVX2 registers elsewhere).
+using v16 = float __attribute__((vector_size(64)));
+using v16u16 = uint16_t __attribute__((vector_size(32)));
+using v16u32 = uint32_t __attribute__((vector_size(64)));
+
+template <typename W>
+inline v16 load16(const W* p);
+template <>
+inline v16 load16<float>(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <>
+inline v16 load16<uint16_t>(const uint16_t* p) {  // bf16 -> fp32 by a 16-bit shift, 16 at once
+  v16u16 h;
+  std::memcpy(&h, p, sizeof h);
+  v16u32 w = __builtin_convertvector(h, v16u32) << 16;
+  v16 v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+
+inline float hsum16(v16 a, v16 b) {
+  v16 s = a + b;
+  v8 lo, hi;
+  std::memcpy(&lo, &s, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&s) + sizeof lo, sizeof hi);
+  return hsum(lo, hi);
+}
+
 // y[m, r] = <w[r], x[m]> for weight row r and MB rows of x from m0, each weight vector loaded
-// once for all of them. The sum for one (r, m) is formed the same way in every tile shape, so a
-// row of x gets the same bits whether it comes alone (decoding) or with others (verifying).
+// once for all of them; two 16-lane accumulators per row (k % 32 < 16, >= 16; K a multiple of 32,
+// else a last 16 in the first). The sum for one (r, m) is formed the same way in every tile shape,
+// so a row of x gets the same bits whether it comes alone (decoding) or with others (verifying).
 template <typename W, int MB>
 void tile(const W* w, const float* x, float* y, int64_t K, int64_t N, int64_t r, int64_t m0) {
-  v8 acc[MB][2] = {};
-  for (int64_t k = 0; k < K; k += 16) {
-    const v8 w0 = load8(w + r * K + k), w1 = load8(w + r * K + k + 8);
+  v16 acc[MB][2] = {};
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const v16 w0 = load16(w + r * K + k), w1 = load16(w + r * K + k + 16);
 #pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
-      acc[m][0] += w0 * load8(x + (m0 + m) * K + k);
-      acc[m][1] += w1 * load8(x + (m0 + m) * K + k + 8);
+      acc[m][0] += w0 * load16(x + (m0 + m) * K + k);
+      acc[m][1] += w1 * load16(x + (m0 + m) * K + k + 16);
     }
   }
-  for (int m = 0; m < MB; ++m) y[(m0 + m) * N + r] = hsum(acc[m][0], acc[m][1]);
+  if (k < K) {  // K % 32 == 16
+    const v16 w0 = load16(w + r * K + k);
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) acc[m][0] += w0 * load16(x + (m0 + m) * K + k);
+  }
+  for (int m = 0; m < MB; ++m) y[(m0 + m) * N + r] = hsum16(acc[m][0], acc[m][1]);
 }
 
 // Rows of x per pass over a weight row: with AVX-512's 32 vector registers, 8 rows keep their 16
