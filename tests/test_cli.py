@@ -145,3 +145,28 @@ def test_console_script_user_error_has_no_traceback():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "k must be between" in proc.stderr
+
+
+def test_threads_follow_the_free_cores_unless_chosen(monkeypatch, capsys):
+    """Beside a busy core a second thread stalls every parallel region (40x slower measured): without
+    --threads, the CLI uses the cores the load average leaves free, and says so."""
+    import argparse
+    import os
+
+    import torch
+
+    from specdecode import cli
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(os, "cpu_count", lambda: 4)
+        monkeypatch.setattr(os, "getloadavg", lambda: (2.2, 2.0, 1.0))
+        torch.set_num_threads(4)
+        cli._setup(argparse.Namespace(threads=None))
+        assert torch.get_num_threads() == 2 and "2 of 4 cores busy" in capsys.readouterr().err
+        cli._setup(argparse.Namespace(threads=3))  # an explicit choice wins
+        assert torch.get_num_threads() == 3
+        monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+        assert cli.free_cores() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -164,6 +165,15 @@ def _control_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", help="per-task α history file (JSON), kept across runs")
 
 
+def free_cores() -> int:
+    """Cores not busy with other work, from the 1-minute load average (at least 1)."""
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return os.cpu_count() or 1
+    return max(1, (os.cpu_count() or 1) - round(busy))
+
+
 def _setup(args) -> None:
     import torch
 
@@ -171,6 +181,12 @@ def _setup(args) -> None:
         if args.threads < 1:
             raise UserError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    elif (free := free_cores()) < torch.get_num_threads():
+        # a thread waiting for a busy core stalls every parallel region: 128 tokens took 114 s at 2
+        # threads beside a busy core, 2.9 s at 1 (docs/benchmarks.md)
+        print(f"specdecode: {os.cpu_count() - free} of {os.cpu_count()} cores busy (load average "
+              f"{os.getloadavg()[0]:.1f}): using {free} thread(s); --threads N to choose", file=sys.stderr)
+        torch.set_num_threads(free)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
