@@ -11,6 +11,10 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -144,66 +148,150 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
   return out;
 }
 
-using v8 = float __attribute__((vector_size(32)));
+// The machine's float vector: 16 lanes (one AVX-512 register) or 8 (one AVX2 register; GCC lowers
+// wider generic vectors on AVX2 through memory). A block of 32 weights is NV vectors.
+#ifdef __AVX512F__
+constexpr int L = 16;
+#else
+constexpr int L = 8;
+#endif
+constexpr int NV = 32 / L;
+using vec = float __attribute__((vector_size(4 * L)));
+using vecu16 = uint16_t __attribute__((vector_size(2 * L)));
+using vecu32 = uint32_t __attribute__((vector_size(4 * L)));
 
-inline float hsum(v8 a, v8 b) {
-  v8 s = a + b;
-  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-}
-
-// 16 lanes: one AVX-512 register (two AVX2 registers elsewhere).
-using v16 = float __attribute__((vector_size(64)));
-using v16u16 = uint16_t __attribute__((vector_size(32)));
-using v16u32 = uint32_t __attribute__((vector_size(64)));
-
-template <typename W>
-inline v16 load16(const W* p);
-template <>
-inline v16 load16<float>(const float* p) {
-  v16 v;
+inline vec loadv(const float* p) {
+  vec v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-template <>
-inline v16 load16<uint16_t>(const uint16_t* p) {  // bf16 -> fp32 by a 16-bit shift, 16 at once
-  v16u16 h;
+inline vec loadv(const uint16_t* p) {  // bf16 -> fp32 by a 16-bit shift, L at once
+  vecu16 h;
   std::memcpy(&h, p, sizeof h);
-  v16u32 w = __builtin_convertvector(h, v16u32) << 16;
-  v16 v;
+  vecu32 w = __builtin_convertvector(h, vecu32) << 16;
+  vec v;
   std::memcpy(&v, &w, sizeof v);
   return v;
 }
 
-inline float hsum16(v16 a, v16 b) {
-  v16 s = a + b;
-  v8 lo, hi;
-  std::memcpy(&lo, &s, sizeof lo);
-  std::memcpy(&hi, reinterpret_cast<const char*>(&s) + sizeof lo, sizeof hi);
-  return hsum(lo, hi);
+// The sum of two accumulators' lanes, in a fixed order.
+inline float hsum(vec a, vec b) {
+  vec s = a + b;
+  float t[L];
+  std::memcpy(t, &s, sizeof t);
+  for (int w = L / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) t[i] += t[i + w];
+  return t[0];
 }
 
-// y[m, r] = <w[r], x[m]> for weight row r and MB rows of x from m0, each weight vector loaded
-// once for all of them; two 16-lane accumulators per row (k % 32 < 16, >= 16; K a multiple of 32,
-// else a last 16 in the first). The sum for one (r, m) is formed the same way in every tile shape,
-// so a row of x gets the same bits whether it comes alone (decoding) or with others (verifying).
-template <typename W, int MB>
-void tile(const W* w, const float* x, float* y, int64_t K, int64_t N, int64_t r, int64_t m0) {
-  v16 acc[MB][2] = {};
+// Where the weights come from: each source gives weight row r's 32 weights at k..k+31 as NV
+// vectors (`get`), or the 16 at k (`get16`: a last half block of a dense row, 16 / L vectors).
+template <typename W>
+struct Dense {  // float32 or bfloat16 [N, K]
+  const W* w;
+  int64_t K;
+  void get(int64_t r, int64_t k, vec* out) const {
+    for (int v = 0; v < NV; ++v) out[v] = loadv(w + r * K + k + v * L);
+  }
+  void get16(int64_t r, int64_t k, vec* out) const {
+    for (int v = 0; v < 16 / L; ++v) out[v] = loadv(w + r * K + k + v * L);
+  }
+};
+
+// 16 bytes in a register: loaded, split into nibbles, widened to float32 (signed or unsigned) as
+// q * s + o, into 16 / L vectors. x86 spells it in intrinsics: GCC turns generic byte -> float
+// vector conversions into 16 scalar ones.
+#if defined(__AVX2__)
+using bytes16 = __m128i;
+inline bytes16 load_bytes(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline bytes16 low_nibbles(bytes16 b) { return _mm_and_si128(b, _mm_set1_epi8(15)); }
+inline bytes16 high_nibbles(bytes16 b) { return _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15)); }
+template <bool Signed>
+inline void dequant(bytes16 b, float s, float o, vec* out) {
+#if defined(__AVX512F__)
+  const __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b)),
+                                   _mm512_set1_ps(s), _mm512_set1_ps(o));
+  std::memcpy(out, &w, sizeof w);
+#else
+  const __m128i b8 = _mm_srli_si128(b, 8);
+  const __m256 sv = _mm256_set1_ps(s), ov = _mm256_set1_ps(o);
+  const __m256 lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b)), sv, ov);
+  const __m256 hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(b8) : _mm256_cvtepu8_epi32(b8)), sv, ov);
+  std::memcpy(out, &lo, sizeof lo);
+  std::memcpy(out + 1, &hi, sizeof hi);
+#endif
+}
+#else
+using bytes16 = uint8_t __attribute__((vector_size(16)));
+inline bytes16 load_bytes(const void* p) {
+  bytes16 b;
+  std::memcpy(&b, p, sizeof b);
+  return b;
+}
+inline bytes16 low_nibbles(bytes16 b) { return b & 15; }
+inline bytes16 high_nibbles(bytes16 b) { return b >> 4; }
+template <bool Signed>
+inline void dequant(bytes16 b, float s, float o, vec* out) {
+  float w[16];
+  for (int i = 0; i < 16; ++i) w[i] = (Signed ? static_cast<float>(static_cast<int8_t>(b[i])) : static_cast<float>(b[i])) * s + o;
+  std::memcpy(out, w, sizeof w);
+}
+#endif
+
+// Quantized rows, G blocks of 32 weights each (GGUF blocks repacked by gguf_weights.py). Dequantized
+// in registers to the same float32 values as the reference dequantization: q * s + o is exact for
+// these formats (the product needs at most 21 of float32's 24 bits), so fusing it into one FMA
+// changes nothing, and the sums below are those of the dequantized model.
+struct Q4 {  // per block: s, o (float32) and 16 bytes: weight i in byte i's low nibble, i + 16 in its high
+  const float* so;
+  const uint8_t* q;
+  int64_t G;
+  void get(int64_t r, int64_t k, vec* out) const {
+    const int64_t g = r * G + k / 32;
+    const bytes16 bytes = load_bytes(q + g * 16);
+    dequant<false>(low_nibbles(bytes), so[2 * g], so[2 * g + 1], out);
+    dequant<false>(high_nibbles(bytes), so[2 * g], so[2 * g + 1], out + NV / 2);
+  }
+  void get16(int64_t, int64_t, vec*) const {}  // never called: K is a multiple of 32
+};
+
+struct Q8 {  // per block: one scale per 16 weights (float32) and 32 signed bytes
+  const float* s;
+  const int8_t* q;
+  int64_t G;
+  void get(int64_t r, int64_t k, vec* out) const {
+    const int64_t g = r * G + k / 32;
+    dequant<true>(load_bytes(q + g * 32), s[2 * g], 0.f, out);  // q * s + 0: the value of q * s
+    dequant<true>(load_bytes(q + g * 32 + 16), s[2 * g + 1], 0.f, out + NV / 2);
+  }
+  void get16(int64_t, int64_t, vec*) const {}
+};
+
+// y[m, r] = <w[r], x[m]> for weight row r and MB rows of x from m0, each weight vector loaded (and
+// dequantized) once for all of them; two accumulators per row (vector v of a block into v % 2).
+// The sum for one (r, m) is formed the same way in every tile shape and for every weight source,
+// so a row of x gets the same bits whether it comes alone (decoding) or with others (verifying),
+// and quantized weights give the bits of their dequantized float32 copy.
+template <typename Src, int MB>
+void tile(const Src& w, const float* x, float* y, int64_t K, int64_t N, int64_t r, int64_t m0) {
+  vec acc[MB][2] = {};
+  vec wv[NV];
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
-    const v16 w0 = load16(w + r * K + k), w1 = load16(w + r * K + k + 16);
+    w.get(r, k, wv);
 #pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) {
-      acc[m][0] += w0 * load16(x + (m0 + m) * K + k);
-      acc[m][1] += w1 * load16(x + (m0 + m) * K + k + 16);
-    }
+    for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[m][v % 2] += wv[v] * loadv(x + (m0 + m) * K + k + v * L);
   }
   if (k < K) {  // K % 32 == 16
-    const v16 w0 = load16(w + r * K + k);
+    w.get16(r, k, wv);
 #pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) acc[m][0] += w0 * load16(x + (m0 + m) * K + k);
+    for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 4
+      for (int v = 0; v < 16 / L; ++v) acc[m][v % 2] += wv[v] * loadv(x + (m0 + m) * K + k + v * L);
   }
-  for (int m = 0; m < MB; ++m) y[(m0 + m) * N + r] = hsum16(acc[m][0], acc[m][1]);
+  for (int m = 0; m < MB; ++m) y[(m0 + m) * N + r] = hsum(acc[m][0], acc[m][1]);
 }
 
 // Rows of x per pass over a weight row: with AVX-512's 32 vector registers, 8 rows keep their 16
@@ -216,26 +304,37 @@ constexpr int64_t MAX_MB = 4;
 
 // Weight rows [r0, r1) against all M rows of x: per weight row, balanced tiles of at most MAX_MB
 // rows (9 rows: 5 + 4, not 8 + 1); the row stays in L1 between its tiles.
-template <typename W>
-void rows(const W* w, const float* x, float* y, int64_t K, int64_t M, int64_t N, int64_t r0, int64_t r1) {
+template <typename Src>
+void rows(const Src& w, const float* x, float* y, int64_t K, int64_t M, int64_t N, int64_t r0, int64_t r1) {
   const int64_t passes = (M + MAX_MB - 1) / MAX_MB;
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t p = 0, m0 = 0; p < passes; ++p) {
       const int64_t mb = (M - m0 + (passes - p) - 1) / (passes - p);  // rows left spread over tiles left
       switch (mb) {
-        case 1: tile<W, 1>(w, x, y, K, N, r, m0); break;
-        case 2: tile<W, 2>(w, x, y, K, N, r, m0); break;
-        case 3: tile<W, 3>(w, x, y, K, N, r, m0); break;
-        case 4: tile<W, 4>(w, x, y, K, N, r, m0); break;
+        case 1: tile<Src, 1>(w, x, y, K, N, r, m0); break;
+        case 2: tile<Src, 2>(w, x, y, K, N, r, m0); break;
+        case 3: tile<Src, 3>(w, x, y, K, N, r, m0); break;
+        case 4: tile<Src, 4>(w, x, y, K, N, r, m0); break;
 #ifdef __AVX512F__
-        case 5: tile<W, 5>(w, x, y, K, N, r, m0); break;
-        case 6: tile<W, 6>(w, x, y, K, N, r, m0); break;
-        case 7: tile<W, 7>(w, x, y, K, N, r, m0); break;
-        case 8: tile<W, 8>(w, x, y, K, N, r, m0); break;
+        case 5: tile<Src, 5>(w, x, y, K, N, r, m0); break;
+        case 6: tile<Src, 6>(w, x, y, K, N, r, m0); break;
+        case 7: tile<Src, 7>(w, x, y, K, N, r, m0); break;
+        case 8: tile<Src, 8>(w, x, y, K, N, r, m0); break;
 #endif
       }
       m0 += mb;
     }
+}
+
+// x [M, K] float32 -> x W^T [M, N], weight rows split between threads.
+template <typename Src>
+torch::Tensor matmul(const torch::Tensor& x, const Src& w, int64_t N) {
+  const int64_t M = x.size(0), K = x.size(1);
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, N, 128, [&](int64_t r0, int64_t r1) { rows(w, xp, yp, K, M, N, r0, r1); });
+  return y;
 }
 
 }  // namespace
@@ -245,21 +344,37 @@ void rows(const W* w, const float* x, float* y, int64_t K, int64_t M, int64_t N,
 torch::Tensor linear(torch::Tensor x, torch::Tensor weight) {
   check(x, "x");
   TORCH_CHECK(weight.is_contiguous() && weight.dim() == 2, "weight: expected a contiguous 2-D tensor");
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  const int64_t K = x.size(1), N = weight.size(0);
   TORCH_CHECK(weight.size(1) == K && K % 16 == 0, "linear: weight must be [N, K] with K = x.size(1), a multiple of 16");
-  auto y = torch::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const bool bf16 = weight.scalar_type() == torch::kBFloat16;
-  TORCH_CHECK(bf16 || weight.scalar_type() == torch::kFloat32, "weight: expected float32 or bfloat16");
-  const void* wp = weight.data_ptr();
-  at::parallel_for(0, N, 128, [&](int64_t r0, int64_t r1) {
-    if (bf16)
-      rows(static_cast<const uint16_t*>(wp), xp, yp, K, M, N, r0, r1);
-    else
-      rows(static_cast<const float*>(wp), xp, yp, K, M, N, r0, r1);
-  });
-  return y;
+  if (weight.scalar_type() == torch::kBFloat16)
+    return matmul(x, Dense<uint16_t>{static_cast<const uint16_t*>(weight.data_ptr()), K}, N);
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat32, "weight: expected float32 or bfloat16");
+  return matmul(x, Dense<float>{weight.data_ptr<float>(), K}, N);
+}
+
+// The quantized weights' shapes: scales [N, G, 2] float32, quants [N, G * bytes] of `type`.
+void check_quant(const torch::Tensor& x, const torch::Tensor& scales, const torch::Tensor& quants, int64_t bytes,
+                 torch::ScalarType type) {
+  check(x, "x");
+  check(scales, "scales");
+  const int64_t N = quants.size(0), G = x.size(1) / 32;
+  TORCH_CHECK(x.size(1) % 32 == 0, "quantized linear: x.size(1) must be a multiple of 32");
+  TORCH_CHECK(scales.dim() == 3 && scales.size(0) == N && scales.size(1) == G && scales.size(2) == 2,
+              "scales: expected [N, K / 32, 2]");
+  TORCH_CHECK(quants.is_contiguous() && quants.dim() == 2 && quants.size(1) == G * bytes && quants.scalar_type() == type,
+              "quants: expected a contiguous [N, K / 32 * ", bytes, "] tensor of ", type);
+}
+
+// x: [M, K] float32; 4-bit rows (scale and offset per 32 weights) -> x W^T [M, N] float32
+torch::Tensor linear_q4(torch::Tensor x, torch::Tensor scales, torch::Tensor quants) {
+  check_quant(x, scales, quants, 16, torch::kUInt8);
+  return matmul(x, Q4{scales.data_ptr<float>(), quants.data_ptr<uint8_t>(), x.size(1) / 32}, quants.size(0));
+}
+
+// x: [M, K] float32; 8-bit rows (a scale per 16 weights) -> x W^T [M, N] float32
+torch::Tensor linear_q8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants) {
+  check_quant(x, scales, quants, 32, torch::kInt8);
+  return matmul(x, Q8{scales.data_ptr<float>(), quants.data_ptr<int8_t>(), x.size(1) / 32}, quants.size(0));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -267,5 +382,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("delta"), py::arg("w"), py::arg("eps"));
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [n, 2I] -> [n, I]");
   m.def("linear", &linear, "x W^T for a few rows of x, W float32 or bfloat16");
+  m.def("linear_q4", &linear_q4, "x W^T, W 4-bit with a float32 scale and offset per 32 weights");
+  m.def("linear_q8", &linear_q8, "x W^T, W 8-bit with a float32 scale per 16 weights");
   m.def("attention", &attention, "rotary + KV-cache write + attention for n new tokens");
 }

@@ -256,8 +256,10 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backe
 
     from specdecode.backends import quant as quantization
 
+    if dtype == "gguf":
+        return _load_quantized(spec, device, backend, quant)
     if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join([*DTYPES, 'gguf'])}")
     quantization.check(quant, dtype, device)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -271,3 +273,27 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backe
     if quant == "int8":
         quantization.quantize(hf)
     return LoadedModel(str(spec or DEFAULT_TARGET), wrap(hf, backend), tokenizer)
+
+
+def is_gguf(spec: str | None) -> bool:
+    where = resolve(spec)
+    return isinstance(where, Path) and where.suffix == ".gguf"
+
+
+def _load_quantized(spec: str | None, device: str | None, backend: str, quant: str) -> LoadedModel:
+    """--dtype gguf: FastLlama on the file's quantized blocks (gguf_weights.py); the norms, the
+    embedding and the config come from the dequantized copy, as for fp32."""
+    from specdecode.backends import gguf_weights
+
+    if not is_gguf(spec):
+        raise UserError(f"--dtype gguf keeps a GGUF file's weights quantized; {spec or DEFAULT_TARGET} is not a .gguf file")
+    if quant != "none":
+        raise UserError("--dtype gguf already computes from the file's quantized weights; drop the int8 quantization")
+    if device and not device.startswith("cpu"):
+        raise UserError("--dtype gguf runs on the fused CPU kernels; on CUDA use --dtype bf16")
+    loaded = load(spec, "fp32", "cpu", backend)
+    if not isinstance(loaded.model, FastLlama) or loaded.model.kernels is None:
+        raise UserError(f"--dtype gguf needs the fast Llama backend with its fused CPU kernels; "
+                        f"{spec or DEFAULT_TARGET} runs on {type(loaded.model).__name__} here (use --dtype fp32)")
+    gguf_weights.keep_quantized(loaded.model, resolve(spec))
+    return loaded

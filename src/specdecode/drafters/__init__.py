@@ -113,7 +113,8 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
     if distilled.is_checkpoint(spec.arg):
         model = distilled.load(spec.arg, ctx)
     else:
-        draft = models.load(spec.arg, ctx.dtype, ctx.device, ctx.backend, ctx.quant)
+        dtype = "fp32" if ctx.dtype == "gguf" and not models.is_gguf(spec.arg) else ctx.dtype  # a HF draft beside a GGUF target
+        draft = models.load(spec.arg, dtype, ctx.device, ctx.backend, ctx.quant)
         if not compare(ctx.target.tokenizer, draft.tokenizer).compatible:
             if spec.options:
                 raise UserError(f"draft model {spec.arg} has another tokenizer than the target; token trees (b=, "

@@ -59,12 +59,14 @@ def add_parser(sub, model_args, setup) -> None:
         p.set_defaults(run=cmd_train, trainer=name, setup=setup)
 
 
-def _load_target(args):
+def _load_target(args, generate_only: bool = False):
+    """fp32; for `train data` also gguf (the same values from the file's quantized blocks, faster)."""
     from specdecode.backends import models
 
-    if args.dtype != "fp32":
-        raise UserError("training uses the target in fp32 (--dtype fp32)")
-    return models.load(args.target, "fp32", args.device, args.backend)
+    if args.dtype not in (("fp32", "gguf") if generate_only else ("fp32",)):
+        raise UserError(f"{'train data' if generate_only else 'training'} uses the target in fp32"
+                        f"{' or gguf' if generate_only else ''} (--dtype {args.dtype} given)")
+    return models.load(args.target, args.dtype, args.device, args.backend)
 
 
 def cmd_data(args) -> None:
@@ -81,7 +83,7 @@ def cmd_data(args) -> None:
     prompts = data.collect_prompts(args.prompts, args.exclude)
     drafters.check_spec(args.drafter)  # before loading anything; generate_data builds it
     args.setup(args)
-    loaded = _load_target(args)
+    loaded = _load_target(args, generate_only=True)
     context = drafters.DrafterContext(loaded, "fp32", args.device, args.backend)
     meta = {"target": checkpoint.describe(loaded), "prompts": args.prompts, "exclude": args.exclude,
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}

@@ -1,0 +1,210 @@
+"""GGUF weights kept quantized (`--dtype gguf`): FastLlama's matmuls read the file's blocks.
+
+Each block format is repacked once at load into one of two layouts that kernels.cpp dequantizes in
+registers (linear_q4, linear_q8), per block of 32 weights along a row:
+- q4: float32 scale s and offset o, 16 bytes of nibbles (weight i low, weight i + 16 high);
+  w = q * s + o. Q4_0 (s = d, o = -8 d), Q4_1 (s = d, o = m), Q4_K (s = d * sc, o = -dmin * m).
+- q8: a float32 scale per 16 weights and 32 signed bytes; w = q * s. Q8_0 (s = d), Q6_K (s = d * sc,
+  q - 32).
+Every product and sum named there is exact in float32 (at most 21 significant bits) or rounded once
+exactly as ggml and the `gguf` package round it, so the kernels compute with the very float32 values
+of the dequantized model: `--dtype gguf` gives the bits of `--dtype fp32` on the same file while
+moving 6 (q4) or 10 (q8) bits per weight instead of 32. Other types (F32, F16, BF16, Q5_*, Q2_K,
+Q3_K, Q5_K, ...) are dequantized by the `gguf` package into float32 rows for the fp32 kernel; a type
+the package cannot read is an error naming it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdecode.errors import UserError
+
+
+@dataclass
+class QuantMatrix:
+    """[N, K] weights in a kernel layout: kind "q4" (scales [N, K/32, 2] = (s, o), quants uint8
+    [N, K/2]) or "q8" (scales [N, K/32, 2] = per-16 s, quants int8 [N, K])."""
+
+    kind: str
+    scales: torch.Tensor
+    quants: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.quants.shape[0], self.scales.shape[1] * 32
+
+    def rows(self, index: torch.Tensor) -> QuantMatrix:
+        """The rows `index` [R] (a permutation, or the draft vocabulary's LM-head rows)."""
+        return QuantMatrix(self.kind, self.scales[index].contiguous(), self.quants[index].contiguous())
+
+    def dequantize(self) -> torch.Tensor:
+        """-> float32 [N, K], the values the kernels compute with (for tests and eager fallbacks)."""
+        n, k = self.shape
+        if self.kind == "q4":
+            q = torch.stack([self.quants & 15, self.quants >> 4], dim=-1)  # [N, K/2, 2]
+            q = q.view(n, k // 32, 16, 2).transpose(2, 3).reshape(n, k // 32, 32).float()
+            return (q * self.scales[..., :1] + self.scales[..., 1:]).view(n, k)
+        q = self.quants.view(n, k // 16, 16).float()
+        return (q * self.scales.reshape(n, k // 16, 1)).view(n, k)
+
+
+def concat(matrices: list[QuantMatrix]) -> QuantMatrix | None:
+    """Row-wise concatenation (fused q|k|v, gate|up), or None when the layouts differ."""
+    if len({m.kind for m in matrices}) != 1 or len({m.shape[1] for m in matrices}) != 1:
+        return None
+    return QuantMatrix(matrices[0].kind, torch.cat([m.scales for m in matrices]),
+                       torch.cat([m.quants for m in matrices]))
+
+
+def _f16(b: np.ndarray) -> torch.Tensor:  # [..., 2] uint8 -> [...] float32
+    return torch.from_numpy(np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32))
+
+
+def _q4_0(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 18]: d, 16 bytes of nibbles
+    d = _f16(blocks[..., 0:2])
+    return QuantMatrix("q4", torch.stack([d, -8 * d], -1), torch.from_numpy(blocks[..., 2:].reshape(len(blocks), -1)))
+
+
+def _q4_1(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 20]: d, m, 16 bytes of nibbles
+    so = torch.stack([_f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])], -1)
+    return QuantMatrix("q4", so, torch.from_numpy(blocks[..., 4:].reshape(len(blocks), -1)))
+
+
+def _q8_0(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 34]: d, 32 int8
+    d = _f16(blocks[..., 0:2])
+    return QuantMatrix("q8", torch.stack([d, d], -1), torch.from_numpy(blocks[..., 2:].reshape(len(blocks), -1).view(np.int8)))
+
+
+def _nibbles(v: np.ndarray) -> np.ndarray:
+    """v [..., 32] values 0..15 -> [..., 16] bytes, v[i] in the low nibble, v[i + 16] in the high."""
+    return (v[..., :16] | (v[..., 16:] << 4)).astype(np.uint8)
+
+
+def _q4_k(blocks: np.ndarray) -> QuantMatrix:  # [N, S, 144] super-blocks of 256: d, dmin, 12 scale bytes, 128 qs
+    n, nsb = blocks.shape[:2]
+    d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])  # [N, S]
+    sb = blocks[..., 4:16].astype(np.int32)  # 8 six-bit scales and mins (ggml's get_scale_min_k4)
+    sc = np.concatenate([sb[..., 0:4] & 63, (sb[..., 8:12] & 15) | ((sb[..., 0:4] >> 6) << 4)], -1)
+    mn = np.concatenate([sb[..., 4:8] & 63, (sb[..., 8:12] >> 4) | ((sb[..., 4:8] >> 6) << 4)], -1)
+    qs = blocks[..., 16:].reshape(n, nsb, 4, 32)  # sub-blocks 2p (low nibbles) and 2p + 1 (high)
+    q = np.stack([qs & 15, qs >> 4], axis=3).reshape(n, nsb * 8, 32)
+    s = d[..., None] * torch.from_numpy(sc.astype(np.float32))
+    o = -(dmin[..., None] * torch.from_numpy(mn.astype(np.float32)))
+    so = torch.stack([s, o], -1).reshape(n, nsb * 8, 2)
+    return QuantMatrix("q4", so, torch.from_numpy(_nibbles(q).reshape(n, -1)))
+
+
+def _q6_k(blocks: np.ndarray) -> QuantMatrix:  # [N, S, 210] super-blocks of 256: ql 128, qh 64, scales 16 int8, d
+    n, nsb = blocks.shape[:2]
+    ql = blocks[..., 0:128].reshape(n, nsb, 2, 64)
+    qh = blocks[..., 128:192].reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    low = np.stack([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=3)
+    q = (low | ((qh & 3) << 4)).astype(np.int16) - 32  # [N, S, 2, 4, 32]: element 128 h + 32 t + l
+    sc = torch.from_numpy(blocks[..., 192:208].copy().view(np.int8).astype(np.float32))  # per 16 elements, in order
+    s = (_f16(blocks[..., 208:210])[..., None] * sc).reshape(n, nsb * 8, 2)
+    return QuantMatrix("q8", s, torch.from_numpy(q.astype(np.int8).reshape(n, -1)))
+
+
+# GGML type name -> (bytes per block, weights per block, repack of [N, blocks, bytes])
+FORMATS = {"Q4_0": (18, 32, _q4_0), "Q4_1": (20, 32, _q4_1), "Q8_0": (34, 32, _q8_0),
+           "Q4_K": (144, 256, _q4_k), "Q6_K": (210, 256, _q6_k)}
+
+
+def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix | torch.Tensor:
+    """A GGUF tensor's data (rows of raw blocks, or plain values) -> a QuantMatrix, or float32 [N, K]
+    dequantized by the `gguf` package for types without a kernel."""
+    if type_name in FORMATS:
+        size, per_block, fn = FORMATS[type_name]
+        raw = np.ascontiguousarray(raw).reshape(raw.shape[0], -1)
+        if raw.shape[1] % size:
+            raise UserError(f"GGUF tensor {name}: {raw.shape[1]} bytes per row is not a whole number of {type_name} blocks")
+        return fn(raw.reshape(raw.shape[0], raw.shape[1] // size, size))
+    from gguf import GGMLQuantizationType, quants
+
+    try:
+        qtype = GGMLQuantizationType[type_name]
+        return torch.from_numpy(np.ascontiguousarray(quants.dequantize(raw, qtype), dtype=np.float32))
+    except (KeyError, NotImplementedError) as e:
+        raise UserError(f"GGUF tensor {name} has type {type_name}, which neither specdecode's kernels nor the "
+                        f"gguf package can read") from e
+
+
+class QuantLinear:
+    """y = x W^T for GGUF weights: one kernel call per run of matrices sharing a layout (fused
+    q|k|v and gate|up become one call when their types agree), float32 rows for the rest."""
+
+    def __init__(self, ops, matrices: list[QuantMatrix | torch.Tensor]):
+        self.ops, self.parts = ops, []
+        for m in matrices:
+            if self.parts and isinstance(m, QuantMatrix) and isinstance(self.parts[-1], QuantMatrix):
+                joined = concat([self.parts[-1], m])
+                if joined is not None:
+                    self.parts[-1] = joined
+                    continue
+            self.parts.append(m)
+        self.out_features = sum(p.shape[0] for p in self.parts)
+
+    def _one(self, x: torch.Tensor, part) -> torch.Tensor:
+        if isinstance(part, torch.Tensor):
+            return self.ops.linear(x, part)
+        return (self.ops.linear_q4 if part.kind == "q4" else self.ops.linear_q8)(x, part.scales, part.quants)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., K] -> [..., out_features] float32
+        flat = x.reshape(-1, x.shape[-1]).float().contiguous()
+        outs = [self._one(flat, p) for p in self.parts]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def _unpermute(n: int, heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's q/k rotary permutation (as transformers' reverse_permute)."""
+    return torch.arange(n).view(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
+
+
+def read(path: Path) -> dict[str, tuple[str, np.ndarray]]:
+    """tensor name -> (GGML type name, its data as mapped by gguf.GGUFReader)."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, struct.error, ... on damaged files
+        raise UserError(f"cannot read GGUF file {path}: {e}") from e
+    return {t.name: (t.tensor_type.name, t.data) for t in reader.tensors}
+
+
+def keep_quantized(model, path: Path) -> None:
+    """In place: FastLlama `model` (loaded from the dequantized copy of `path`) computes its layers
+    and LM head from the file's quantized blocks; the dequantized linear weights are released."""
+    tensors = read(path)
+
+    def weight(name: str, heads: int = 0):
+        if name not in tensors:
+            raise UserError(f"GGUF file {path} has no tensor {name}")
+        m = repack(*tensors[name], name)
+        return (m.rows(_unpermute(m.shape[0], heads)) if isinstance(m, QuantMatrix) else
+                m[_unpermute(m.shape[0], heads)]) if heads else m
+
+    ops = model.kernels
+    for i, layer in enumerate(model.layers):
+        b = f"blk.{i}."
+        layer.qkv = QuantLinear(ops, [weight(b + "attn_q.weight", model.heads),
+                                      weight(b + "attn_k.weight", model.kv_heads), weight(b + "attn_v.weight")])
+        layer.o = QuantLinear(ops, [weight(b + "attn_output.weight")])
+        layer.gate_up = QuantLinear(ops, [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")])
+        layer.down = QuantLinear(ops, [weight(b + "ffn_down.weight")])
+    model.lm_head = QuantLinear(ops, [weight("output.weight" if "output.weight" in tensors else "token_embd.weight")])
+    with torch.no_grad():  # the decoder's float32 linears are no longer read: free them
+        for layer in model.hf.model.layers:
+            for lin in (*[getattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")],
+                        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+                lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    unsupported = sorted({t for t, _ in tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")})
+    if unsupported:
+        print(f"specdecode: GGUF types {', '.join(unsupported)} have no quantized kernel; "
+              f"their matrices run as float32", file=sys.stderr)

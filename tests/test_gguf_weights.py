@@ -1,0 +1,158 @@
+"""--dtype gguf: GGUF blocks repacked and dequantized in the kernels' registers. Each format against
+the `gguf` package's reference dequantization, the quantized matmuls against the float32 kernel on
+the dequantized weights (bit for bit) and a float64 reference, row invariance, and a tiny GGUF
+Llama whose quantized forward gives the bits of its dequantized fp32 copy and whose greedy
+speculative output equals plain decoding."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+from conftest import make_llama, make_tokenizer
+from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
+from specdecode import drafters
+from specdecode.backends import gguf_weights, kernels, models
+from specdecode.core.generation import generate
+from specdecode.errors import UserError
+from train_fixtures import PROMPTS
+
+ops = kernels.load()
+needs_kernels = pytest.mark.skipif(ops is None, reason="no C++ compiler: the fused kernels are unavailable")
+TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
+
+
+def raw_matrix(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    if type_name in BLOCKS:
+        return random_blocks(type_name, rows, cols, seed)
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    w[0, :32] = 0.0  # an all-zero block: q = 8 for Q4_0, d = 0 for the others
+    return quants.quantize(w, T[type_name])
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_repacked_blocks_dequantize_to_the_gguf_reference(type_name):
+    raw = raw_matrix(type_name, 7, 512)
+    ref = torch.from_numpy(quants.dequantize(raw, T[type_name]))
+    got = gguf_weights.repack(type_name, raw).dequantize()
+    assert got.shape == ref.shape == (7, 512)
+    assert torch.equal(got, ref)  # equal values (Q4_0's zeros may carry the other sign)
+
+
+@needs_kernels
+@pytest.mark.parametrize("type_name", TYPES)
+def test_quantized_matmul_is_the_dense_kernel_on_dequantized_weights(type_name):
+    m = gguf_weights.repack(type_name, raw_matrix(type_name, 300, 512, seed=1))
+    dense = m.dequantize().contiguous()
+    f = ops.linear_q4 if m.kind == "q4" else ops.linear_q8
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(2))
+    y = f(x, m.scales, m.quants)
+    ref = (x.double() @ dense.double().T).float()
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+    for rows in (1, 2, 3, 5, 8, 9, 17, 64):  # every tile shape, and a row alone vs. with others
+        assert torch.equal(f(x[:rows].contiguous(), m.scales, m.quants), ops.linear(x[:rows].contiguous(), dense))
+        assert torch.equal(f(x[:rows].contiguous(), m.scales, m.quants), y[:rows])
+
+
+@needs_kernels
+def test_bad_quantized_shapes_are_errors():
+    m = gguf_weights.repack("Q4_1", raw_matrix("Q4_1", 4, 64))
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.linear_q4(torch.randn(1, 48), m.scales, m.quants)
+    with pytest.raises(RuntimeError, match="quants"):
+        ops.linear_q4(torch.randn(1, 64), m.scales, m.quants[:, :16].contiguous())
+
+
+def test_types_without_a_kernel_fall_back_to_float32_or_name_the_type():
+    w = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    raw = quants.quantize(w, T.Q5_0)
+    got = gguf_weights.repack("Q5_0", raw)  # the gguf package reads it; the fp32 kernel runs it
+    assert isinstance(got, torch.Tensor) and torch.equal(got, torch.from_numpy(quants.dequantize(raw, T.Q5_0)))
+    with pytest.raises(UserError, match="blk.0.ffn_up.weight has type Q9_9"):
+        gguf_weights.repack("Q9_9", raw, "blk.0.ffn_up.weight")
+    with pytest.raises(UserError, match="not a whole number of Q4_1 blocks"):
+        gguf_weights.repack("Q4_1", np.zeros((2, 30), np.uint8), "x")
+
+
+MIXED = {"attn_q": "Q4_1", "attn_k": "Q4_0", "attn_v": "Q6_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
+         "ffn_up": "Q4_1", "ffn_down": "Q6_K", "token_embd": "Q8_0", "output": "Q4_0"}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("SPECDECODE_CACHE", str(tmp_path_factory.mktemp("cache")))
+    tok = make_tokenizer()
+    hf = make_llama(seed=1, hidden=256, heads=4, kv_heads=2, intermediate=512, eos_id=tok.eos_token_id)
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", hf, tok, MIXED)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_gguf):
+    """(fp32 on the dequantized copy, gguf on the quantized blocks) of the same file."""
+    return models.load(tiny_gguf, "fp32", "cpu"), models.load(tiny_gguf, "gguf", "cpu")
+
+
+@needs_kernels
+def test_quantized_forward_gives_the_bits_of_the_dequantized_model(pair):
+    fp32, quant = (p.model for p in pair)
+    assert isinstance(quant.layers[0].gate_up, gguf_weights.QuantLinear)
+    assert quant.hf.model.layers[0].mlp.down_proj.weight.numel() == 0  # the float32 copy is released
+    ids = torch.randint(0, 384, (80,), generator=torch.Generator().manual_seed(0))
+    for m in (fp32, quant):
+        m.reset()
+    assert torch.equal(fp32.extend(ids[:70]), quant.extend(ids[:70]))  # a long prefill (eager path)
+    for n in (1, 4, 3):  # decode and verification steps (fused path)
+        chunk = ids[70:70 + n]
+        assert torch.equal(fp32.extend(chunk), quant.extend(chunk))
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    positions = torch.tensor([fp32.length, fp32.length + 1, fp32.length + 1])
+    tree = ids[:3]
+    assert torch.equal(fp32.extend_tree(tree, positions, mask), quant.extend_tree(tree, positions, mask))
+
+
+@needs_kernels
+@pytest.mark.parametrize("spec", ["ngram", "draft:{draft}", "suffix"])
+def test_greedy_speculation_on_quantized_weights_equals_plain(pair, tiny_draft_dir, spec):
+    target = pair[1]
+    ctx = drafters.DrafterContext(target, "gguf")
+    plain, drafter = drafters.build("none", ctx), drafters.build(spec.format(draft=tiny_draft_dir), ctx)
+    drafted = 0
+    for prompt in PROMPTS[:4]:
+        ids = target.tokenizer(prompt)["input_ids"]
+        a = generate(target, plain, ids, max_new_tokens=40)
+        b = generate(target, drafter, ids, k=4, max_new_tokens=40)
+        assert a.token_ids == b.token_ids
+        assert a.token_ids == generate(pair[0], drafters.build("none", drafters.DrafterContext(pair[0])), ids,
+                                       max_new_tokens=40).token_ids  # and the dequantized model's
+        drafted += b.stats.drafted
+    assert drafted > 0
+
+
+@needs_kernels
+def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
+    from specdecode.train import medusa
+    from train_fixtures import make_data
+
+    fp32, target = pair
+    data_dir = make_data(target, tmp_path / "data", max_new_tokens=24)  # generated on the quantized model
+    medusa.train(fp32, data_dir, tmp_path / "medusa", steps=20, lr=1e-2, batch_tokens=128, vocab=300)
+    ctx = drafters.DrafterContext(target, "gguf")  # same embedding: the fingerprint matches
+    plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'medusa'}", ctx)
+    for prompt in PROMPTS[:3]:
+        ids = target.tokenizer(prompt)["input_ids"]
+        assert generate(target, plain, ids, max_new_tokens=30).token_ids == \
+            generate(target, head, ids, k=3, max_new_tokens=30).token_ids
+
+
+def test_gguf_dtype_needs_a_gguf_file(tiny_model_dir):
+    with pytest.raises(UserError, match="is not a .gguf file"):
+        models.load(tiny_model_dir, "gguf", "cpu")
+    with pytest.raises(UserError, match="unknown dtype 'q4'.*gguf"):
+        models.load(tiny_model_dir, "q4", "cpu")
