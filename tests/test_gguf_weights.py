@@ -56,6 +56,20 @@ def test_quantized_matmul_is_the_dense_kernel_on_dequantized_weights(type_name):
 
 
 @needs_kernels
+@pytest.mark.parametrize("type_name", TYPES)
+def test_int8_activation_matmul_is_close_and_row_invariant(type_name):
+    m = gguf_weights.repack(type_name, raw_matrix(type_name, 200, 512, seed=3))
+    f = ops.linear_q4_i8 if m.kind == "q4" else ops.linear_q8_i8
+    x = torch.randn(17, 512, generator=torch.Generator().manual_seed(4))
+    y = f(x, m.scales, m.quants)
+    ref = x @ m.dequantize().T
+    assert float((y - ref).norm() / ref.norm()) < 0.02  # 8-bit activations: about 0.5% here
+    for i in range(17):
+        assert torch.equal(f(x[i:i + 1].contiguous(), m.scales, m.quants)[0], y[i])
+    assert torch.equal(f(x[:9].contiguous(), m.scales, m.quants), y[:9])
+
+
+@needs_kernels
 def test_bad_quantized_shapes_are_errors():
     m = gguf_weights.repack("Q4_1", raw_matrix("Q4_1", 4, 64))
     with pytest.raises(RuntimeError, match="multiple of 32"):
@@ -151,8 +165,33 @@ def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
             generate(target, head, ids, k=3, max_new_tokens=30).token_ids
 
 
+@needs_kernels
+def test_int8_activations_keep_greedy_speculation_lossless(tiny_gguf):
+    target = models.load(tiny_gguf, "gguf-i8", "cpu")
+    assert target.model.layers[0].qkv.kernels["q4"] == ops.linear_q4_i8
+    ctx = drafters.DrafterContext(target, "gguf-i8")
+    plain, ngram = drafters.build("none", ctx), drafters.build("ngram", ctx)
+    for prompt in PROMPTS[:4]:
+        ids = target.tokenizer(prompt)["input_ids"]
+        assert generate(target, plain, ids, max_new_tokens=40).token_ids == \
+            generate(target, ngram, ids, k=4, max_new_tokens=40).token_ids
+
+
 def test_gguf_dtype_needs_a_gguf_file(tiny_model_dir):
     with pytest.raises(UserError, match="is not a .gguf file"):
         models.load(tiny_model_dir, "gguf", "cpu")
     with pytest.raises(UserError, match="unknown dtype 'q4'.*gguf"):
         models.load(tiny_model_dir, "q4", "cpu")
+
+
+@needs_kernels
+def test_auto_dtype_picks_gguf_for_gguf_llamas_on_cpu(tiny_gguf, tiny_model_dir, capsys):
+    from specdecode import cli
+
+    assert models.auto_dtype(tiny_gguf, "cpu") == "gguf"
+    assert models.auto_dtype(tiny_gguf, "cpu", quant="int8") == "fp32"
+    assert models.auto_dtype(tiny_gguf, "cpu", backend="hf") == "fp32"
+    assert models.auto_dtype(tiny_model_dir, "cpu") == "fp32"
+    assert cli.main(["generate", "The quick brown fox", "--target", tiny_gguf, "--device", "cpu", "--threads", "1",
+                     "--max-new-tokens", "8", "--no-chat"]) == 0
+    assert capsys.readouterr().out.strip()

@@ -28,7 +28,7 @@ def ops():
 def test_a_failed_build_falls_back_with_a_message(tmp_path, monkeypatch, capsys):
     broken = tmp_path / "kernels.cpp"
     broken.write_text("#error deliberately broken\n")
-    monkeypatch.setattr(kernels, "SOURCE", broken)
+    monkeypatch.setattr(kernels, "SOURCES", [broken])
     monkeypatch.setattr(kernels, "cache_root", lambda: tmp_path / "cache")
     assert kernels.load.__wrapped__() is None
     assert "fused CPU kernels unavailable, using eager ops" in capsys.readouterr().err

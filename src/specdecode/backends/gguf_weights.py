@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -139,8 +140,12 @@ class QuantLinear:
     """y = x W^T for GGUF weights: one kernel call per run of matrices sharing a layout (fused
     q|k|v and gate|up become one call when their types agree), float32 rows for the rest."""
 
-    def __init__(self, ops, matrices: list[QuantMatrix | torch.Tensor]):
+    def __init__(self, ops, matrices: list[QuantMatrix | torch.Tensor], int8_activations: bool = False):
+        """int8_activations: each row of x quantized to 8 bits per block of 32 (kernels_i8.cpp)
+        instead of float32 x dequantized weights."""
         self.ops, self.parts = ops, []
+        self.kernels = ({"q4": ops.linear_q4_i8, "q8": ops.linear_q8_i8} if int8_activations else
+                        {"q4": ops.linear_q4, "q8": ops.linear_q8})
         for m in matrices:
             if self.parts and isinstance(m, QuantMatrix) and isinstance(self.parts[-1], QuantMatrix):
                 joined = concat([self.parts[-1], m])
@@ -153,7 +158,7 @@ class QuantLinear:
     def _one(self, x: torch.Tensor, part) -> torch.Tensor:
         if isinstance(part, torch.Tensor):
             return self.ops.linear(x, part)
-        return (self.ops.linear_q4 if part.kind == "q4" else self.ops.linear_q8)(x, part.scales, part.quants)
+        return self.kernels[part.kind](x, part.scales, part.quants)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., K] -> [..., out_features] float32
         flat = x.reshape(-1, x.shape[-1]).float().contiguous()
@@ -178,10 +183,12 @@ def read(path: Path) -> dict[str, tuple[str, np.ndarray]]:
     return {t.name: (t.tensor_type.name, t.data) for t in reader.tensors}
 
 
-def keep_quantized(model, path: Path) -> None:
+def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
     """In place: FastLlama `model` (loaded from the dequantized copy of `path`) computes its layers
-    and LM head from the file's quantized blocks; the dequantized linear weights are released."""
+    and LM head from the file's quantized blocks; the dequantized linear weights are released.
+    int8_activations: see QuantLinear."""
     tensors = read(path)
+    linear = partial(QuantLinear, model.kernels, int8_activations=int8_activations)
 
     def weight(name: str, heads: int = 0):
         if name not in tensors:
@@ -190,15 +197,14 @@ def keep_quantized(model, path: Path) -> None:
         return (m.rows(_unpermute(m.shape[0], heads)) if isinstance(m, QuantMatrix) else
                 m[_unpermute(m.shape[0], heads)]) if heads else m
 
-    ops = model.kernels
     for i, layer in enumerate(model.layers):
         b = f"blk.{i}."
-        layer.qkv = QuantLinear(ops, [weight(b + "attn_q.weight", model.heads),
-                                      weight(b + "attn_k.weight", model.kv_heads), weight(b + "attn_v.weight")])
-        layer.o = QuantLinear(ops, [weight(b + "attn_output.weight")])
-        layer.gate_up = QuantLinear(ops, [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")])
-        layer.down = QuantLinear(ops, [weight(b + "ffn_down.weight")])
-    model.lm_head = QuantLinear(ops, [weight("output.weight" if "output.weight" in tensors else "token_embd.weight")])
+        layer.qkv = linear([weight(b + "attn_q.weight", model.heads), weight(b + "attn_k.weight", model.kv_heads),
+                            weight(b + "attn_v.weight")])
+        layer.o = linear([weight(b + "attn_output.weight")])
+        layer.gate_up = linear([weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")])
+        layer.down = linear([weight(b + "ffn_down.weight")])
+    model.lm_head = linear([weight("output.weight" if "output.weight" in tensors else "token_embd.weight")])
     with torch.no_grad():  # the decoder's float32 linears are no longer read: free them
         for layer in model.hf.model.layers:
             for lin in (*[getattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")],

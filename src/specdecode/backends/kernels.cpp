@@ -296,11 +296,7 @@ void tile(const Src& w, const float* x, float* y, int64_t K, int64_t N, int64_t 
 
 // Rows of x per pass over a weight row: with AVX-512's 32 vector registers, 8 rows keep their 16
 // accumulators in registers; with AVX2's 16, 4 do.
-#ifdef __AVX512F__
 constexpr int64_t MAX_MB = 8;
-#else
-constexpr int64_t MAX_MB = 4;
-#endif
 
 // Weight rows [r0, r1) against all M rows of x: per weight row, balanced tiles of at most MAX_MB
 // rows (9 rows: 5 + 4, not 8 + 1); the row stays in L1 between its tiles.
@@ -315,12 +311,10 @@ void rows(const Src& w, const float* x, float* y, int64_t K, int64_t M, int64_t 
         case 2: tile<Src, 2>(w, x, y, K, N, r, m0); break;
         case 3: tile<Src, 3>(w, x, y, K, N, r, m0); break;
         case 4: tile<Src, 4>(w, x, y, K, N, r, m0); break;
-#ifdef __AVX512F__
         case 5: tile<Src, 5>(w, x, y, K, N, r, m0); break;
         case 6: tile<Src, 6>(w, x, y, K, N, r, m0); break;
         case 7: tile<Src, 7>(w, x, y, K, N, r, m0); break;
         case 8: tile<Src, 8>(w, x, y, K, N, r, m0); break;
-#endif
       }
       m0 += mb;
     }
@@ -377,6 +371,9 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor scales, torch::Tensor qua
   return matmul(x, Q8{scales.data_ptr<float>(), quants.data_ptr<int8_t>(), x.size(1) / 32}, quants.size(0));
 }
 
+torch::Tensor linear_q4_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);  // kernels_i8.cpp
+torch::Tensor linear_q8_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += delta (if given); return rms_norm(x) * w", py::arg("x"),
         py::arg("delta"), py::arg("w"), py::arg("eps"));
@@ -384,5 +381,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "x W^T for a few rows of x, W float32 or bfloat16");
   m.def("linear_q4", &linear_q4, "x W^T, W 4-bit with a float32 scale and offset per 32 weights");
   m.def("linear_q8", &linear_q8, "x W^T, W 8-bit with a float32 scale per 16 weights");
+  m.def("linear_q4_i8", &linear_q4_i8, "x W^T, W 4-bit, x quantized to 8 bits per row and block of 32");
+  m.def("linear_q8_i8", &linear_q8_i8, "x W^T, W 8-bit, x quantized to 8 bits per row and block of 32");
   m.def("attention", &attention, "rotary + KV-cache write + attention for n new tokens");
 }

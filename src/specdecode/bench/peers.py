@@ -8,6 +8,7 @@ Peer specs (comma-separated in `bench --peers`):
 - `hf-assist[:DRAFTER]`: assisted generation with `assistant_model` = the HF module of our drafter
   DRAFTER (default `draft`, the shipped distilled draft model; any `draft:` spec works), with
   transformers' own assistant settings (its default, dynamic number of assistant tokens).
+- `llamacpp[:FILE]`, `llamacpp-lookup[:N]`: llama.cpp on the target's GGUF file (bench/llamacpp.py).
 HF reports no acceptance counts, so a peer's α and τ are left empty.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -101,11 +103,30 @@ def _assist(spec: str, loaded, ctx) -> Peer:
     return _runner(loaded, assistant_model=assistant)
 
 
+def _gguf_path(loaded, arg: str | None) -> Path:
+    from specdecode.backends import models
+
+    if arg:
+        return Path(arg).expanduser()
+    where = models.resolve(None if loaded.name == models.DEFAULT_TARGET else loaded.name)
+    if not (isinstance(where, Path) and where.suffix == ".gguf"):
+        raise UserError(f"peer llamacpp: target {loaded.name} is not a GGUF file; name one: llamacpp:FILE")
+    return where
+
+
+def _llamacpp(path_arg: str | None, lookup: int | None, loaded) -> Peer:
+    from specdecode.bench import llamacpp
+
+    return llamacpp.runner(_gguf_path(loaded, path_arg), lookup, loaded.eos_ids, loaded.tokenizer)
+
+
 # name -> (argument parser, builder(parsed argument, loaded, ctx))
 PEERS: dict[str, tuple[Callable, Callable]] = {
     "hf": (_no_arg, lambda _, loaded, ctx: _runner(loaded)),
     "hf-lookup": (_lookup_tokens, lambda n, loaded, ctx: _runner(loaded, prompt_lookup_num_tokens=n)),
     "hf-assist": (_assistant_spec, _assist),
+    "llamacpp": (lambda arg: arg, lambda path, loaded, ctx: _llamacpp(path, None, loaded)),
+    "llamacpp-lookup": (_lookup_tokens, lambda n, loaded, ctx: _llamacpp(None, n, loaded)),
 }
 
 

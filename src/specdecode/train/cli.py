@@ -55,7 +55,7 @@ def add_parser(sub, model_args, setup) -> None:
                            "'shipped') on --data instead of starting from target layers")
             p.add_argument("--lora", type=int, default=None, metavar="RANK",
                            help="train only rank-RANK LoRA adapters (merged into the weights at export)")
-        model_args(p)
+        model_args(p, dtype="fp32")
         p.set_defaults(run=cmd_train, trainer=name, setup=setup)
 
 
