@@ -437,7 +437,10 @@ def _resolve_dtype(args) -> None:
         return
     from specdecode.backends import models
 
-    picked = models.auto_dtype(args.target, args.device, getattr(args, "target_quant", "none"), args.backend)
+    try:
+        picked = models.auto_dtype(args.target, args.device, getattr(args, "target_quant", "none"), args.backend)
+    except UserError:  # a target that cannot be read: said where it is loaded, after the cheaper checks
+        picked = "fp32"
     args.dtype = ",".join(picked if d == "auto" else d for d in args.dtype.split(","))
 
 

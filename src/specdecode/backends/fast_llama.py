@@ -24,7 +24,9 @@ from specdecode.backends import kernels as fused_kernels
 from specdecode.backends import quant
 from specdecode.backends.lm import Output, layer_ids
 
-SUPPORTED = {"llama"}
+# Families whose forward is Llama's up to named switches (Layer, FastLlama.__init__): q/k/v biases
+# (Qwen2), per-head q/k RMSNorm (Qwen3), fused qkv and gate_up matrices (Phi-3); Mistral is Llama.
+SUPPORTED = {"llama", "qwen2", "qwen3", "mistral", "phi3"}
 CACHE_BLOCK = 256  # cache capacity grows in multiples of this many positions
 _FUSED_MAX_TOKENS = 64  # the fused kernels' attention is a plain loop: longer prefills take SDPA
 
@@ -98,6 +100,14 @@ class Layer:
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.norm1 = hf_layer.input_layernorm.weight.to(norm_dtype)
         self.norm2 = hf_layer.post_attention_layernorm.weight.to(norm_dtype)
+        # Qwen3: each head's q and k RMS-normed before the rotary embedding
+        self.qk_norms = ((attn.q_norm.weight.to(norm_dtype), attn.k_norm.weight.to(norm_dtype))
+                         if hasattr(attn, "q_norm") else None)
+        if hasattr(attn, "qkv_proj"):  # Phi-3: q|k|v and gate|up already fused in the checkpoint
+            mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            self.qkv, self.o, self.gate_up, self.down = (
+                quant.Int8Linears([m]) if quant.is_int8(m) else linear(m.weight, m.bias) for m in mods)
+            return
         if quant.is_int8(attn.q_proj):  # quant.quantize ran on the HF model: call its int8 weights
             self.qkv = quant.Int8Linears([attn.q_proj, attn.k_proj, attn.v_proj])
             self.o = quant.Int8Linears([attn.o_proj])
@@ -117,10 +127,19 @@ class Layer:
                          eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, hidden] rows (any sequences), cos/sin: [N, d] each row's rotary position
         -> q [N, heads, d], k and v [N, kv_heads, d], q and k rotated."""
-        qkv = self.qkv(rms_norm(x, self.norm1, eps))
+        qkv = self.norm_qk(self.qkv(rms_norm(x, self.norm1, eps)), heads, kv_heads, eps)
         qkv = qkv.view(x.shape[0], heads + 2 * kv_heads, -1)
         q, k = rope(qkv[:, : heads + kv_heads], cos[:, None], sin[:, None]).split([heads, kv_heads], dim=1)
         return q, k, qkv[:, heads + kv_heads :]
+
+    def norm_qk(self, qkv: torch.Tensor, heads: int, kv_heads: int, eps: float) -> torch.Tensor:
+        """qkv: [N, (heads + 2 kv_heads) d] -> the same with q and k RMS-normed per head (Qwen3);
+        unchanged for the families without q/k norms."""
+        if self.qk_norms is None:
+            return qkv
+        n, (wq, wk) = qkv.shape[0], self.qk_norms
+        parts = qkv.view(n, heads + 2 * kv_heads, -1).split([heads, kv_heads, kv_heads], dim=1)
+        return torch.cat([rms_norm(parts[0], wq, eps), rms_norm(parts[1], wk, eps), parts[2]], 1).view(n, -1)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor, eps: float) -> torch.Tensor:
         """x: [N, hidden] the residual stream, attn: [N, heads*d] -> the layer's output [N, hidden]:
@@ -128,6 +147,26 @@ class Layer:
         x = x + self.o(attn)
         gate, up = self.gate_up(rms_norm(x, self.norm2, eps)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
+
+
+def _rope_type(cfg) -> str:
+    scaling = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def check_config(cfg, max_length: int | None) -> None:
+    """ValueError naming what this forward does not implement (the caller falls back to HF's)."""
+    if cfg.model_type not in SUPPORTED:
+        raise ValueError(f"FastLlama does not support model_type {cfg.model_type!r}")
+    if getattr(cfg, "mlp_bias", False) or cfg.hidden_act not in ("silu", "swish"):
+        raise ValueError(f"FastLlama supports bias-free silu MLPs, not {cfg.model_type}'s")
+    window = getattr(cfg, "sliding_window", None)
+    uses_window = getattr(cfg, "use_sliding_window", cfg.model_type == "mistral")
+    context = max_length or getattr(cfg, "max_position_embeddings", 2048)
+    if uses_window and window is not None and window < context:
+        raise ValueError(f"FastLlama has no sliding-window attention ({cfg.model_type}, window {window})")
+    if getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("FastLlama rotates whole heads; partial_rotary_factor is not supported")
 
 
 def grow_kv(k_cache, v_cache, needed: int, max_length: int, dims: tuple[int, int, int, int], dtype, device):
@@ -168,10 +207,7 @@ class FastLlama:
         """fused: run fp32 and bf16 on CPU through kernels.cpp when it builds (see kernels.py);
         there bf16 means bf16 weights with float32 activations, cache and accumulation."""
         cfg = hf_model.config
-        if cfg.model_type not in SUPPORTED or getattr(cfg, "mlp_bias", False):
-            raise ValueError(f"FastLlama does not support model_type {cfg.model_type!r}")
-        if cfg.hidden_act not in ("silu", "swish"):
-            raise ValueError(f"FastLlama supports silu MLPs, not {cfg.hidden_act!r}")
+        check_config(cfg, max_length)
         self.hf = hf_model.eval()
         self.config = cfg
         self.device = hf_model.device
@@ -186,6 +222,8 @@ class FastLlama:
         linear = partial(FusedLinear, self.kernels) if self.kernels else Linear
         self.eps = cfg.rms_norm_eps
         self.max_length = max_length or getattr(cfg, "max_position_embeddings", 2048)
+        if _rope_type(cfg) == "longrope":  # Phi-3: its short factors hold up to the original context
+            self.max_length = min(self.max_length, cfg.original_max_position_embeddings)
         self.embed = hf_model.get_input_embeddings().weight
         self.lm_head = linear(hf_model.get_output_embeddings().weight, None)
         self.vocab_size = self.lm_head.out_features
@@ -293,7 +331,8 @@ class FastLlama:
         norms = [layer.norm1 for layer in self.layers[1:]] + [self.final_norm]  # the norm after each layer
         cos, sin, captured = cos.contiguous(), sin.contiguous(), {}
         for i, layer in enumerate(self.layers):
-            attn = ops.attention(layer.qkv(xn), self.k_cache[i, 0], self.v_cache[i, 0], cos, sin, mask, start,
+            qkv = layer.norm_qk(layer.qkv(xn), self.heads, self.kv_heads, self.eps)
+            attn = ops.attention(qkv, self.k_cache[i, 0], self.v_cache[i, 0], cos, sin, mask, start,
                                  self.heads, self.kv_heads)  # [n, h*d]
             xn = ops.add_rms_norm(x, layer.o(attn), layer.norm2, self.eps)
             xn = ops.add_rms_norm(x, layer.down(ops.silu_mul(layer.gate_up(xn))), norms[i], self.eps)

@@ -16,6 +16,8 @@ the package cannot read is an error naming it.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -155,6 +157,16 @@ class QuantLinear:
             self.parts.append(m)
         self.out_features = sum(p.shape[0] for p in self.parts)
 
+    def rows(self, index: torch.Tensor) -> QuantLinear:
+        """The output rows `index` (a draft vocabulary's LM-head rows), still quantized."""
+        if len(self.parts) != 1:
+            raise ValueError("rows() of a QuantLinear made of several matrices")
+        part = self.parts[0]
+        picked = part.rows(index) if isinstance(part, QuantMatrix) else part[index].contiguous()
+        out = QuantLinear(self.ops, [picked])
+        out.kernels = self.kernels
+        return out
+
     def _one(self, x: torch.Tensor, part) -> torch.Tensor:
         if isinstance(part, torch.Tensor):
             return self.ops.linear(x, part)
@@ -181,6 +193,14 @@ def read(path: Path) -> dict[str, tuple[str, np.ndarray]]:
     except Exception as e:  # the reader raises ValueError, struct.error, ... on damaged files
         raise UserError(f"cannot read GGUF file {path}: {e}") from e
     return {t.name: (t.tensor_type.name, t.data) for t in reader.tensors}
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the pages are reused by later allocations instead
+        pass
 
 
 def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
@@ -210,6 +230,15 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
             for lin in (*[getattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")],
                         layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
                 lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+        for param in model.hf.parameters():  # off the safetensors file mapping, so that it is unmapped
+            param.data = param.data.clone()
+    model.embed = model.hf.get_input_embeddings().weight
+    model.final_norm = model.hf.model.norm.weight.float()
+    for layer, hf_layer in zip(model.layers, model.hf.model.layers):
+        layer.norm1 = hf_layer.input_layernorm.weight.float()
+        layer.norm2 = hf_layer.post_attention_layernorm.weight.float()
+    gc.collect()
+    _trim_heap()
     unsupported = sorted({t for t, _ in tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")})
     if unsupported:
         print(f"specdecode: GGUF types {', '.join(unsupported)} have no quantized kernel; "

@@ -246,6 +246,7 @@ def wrap(hf_model, backend: str = "auto") -> CausalLM:
     except ValueError as e:
         if backend == "fast":
             raise UserError(f"--backend fast: {e}") from None
+        print(f"specdecode: {e}; using the Hugging Face forward", file=sys.stderr)
         return HFModel(hf_model)
 
 

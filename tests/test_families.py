@@ -1,0 +1,85 @@
+"""The fast forward on the families it covers beyond Llama (Qwen2 biases, Qwen3 q/k norms, Mistral,
+Phi-3 fused matrices): tiny random models built from their transformers configs give Hugging Face's
+logits through prefill, decode, rollback and a tree, fused and eager; greedy speculation equals plain
+decoding; unsupported variants fall back with a one-line reason."""
+
+import pytest
+import torch
+
+from specdecode import drafters
+from specdecode.backends import models
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.core.generation import generate
+from train_fixtures import PROMPTS
+
+FAMILIES = {"qwen2": {}, "qwen3": {"head_dim": 16}, "mistral": {"sliding_window": None}, "phi3": {"pad_token_id": None}}
+
+
+def make(family: str, seed: int = 0, **extra):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(family, vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                               initializer_range=0.2, **{"eos_token_id": 0, "bos_token_id": None,
+                                                         **FAMILIES[family], **extra})
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(2.5)  # peaked next-token distributions (conftest.make_llama)
+    return hf
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_hugging_face(family, fused):
+    hf = make(family)
+    fast, ref = FastLlama(hf, fused=fused), models.HFModel(hf)
+    if fused:
+        assert fast.kernels is not None or pytest.skip("no C++ compiler")
+    ids = torch.randint(0, 384, (120,), generator=torch.Generator().manual_seed(1))
+    for chunk, keep in [(70, None), (4, 72), (1, None), (5, None)]:  # prefill, verify + rollback, decode
+        start = fast.length
+        a, b = fast.extend(ids[start:start + chunk]), ref.extend(ids[start:start + chunk])
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        if keep is not None:
+            fast.truncate(keep), ref.truncate(keep)
+    # a tree of 3 tokens after the prefix: its paths' logits are the chains' logits
+    n = fast.length
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    tree = fast.extend_tree(ids[:3], torch.tensor([n, n + 1, n + 1]), mask)
+    fast.truncate(n)
+    torch.testing.assert_close(tree[:2], fast.extend(ids[:2]), atol=1e-4, rtol=1e-4)
+    fast.truncate(n)
+    torch.testing.assert_close(tree[2], fast.extend(ids[:3:2])[1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_target(request, tmp_path_factory, tiny_tokenizer):
+    path = tmp_path_factory.mktemp(request.param)
+    make(request.param, seed=2, eos_token_id=tiny_tokenizer.eos_token_id).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return models.load(str(path), "fp32", "cpu")
+
+
+@pytest.mark.parametrize("spec", ["ngram", "draft:{draft}"])
+def test_greedy_speculation_equals_plain(family_target, tiny_draft_dir, spec):
+    assert isinstance(family_target.model, FastLlama)
+    ctx = drafters.DrafterContext(family_target)
+    plain, drafter = drafters.build("none", ctx), drafters.build(spec.format(draft=tiny_draft_dir), ctx)
+    drafted = 0
+    for prompt in PROMPTS[:3]:
+        ids = family_target.tokenizer(prompt)["input_ids"]
+        a = generate(family_target, plain, ids, max_new_tokens=30)
+        b = generate(family_target, drafter, ids, k=4, max_new_tokens=30)
+        assert a.token_ids == b.token_ids
+        drafted += b.stats.drafted
+    assert drafted > 0
+
+
+def test_unsupported_variants_fall_back_with_a_reason(capsys):
+    hf = make("mistral", sliding_window=16)
+    assert isinstance(models.wrap(hf, "auto"), models.HFModel)
+    assert "no sliding-window attention (mistral, window 16); using the Hugging Face forward" in capsys.readouterr().err
+    hf = make("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    assert isinstance(models.wrap(hf, "auto"), models.HFModel)
+    assert isinstance(models.wrap(make("qwen2", use_sliding_window=False, sliding_window=16), "auto"), FastLlama)
