@@ -1,5 +1,5 @@
 """The fast forward on the families it covers beyond Llama (Qwen2 biases, Qwen3 q/k norms, Mistral,
-Phi-3 fused matrices): tiny random models built from their transformers configs give Hugging Face's
+Phi-3 fused matrices, Gemma 3 with sliding-window layers): tiny random models built from their transformers configs give Hugging Face's
 logits through prefill, decode, rollback and a tree, fused and eager; greedy speculation equals plain
 decoding; unsupported variants fall back with a one-line reason."""
 
@@ -12,20 +12,26 @@ from specdecode.backends.fast_llama import FastLlama
 from specdecode.core.generation import generate
 from train_fixtures import PROMPTS
 
-FAMILIES = {"qwen2": {}, "qwen3": {"head_dim": 16}, "mistral": {"sliding_window": None}, "phi3": {"pad_token_id": None}}
+FAMILIES = {"qwen2": {}, "qwen3": {"head_dim": 16}, "mistral": {"sliding_window": None}, "phi3": {"pad_token_id": None},
+            # Gemma 3: a window of 16 that the tests' 80+ positions exceed, local and global layers, its own q.k scale
+            "gemma3_text": {"head_dim": 32, "num_key_value_heads": 1, "sliding_window": 16, "query_pre_attn_scalar": 24,
+                            "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": None}}
 
 
 def make(family: str, seed: int = 0, **extra):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(family, vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                               initializer_range=0.2, **{"eos_token_id": 0, "bos_token_id": None,
-                                                         **FAMILIES[family], **extra})
+    cfg = AutoConfig.for_model(family, **{"vocab_size": 384, "hidden_size": 64, "intermediate_size": 128,
+                                          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                          "max_position_embeddings": 512, "initializer_range": 0.2, "eos_token_id": 0,
+                                          "bos_token_id": None, **FAMILIES[family], **extra})
     torch.manual_seed(seed)
     hf = AutoModelForCausalLM.from_config(cfg).float().eval()
     with torch.no_grad():
         hf.lm_head.weight.mul_(2.5)  # peaked next-token distributions (conftest.make_llama)
+        for name, param in hf.named_parameters():
+            if "norm" in name and family.startswith("gemma"):
+                param.normal_(0, 0.3)  # Gemma's (1 + w) norms start at w = 0: make the offset matter
     return hf
 
 

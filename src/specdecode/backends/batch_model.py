@@ -56,8 +56,9 @@ class BatchLM(Protocol):
 
 
 def batched(model: CausalLM, slots: int) -> BatchLM:
-    """The batched form of a loaded target: BatchedLlama for FastLlama, PerSlotLM otherwise."""
-    if isinstance(model, FastLlama):
+    """The batched form of a loaded target: BatchedLlama for FastLlama (but Gemma 3's sliding
+    windows), PerSlotLM otherwise."""
+    if isinstance(model, FastLlama) and model.batchable:
         return BatchedLlama(model, slots)
     return PerSlotLM([HFModel(model.hf) for _ in range(slots)])
 

@@ -26,7 +26,11 @@ from specdecode.backends.lm import Output, layer_ids
 
 # Families whose forward is Llama's up to named switches (Layer, FastLlama.__init__): q/k/v biases
 # (Qwen2), per-head q/k RMSNorm (Qwen3), fused qkv and gate_up matrices (Phi-3); Mistral is Llama.
-SUPPORTED = {"llama", "qwen2", "qwen3", "mistral", "phi3"}
+SUPPORTED = {"llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text"}
+# Gemma 3 (text): embedding scaled by sqrt(hidden), (1 + w) norms, norms after attention and MLP,
+# GELU-tanh MLP, q/k norms, its own attention scale, sliding-window layers with a local rotary table.
+GEMMA = {"gemma3_text"}
+ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh")}
 CACHE_BLOCK = 256  # cache capacity grows in multiples of this many positions
 _FUSED_MAX_TOKENS = 64  # the fused kernels' attention is a plain loop: longer prefills take SDPA
 
@@ -95,14 +99,25 @@ def pack_linears(module: nn.Module) -> nn.Module:
 
 
 class Layer:
-    def __init__(self, hf_layer, linear, norm_dtype: torch.dtype):
-        """linear: (weight, bias) -> a callable x -> x W^T + b (Linear or FusedLinear)."""
+    def __init__(self, hf_layer, linear, norm_dtype: torch.dtype, act=F.silu, norm_offset: float = 0.0,
+                 rope_kind: str = "full_attention", window: int | None = None):
+        """linear: (weight, bias) -> a callable x -> x W^T + b (Linear or FusedLinear); act: the MLP's
+        gate activation; norm_offset: 1 for Gemma's (1 + w) RMSNorm weights; rope_kind: which rotary
+        table (Gemma 3: local or global); window: sliding-window layers see the last `window` positions."""
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
-        self.norm1 = hf_layer.input_layernorm.weight.to(norm_dtype)
-        self.norm2 = hf_layer.post_attention_layernorm.weight.to(norm_dtype)
-        # Qwen3: each head's q and k RMS-normed before the rotary embedding
-        self.qk_norms = ((attn.q_norm.weight.to(norm_dtype), attn.k_norm.weight.to(norm_dtype))
-                         if hasattr(attn, "q_norm") else None)
+        self.act, self.rope_kind, self.window = act, rope_kind, window
+
+        def weight(norm):
+            return (norm.weight.float() + norm_offset).to(norm_dtype) if norm_offset else norm.weight.to(norm_dtype)
+
+        # Gemma 3 norms the attention and MLP outputs too, and names its pre-MLP norm apart
+        sandwich = hasattr(hf_layer, "pre_feedforward_layernorm")
+        self.norm1 = weight(hf_layer.input_layernorm)
+        self.norm2 = weight(hf_layer.pre_feedforward_layernorm if sandwich else hf_layer.post_attention_layernorm)
+        self.post_attn_norm = weight(hf_layer.post_attention_layernorm) if sandwich else None
+        self.post_mlp_norm = weight(hf_layer.post_feedforward_layernorm) if sandwich else None
+        # Qwen3 and Gemma 3: each head's q and k RMS-normed before the rotary embedding
+        self.qk_norms = (weight(attn.q_norm), weight(attn.k_norm)) if hasattr(attn, "q_norm") else None
         if hasattr(attn, "qkv_proj"):  # Phi-3: q|k|v and gate|up already fused in the checkpoint
             mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             self.qkv, self.o, self.gate_up, self.down = (
@@ -143,10 +158,12 @@ class Layer:
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor, eps: float) -> torch.Tensor:
         """x: [N, hidden] the residual stream, attn: [N, heads*d] -> the layer's output [N, hidden]:
-        output projection and the gated SiLU MLP, each added to the residual."""
-        x = x + self.o(attn)
+        output projection and the gated MLP, each added to the residual (normed first in Gemma 3)."""
+        o = self.o(attn)
+        x = x + (o if self.post_attn_norm is None else rms_norm(o, self.post_attn_norm, eps))
         gate, up = self.gate_up(rms_norm(x, self.norm2, eps)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        h = self.down(self.act(gate) * up)
+        return x + (h if self.post_mlp_norm is None else rms_norm(h, self.post_mlp_norm, eps))
 
 
 def _rope_type(cfg) -> str:
@@ -154,19 +171,39 @@ def _rope_type(cfg) -> str:
     return scaling.get("rope_type", scaling.get("type", "default"))
 
 
+def _activation(cfg) -> str:
+    return getattr(cfg, "hidden_activation", None) or cfg.hidden_act
+
+
 def check_config(cfg, max_length: int | None) -> None:
     """ValueError naming what this forward does not implement (the caller falls back to HF's)."""
     if cfg.model_type not in SUPPORTED:
         raise ValueError(f"FastLlama does not support model_type {cfg.model_type!r}")
-    if getattr(cfg, "mlp_bias", False) or cfg.hidden_act not in ("silu", "swish"):
-        raise ValueError(f"FastLlama supports bias-free silu MLPs, not {cfg.model_type}'s")
+    if getattr(cfg, "mlp_bias", False) or _activation(cfg) not in ACTIVATIONS:
+        raise ValueError(f"FastLlama supports bias-free silu and gelu-tanh MLPs, not {cfg.model_type}'s")
+    if cfg.model_type in GEMMA and (getattr(cfg, "attn_logit_softcapping", None) or
+                                    getattr(cfg, "final_logit_softcapping", None)):
+        raise ValueError("FastLlama has no logit soft-capping (Gemma 2 style)")
     window = getattr(cfg, "sliding_window", None)
     uses_window = getattr(cfg, "use_sliding_window", cfg.model_type == "mistral")
+    if cfg.model_type in GEMMA:
+        uses_window = False  # Gemma 3's sliding layers are implemented (Layer.window)
     context = max_length or getattr(cfg, "max_position_embeddings", 2048)
     if uses_window and window is not None and window < context:
         raise ValueError(f"FastLlama has no sliding-window attention ({cfg.model_type}, window {window})")
     if getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("FastLlama rotates whole heads; partial_rotary_factor is not supported")
+
+
+def _window(mask: torch.Tensor | None, positions: torch.Tensor, end: int, window: int) -> torch.Tensor | None:
+    """mask [n, end] (None: causal from slot 0) narrowed so that the query at positions[i] sees no
+    slot before positions[i] - window + 1; the same mask when no query reaches that far."""
+    if int(positions.max()) < window:
+        return mask
+    keys = torch.arange(end, device=positions.device)
+    if mask is None:
+        mask = keys[None, :] <= positions[:, None]
+    return mask & (positions[:, None] - keys[None, :] < window)
 
 
 def grow_kv(k_cache, v_cache, needed: int, max_length: int, dims: tuple[int, int, int, int], dtype, device):
@@ -227,14 +264,25 @@ class FastLlama:
         self.embed = hf_model.get_input_embeddings().weight
         self.lm_head = linear(hf_model.get_output_embeddings().weight, None)
         self.vocab_size = self.lm_head.out_features
-        self.final_norm = hf_model.model.norm.weight.to(self.dtype)
+        gemma = cfg.model_type in GEMMA
+        self.embed_scale = torch.tensor(cfg.hidden_size**0.5) if gemma else None
+        self.qk_scale = cfg.query_pre_attn_scalar**-0.5 if gemma else None  # None: 1 / sqrt(head_dim)
+        self.batchable = not gemma  # batch_model.BatchedLlama has no sliding windows or local rotary tables
+        offset = 1.0 if gemma else 0.0
+        self.final_norm = ((hf_model.model.norm.weight.float() + offset) if gemma else hf_model.model.norm.weight).to(self.dtype)
+        kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
         with torch.no_grad():
-            self.layers = [Layer(layer, linear, self.dtype) for layer in hf_model.model.layers]
-            # cos/sin for every position from HF's own rotary module (covers rope scaling variants)
+            self.layers = [Layer(layer, linear, self.dtype, ACTIVATIONS[_activation(cfg)], offset, kind,
+                                 cfg.sliding_window if kind == "sliding_attention" else None)
+                           for layer, kind in zip(hf_model.model.layers, kinds)]
+            # cos/sin for every position from HF's own rotary module (covers rope scaling variants;
+            # Gemma 3 keeps one table per layer kind)
             positions = torch.arange(self.max_length, device=self.device)[None]
             probe = torch.empty(0, dtype=self.dtype, device=self.device)
-            cos, sin = hf_model.model.rotary_emb(probe, positions)
-            self.cos, self.sin = cos[0], sin[0]  # [max_length, head_dim]
+            self.rope = {kind: tuple(t[0] for t in (hf_model.model.rotary_emb(probe, positions, kind) if gemma else
+                                                    hf_model.model.rotary_emb(probe, positions)))
+                         for kind in set(kinds)}  # kind -> (cos, sin) [max_length, head_dim]
+            self.cos, self.sin = self.rope.get("full_attention", next(iter(self.rope.values())))
         self.k_cache = self.v_cache = None
         self.reset()
 
@@ -262,21 +310,23 @@ class FastLlama:
         """As CausalLM.forward. tokens: [n] into cache slots length..length+n-1. A chain's query i
         (position start+i) sees keys 0..start+i; a tree's token i sits at rotary position
         positions[i] and attends to slot j of the last t slots where tree_mask[i, j], and to every
-        slot before (follow with keep() or truncate)."""
+        slot before (follow with keep() or truncate). A sliding-window layer's query at position p
+        sees no key before p - window + 1."""
         n, start = tokens.shape[0], self.length
         self._check_room(start + n)
         if tree_mask is not None:
             positions = positions.to(self.device)
             prefix = torch.ones(n, start + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
             mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)  # [n, start+n]
-            cos, sin = self.cos[positions], self.sin[positions]
         else:
             # a fresh prefill is plain causal attention: SDPA's fused causal kernel, no [n, n] mask
             mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start) if n > 1 and start else None
-            cos, sin = self.cos[start : start + n], self.sin[start : start + n]
+            positions = torch.arange(start, start + n, device=self.device)
+        ropes = {kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self.rope.items()}
+        masks = {None: mask} | {w: _window(mask, positions, start + n, w) for w in {l.window for l in self.layers} if w}
         ids = layer_ids(layers, len(self.layers))
         forward = self._forward_fused if self.kernels is not None and n <= _FUSED_MAX_TOKENS else self._forward
-        logits, captured = forward(tokens, cos, sin, mask, num_logits, set(ids))
+        logits, captured = forward(tokens, ropes, masks, num_logits, set(ids))
         return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)
 
     @torch.inference_mode()
@@ -295,22 +345,28 @@ class FastLlama:
             raise ValueError(f"sequence of {end} tokens exceeds max_length {self.max_length}")
         self._ensure_capacity(end)
 
-    def _forward(self, tokens, cos, sin, mask, num_logits: int, capture: set[int]):
-        """tokens: [n] into cache slots length..length+n-1; cos, sin: [n, d]; mask: [n, length+n] bool,
-        or None: causal from an empty cache (or a single token, which sees everything) -> (logits [n or num_logits, V] float32,
-        {layer: its output [n, H]} for the layers in `capture`, the last one after the final norm)."""
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(tokens.to(self.device), self.embed)
+        return x if self.embed_scale is None else x * self.embed_scale.to(x.dtype)
+
+    def _forward(self, tokens, ropes, masks, num_logits: int, capture: set[int]):
+        """tokens: [n] into cache slots length..length+n-1; ropes: rotary kind -> (cos, sin) [n, d];
+        masks: window (None: full) -> [n, length+n] bool, or None: causal from an empty cache (or a
+        single token, which sees everything) -> (logits [n or num_logits, V] float32, {layer: its
+        output [n, H]} for the layers in `capture`, the last one after the final norm)."""
         n, start = tokens.shape[0], self.length
         end = start + n
         h, d, kvh = self.heads, self.head_dim, self.kv_heads
-        x = F.embedding(tokens.to(self.device), self.embed).to(self.dtype)  # [n, hidden]
+        x = self._embed(tokens).to(self.dtype)  # [n, hidden]
         captured = {}
         for i, layer in enumerate(self.layers):
-            q, k, v = layer.attention_inputs(x, cos, sin, h, kvh, self.eps)  # [n, h|kvh, d]
+            mask = masks[layer.window]
+            q, k, v = layer.attention_inputs(x, *ropes[layer.rope_kind], h, kvh, self.eps)  # [n, h|kvh, d]
             self.k_cache[i, 0, :, start:end] = k.transpose(0, 1)
             self.v_cache[i, 0, :, start:end] = v.transpose(0, 1)
             attn = F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None], self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end], attn_mask=mask,
-                is_causal=mask is None and n > 1, enable_gqa=True,
+                is_causal=mask is None and n > 1, enable_gqa=True, scale=self.qk_scale,
             )  # [1, h, n, d]
             x = layer.finish(x, attn[0].transpose(0, 1).reshape(n, h * d), self.eps)
             if i in capture:
@@ -323,19 +379,31 @@ class FastLlama:
             x = x[-num_logits:]
         return self.lm_head(x).float(), captured
 
-    def _forward_fused(self, tokens, cos, sin, mask, num_logits: int, capture: set[int]):
+    def _forward_fused(self, tokens, ropes, masks, num_logits: int, capture: set[int]):
         """_forward with kernels.cpp between the matmuls: one call per group of small ops."""
         ops, n, start = self.kernels, tokens.shape[0], self.length
-        x = F.embedding(tokens.to(self.device), self.embed).float()  # [n, hidden], the residual stream, updated in place
+        x = self._embed(tokens).float().contiguous()  # [n, hidden], the residual stream, updated in place
         xn = ops.add_rms_norm(x, None, self.layers[0].norm1, self.eps)
         norms = [layer.norm1 for layer in self.layers[1:]] + [self.final_norm]  # the norm after each layer
-        cos, sin, captured = cos.contiguous(), sin.contiguous(), {}
+        ropes = {kind: (cos.contiguous(), sin.contiguous()) for kind, (cos, sin) in ropes.items()}
+        captured = {}
         for i, layer in enumerate(self.layers):
             qkv = layer.norm_qk(layer.qkv(xn), self.heads, self.kv_heads, self.eps)
-            attn = ops.attention(qkv, self.k_cache[i, 0], self.v_cache[i, 0], cos, sin, mask, start,
-                                 self.heads, self.kv_heads)  # [n, h*d]
-            xn = ops.add_rms_norm(x, layer.o(attn), layer.norm2, self.eps)
-            xn = ops.add_rms_norm(x, layer.down(ops.silu_mul(layer.gate_up(xn))), norms[i], self.eps)
+            attn = ops.attention(qkv, self.k_cache[i, 0], self.v_cache[i, 0], *ropes[layer.rope_kind],
+                                 masks[layer.window], start, self.heads, self.kv_heads, self.qk_scale or 0.0)  # [n, h*d]
+            o = layer.o(attn)
+            if layer.post_attn_norm is not None:
+                o = ops.add_rms_norm(o, None, layer.post_attn_norm, self.eps)
+            xn = ops.add_rms_norm(x, o, layer.norm2, self.eps)
+            gate_up = layer.gate_up(xn)
+            if layer.act is F.silu:
+                h = layer.down(ops.silu_mul(gate_up))
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                h = layer.down((layer.act(gate) * up).contiguous())
+            if layer.post_mlp_norm is not None:
+                h = ops.add_rms_norm(h, None, layer.post_mlp_norm, self.eps)
+            xn = ops.add_rms_norm(x, h, norms[i], self.eps)
             if i in capture:
                 captured[i] = x.clone()
         self.length = start + n

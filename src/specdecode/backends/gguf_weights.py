@@ -233,10 +233,13 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
         for param in model.hf.parameters():  # off the safetensors file mapping, so that it is unmapped
             param.data = param.data.clone()
     model.embed = model.hf.get_input_embeddings().weight
-    model.final_norm = model.hf.model.norm.weight.float()
-    for layer, hf_layer in zip(model.layers, model.hf.model.layers):
-        layer.norm1 = hf_layer.input_layernorm.weight.float()
-        layer.norm2 = hf_layer.post_attention_layernorm.weight.float()
+    model.final_norm = model.final_norm.clone()
+    for layer in model.layers:
+        for name in ("norm1", "norm2", "post_attn_norm", "post_mlp_norm"):
+            if getattr(layer, name) is not None:
+                setattr(layer, name, getattr(layer, name).clone())
+        if layer.qk_norms is not None:
+            layer.qk_norms = tuple(w.clone() for w in layer.qk_norms)
     gc.collect()
     _trim_heap()
     unsupported = sorted({t for t, _ in tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")})

@@ -82,10 +82,11 @@ void rope(const float* x, const float* cos, const float* sin, float* out, int64_
 
 // qkv: [n, (h + 2 kvh) d] projections of n new tokens; k_cache, v_cache: [kvh, cap, d] one layer's
 // cache, the new keys (rotated) and values written at slots start..start+n-1; cos, sin: [n, d];
-// mask: [n, start+n] bool (query i sees slot j where true) or none (causal). -> [n, h d]
+// mask: [n, start+n] bool (query i sees slot j where true) or none (causal); scale: of q.k (the
+// usual 1 / sqrt(d) when <= 0). -> [n, h d]
 torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
                         torch::Tensor sin, std::optional<torch::Tensor> mask, int64_t start, int64_t heads,
-                        int64_t kv_heads) {
+                        int64_t kv_heads, double qk_scale) {
   for (auto& [t, name] : {std::pair{qkv, "qkv"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {cos, "cos"}, {sin, "sin"}})
     check(t, name);
   const int64_t n = qkv.size(0), d = k_cache.size(2), cap = k_cache.size(1), end = start + n;
@@ -109,7 +110,7 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
     }
   auto out = torch::empty({n, heads * d}, qkv.options());
   float* op = out.data_ptr<float>();
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  const float scale = qk_scale > 0 ? static_cast<float>(qk_scale) : 1.f / std::sqrt(static_cast<float>(d));
   const int64_t group = heads / kv_heads;
   at::parallel_for(0, heads * n, 1, [&](int64_t begin, int64_t stop) {
     std::vector<float> q(d), p(end);
