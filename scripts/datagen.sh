@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The long on-policy data job of issue 18: the default target's greedy responses to >8,000 prompts
 # (MT-bench both turns, HumanEval, summaries, every BFCL category, reasoning-gym's generators), the
-# benchmark's held-out prompts excluded; --dtype gguf gives the fp32 bits, faster. Resumable: rerun
+# benchmark's held-out prompts excluded; --dtype gguf-exact gives the fp32 bits, faster. Resumable: rerun
 # the same command after an interruption.
 #   bash scripts/datagen.sh OUT_DIR [extra `train data` options]
 set -euo pipefail
@@ -9,5 +9,5 @@ out=${1:?usage: scripts/datagen.sh OUT_DIR}
 shift
 exec python3 -m specdecode train data --out "$out" \
     --prompts mtbench,mtbench2,humaneval,summaries,bfclall,reasoning:40 --exclude heldout:2,mtbench:1 \
-    --max-prompt-tokens 1024 --max-new-tokens 256 --batch 8 --threads 1 --dtype gguf \
+    --max-prompt-tokens 1024 --max-new-tokens 256 --batch 8 --threads 1 --dtype gguf-exact \
     --shard-size 128 --flush-minutes 10 "$@"

@@ -1,4 +1,5 @@
-"""--dtype gguf: GGUF blocks repacked and dequantized in the kernels' registers. Each format against
+"""--dtype gguf-exact and gguf: GGUF blocks repacked and dequantized in the kernels' registers (exact), or
+multiplied with 8-bit activations. Each format against
 the `gguf` package's reference dequantization, the quantized matmuls against the float32 kernel on
 the dequantized weights (bit for bit) and a float64 reference, row invariance, and a tiny GGUF
 Llama whose quantized forward gives the bits of its dequantized fp32 copy and whose greedy
@@ -20,7 +21,7 @@ from train_fixtures import PROMPTS
 
 ops = kernels.load()
 needs_kernels = pytest.mark.skipif(ops is None, reason="no C++ compiler: the fused kernels are unavailable")
-TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
 
 
 def raw_matrix(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -80,9 +81,9 @@ def test_bad_quantized_shapes_are_errors():
 
 def test_types_without_a_kernel_fall_back_to_float32_or_name_the_type():
     w = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
-    raw = quants.quantize(w, T.Q5_0)
-    got = gguf_weights.repack("Q5_0", raw)  # the gguf package reads it; the fp32 kernel runs it
-    assert isinstance(got, torch.Tensor) and torch.equal(got, torch.from_numpy(quants.dequantize(raw, T.Q5_0)))
+    raw = quants.quantize(w, T.Q5_1)
+    got = gguf_weights.repack("Q5_1", raw)  # the gguf package reads it; the fp32 kernel runs it
+    assert isinstance(got, torch.Tensor) and torch.equal(got, torch.from_numpy(quants.dequantize(raw, T.Q5_1)))
     with pytest.raises(UserError, match="blk.0.ffn_up.weight has type Q9_9"):
         gguf_weights.repack("Q9_9", raw, "blk.0.ffn_up.weight")
     with pytest.raises(UserError, match="not a whole number of Q4_1 blocks"):
@@ -110,7 +111,7 @@ def monkeypatch_module():
 @pytest.fixture(scope="module")
 def pair(tiny_gguf):
     """(fp32 on the dequantized copy, gguf on the quantized blocks) of the same file."""
-    return models.load(tiny_gguf, "fp32", "cpu"), models.load(tiny_gguf, "gguf", "cpu")
+    return models.load(tiny_gguf, "fp32", "cpu"), models.load(tiny_gguf, "gguf-exact", "cpu")
 
 
 @needs_kernels
@@ -135,7 +136,7 @@ def test_quantized_forward_gives_the_bits_of_the_dequantized_model(pair):
 @pytest.mark.parametrize("spec", ["ngram", "draft:{draft}", "suffix"])
 def test_greedy_speculation_on_quantized_weights_equals_plain(pair, tiny_draft_dir, spec):
     target = pair[1]
-    ctx = drafters.DrafterContext(target, "gguf")
+    ctx = drafters.DrafterContext(target, "gguf-exact")
     plain, drafter = drafters.build("none", ctx), drafters.build(spec.format(draft=tiny_draft_dir), ctx)
     drafted = 0
     for prompt in PROMPTS[:4]:
@@ -157,7 +158,7 @@ def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
     fp32, target = pair
     data_dir = make_data(target, tmp_path / "data", max_new_tokens=24)  # generated on the quantized model
     medusa.train(fp32, data_dir, tmp_path / "medusa", steps=20, lr=1e-2, batch_tokens=128, vocab=300)
-    ctx = drafters.DrafterContext(target, "gguf")  # same embedding: the fingerprint matches
+    ctx = drafters.DrafterContext(target, "gguf-exact")  # same embedding: the fingerprint matches
     plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'medusa'}", ctx)
     for prompt in PROMPTS[:3]:
         ids = target.tokenizer(prompt)["input_ids"]
@@ -167,9 +168,9 @@ def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
 
 @needs_kernels
 def test_int8_activations_keep_greedy_speculation_lossless(tiny_gguf):
-    target = models.load(tiny_gguf, "gguf-i8", "cpu")
+    target = models.load(tiny_gguf, "gguf", "cpu")
     assert target.model.layers[0].qkv.kernels["q4"] == ops.linear_q4_i8
-    ctx = drafters.DrafterContext(target, "gguf-i8")
+    ctx = drafters.DrafterContext(target, "gguf")
     plain, ngram = drafters.build("none", ctx), drafters.build("ngram", ctx)
     for prompt in PROMPTS[:4]:
         ids = target.tokenizer(prompt)["input_ids"]

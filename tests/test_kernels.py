@@ -87,7 +87,7 @@ def test_attention_matches_sdpa_and_writes_the_cache(ops, tree):
     mask = torch.ones(n, start + n, dtype=torch.bool).tril(start)
     if tree:  # a tree: node 2 is a sibling of node 1, node 3 its child
         mask[:, start:] = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
-    out = ops.attention(qkv, k_cache, v_cache, cos, sin, mask if tree else None, start, h, kvh)
+    out = ops.attention(qkv, k_cache, v_cache, cos, sin, mask if tree else None, start, h, kvh, 0.0)
 
     q, k, v = qkv.view(n, h + 2 * kvh, d).transpose(0, 1).split([h, kvh, kvh])
     k = _rope(k, cos, sin)

