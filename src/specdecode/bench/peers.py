@@ -46,6 +46,9 @@ class _FirstTokenClock:
 
 def _runner(loaded, **generate_kwargs) -> Peer:
     hf = loaded.model.hf
+    if any(p.numel() == 0 for p in hf.parameters()):  # --dtype gguf released the float32 linears
+        raise UserError("Hugging Face peers run the float32 or bf16 model: use them with --dtype fp32 or bf16, "
+                        "not gguf (bench --dtype fp32,gguf runs peers once per dtype)")
     eos = sorted(loaded.eos_ids)
 
     def run(ids: list[int], max_new_tokens: int, params: SamplingParams, seed: int) -> Result:
