@@ -32,10 +32,12 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_tiny_gguf(path, hf_model, tokenizer, types: dict[str, str]) -> str:
-    """hf_model (a LlamaForCausalLM, untied LM head) -> a GGUF file at `path`. types: GGUF tensor
-    role ("attn_q", "ffn_down", "token_embd", "output", ...) -> type name; missing roles: Q8_0."""
+    """hf_model (a Llama or Qwen2 causal LM, untied LM head) -> a GGUF file at `path`. types: GGUF
+    tensor role ("attn_q", "ffn_down", "token_embd", "output", ...) -> type name; missing roles: Q8_0.
+    As llama.cpp's converter: q/k rows rotated for the llama architecture only; biases as F32."""
     cfg = hf_model.config
-    w = GGUFWriter(str(path), "llama")
+    arch = cfg.model_type
+    w = GGUFWriter(str(path), arch)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -60,7 +62,7 @@ def write_tiny_gguf(path, hf_model, tokenizer, types: dict[str, str]) -> str:
 
     def put(name: str, role: str, weight, heads: int = 0):
         a = weight.detach().float().numpy()
-        if heads:
+        if heads and arch == "llama":
             a = _permute(a, heads)
         kind = types.get(role, "Q8_0")
         if kind in BLOCKS:
@@ -78,6 +80,10 @@ def write_tiny_gguf(path, hf_model, tokenizer, types: dict[str, str]) -> str:
         put(b + "attn_q.weight", "attn_q", attn.q_proj.weight, cfg.num_attention_heads)
         put(b + "attn_k.weight", "attn_k", attn.k_proj.weight, cfg.num_key_value_heads)
         put(b + "attn_v.weight", "attn_v", attn.v_proj.weight)
+        for name in ("q", "k", "v"):
+            bias = getattr(attn, f"{name}_proj").bias
+            if bias is not None:
+                w.add_tensor(f"{b}attn_{name}.bias", bias.detach().numpy())
         put(b + "attn_output.weight", "attn_output", attn.o_proj.weight)
         put(b + "ffn_gate.weight", "ffn_gate", mlp.gate_proj.weight)
         put(b + "ffn_up.weight", "ffn_up", mlp.up_proj.weight)

@@ -196,3 +196,17 @@ def test_auto_dtype_picks_gguf_for_gguf_llamas_on_cpu(tiny_gguf, tiny_model_dir,
     assert cli.main(["generate", "The quick brown fox", "--target", tiny_gguf, "--device", "cpu", "--threads", "1",
                      "--max-new-tokens", "8", "--no-chat"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+@needs_kernels
+def test_a_qwen2_file_with_biases_and_unrotated_rows_gives_the_fp32_bits(tmp_path, monkeypatch):
+    from test_families import make
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    tok = make_tokenizer()
+    hf = make("qwen2", hidden_size=256, intermediate_size=512, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    path = write_tiny_gguf(tmp_path / "qwen2.gguf", hf, tok, {"attn_q": "Q4_1", "attn_k": "Q5_0", "ffn_down": "Q6_K"})
+    fp32, quant = models.load(path, "fp32", "cpu"), models.load(path, "gguf-exact", "cpu")
+    assert fp32.model.config.model_type == "qwen2" and isinstance(quant.model.layers[0].qkv, gguf_weights.QuantLinear)
+    ids = torch.randint(0, 384, (40,), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(fp32.model.extend(ids), quant.model.extend(ids))
