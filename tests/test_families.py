@@ -89,3 +89,15 @@ def test_unsupported_variants_fall_back_with_a_reason(capsys):
     hf = make("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)
     assert isinstance(models.wrap(hf, "auto"), models.HFModel)
     assert isinstance(models.wrap(make("qwen2", use_sliding_window=False, sliding_window=16), "auto"), FastLlama)
+
+
+def test_trainers_refuse_families_they_do_not_cover(tmp_path, tiny_tokenizer, capsys):
+    from specdecode import cli
+
+    path = tmp_path / "phi3"
+    make("phi3", eos_token_id=tiny_tokenizer.eos_token_id).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    for trainer in ("eagle", "draft"):
+        assert cli.main(["train", trainer, "--target", str(path), "--data", str(tmp_path), "--out",
+                         str(tmp_path / "out"), "--threads", "1", "--device", "cpu"]) == 2
+        assert f"train {trainer} supports" in capsys.readouterr().err
