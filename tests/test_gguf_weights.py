@@ -210,3 +210,23 @@ def test_a_qwen2_file_with_biases_and_unrotated_rows_gives_the_fp32_bits(tmp_pat
     assert fp32.model.config.model_type == "qwen2" and isinstance(quant.model.layers[0].qkv, gguf_weights.QuantLinear)
     ids = torch.randint(0, 384, (40,), generator=torch.Generator().manual_seed(5))
     assert torch.equal(fp32.model.extend(ids), quant.model.extend(ids))
+
+
+def test_the_tensor_reader_agrees_with_gguf_and_names_damaged_files(tiny_gguf, tmp_path):
+    from gguf import GGUFReader
+
+    arch, tensors = gguf_weights.read(tiny_gguf)
+    reference = GGUFReader(tiny_gguf).tensors
+    assert arch == "llama" and set(tensors) == {t.name for t in reference}
+    for t in reference:
+        kind, raw = tensors[t.name]
+        assert kind == t.tensor_type.name
+        assert np.array_equal(np.asarray(raw).reshape(-1).view(np.uint8), np.asarray(t.data).reshape(-1).view(np.uint8))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGML" + bytes(64))
+    with pytest.raises(UserError, match="cannot read GGUF file .*bad magic"):
+        gguf_weights.read(broken)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(open(tiny_gguf, "rb").read()[:200])
+    with pytest.raises(UserError, match="cannot read GGUF file"):
+        gguf_weights.read(truncated)
