@@ -230,3 +230,15 @@ def test_the_tensor_reader_agrees_with_gguf_and_names_damaged_files(tiny_gguf, t
     truncated.write_bytes(open(tiny_gguf, "rb").read()[:200])
     with pytest.raises(UserError, match="cannot read GGUF file"):
         gguf_weights.read(truncated)
+
+
+@needs_kernels
+def test_auto_is_exact_where_fp32_tokens_are_promised(tiny_gguf):
+    from specdecode import cli
+
+    picked = {}
+    for argv in (["generate", "x"], ["serve"], ["train", "data", "--out", "o"], ["bench"]):
+        args = cli.parser().parse_args([*argv, "--target", tiny_gguf, "--device", "cpu"])
+        cli._resolve_dtype(args)
+        picked[argv[0] + (argv[1] if argv[0] == "train" else "")] = args.dtype
+    assert picked == {"generate": "gguf", "serve": "gguf-exact", "traindata": "gguf-exact", "bench": "gguf"}

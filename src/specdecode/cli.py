@@ -147,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--suffix-cache", default=None, metavar="FILE", help="load suffix caches at start, save at shutdown")
     s.add_argument("--suffix-warm", default=None, metavar="PATH",
                    help="past responses for the suffix caches: a `train data` directory or JSONL")
-    s.set_defaults(run=cmd_serve)
+    s.set_defaults(run=cmd_serve, exact_auto=True)  # batched rows round like single requests only when exact
 
     from specdecode.export.cli import add_parser as add_export_parser
     from specdecode.monitor.cli import add_parser as add_monitor_parser
@@ -432,7 +432,10 @@ def cmd_serve(args) -> None:
 
 
 def _resolve_dtype(args) -> None:
-    """--dtype auto -> gguf for a GGUF target on CPU with the fused kernels, else fp32."""
+    """--dtype auto -> gguf for a GGUF target on CPU with the fused kernels, else fp32. Commands that
+    promise fp32's tokens take gguf-exact instead (exact_auto): `serve`, whose batched forward rounds
+    its activations slightly differently from a single request's (harmless in float32, but enough to
+    move an 8-bit activation across a rounding step), and `train data`, whose data is fp32's output."""
     if "auto" not in getattr(args, "dtype", "").split(","):
         return
     from specdecode.backends import models
@@ -441,6 +444,8 @@ def _resolve_dtype(args) -> None:
         picked = models.auto_dtype(args.target, args.device, getattr(args, "target_quant", "none"), args.backend)
     except UserError:  # a target that cannot be read: said where it is loaded, after the cheaper checks
         picked = "fp32"
+    if picked == "gguf" and getattr(args, "exact_auto", False):
+        picked = "gguf-exact"
     args.dtype = ",".join(picked if d == "auto" else d for d in args.dtype.split(","))
 
 

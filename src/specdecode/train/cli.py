@@ -33,7 +33,7 @@ def add_parser(sub, model_args, setup) -> None:
     d.add_argument("--batch", type=int, default=1,
                    help="prompts decoded together (continuous batching); more tokens per CPU-second")
     model_args(d)
-    d.set_defaults(run=cmd_data, setup=setup)
+    d.set_defaults(run=cmd_data, setup=setup, exact_auto=True)
 
     for name, helptext in (("medusa", "Medusa heads on the target's last hidden state"),
                            ("eagle", "an EAGLE-3-style feature-level draft head"),
