@@ -7,6 +7,7 @@ import math
 import torch
 
 from specdecode.backends.lm import Output
+from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams, warp
 
 
@@ -110,3 +111,17 @@ def joint_two(table: torch.Tensor, last: int, params: SamplingParams) -> torch.T
     p1 = warp(table[last], params).double()  # [V]
     p2 = warp(table, params).double()  # [V, V]: row a is p(. | a)
     return p1[:, None] * p2
+
+
+def assert_lossless(target, plain, drafter, prompts: list[str], k: int, max_new_tokens: int):
+    """Greedy decoding with `drafter` gives `plain`'s tokens on every prompt (target: a LoadedModel)
+    -> (plain decoding's token ids per prompt, tokens drafted in all)."""
+    outputs, drafted = [], 0
+    for prompt in prompts:
+        ids = target.tokenizer(prompt)["input_ids"]
+        a = generate(target, plain, ids, max_new_tokens=max_new_tokens)
+        b = generate(target, drafter, ids, k=k, max_new_tokens=max_new_tokens)
+        assert a.token_ids == b.token_ids, prompt
+        outputs.append(a.token_ids)
+        drafted += b.stats.drafted
+    return outputs, drafted

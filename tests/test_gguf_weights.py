@@ -13,6 +13,7 @@ from gguf import quants
 
 from conftest import make_llama, make_tokenizer
 from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
+from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends import gguf_weights, kernels, models
 from specdecode.core.generation import generate
@@ -138,16 +139,11 @@ def test_greedy_speculation_on_quantized_weights_equals_plain(pair, tiny_draft_d
     target = pair[1]
     ctx = drafters.DrafterContext(target, "gguf-exact")
     plain, drafter = drafters.build("none", ctx), drafters.build(spec.format(draft=tiny_draft_dir), ctx)
-    drafted = 0
-    for prompt in PROMPTS[:4]:
-        ids = target.tokenizer(prompt)["input_ids"]
-        a = generate(target, plain, ids, max_new_tokens=40)
-        b = generate(target, drafter, ids, k=4, max_new_tokens=40)
-        assert a.token_ids == b.token_ids
-        assert a.token_ids == generate(pair[0], drafters.build("none", drafters.DrafterContext(pair[0])), ids,
-                                       max_new_tokens=40).token_ids  # and the dequantized model's
-        drafted += b.stats.drafted
+    outputs, drafted = assert_lossless(target, plain, drafter, PROMPTS[:4], k=4, max_new_tokens=40)
     assert drafted > 0
+    fp32_plain = drafters.build("none", drafters.DrafterContext(pair[0]))
+    for prompt, tokens in zip(PROMPTS[:4], outputs):  # and the dequantized model's
+        assert tokens == generate(pair[0], fp32_plain, pair[0].tokenizer(prompt)["input_ids"], max_new_tokens=40).token_ids
 
 
 @needs_kernels
@@ -160,10 +156,7 @@ def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
     medusa.train(fp32, data_dir, tmp_path / "medusa", steps=20, lr=1e-2, batch_tokens=128, vocab=300)
     ctx = drafters.DrafterContext(target, "gguf-exact")  # same embedding: the fingerprint matches
     plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'medusa'}", ctx)
-    for prompt in PROMPTS[:3]:
-        ids = target.tokenizer(prompt)["input_ids"]
-        assert generate(target, plain, ids, max_new_tokens=30).token_ids == \
-            generate(target, head, ids, k=3, max_new_tokens=30).token_ids
+    assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
 
 
 @needs_kernels
@@ -172,10 +165,7 @@ def test_int8_activations_keep_greedy_speculation_lossless(tiny_gguf):
     assert target.model.layers[0].qkv.kernels["q4"] == ops.linear_q4_i8
     ctx = drafters.DrafterContext(target, "gguf")
     plain, ngram = drafters.build("none", ctx), drafters.build("ngram", ctx)
-    for prompt in PROMPTS[:4]:
-        ids = target.tokenizer(prompt)["input_ids"]
-        assert generate(target, plain, ids, max_new_tokens=40).token_ids == \
-            generate(target, ngram, ids, k=4, max_new_tokens=40).token_ids
+    assert_lossless(target, plain, ngram, PROMPTS[:4], k=4, max_new_tokens=40)
 
 
 def test_gguf_dtype_needs_a_gguf_file(tiny_model_dir):

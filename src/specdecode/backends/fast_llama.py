@@ -106,10 +106,7 @@ class Layer:
         table (Gemma 3: local or global); window: sliding-window layers see the last `window` positions."""
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.act, self.rope_kind, self.window = act, rope_kind, window
-
-        def weight(norm):
-            return (norm.weight.float() + norm_offset).to(norm_dtype) if norm_offset else norm.weight.to(norm_dtype)
-
+        weight = partial(norm_weight, offset=norm_offset, dtype=norm_dtype)
         # Gemma 3 norms the attention and MLP outputs too, and names its pre-MLP norm apart
         sandwich = hasattr(hf_layer, "pre_feedforward_layernorm")
         self.norm1 = weight(hf_layer.input_layernorm)
@@ -164,6 +161,11 @@ class Layer:
         gate, up = self.gate_up(rms_norm(x, self.norm2, eps)).chunk(2, dim=-1)
         h = self.down(self.act(gate) * up)
         return x + (h if self.post_mlp_norm is None else rms_norm(h, self.post_mlp_norm, eps))
+
+
+def norm_weight(norm: nn.Module, offset: float, dtype: torch.dtype) -> torch.Tensor:
+    """An RMSNorm's multiplier: its weight, or 1 + weight (Gemma), in `dtype`."""
+    return (norm.weight.float() + offset).to(dtype) if offset else norm.weight.to(dtype)
 
 
 def _rope_type(cfg) -> str:
@@ -269,7 +271,7 @@ class FastLlama:
         self.qk_scale = cfg.query_pre_attn_scalar**-0.5 if gemma else None  # None: 1 / sqrt(head_dim)
         self.batchable = not gemma  # batch_model.BatchedLlama has no sliding windows or local rotary tables
         offset = 1.0 if gemma else 0.0
-        self.final_norm = ((hf_model.model.norm.weight.float() + offset) if gemma else hf_model.model.norm.weight).to(self.dtype)
+        self.final_norm = norm_weight(hf_model.model.norm, offset, self.dtype)
         kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
         with torch.no_grad():
             self.layers = [Layer(layer, linear, self.dtype, ACTIVATIONS[_activation(cfg)], offset, kind,

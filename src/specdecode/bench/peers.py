@@ -111,10 +111,9 @@ def _gguf_path(loaded, arg: str | None) -> Path:
 
     if arg:
         return Path(arg).expanduser()
-    where = models.resolve(None if loaded.name == models.DEFAULT_TARGET else loaded.name)
-    if not (isinstance(where, Path) and where.suffix == ".gguf"):
+    if not models.is_gguf(loaded.name):
         raise UserError(f"peer llamacpp: target {loaded.name} is not a GGUF file; name one: llamacpp:FILE")
-    return where
+    return models.resolve(loaded.name)
 
 
 def _llamacpp(path_arg: str | None, lookup: int | None, loaded) -> Peer:

@@ -120,13 +120,15 @@ TRAINS_ON = {"eagle": {"llama", "mistral", "qwen2", "qwen3"}, "draft": {"llama",
 def cmd_train(args) -> None:
     import importlib
 
+    from specdecode.backends import models
+
     trainer = importlib.import_module(f"specdecode.train.{args.trainer}")
-    args.setup(args)
-    loaded = _load_target(args)
-    family = loaded.model.hf.config.model_type
+    family = models.load_config(args.target).model_type  # refused before the weights are loaded
     if family not in TRAINS_ON.get(args.trainer, {family}):
         raise UserError(f"train {args.trainer} supports {', '.join(sorted(TRAINS_ON[args.trainer]))} targets, "
                         f"not {family}; train medusa works on it")
+    args.setup(args)
+    loaded = _load_target(args)
     opts = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens,
                                    vocab=args.vocab, init=getattr(args, "init", None),
                                    lora=getattr(args, "lora", None)).items() if v is not None}
