@@ -49,6 +49,18 @@ def test_linear_matches_matmul_and_a_row_does_not_depend_on_the_others(ops, wdty
     assert torch.equal(ops.linear(x[4:5].contiguous(), w), y[4:5])
 
 
+def test_many_rows_go_in_blocks_without_changing_a_row(ops):
+    """A prefill-sized x is cut into blocks of rows that fit L2 (K = 2048: 16 rows of float32); every
+    row still gets the bits it gets alone, in any block and tile."""
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(40, 2048, generator=g) * 0.05, torch.randn(150, 2048, generator=g)
+    y = ops.linear(x, w)
+    assert torch.allclose(y.double(), x.double() @ w.double().T, atol=1e-4, rtol=1e-5)
+    for m in (0, 15, 16, 17, 77, 149):
+        assert torch.equal(ops.linear(x[m : m + 1].contiguous(), w), y[m : m + 1])
+    assert torch.equal(ops.linear(x[13:40].contiguous(), w), y[13:40])
+
+
 def test_linear_rejects_bad_shapes(ops):
     with pytest.raises(RuntimeError, match="multiple of 16"):
         ops.linear(torch.randn(2, 40), torch.randn(8, 40))

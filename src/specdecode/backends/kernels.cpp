@@ -11,6 +11,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "tiles.h"
+
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -295,40 +297,14 @@ void tile(const Src& w, const float* x, float* y, int64_t K, int64_t N, int64_t 
   for (int m = 0; m < MB; ++m) y[(m0 + m) * N + r] = hsum(acc[m][0], acc[m][1]);
 }
 
-// Rows of x per pass over a weight row: with AVX-512's 32 vector registers, 8 rows keep their 16
-// accumulators in registers; with AVX2's 16, 4 do.
-constexpr int64_t MAX_MB = 8;
-
-// Weight rows [r0, r1) against all M rows of x: per weight row, balanced tiles of at most MAX_MB
-// rows (9 rows: 5 + 4, not 8 + 1); the row stays in L1 between its tiles.
-template <typename Src>
-void rows(const Src& w, const float* x, float* y, int64_t K, int64_t M, int64_t N, int64_t r0, int64_t r1) {
-  const int64_t passes = (M + MAX_MB - 1) / MAX_MB;
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t p = 0, m0 = 0; p < passes; ++p) {
-      const int64_t mb = (M - m0 + (passes - p) - 1) / (passes - p);  // rows left spread over tiles left
-      switch (mb) {
-        case 1: tile<Src, 1>(w, x, y, K, N, r, m0); break;
-        case 2: tile<Src, 2>(w, x, y, K, N, r, m0); break;
-        case 3: tile<Src, 3>(w, x, y, K, N, r, m0); break;
-        case 4: tile<Src, 4>(w, x, y, K, N, r, m0); break;
-        case 5: tile<Src, 5>(w, x, y, K, N, r, m0); break;
-        case 6: tile<Src, 6>(w, x, y, K, N, r, m0); break;
-        case 7: tile<Src, 7>(w, x, y, K, N, r, m0); break;
-        case 8: tile<Src, 8>(w, x, y, K, N, r, m0); break;
-      }
-      m0 += mb;
-    }
-}
-
-// x [M, K] float32 -> x W^T [M, N], weight rows split between threads.
+// x [M, K] float32 -> x W^T [M, N]
 template <typename Src>
 torch::Tensor matmul(const torch::Tensor& x, const Src& w, int64_t N) {
   const int64_t M = x.size(0), K = x.size(1);
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, N, 128, [&](int64_t r0, int64_t r1) { rows(w, xp, yp, K, M, N, r0, r1); });
+  for_tiles(M, N, K * 4, [&](auto mb, int64_t r, int64_t m0) { tile<Src, decltype(mb)::value>(w, xp, yp, K, N, r, m0); });
   return y;
 }
 

@@ -1,4 +1,4 @@
-"""Builds and loads kernels.cpp and kernels_i8.cpp, FastLlama's fused CPU ops, once per machine.
+"""Builds and loads kernels.cpp and kernels_i8.cpp (with tiles.h), FastLlama's fused CPU ops, once per machine.
 
 The extension is compiled on first use with the system C++ compiler (about 45 s here) into the
 specdecode cache, under a name that covers the source, torch's version and the CPU's instruction
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name("kernels.cpp"), Path(__file__).with_name("kernels_i8.cpp")]
+HEADERS = [Path(__file__).with_name("tiles.h")]
 
 
 def _cpu_flags() -> str:
@@ -41,7 +42,7 @@ def load():
     """The compiled module (linear, add_rms_norm, silu_mul, attention), or None when it cannot be built."""
     from torch.utils import cpp_extension
 
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
     build = cache_root() / key
     try:
         build.mkdir(parents=True, exist_ok=True)

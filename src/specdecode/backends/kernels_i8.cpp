@@ -10,6 +10,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "tiles.h"
+
 #include <cmath>
 #include <cstring>
 
@@ -113,8 +115,6 @@ void tile_i8(const uint8_t* wq, const float* ws, const int8_t* xq, const float* 
 #endif
 }
 
-constexpr int64_t MAX_MB = 8;
-
 template <bool Q4>
 torch::Tensor matmul_i8(const torch::Tensor& x, const torch::Tensor& scales, const torch::Tensor& quants) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2,
@@ -135,24 +135,7 @@ torch::Tensor matmul_i8(const torch::Tensor& x, const torch::Tensor& scales, con
   const float *ws = scales.data_ptr<float>(), *d = xd.data_ptr<float>(), *S = xS.data_ptr<float>();
   const int8_t* q = xq.data_ptr<int8_t>();
   float* yp = y.data_ptr<float>();
-  const int64_t passes = (M + MAX_MB - 1) / MAX_MB;
-  at::parallel_for(0, N, 128, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t p = 0, m0 = 0; p < passes; ++p) {
-        const int64_t mb = (M - m0 + (passes - p) - 1) / (passes - p);
-        switch (mb) {
-          case 1: tile_i8<Q4, 1>(wq, ws, q, d, S, yp, G, N, r, m0); break;
-          case 2: tile_i8<Q4, 2>(wq, ws, q, d, S, yp, G, N, r, m0); break;
-          case 3: tile_i8<Q4, 3>(wq, ws, q, d, S, yp, G, N, r, m0); break;
-          case 4: tile_i8<Q4, 4>(wq, ws, q, d, S, yp, G, N, r, m0); break;
-          case 5: tile_i8<Q4, 5>(wq, ws, q, d, S, yp, G, N, r, m0); break;
-          case 6: tile_i8<Q4, 6>(wq, ws, q, d, S, yp, G, N, r, m0); break;
-          case 7: tile_i8<Q4, 7>(wq, ws, q, d, S, yp, G, N, r, m0); break;
-          case 8: tile_i8<Q4, 8>(wq, ws, q, d, S, yp, G, N, r, m0); break;
-        }
-        m0 += mb;
-      }
-  });
+  for_tiles(M, N, K, [&](auto mb, int64_t r, int64_t m0) { tile_i8<Q4, decltype(mb)::value>(wq, ws, q, d, S, yp, G, N, r, m0); });
   return y;
 }
 
