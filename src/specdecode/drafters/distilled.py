@@ -3,8 +3,8 @@ draft model distilled from the target (DistillSpec: Zhou et al. 2024, "DistillSp
 Speculative Decoding via Knowledge Distillation").
 
 The checkpoint holds only what differs from the target: n decoder layers and the final norm. The
-model is rebuilt as a Llama with the target's configuration, n layers, and the target's own
-embedding and (tied) LM head, then drafts like any other draft model (drafters/__init__.py wraps it).
+model is rebuilt as the target's own architecture (Llama, Qwen, Gemma 3, Phi-3...) with n layers and
+the target's own embedding and LM head, then drafts like any other draft model (drafters/__init__.py wraps it).
 `specdecode train draft` also writes a complete Hugging Face model directory (`DIR/hf`) for other tools.
 """
 
@@ -24,15 +24,16 @@ def is_checkpoint(spec: str | None) -> bool:
 
 
 def build_model(target_hf, num_layers: int, tensors: dict[str, torch.Tensor] | None = None):
-    """A LlamaForCausalLM with the target's shape, `num_layers` layers, sharing the target's embedding
-    (tied LM head). tensors: {"layers.i.…", "norm.weight"} from a checkpoint, or None to leave the
-    layers as initialised."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(**{**target_hf.config.to_dict(), "num_hidden_layers": num_layers, "tie_word_embeddings": True})
-    model = LlamaForCausalLM(cfg).to(dtype=target_hf.dtype, device=target_hf.device)
+    """The target's model class with `num_layers` layers (the first `num_layers` of its layer kinds),
+    sharing the target's embedding and LM head (one matrix when the target ties them). tensors: {"layers.i.…", "norm.weight"} from a
+    checkpoint, or None to leave the layers as initialised."""
+    overrides = {"num_hidden_layers": num_layers}
+    if isinstance(getattr(target_hf.config, "layer_types", None), list):
+        overrides["layer_types"] = target_hf.config.layer_types[:num_layers]
+    cfg = type(target_hf.config)(**{**target_hf.config.to_dict(), **overrides})
+    model = type(target_hf)(cfg).to(dtype=target_hf.dtype, device=target_hf.device)
     model.model.embed_tokens.weight = target_hf.get_input_embeddings().weight
-    model.lm_head.weight = model.model.embed_tokens.weight
+    model.lm_head.weight = target_hf.get_output_embeddings().weight
     if tensors is not None:
         state = {k: v.to(target_hf.dtype) for k, v in tensors.items()}
         model.model.load_state_dict(state, strict=False)

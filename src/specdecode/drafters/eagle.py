@@ -21,6 +21,8 @@ rolling back is a change of length (as in fast_llama.py).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,10 +36,13 @@ from specdecode.core.tree import Tree
 
 
 def rope_tables(hf_model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [n, head_dim] from the target's own rotary module (same heads, same positions)."""
+    """cos, sin [n, head_dim] from the target's own rotary module (same heads, same positions; with
+    a table per layer kind, as Gemma 3 has, the global layers' one)."""
+    rotary = hf_model.model.rotary_emb
+    kind = ("full_attention",) if "layer_type" in inspect.signature(rotary.forward).parameters else ()
     with torch.no_grad():
         positions = torch.arange(n, device=hf_model.device)[None]
-        cos, sin = hf_model.model.rotary_emb(torch.empty(0, dtype=torch.float32, device=hf_model.device), positions)
+        cos, sin = rotary(torch.empty(0, dtype=torch.float32, device=hf_model.device), positions, *kind)
     return cos[0].float(), sin[0].float()
 
 

@@ -135,7 +135,7 @@ def _embedding(loaded):
 
 _medusa = _trained("medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads")
 _eagle = _trained("eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded)))
-_distilled = _trained("draft", "draft_model", lambda t, c, loaded: ckpt.draft(t, c, _embedding(loaded), _hf_config(loaded)),
+_distilled = _trained("draft", "draft_model", lambda t, c, loaded: ckpt.draft(t, c, _embedding(loaded), _lm_head(loaded), _hf_config(loaded)),
                       notes=(_DRAFT_MODEL_NOTE,))
 
 

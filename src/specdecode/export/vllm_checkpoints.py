@@ -92,8 +92,8 @@ def eagle3(tensors: dict, config: dict, lm_head: torch.Tensor, target_cfg: dict)
                         "after the final norm; vLLM's aux hidden states are the residual stream before a layer, "
                         "so it cannot feed that feature. Retrain with layers below the last")
     model_type = str(target_cfg.get("model_type", ""))
-    if "llama" not in model_type and "qwen" not in model_type:
-        raise UserError(f"vLLM runs EAGLE-3 heads only on llama or qwen targets, not {model_type!r}")
+    if not any(family in model_type for family in ("llama", "qwen", "mistral")):  # vLLM runs Mistral as its Llama
+        raise UserError(f"vLLM runs EAGLE-3 heads only on llama, mistral or qwen targets, not {model_type!r}")
     vocab_size, hidden = lm_head.shape
     h, kvh, d = config["heads"], config["kv_heads"], config["head_dim"]
     token_map = _check_token_map(tensors["token_map"], vocab_size, "eagle")
@@ -129,14 +129,18 @@ def eagle3(tensors: dict, config: dict, lm_head: torch.Tensor, target_cfg: dict)
     return out, cfg
 
 
-def draft(tensors: dict, config: dict, embedding: torch.Tensor, target_cfg: dict) -> tuple[dict, dict]:
-    """tensors: layers.{i}.* and norm.weight of a distilled draft; embedding: the target's [V, H]."""
+def draft(tensors: dict, config: dict, embedding: torch.Tensor, lm_head: torch.Tensor, target_cfg: dict) -> tuple[dict, dict]:
+    """tensors: layers.{i}.* and norm.weight of a distilled draft (the target's own architecture);
+    embedding, lm_head: the target's [V, H] (one matrix when it ties them)."""
     out = {"model.embed_tokens.weight": _bf16(embedding)}
+    tied = lm_head is embedding or lm_head.data_ptr() == embedding.data_ptr()
+    if not tied:
+        out["lm_head.weight"] = _bf16(lm_head)
     out.update({f"model.{name}": _bf16(t) for name, t in tensors.items()})
     n = config["num_layers"]
     cfg = {k: v for k, v in target_cfg.items() if not k.startswith("_")}
-    cfg.update(architectures=["LlamaForCausalLM"], num_hidden_layers=n, tie_word_embeddings=True,
-               torch_dtype="bfloat16", dtype="bfloat16", **rope_fields(target_cfg),
+    cfg.update(architectures=target_cfg.get("architectures") or ["LlamaForCausalLM"], num_hidden_layers=n,
+               tie_word_embeddings=tied, torch_dtype="bfloat16", dtype="bfloat16", **rope_fields(target_cfg),
                specdecode={**EXPORT_INFO, "target": config.get("target")})
     if isinstance(cfg.get("layer_types"), list):
         cfg["layer_types"] = cfg["layer_types"][:n]

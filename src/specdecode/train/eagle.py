@@ -5,6 +5,7 @@ features and final hidden states from features.py. Loss: KL from the target's ne
 distribution (over the draft vocabulary) at every response position, averaged over `ttt_steps`
 unrolled draft steps (EAGLE-3's training-time test: step s drafts from the head's own outputs).
 The decoder layer is initialised from the target's last layer (attention and MLP shapes match).
+Any family of the fast forward (Llama, Qwen2/3, Mistral, Gemma 3, Phi-3).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specdecode.backends import checkpoint
+from specdecode.backends.fast_llama import GEMMA, norm_weight
 from specdecode.drafters.eagle import EagleHead, head_from_config, rope_tables
 from specdecode.train import data, features, loop
 
@@ -25,14 +27,19 @@ def default_layers(num_layers: int) -> tuple[int, ...]:
 
 
 def _init_from_target(head: EagleHead, hf_model) -> None:
-    """Start the attention output, MLP and norms from the target's last layer."""
+    """Start the attention output, MLP and norms from the target's last layer (Phi-3: its fused
+    gate|up; Gemma 3: its pre-MLP norm and (1 + w) multipliers; the head's MLP stays SiLU)."""
     last = hf_model.model.layers[-1]
+    mlp = last.mlp
+    offset = 1.0 if hf_model.config.model_type in GEMMA else 0.0
+    pre_mlp = getattr(last, "pre_feedforward_layernorm", None) or last.post_attention_layernorm
     with torch.no_grad():
         head.o.weight.copy_(last.self_attn.o_proj.weight)
-        head.gate_up.weight.copy_(torch.cat([last.mlp.gate_proj.weight, last.mlp.up_proj.weight]))
-        head.down.weight.copy_(last.mlp.down_proj.weight)
-        head.norm_mlp.copy_(last.post_attention_layernorm.weight)
-        head.norm_out.copy_(hf_model.model.norm.weight)
+        head.gate_up.weight.copy_(mlp.gate_up_proj.weight if hasattr(mlp, "gate_up_proj")
+                                  else torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        head.down.weight.copy_(mlp.down_proj.weight)
+        head.norm_mlp.copy_(norm_weight(pre_mlp, offset, torch.float32))
+        head.norm_out.copy_(norm_weight(hf_model.model.norm, offset, torch.float32))
 
 
 def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_every: int = 50,
