@@ -189,17 +189,28 @@ def test_auto_dtype_picks_gguf_for_gguf_llamas_on_cpu(tiny_gguf, tiny_model_dir,
 
 
 @needs_kernels
-def test_a_qwen2_file_with_biases_and_unrotated_rows_gives_the_fp32_bits(tmp_path, monkeypatch):
+@pytest.mark.parametrize("family, extra", [
+    ("qwen2", {}),  # biases, q/k rows not rotated
+    ("qwen3", {"head_dim": 128}),  # q/k norms (transformers reads no head_dim from a qwen3 file: its default, 128)
+    ("phi3", {}),  # fused attn_qkv and ffn_up (gate | up) matrices
+    ("gemma3_text", {"hidden_size": 128, "num_attention_heads": 2}),  # norms stored as 1 + w, a tied LM head
+])
+def test_a_file_of_each_family_loads_quantized_with_the_fp32_bits(family, extra, tmp_path, monkeypatch):
     from test_families import make
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     tok = make_tokenizer()
-    hf = make("qwen2", hidden_size=256, intermediate_size=512, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
-    path = write_tiny_gguf(tmp_path / "qwen2.gguf", hf, tok, {"attn_q": "Q4_1", "attn_k": "Q5_0", "ffn_down": "Q6_K"})
+    hf = make(family, **{"hidden_size": 256, "intermediate_size": 512, "eos_token_id": tok.eos_token_id,
+                         "tie_word_embeddings": family.startswith("gemma"), **extra})
+    path = write_tiny_gguf(tmp_path / f"{family}.gguf", hf, tok, {"attn_q": "Q4_1", "attn_k": "Q5_0", "attn_qkv": "Q4_1",
+                                                                  "ffn_down": "Q6_K" if hf.config.intermediate_size % 256 == 0 else "Q4_0"})
     fp32, quant = models.load(path, "fp32", "cpu"), models.load(path, "gguf-exact", "cpu")
-    assert fp32.model.config.model_type == "qwen2" and isinstance(quant.model.layers[0].qkv, gguf_weights.QuantLinear)
+    assert fp32.model.config.model_type == family and isinstance(quant.model.layers[0].qkv, gguf_weights.QuantLinear)
     ids = torch.randint(0, 384, (40,), generator=torch.Generator().manual_seed(5))
     assert torch.equal(fp32.model.extend(ids), quant.model.extend(ids))
+    target = models.load(path, "gguf", "cpu")  # 8-bit activations: lossless against its own plain decoding
+    ctx = drafters.DrafterContext(target, "gguf")
+    assert_lossless(target, drafters.build("none", ctx), drafters.build("ngram", ctx), PROMPTS[:2], k=4, max_new_tokens=24)
 
 
 def test_the_tensor_reader_agrees_with_gguf_and_names_damaged_files(tiny_gguf, tmp_path):

@@ -296,17 +296,18 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
 
     for i, layer in enumerate(model.layers):
         b = f"blk.{i}."
-        layer.qkv = linear([weight(b + "attn_q.weight", model.heads), weight(b + "attn_k.weight", model.kv_heads),
+        fused = b + "attn_qkv.weight" in tensors  # Phi-3: q|k|v in one matrix, and gate|up in ffn_up
+        layer.qkv = linear([weight(b + "attn_qkv.weight")] if fused else
+                           [weight(b + "attn_q.weight", model.heads), weight(b + "attn_k.weight", model.kv_heads),
                             weight(b + "attn_v.weight")])
         layer.o = linear([weight(b + "attn_output.weight")])
-        layer.gate_up = linear([weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")])
+        layer.gate_up = linear([weight(b + "ffn_up.weight")] if b + "ffn_gate.weight" not in tensors else
+                               [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")])
         layer.down = linear([weight(b + "ffn_down.weight")])
     model.lm_head = linear([weight("output.weight" if "output.weight" in tensors else "token_embd.weight")])
     with torch.no_grad():  # the decoder's float32 linears are no longer read: free them
-        for layer in model.hf.model.layers:
-            for lin in (*[getattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")],
-                        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-                lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+        for lin in (m for m in model.hf.model.layers.modules() if isinstance(m, torch.nn.Linear)):
+            lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
         for param in model.hf.parameters():  # off the safetensors file mapping, so that it is unmapped
             param.data = param.data.clone()
     model.embed = model.hf.get_input_embeddings().weight
