@@ -105,3 +105,15 @@ def test_training_prompt_sets_cover_many_sources():
     generators = {p.id.rsplit("-", 1)[0] for p in reasoning}
     assert len(generators) >= 80 and len({p.id for p in reasoning}) == len(reasoning)
     assert reasoning[0].id.endswith("-0") and reasoning[len(generators)].id.endswith("-1")  # interleaved
+
+
+def test_merge_with_a_token_budget_keeps_the_first_sequences_that_fit(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    shards.write(src / "shard-00000.sds", seqs(10), TARGET)
+    sizes = [len(s.response_ids) for s in seqs(10)]
+    budget = sum(sizes[:4]) + sizes[4] - 1  # room for four, one token short of the fifth
+    merged = data.merge([src], tmp_path / "out", max_tokens=budget)
+    assert [s.id for s in merged] == [f"s{i}" for i in range(4)]
+    with pytest.raises(UserError, match="at least 1"):
+        data.merge([src], tmp_path / "out3", max_tokens=0)

@@ -25,6 +25,8 @@ def add_parser(sub, model_args, setup) -> None:
     d.add_argument("--max-prompt-tokens", type=int, default=None, help="skip prompts longer than this")
     d.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="instead of generating: join these data directories' shards into --out (dedup by id)")
+    d.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="with --merge: stop after N response tokens (the sources' order: a data-scaling subset)")
     d.add_argument("--max-new-tokens", type=int, default=256)
     d.add_argument("--minutes", type=float, default=None, help="stop starting new prompts after this long")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
@@ -76,7 +78,7 @@ def cmd_data(args) -> None:
     from specdecode.train import data
 
     if args.merge:
-        seqs = data.merge(args.merge, args.out, args.shard_size)
+        seqs = data.merge(args.merge, args.out, args.shard_size, args.max_tokens)
         print(f"{len(seqs)} sequences, {sum(len(s.response_ids) for s in seqs)} response tokens in {args.out}")
         return
 

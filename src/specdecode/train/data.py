@@ -99,20 +99,28 @@ class ShardWriter:
         self.last = time.monotonic()
 
 
-def merge(sources: list[str | Path], out: str | Path, shard_size: int = 1024) -> list[Sequence]:
+def merge(sources: list[str | Path], out: str | Path, shard_size: int = 1024,
+          max_tokens: int | None = None) -> list[Sequence]:
     """Join data directories into `out` (new, or holding shards of the same target): sequences
-    deduplicated by id (the first copy kept), written as shards of `shard_size`."""
+    deduplicated by id (the first copy kept), written as shards of `shard_size`; with max_tokens, only
+    the first sequences (in the sources' order, which interleaves the prompt sets) up to that many
+    response tokens in `out`."""
+    if max_tokens is not None and max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
     out = Path(out)
     targets = {json.dumps(shards.target_of(p), sort_keys=True) for d in [*sources, out] for p in shards.paths(d)}
     if len(targets) > 1:
         raise UserError(f"cannot merge responses of different targets: {sorted(targets)}")
-    have = {s.id for s in read(out)} if shards.paths(out) else set()
+    existing = read(out) if shards.paths(out) else []
+    have, budget = {s.id for s in existing}, (max_tokens or 0) - sum(len(s.response_ids) for s in existing)
     fresh = []
-    for source in sources:
-        for seq in read(source):
-            if seq.id not in have:
-                have.add(seq.id)
-                fresh.append(seq)
+    for seq in (seq for source in sources for seq in read(source)):
+        if max_tokens is not None and budget < len(seq.response_ids):
+            break
+        if seq.id not in have:
+            have.add(seq.id)
+            fresh.append(seq)
+            budget -= len(seq.response_ids)
     if not targets:
         raise UserError(f"no shards in {', '.join(map(str, sources))}")
     out.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,7 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
             m = len(rows)
             pad = (0, 0, 0, t - m)
             emb.append(F.pad(embed[tokens[rows + 1]], pad))
-            fused.append(F.pad(feats.layers[i][rows], pad))
+            fused.append(F.pad(feats.layers[i][rows].float(), pad))
             teacher.append(F.pad(feats.hidden[i][rows + 1] @ lm_head.T, pad))
             # row j predicts the token at position j + 2: keep it when that is a response token
             mask.append(F.pad(rows + 2 >= feats.start[i], (0, t - m)))
