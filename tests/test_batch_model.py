@@ -84,3 +84,23 @@ def test_load_cap_shrinks_k_when_verification_gets_expensive():
     assert costs.cap(8, [0.99], 4) == 4  # near-certain drafts still pay off
     costs.observe(8, 5, 0.0)  # refreshed online (EWMA)
     assert costs.times[(8, 5)] < 12.0
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3", "phi3"])
+def test_other_families_batch_with_their_windows_and_rotary_tables(family):
+    """Gemma 3 (a sliding window of 16 the rows outgrow, a local and a global rotary table, scaled
+    embedding, its q.k scale), Qwen3 and Phi-3 rows in one batch give the single-sequence logits."""
+    from test_families import make
+
+    fast = FastLlama(make(family))
+    assert isinstance(batched(fast, 3), BatchedLlama)
+    g = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(0, 384, (n,), generator=g) for n in (90, 40, 6)]
+    refs = [_single(fast, s) for s in seqs]
+    bm = BatchedLlama(fast, slots=3)
+    out = [o.logits for o in bm.forward([Row(i, s[:c]) for i, (s, c) in enumerate(zip(seqs, (70, 40, 1)))])]
+    for o, ref, c in zip(out, refs, (70, 40, 1)):
+        assert torch.allclose(o, ref[:c], atol=1e-4, rtol=1e-4)
+    out = [o.logits for o in bm.forward([Row(0, seqs[0][70:90]), Row(2, seqs[2][1:6])])]  # decode-like steps past the window
+    assert torch.allclose(out[0], refs[0][70:90], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(out[1], refs[2][1:6], atol=1e-4, rtol=1e-4)

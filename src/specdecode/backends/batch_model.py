@@ -1,6 +1,7 @@
 """Many sequences in one target forward: the batched model behind the server.
 
-`BatchedLlama` reuses a FastLlama's prepared layers (prepacked linears, cos/sin tables) with a
+`BatchedLlama` reuses a FastLlama's prepared layers (prepacked linears, cos/sin tables per rotary
+kind, sliding windows, every family FastLlama covers) with a
 static KV cache per *slot* ([layers, slots, kv_heads, cap, head_dim]) and one length per slot;
 rolling a slot back is, as in FastLlama, only a change of its length. A forward takes ragged rows
 (slot, tokens): the linear layers run on the rows' tokens packed together ([N, hidden], no
@@ -56,9 +57,8 @@ class BatchLM(Protocol):
 
 
 def batched(model: CausalLM, slots: int) -> BatchLM:
-    """The batched form of a loaded target: BatchedLlama for FastLlama (but Gemma 3's sliding
-    windows), PerSlotLM otherwise."""
-    if isinstance(model, FastLlama) and model.batchable:
+    """The batched form of a loaded target: BatchedLlama for FastLlama, PerSlotLM otherwise."""
+    if isinstance(model, FastLlama):
         return BatchedLlama(model, slots)
     return PerSlotLM([HFModel(model.hf) for _ in range(slots)])
 
@@ -136,23 +136,28 @@ class BatchedLlama:
                 if r.tree_mask is not None:  # a tree's last t tokens see each other only as its mask says
                     rotary[o : o + n] = r.positions.to(dev)
                     mask[i, :n, end - r.tree_mask.shape[1] : end] = r.tree_mask.to(dev)
-        cos, sin = f.cos[rotary], f.sin[rotary]  # [N, d]
-        mask = mask[:, None]  # [B, 1, S, L]
+        ropes = {kind: (cos[rotary], sin[rotary]) for kind, (cos, sin) in f.rope.items()}  # kind -> [N, d] each
+        masks = {None: mask[:, None]}  # window (None: whole context) -> [B, 1, S, L]
+        windows = {layer.window for layer in f.layers if layer.window}
+        if windows:  # sliding-window layers (Gemma 3): the query at rotary position p sees no key before p - w + 1
+            qpos = torch.zeros(b, s_max, dtype=torch.long, device=dev)
+            qpos[row_of, t_of] = rotary
+            masks |= {w: (mask & (qpos[:, :, None] - keys[None, None, :] < w))[:, None] for w in windows}
         contiguous = slot_ids == list(range(slot_ids[0], slot_ids[0] + b))
         sel = slice(slot_ids[0], slot_ids[0] + b) if contiguous else slot_t
         wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
         captured = {}
 
-        x = F.embedding(torch.cat([r.tokens for r in rows]).to(dev), f.embed)  # [N, hidden]
+        x = f.embed_tokens(torch.cat([r.tokens for r in rows]))  # [N, hidden]
         for i, layer in enumerate(f.layers):
-            q, k, v = layer.attention_inputs(x, cos, sin, h, kvh, f.eps)  # [N, h|kvh, d]
+            q, k, v = layer.attention_inputs(x, *ropes[layer.rope_kind], h, kvh, f.eps)  # [N, h|kvh, d]
             self.k_cache[i][slot_of, :, pos] = k  # [N, kvh, d] into [slots, kvh, cap, d]
             self.v_cache[i][slot_of, :, pos] = v
             q_pad = q.new_zeros(b, s_max, h, d)
             q_pad[row_of, t_of] = q
             attn = F.scaled_dot_product_attention(
                 q_pad.transpose(1, 2), self.k_cache[i][sel, :, :l_max], self.v_cache[i][sel, :, :l_max],
-                attn_mask=mask, enable_gqa=True,
+                attn_mask=masks[layer.window], enable_gqa=True, scale=f.qk_scale,
             )  # [B, h, S, d]
             x = layer.finish(x, attn.transpose(1, 2)[row_of, t_of].reshape(-1, h * d), f.eps)
             if i in wanted:

@@ -269,7 +269,6 @@ class FastLlama:
         gemma = cfg.model_type in GEMMA
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5) if gemma else None
         self.qk_scale = cfg.query_pre_attn_scalar**-0.5 if gemma else None  # None: 1 / sqrt(head_dim)
-        self.batchable = not gemma  # batch_model.BatchedLlama has no sliding windows or local rotary tables
         offset = 1.0 if gemma else 0.0
         self.final_norm = norm_weight(hf_model.model.norm, offset, self.dtype)
         kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
@@ -347,7 +346,8 @@ class FastLlama:
             raise ValueError(f"sequence of {end} tokens exceeds max_length {self.max_length}")
         self._ensure_capacity(end)
 
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [n] -> their input rows [n, hidden] (Gemma: scaled by sqrt(hidden))."""
         x = F.embedding(tokens.to(self.device), self.embed)
         return x if self.embed_scale is None else x * self.embed_scale.to(x.dtype)
 
@@ -359,7 +359,7 @@ class FastLlama:
         n, start = tokens.shape[0], self.length
         end = start + n
         h, d, kvh = self.heads, self.head_dim, self.kv_heads
-        x = self._embed(tokens).to(self.dtype)  # [n, hidden]
+        x = self.embed_tokens(tokens).to(self.dtype)  # [n, hidden]
         captured = {}
         for i, layer in enumerate(self.layers):
             mask = masks[layer.window]
@@ -384,7 +384,7 @@ class FastLlama:
     def _forward_fused(self, tokens, ropes, masks, num_logits: int, capture: set[int]):
         """_forward with kernels.cpp between the matmuls: one call per group of small ops."""
         ops, n, start = self.kernels, tokens.shape[0], self.length
-        x = self._embed(tokens).float().contiguous()  # [n, hidden], the residual stream, updated in place
+        x = self.embed_tokens(tokens).float().contiguous()  # [n, hidden], the residual stream, updated in place
         xn = ops.add_rms_norm(x, None, self.layers[0].norm1, self.eps)
         norms = [layer.norm1 for layer in self.layers[1:]] + [self.final_norm]  # the norm after each layer
         ropes = {kind: (cos.contiguous(), sin.contiguous()) for kind, (cos, sin) in ropes.items()}
