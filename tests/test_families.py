@@ -3,6 +3,8 @@ Phi-3 fused matrices, Gemma 3 with sliding-window layers): tiny random models bu
 logits through prefill, decode, rollback and a tree, fused and eager; greedy speculation equals plain
 decoding; unsupported variants fall back with a one-line reason."""
 
+import json
+
 import pytest
 import torch
 
@@ -86,28 +88,42 @@ def test_unsupported_variants_fall_back_with_a_reason(capsys):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_trainer_runs_on_the_family_and_its_drafter_is_lossless(family, tmp_path, tiny_tokenizer):
+def test_every_trainer_runs_on_the_family_its_drafter_is_lossless_and_exports(family, tmp_path, tiny_tokenizer, capsys):
     """train eagle, draft and medusa on each family (Phi-3: untied LM head and fused matrices; Gemma 3:
-    (1 + w) norms, two rotary tables), then greedy speculation with what they wrote equals plain."""
+    (1 + w) norms, two rotary tables); greedy speculation with what they wrote equals plain; the vLLM
+    export writes each, or refuses an EAGLE-3 head on a family vLLM runs none on, naming it."""
     from specdecode import cli
+    from specdecode.drafters.distilled import build_model
     from train_fixtures import make_data
 
     path = tmp_path / family
-    make(family, seed=3, eos_token_id=tiny_tokenizer.eos_token_id).save_pretrained(path)
+    kinds = FAMILIES[family].get("layer_types")
+    make(family, seed=3, eos_token_id=tiny_tokenizer.eos_token_id, num_hidden_layers=4,
+         **({"layer_types": kinds * 2} if kinds else {})).save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
     target = models.load(str(path), "fp32", "cpu")
     data_dir = make_data(target, tmp_path / "data", max_new_tokens=24)
     ctx = drafters.DrafterContext(target)
     plain = drafters.build("none", ctx)
-    for trainer in ("eagle", "draft", "medusa"):
+    for trainer, extra in (("eagle", ["--set", "layers=0,1,2"]), ("draft", []), ("medusa", [])):
         out = tmp_path / trainer
         assert cli.main(["train", trainer, "--target", str(path), "--data", str(data_dir), "--out", str(out),
-                         "--threads", "1", "--device", "cpu", "--steps", "3"]) == 0
+                         "--threads", "1", "--device", "cpu", "--steps", "3", *extra]) == 0
         _, drafted = assert_lossless(target, plain, drafters.build(f"{trainer}:{out}", ctx), PROMPTS[:2], k=3,
                                      max_new_tokens=20)
         assert drafted > 0
-    from specdecode.drafters.distilled import build_model
+        capsys.readouterr()
+        code = cli.main(["export", "vllm", "--target", str(path), "--drafter", f"{trainer}:{out}", "--k", "3",
+                         "--out", str(tmp_path / f"export-{trainer}")])
+        if trainer == "eagle" and family in ("phi3", "gemma3_text"):
+            assert code == 2 and f"not {family!r}" in capsys.readouterr().err
+            continue
+        assert code == 0, capsys.readouterr().err
+        written = json.loads(next((tmp_path / f"export-{trainer}" / "drafters").glob("*/config.json")).read_text())
+        if trainer == "draft":  # the target's own architecture, its LM head where it is not the embedding
+            assert written["architectures"] == target.model.hf.config.architectures
+            assert written["tie_word_embeddings"] == target.model.hf.config.tie_word_embeddings
 
-    draft = build_model(target.model.hf, 1)  # the target's class, its LM head even where it is not the embedding
+    draft = build_model(target.model.hf, 1)
     assert type(draft) is type(target.model.hf)
     assert draft.get_output_embeddings().weight is target.model.hf.get_output_embeddings().weight
