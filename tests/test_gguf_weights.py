@@ -59,6 +59,19 @@ def test_quantized_matmul_is_the_dense_kernel_on_dequantized_weights(type_name):
 
 @needs_kernels
 @pytest.mark.parametrize("type_name", TYPES)
+def test_many_rows_take_the_dense_gemm_on_the_exact_dequantized_weights(type_name):
+    """Over kernels.DENSE_ROWS rows (a long prefill) a quantized matrix is dequantized in C++ to the
+    reference values and multiplied by torch's GEMM: the float32 model's route, bit for bit."""
+    m = gguf_weights.repack(type_name, raw_matrix(type_name, 96, 512, seed=6))
+    dense = (ops.dequantize_q4 if m.kind == "q4" else ops.dequantize_q8)(m.scales, m.quants)
+    assert torch.equal(dense, m.dequantize())
+    x = torch.randn(kernels.DENSE_ROWS + 40, 512, generator=torch.Generator().manual_seed(7))
+    for int8 in (False, True):
+        assert torch.equal(gguf_weights.QuantLinear(ops, [m], int8)(x), torch.nn.functional.linear(x, dense))
+
+
+@needs_kernels
+@pytest.mark.parametrize("type_name", TYPES)
 def test_int8_activation_matmul_is_close_and_row_invariant(type_name):
     m = gguf_weights.repack(type_name, raw_matrix(type_name, 200, 512, seed=3))
     f = ops.linear_q4_i8 if m.kind == "q4" else ops.linear_q8_i8
@@ -206,8 +219,9 @@ def test_a_file_of_each_family_loads_quantized_with_the_fp32_bits(family, extra,
                                                                   "ffn_down": "Q6_K" if hf.config.intermediate_size % 256 == 0 else "Q4_0"})
     fp32, quant = models.load(path, "fp32", "cpu"), models.load(path, "gguf-exact", "cpu")
     assert fp32.model.config.model_type == family and isinstance(quant.model.layers[0].qkv, gguf_weights.QuantLinear)
-    ids = torch.randint(0, 384, (40,), generator=torch.Generator().manual_seed(5))
-    assert torch.equal(fp32.model.extend(ids), quant.model.extend(ids))
+    ids = torch.randint(0, 384, (150,), generator=torch.Generator().manual_seed(5))
+    for chunk in (ids[:40], ids[40:140], ids[140:]):  # fused kernels, a dense prefill past DENSE_ROWS, fused again
+        assert torch.equal(fp32.model.extend(chunk), quant.model.extend(chunk))
     target = models.load(path, "gguf", "cpu")  # 8-bit activations: lossless against its own plain decoding
     ctx = drafters.DrafterContext(target, "gguf")
     assert_lossless(target, drafters.build("none", ctx), drafters.build("ngram", ctx), PROMPTS[:2], k=4, max_new_tokens=24)

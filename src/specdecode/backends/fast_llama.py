@@ -32,7 +32,7 @@ SUPPORTED = {"llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text"}
 GEMMA = {"gemma3_text"}
 ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh")}
 CACHE_BLOCK = 256  # cache capacity grows in multiples of this many positions
-_FUSED_MAX_TOKENS = 64  # the fused kernels' attention is a plain loop: longer prefills take SDPA
+_FUSED_MAX_TOKENS = fused_kernels.DENSE_ROWS  # longer forwards: SDPA and dense GEMMs
 
 
 class Linear:
@@ -60,7 +60,8 @@ class FusedLinear:
     """y = x W^T (+ b) through kernels.linear: W float32 or bfloat16 (read as is, so bf16 weights
     move half the bytes), x and y float32. For decoding and verification (a few rows of x) it
     reads every weight row once for all rows, and it gives a row the same bits whatever the other
-    rows, so verifying k drafts costs about one decode step and matches it exactly."""
+    rows, so verifying k drafts costs about one decode step and matches it exactly. More than
+    kernels.DENSE_ROWS rows go to torch's dense GEMM."""
 
     def __init__(self, ops, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.ops, self.weight = ops, weight.contiguous()
@@ -68,9 +69,12 @@ class FusedLinear:
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).float()
+        if flat.shape[0] > fused_kernels.DENSE_ROWS:  # a long prefill or a big batch: dense GEMM
+            return F.linear(flat, self.weight.float(), self.bias).view(*x.shape[:-1], self.out_features)
         if self.bias is None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
             return self.ops.linear(x, self.weight)  # the fused forward's case, without reshaping
-        y = self.ops.linear(x.reshape(-1, x.shape[-1]).float().contiguous(), self.weight)
+        y = self.ops.linear(flat.contiguous(), self.weight)
         if self.bias is not None:
             y += self.bias
         return y.view(*x.shape[:-1], self.out_features)

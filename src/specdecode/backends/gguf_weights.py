@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdecode.backends.kernels import DENSE_ROWS
 from specdecode.errors import UserError
 
 
@@ -149,12 +150,15 @@ def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix
 
 class QuantLinear:
     """y = x W^T for GGUF weights: one kernel call per run of matrices sharing a layout (fused
-    q|k|v and gate|up become one call when their types agree), float32 rows for the rest."""
+    q|k|v and gate|up become one call when their types agree), float32 rows for the rest. More
+    than kernels.DENSE_ROWS rows of x: each matrix dequantized (to the kernels' exact values) into
+    torch's dense GEMM, the float32 model's route."""
 
     def __init__(self, ops, matrices: list[QuantMatrix | torch.Tensor], int8_activations: bool = False):
         """int8_activations: each row of x quantized to 8 bits per block of 32 (kernels_i8.cpp)
         instead of float32 x dequantized weights."""
         self.ops, self.parts = ops, []
+        self.dequantizers = {"q4": ops.dequantize_q4, "q8": ops.dequantize_q8}
         self.kernels = ({"q4": ops.linear_q4_i8, "q8": ops.linear_q8_i8} if int8_activations else
                         {"q4": ops.linear_q4, "q8": ops.linear_q8})
         for m in matrices:
@@ -177,6 +181,9 @@ class QuantLinear:
         return out
 
     def _one(self, x: torch.Tensor, part) -> torch.Tensor:
+        if x.shape[0] > DENSE_ROWS:  # a long prefill or a big batch: the exact float32 weights into a dense GEMM
+            dense = part if isinstance(part, torch.Tensor) else self.dequantizers[part.kind](part.scales, part.quants)
+            return torch.nn.functional.linear(x, dense)
         if isinstance(part, torch.Tensor):
             return self.ops.linear(x, part)
         return self.kernels[part.kind](x, part.scales, part.quants)

@@ -348,6 +348,39 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor scales, torch::Tensor qua
   return matmul(x, Q8{scales.data_ptr<float>(), quants.data_ptr<int8_t>(), x.size(1) / 32}, quants.size(0));
 }
 
+namespace {
+// Weight rows -> float32 [N, K], the very values the kernels multiply with (Src::get).
+template <typename Src>
+torch::Tensor dequantize(const Src& w, int64_t N, int64_t K) {
+  auto out = torch::empty({N, K}, torch::kFloat32);
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t r0, int64_t r1) {
+    vec v[NV];
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t k = 0; k < K; k += 32) {
+        w.get(r, k, v);
+        std::memcpy(o + r * K + k, v, sizeof v);
+      }
+  });
+  return out;
+}
+}  // namespace
+
+// 4-bit rows (scales [N, G, 2], quants [N, G * 16]) -> float32 [N, G * 32]: for many-row products,
+// which go to a dense GEMM
+torch::Tensor dequantize_q4(torch::Tensor scales, torch::Tensor quants) {
+  const int64_t G = scales.size(1);
+  check_quant(torch::empty({0, G * 32}), scales, quants, 16, torch::kUInt8);
+  return dequantize(Q4{scales.data_ptr<float>(), quants.data_ptr<uint8_t>(), G}, quants.size(0), G * 32);
+}
+
+// 8-bit rows (scales [N, G, 2], quants [N, G * 32]) -> float32 [N, G * 32]
+torch::Tensor dequantize_q8(torch::Tensor scales, torch::Tensor quants) {
+  const int64_t G = scales.size(1);
+  check_quant(torch::empty({0, G * 32}), scales, quants, 32, torch::kInt8);
+  return dequantize(Q8{scales.data_ptr<float>(), quants.data_ptr<int8_t>(), G}, quants.size(0), G * 32);
+}
+
 torch::Tensor linear_q4_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);  // kernels_i8.cpp
 torch::Tensor linear_q8_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);
 
@@ -360,5 +393,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q8", &linear_q8, "x W^T, W 8-bit with a float32 scale per 16 weights");
   m.def("linear_q4_i8", &linear_q4_i8, "x W^T, W 4-bit, x quantized to 8 bits per row and block of 32");
   m.def("linear_q8_i8", &linear_q8_i8, "x W^T, W 8-bit, x quantized to 8 bits per row and block of 32");
+  m.def("dequantize_q4", &dequantize_q4, "4-bit rows -> float32 [N, K], the kernels' values");
+  m.def("dequantize_q8", &dequantize_q8, "8-bit rows -> float32 [N, K], the kernels' values");
   m.def("attention", &attention, "rotary + KV-cache write + attention for n new tokens");
 }
