@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from specdecode.core.control import AdaptiveK, CostModel, best_k, expected_tokens, predicted_speedup
+from specdecode.core.control import AdaptiveK, CostModel, FixedK, best_k, expected_tokens, predicted_speedup
 from specdecode.core.costs import measure, monotone
 from specdecode.core.decoder import Step
 
@@ -163,3 +163,19 @@ def test_adaptive_k_learns_the_drafters_supply():
         policy.observe(Step([0] * 3, min(2, k), min(2, k), 0.0, 0.0))
     supply = policy.supply()
     assert supply[0] > 0.95 and supply[1] > 0.95 and supply[2] < 0.2  # prior 1 weighs 1 of ~7.7
+
+
+def test_tree_nodes_follow_the_cost_of_wider_verification_and_the_measured_calibration():
+    confidence = [0.9, 0.8, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02]
+    flat = AdaptiveK(CostModel(0.05, {n: 1.0 + 0.001 * n for n in range(1, 9)}), k_max=4)
+    steep = AdaptiveK(CostModel(0.05, {n: 1.0 + 0.25 * n for n in range(1, 9)}), k_max=4)
+    assert flat.tree_nodes(confidence) == 8  # every node adds more than its verification costs
+    n = steep.tree_nodes(confidence)
+    assert 1 <= n < 8
+    brute = max(range(1, 9), key=lambda m: (1 + sum(confidence[:m])) / (0.05 + steep.cost.r(m)))
+    assert n == brute  # the node count maximising E(n) / (drafting + r(n)), calibration 1 at the start
+    for _ in range(30):  # the drafter is overconfident: its trees' paths are never accepted
+        steep.tree_nodes(confidence)
+        steep.observe(Step([0], drafted=n, accepted=0, draft_s=0.0, verify_s=0.0))
+    assert steep.calibration() < 0.2 and steep.tree_nodes(confidence) < n
+    assert FixedK(3).tree_nodes(confidence) == 8  # a fixed policy verifies what the drafter proposes

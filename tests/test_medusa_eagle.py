@@ -15,6 +15,7 @@ from specdecode.backends.fast_llama import FastLlama
 from specdecode.core.generation import generate
 from specdecode.backends.models import HFModel
 from specdecode.core.sampling import SamplingParams
+from specdecode.core.control import AdaptiveK, CostModel
 from helpers import assert_lossless
 from train_fixtures import PROMPTS, make_data
 
@@ -233,6 +234,25 @@ def test_greedy_tree_output_equals_plain_decoding(target, target_hf, trained, ki
         trees += b.stats.drafted - sum(b.stats.drafted_by_pos)  # nodes beyond one per depth
         accepted += b.stats.accepted
     assert trees > 0 and accepted > 0
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_an_adaptive_policy_verifies_fewer_tree_nodes_when_wide_passes_cost_more(target, trained, kind):
+    ctx = drafters.DrafterContext(target)
+    plain = drafters.build("none", ctx)
+    # r(n) = 1 up to 3 rows, so both choose the same depth k = 3; past 3 nodes only `costly` pays
+    cheap, costly = (CostModel(0.01, {n: 1.0 + slope * max(n - 3, 0) for n in range(1, 13)}) for slope in (0.0, 0.4))
+    nodes = {}
+    for name, cost in (("cheap", cheap), ("costly", costly)):
+        drafter = drafters.build(f"{kind}:b=3:nodes=12:{trained[kind]}", ctx)
+        drafted = steps = 0
+        for prompt in PROMPTS:
+            policy = AdaptiveK(cost, k_max=3, prior=[0.9])
+            result = generate(target, drafter, prompt, k=policy, max_new_tokens=24)
+            assert result.token_ids == generate(target, plain, prompt, max_new_tokens=24).token_ids
+            drafted, steps = drafted + result.stats.drafted, steps + result.stats.steps
+        nodes[name] = drafted / steps
+    assert nodes["costly"] < nodes["cheap"]  # the same drafter's trees, cut where a wider pass stops paying
 
 
 def test_medusa_tree_takes_each_depths_candidates_from_its_head(target, trained):

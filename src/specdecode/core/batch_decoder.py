@@ -140,7 +140,7 @@ class BatchDecoder:
                 k = limit(seq, k) if limit is not None and k > 0 else k
                 budget = min(k, seq.max_new_tokens - seq.generated - 1)  # a step commits <= budget + 1
                 proposal = seq.drafter.propose(seq.context, budget, seq.params, seq.generator) if budget > 0 else None
-                plans[i] = plan(seq.context[-1], proposal, budget)
+                plans[i] = plan(seq.context[-1], proposal, budget, seq.policy.tree_nodes)
                 check_inputs(plans[i].tokens, self.model.vocab_size)  # a bad id must not reach the forward
             except Exception as e:  # noqa: BLE001 (one request's drafter must not fail the batch)
                 failed[i] = e

@@ -18,6 +18,12 @@ a step drafts min(D, k) tokens, so
 
 Asking such a drafter for a large k is cheap when it rarely has that much to offer; ignoring supply
 makes the controller choose too small a k (measured: fixed k=8 beat a supply-blind controller).
+
+Token trees: a tree's nodes are not a chain's positions, but the same ratio applies. With p_v the
+probability that node v lies on the accepted path, E(tree) = 1 + Σ_v p_v, and verifying n nodes costs
+r(n). A drafter that ranks its nodes (EAGLE-2's dynamic trees) gives p_v ≈ its path probability; the
+adaptive policy scales those by this request's measured calibration (accepted path length / Σ p_v
+over the trees it verified) and keeps the n best nodes maximising E(n) / (drafting + r(n)).
 """
 
 from __future__ import annotations
@@ -109,18 +115,24 @@ class KPolicy(Protocol):
     def next_k(self) -> int:
         """How many tokens to draft at the next step (0 = a plain decoding step)."""
 
+    def tree_nodes(self, confidence: list[float]) -> int:
+        """How many of a proposed tree's nodes to verify, given the drafter's confidence per node."""
+
     def observe(self, step) -> None:
         """Feedback from the step just verified (a decoder.Step: drafted, accepted, timings)."""
 
 
 class FixedK:
-    """Always the same k (the --k flag)."""
+    """Always the same k (the --k flag), and every node of a tree."""
 
     def __init__(self, k: int):
         self.k = k
 
     def next_k(self) -> int:
         return self.k
+
+    def tree_nodes(self, confidence: list[float]) -> int:
+        return len(confidence)
 
     def observe(self, step) -> None:
         pass
@@ -170,6 +182,9 @@ class AdaptiveK:
     wait: int = field(init=False, default=0)
     backoff: int = field(init=False, default=0)
     last_k: int = field(init=False, default=0)
+    tree_hits: float = field(init=False, default=0.0)  # decayed accepted path lengths of verified trees ...
+    tree_expected: float = field(init=False, default=0.0)  # ... and the drafter's Σ confidence over them
+    pending: float | None = field(init=False, default=None)  # Σ confidence of the tree now being verified
 
     def __post_init__(self):
         self.trials, self.hits, self.asked, self.offered = ([0.0] * self.k_max for _ in range(4))
@@ -209,9 +224,30 @@ class AdaptiveK:
         self.wait = self.backoff = min(self.backoff * 2, self.max_backoff)
         return self.last_k
 
+    def calibration(self) -> float:
+        """Accepted path length per unit of the drafter's confidence, shrunk towards 1."""
+        return (self.tree_hits + self.prior_weight) / (self.tree_expected + self.prior_weight)
+
+    def tree_nodes(self, confidence: list[float]) -> int:
+        """The n best nodes (n >= 1) maximising E(n) / (drafting + r(n)), E(n) = 1 + calibration ·
+        Σ of the n highest confidences (the module docstring's tree rule)."""
+        ranked = sorted(confidence, reverse=True)
+        drafting = self.cost.draft_cost * max(self.last_k, 1)  # one drafter pass per depth, already spent
+        scale, expected, best = self.calibration(), 1.0, (0.0, 0)
+        for n, p in enumerate(ranked, 1):
+            expected += scale * p
+            best = max(best, (expected / (drafting + self.cost.r(n)), -n))
+        n = -best[1]
+        self.pending = sum(ranked[:n])
+        return n
+
     def observe(self, step) -> None:
         if self.tracker is not None:
             self.tracker.observe(step.drafted, step.draft_s, step.verify_s)
+        if self.pending is not None:
+            self.tree_hits = self.tree_hits * self.decay + step.accepted
+            self.tree_expected = self.tree_expected * self.decay + self.pending
+            self.pending = None
         self.observe_counts(step.drafted, step.accepted, asked=self.last_k)
 
     def observe_counts(self, drafted: int, accepted: int, asked: int | None = None) -> None:

@@ -68,7 +68,7 @@ def decode(
         proposal = drafter.propose(context, budget, params, generator) if budget > 0 else None
         t1 = time.perf_counter()
 
-        planned = plan(context[-1], proposal, budget)
+        planned = plan(context[-1], proposal, budget, policy.tree_nodes)
         if planned.tree is not None and not hasattr(target, "keep"):
             raise UserError(f"token trees need a target model that can verify them; {type(target).__name__} cannot")
         base = target.length

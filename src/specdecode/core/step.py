@@ -1,8 +1,9 @@
 """One speculative step for one sequence, in pieces shared by the single-sequence loop (decoder.py)
 and the batched core (batch_decoder.py), so that both make exactly the same decisions:
 
-  plan(last, proposal, budget) -> Plan       what the target checks: [last, drafts], a chain or a
-                                              token tree, cut to the step's budget;
+  plan(last, proposal, budget, nodes) -> Plan what the target checks: [last, drafts], a chain or a
+                                              token tree, cut to the step's budget (and a ranked
+                                              tree to the node count its policy chooses);
   (the caller runs the target on plan.tokens: alone, or as one row of a batched forward)
   check(plan, logits, params, generator)     greedy or rejection verification, chain or tree
       -> Checked                              (verify.py, tree_verify.py);
@@ -16,13 +17,14 @@ Features (hidden rows) for drafters that read the target's (Medusa, EAGLE) are t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from specdecode.drafters.base import Proposal
 from specdecode.core.sampling import SamplingParams, warp
-from specdecode.core.tree import Tree
+from specdecode.core.tree import Tree, best_nodes
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
 
@@ -56,9 +58,11 @@ class Plan:
         return {"positions": self.tree.positions(base), "tree_mask": self.tree.mask()}
 
 
-def plan(last: int, proposal: Proposal | None, budget: int) -> Plan:
+def plan(last: int, proposal: Proposal | None, budget: int,
+         nodes: Callable[[list[float]], int] | None = None) -> Plan:
     """A proposal cut so that the step commits at most budget + 1 tokens: a chain to its first
-    `budget` drafts, a tree to the nodes at most `budget` deep."""
+    `budget` drafts, a tree to the nodes at most `budget` deep; a tree whose drafter ranks its nodes
+    (proposal.confidence) then to the `nodes(confidence)` most confident ones (a policy's tree_nodes)."""
     if proposal is None or budget <= 0:
         return Plan(torch.tensor([last]), None, None)
     probs = proposal.probs
@@ -66,10 +70,13 @@ def plan(last: int, proposal: Proposal | None, budget: int) -> Plan:
         draft = proposal.tokens[:budget]
         return Plan(torch.cat([torch.tensor([last]), draft]), None, probs[: len(draft)] if probs is not None else None)
     tree = proposal.tree()
-    nodes = tree.up_to_depth(budget)
-    if len(nodes) < len(tree):
-        tree = tree.subset(nodes)
-        probs = probs[nodes] if probs is not None else None
+    kept = tree.up_to_depth(budget)
+    if nodes is not None and proposal.confidence is not None:
+        confidence = [proposal.confidence[i] for i in kept]
+        kept = [kept[i] for i in best_nodes(tree.subset(kept).parents, confidence, nodes(confidence))]
+    if len(kept) < len(tree):
+        tree = tree.subset(kept)
+        probs = probs[kept] if probs is not None else None
     return Plan(torch.tensor([last] + tree.tokens, dtype=torch.long), tree, probs)
 
 

@@ -25,16 +25,18 @@ class Proposal:
     tokens: torch.Tensor  # [k] draft token ids (k may be 0: nothing to propose)
     probs: torch.Tensor | None = None  # [k, V] q after warp, or None for a one-hot drafter
     parents: list[int] | None = None  # [k] tree: parent node of each token, -1 = the last committed token
+    confidence: list[float] | None = None  # [k] the drafter's P(node's path is accepted), None: no estimate
 
     @classmethod
     def empty(cls) -> "Proposal":
         return cls(torch.empty(0, dtype=torch.long))
 
     @classmethod
-    def of_tree(cls, tree: Tree, probs: torch.Tensor | None = None) -> "Proposal":
+    def of_tree(cls, tree: Tree, probs: torch.Tensor | None = None,
+                confidence: list[float] | None = None) -> "Proposal":
         """A tree proposal; a tree that is a chain becomes a chain proposal (the decoder's plain path)."""
         parents = None if tree.is_chain else list(tree.parents)
-        return cls(torch.tensor(tree.tokens, dtype=torch.long), probs, parents)
+        return cls(torch.tensor(tree.tokens, dtype=torch.long), probs, parents, confidence)
 
     def tree(self) -> Tree:
         """The proposal as a tree (a chain is the degenerate tree)."""

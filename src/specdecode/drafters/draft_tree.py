@@ -41,9 +41,9 @@ class DraftTreeDrafter(DraftLM):
         try:
             if self.nodes is None:
                 return grow.static(root, k, self.branches, generator)
-            tree = grow.dynamic(draft_dist(root, params).log(), k, self.branches, self.nodes,
-                                lambda frontier: draft_dist(grow.feed(frontier), params).log())
-            return Proposal.of_tree(tree)
+            tree, confidence = grow.dynamic(draft_dist(root, params).log(), k, self.branches, self.nodes,
+                                            lambda frontier: draft_dist(grow.feed(frontier), params).log())
+            return Proposal.of_tree(tree, confidence=confidence)
         finally:
             self.model.truncate(len(context))  # keep only the committed context cached
             self.cached = list(context)

@@ -212,10 +212,10 @@ class EagleDrafter:
         return drafted
 
     @torch.inference_mode()
-    def tree(self, context: list[int], k: int, params: SamplingParams) -> Tree | None:
+    def tree(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
         """EAGLE-2's dynamic tree of up to `nodes` nodes, at most k deep, over target ids."""
         if not self._sync(context):
-            return None
+            return Proposal.empty()
         growth, outputs = Growth(), {-1: self.root}  # node -> the head's output after it [1, H]
 
         def logq(o: torch.Tensor) -> torch.Tensor:
@@ -230,13 +230,13 @@ class EagleDrafter:
             outputs.update((n, o[i : i + 1]) for i, n in enumerate(frontier))
             return logq(o)
 
-        tree = growth.dynamic(logq(self.root)[0], k, self.branches, self.nodes or self.branches * k, children_logq)
-        return Tree(self.token_map[tree.tokens].tolist(), tree.parents)
+        tree, confidence = growth.dynamic(logq(self.root)[0], k, self.branches, self.nodes or self.branches * k,
+                                          children_logq)
+        return Proposal.of_tree(Tree(self.token_map[tree.tokens].tolist(), tree.parents), confidence=confidence)
 
     def propose(self, context, k, params: SamplingParams, generator):
         if self.branches > 1:
-            tree = self.tree(context, k, params)
-            return Proposal.of_tree(tree) if tree is not None else Proposal.empty()
+            return self.tree(context, k, params)
         if params.greedy:
             tokens = self.chain(context, k, lambda logits: int(logits.argmax()))
             return Proposal(torch.tensor(tokens, dtype=torch.long))

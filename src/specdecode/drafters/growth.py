@@ -7,11 +7,15 @@ tree, which nodes that model already holds (`feed_mask`). `Growth.dynamic` is EA
 score is the cumulative draft log-probability of its path; at each depth the b best nodes of the
 previous depth get their b most likely children; at the end the `budget` best nodes of all of them
 are kept (tree.best_nodes). Tokens are chosen, never sampled, so the tree's q is one-hot (q = None):
-lossless under greedy and rejection sampling alike (tree_verify.py).
+lossless under greedy and rejection sampling alike (tree_verify.py). Each kept node's exp(score), the
+draft's probability of its whole path, goes with the tree as the drafter's confidence: an adaptive
+policy (control.AdaptiveK.tree_nodes) may keep fewer of the nodes when the target's wider pass costs
+more than they are expected to add.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -64,9 +68,10 @@ class Growth:
         return mask
 
     def dynamic(self, root_logq: torch.Tensor, k: int, b: int, budget: int,
-                children_logq: Callable[[list[int]], torch.Tensor]) -> Tree:
+                children_logq: Callable[[list[int]], torch.Tensor]) -> tuple[Tree, list[float]]:
         """root_logq: [V] draft log-probabilities after the last committed token; children_logq
-        (frontier nodes) -> [F, V] after each of them. Grows k levels -> the best `budget` nodes."""
+        (frontier nodes) -> [F, V] after each of them. Grows k levels -> (the best `budget` nodes,
+        [budget] each kept node's path probability under the draft)."""
 
         def expand(parent: int, logq: torch.Tensor) -> list[int]:
             top = logq.topk(min(b, logq.shape[-1]))
@@ -81,4 +86,5 @@ class Growth:
             if not frontier:
                 break
             level = [c for node, logq in zip(frontier, children_logq(frontier)) for c in expand(node, logq)]
-        return self.tree().subset(best_nodes(self.parents, self.scores, budget))
+        kept = best_nodes(self.parents, self.scores, budget)
+        return self.tree().subset(kept), [math.exp(self.scores[i]) for i in kept]

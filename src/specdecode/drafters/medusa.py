@@ -84,9 +84,10 @@ class MedusaDrafter:
         if self.branches > 1:
             logq = draft_dist(logits, params).log()  # [k', Vd]
             growth = Growth()
-            tree = growth.dynamic(logq[0], len(logq), self.branches, self.nodes or self.branches * len(logq),
-                                  lambda frontier: logq[growth.depth[frontier[0]]].expand(len(frontier), -1))
-            return Proposal.of_tree(Tree(self.token_map[tree.tokens].tolist(), tree.parents))
+            tree, confidence = growth.dynamic(
+                logq[0], len(logq), self.branches, self.nodes or self.branches * len(logq),
+                lambda frontier: logq[growth.depth[frontier[0]]].expand(len(frontier), -1))
+            return Proposal.of_tree(Tree(self.token_map[tree.tokens].tolist(), tree.parents), confidence=confidence)
         if params.greedy:
             return Proposal(self.token_map[logits.argmax(-1)].cpu())
         q = warp(logits, params)  # [k, Vd]
