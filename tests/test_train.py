@@ -115,6 +115,8 @@ def test_a_few_steps_lower_the_loss_and_write_a_checkpoint(target, data_dir, tmp
     assert sum(result.losses[-5:]) / 5 < 0.8 * sum(result.losses[:3]) / 3
     config = json.loads((tmp_path / kind / "config.json").read_text())
     assert config["kind"] == kind and config["target"]["name"] == target.name
+    seqs = data.read(data_dir)  # what the scaling curve counts: the training set's response tokens
+    assert config["train"]["response_tokens"] == sum(len(s.response_ids) for s in seqs) > 0
     weights = load_file(tmp_path / kind / "model.safetensors")
     assert all(v.dtype == torch.bfloat16 for k, v in weights.items() if k != "token_map")
     assert (tmp_path / kind / "loss.png").stat().st_size > 1000

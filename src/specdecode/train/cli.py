@@ -79,7 +79,7 @@ def cmd_data(args) -> None:
 
     if args.merge:
         seqs = data.merge(args.merge, args.out, args.shard_size, args.max_tokens)
-        print(f"{len(seqs)} sequences, {sum(len(s.response_ids) for s in seqs)} response tokens in {args.out}")
+        print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
         return
 
     prompts = data.collect_prompts(args.prompts, args.exclude)
@@ -94,7 +94,7 @@ def cmd_data(args) -> None:
                               minutes=args.minutes, seed=args.seed, batch=args.batch, meta=meta,
                               shard_size=args.shard_size, flush_minutes=args.flush_minutes,
                               max_prompt_tokens=args.max_prompt_tokens)
-    print(f"{len(seqs)} sequences, {sum(len(s.response_ids) for s in seqs)} response tokens in {args.out}")
+    print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
 
 
 def _overrides(pairs: list[str]) -> dict:

@@ -65,6 +65,11 @@ def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | N
     return order
 
 
+def response_tokens(seqs: list[Sequence]) -> int:
+    """Target response tokens in a training set (what the data-scaling curve counts)."""
+    return sum(len(s.response_ids) for s in seqs)
+
+
 def read(data_dir: str | Path, target: dict | None = None) -> list[Sequence]:
     """Every sequence of a data directory: its shards, then a legacy sequences.jsonl."""
     path = Path(data_dir)
@@ -112,7 +117,7 @@ def merge(sources: list[str | Path], out: str | Path, shard_size: int = 1024,
     if len(targets) > 1:
         raise UserError(f"cannot merge responses of different targets: {sorted(targets)}")
     existing = read(out) if shards.paths(out) else []
-    have, budget = {s.id for s in existing}, (max_tokens or 0) - sum(len(s.response_ids) for s in existing)
+    have, budget = {s.id for s in existing}, (max_tokens or 0) - response_tokens(existing)
     fresh = []
     for seq in (seq for source in sources for seq in read(source)):
         if max_tokens is not None and budget < len(seq.response_ids):

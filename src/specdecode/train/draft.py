@@ -66,6 +66,7 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
         config = {"kind": "draft", "target": target, "num_layers": layers, "init_layers": picks,
                   "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens, "window": window,
                             "vocab": len(token_map), "seed": seed, "sequences": len(seqs),
+                            "response_tokens": data.response_tokens(seqs),
                             "init": init or None, "lora": lora or None}}
         checkpoint.save(directory, tensors, config)
 

@@ -60,7 +60,8 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim,
               "intermediate": cfg.intermediate_size, "eps": cfg.rms_norm_eps, "vocab": len(token_map),
               "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens, "window": window,
-                        "ttt_steps": ttt_steps, "seed": seed, "sequences": len(seqs)}}
+                        "ttt_steps": ttt_steps, "seed": seed, "sequences": len(seqs),
+                        "response_tokens": data.response_tokens(seqs)}}
     head = head_from_config(config)
     _init_from_target(head, hf.cpu() if loaded.model.device.type == "cpu" else hf)
     cos, sin = rope_tables(hf, window)

@@ -54,7 +54,8 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
     def export(module, directory):
         config = {"kind": "medusa", "target": target, "hidden": hidden.shape[1], "num_heads": num_heads,
                   "vocab": len(token_map), "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens,
-                                                     "seed": seed, "sequences": len(seqs)}}
+                                                     "seed": seed, "sequences": len(seqs),
+                                                     "response_tokens": data.response_tokens(seqs)}}
         tensors = {"weight": module.weight.to(torch.bfloat16), "bias": module.bias.to(torch.bfloat16),
                    "token_map": token_map}
         checkpoint.save(directory, tensors, config)
