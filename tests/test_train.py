@@ -151,6 +151,10 @@ def test_train_cli_data_then_medusa(tiny_model_dir, tmp_path, capsys):
     assert json.loads((tmp_path / "m" / "config.json").read_text())["num_heads"] == 2
     assert main(["generate", "hello", "--drafter", f"medusa:{tmp_path / 'm'}", "--max-new-tokens", "8", *args]) == 0
     assert main(["train", "medusa", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m2"), *args]) == 2
+    capsys.readouterr()
+    assert main(["train", "eagle", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m3"), "--resume",
+                 "--target", str(tmp_path / "no-model")]) == 2  # refused before the target is even looked for
+    assert "no training state" in capsys.readouterr().err
 
 
 def test_a_lora_adapter_starts_as_the_base_and_merges_to_the_same_linear():

@@ -116,7 +116,11 @@ def _overrides(pairs: list[str]) -> dict:
 def cmd_train(args) -> None:
     import importlib
 
+    from specdecode.train import loop
+
     trainer = importlib.import_module(f"specdecode.train.{args.trainer}")
+    if args.resume:
+        loop.check_resumable(args.out)  # before loading the target and its feature pass
     args.setup(args)
     loaded = _load_target(args)
     opts = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens,

@@ -44,6 +44,12 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def check_resumable(out: str | Path) -> None:
+    """--resume needs a training state in `out` (checked before the costly feature pass, too)."""
+    if not (Path(out) / "train_state.pt").is_file():
+        raise UserError(f"--resume: no training state in {out} (train without --resume to start)")
+
+
 def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: str | Path, steps: int, lr: float,
         resume: bool = False, save_every: int = 50, stop_after: int | None = None, desc: str = "train") -> TrainResult:
     """Train `module` for `steps` optimizer steps (stop_after: leave early after that many steps of
@@ -57,8 +63,7 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
     state_path = out / "train_state.pt"
     start, losses, seconds = 0, [], 0.0
     if resume:
-        if not state_path.is_file():
-            raise UserError(f"--resume: no training state in {out}")
+        check_resumable(out)
         state = torch.load(state_path, weights_only=False)
         trainable = {name for name, p in module.named_parameters() if p.requires_grad}
         if set(state["module"]) != trainable:
