@@ -181,3 +181,17 @@ def test_bench_refuses_repeats_that_would_replay_answers_to_a_learning_drafter(c
     assert main(["bench", "--prompts", "agentic:1", "--drafters", "none,suffix", "--repeats", "2"]) == 2
     assert "--passes" in capsys.readouterr().err
     assert drafters.parse("ensemble:suffix+ngram").learns and not drafters.parse("ngram").learns
+
+
+def test_bench_variants_of_a_learning_drafter_learn_only_from_their_own_answers(target):
+    from specdecode.bench.suite import _runners, variants
+    from specdecode.core.sampling import SamplingParams
+
+    runs = variants(["suffix", "ngram"], [4], adaptive=True)
+    ids = target.tokenizer("def add(a, b):")["input_ids"]
+    fns, _, built = _runners(target, drafters.DrafterContext(target), runs, [], 4, ids, SamplingParams(), 0)
+    before = built["suffix+adaptive"].cache.responses()
+    fns["suffix"](ids, "code", 12)
+    assert built["suffix"].cache.responses() != before  # the fixed-k row learned its answer ...
+    assert built["suffix+adaptive"].cache.responses() == before  # ... which its adaptive row must not read
+    assert built["ngram"] is built["ngram+adaptive"]  # stateless drafters are shared

@@ -120,8 +120,8 @@ def run(
         ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend, drafter_quant)
         ids = {p.id: encode_prompt(loaded.tokenizer, p.prompt, None) for p in prompts}
         fns, costs, built = _runners(loaded, ctx, runs, peer_specs, k_max, ids[prompts[0].id], params, seed)
-        learners = {label: spec for label, spec, _ in runs if drafter_registry.parse(spec).learns}
-        fresh = {spec: copy.deepcopy(built[spec]) for spec in learners.values()}
+        learners = {label for label, spec, _ in runs if drafter_registry.parse(spec).learns}
+        fresh = {label: copy.deepcopy(built[label]) for label in learners}
         for label in labels:  # warm-up, excluded
             fns[label](ids[prompts[0].id], prompts[0].category, 8, learn=False)
         built.update(fresh)  # learning drafters forget the warm-up's answer
@@ -131,13 +131,13 @@ def run(
                 for label in labels[shift:] + labels[:shift]:
                     cell = cells.setdefault((dtype, label), Cell())
                     go = lambda: fns[label](ids[p.id], p.category, max_new_tokens)  # noqa: E731
-                    spec = learners.get(label)
-                    before = copy.deepcopy(built[spec]) if spec else None  # what it knew before this prompt
+                    learns = label in learners
+                    before = copy.deepcopy(built[label]) if learns else None  # what it knew before this prompt
                     res, load = measured(go)
                     if load is not None and load > LOAD_LIMIT:
                         cell.reruns += 1
-                        if spec:  # a learning drafter must not see its own answer to the prompt it reruns
-                            built[spec] = copy.deepcopy(before)
+                        if learns:  # a learning drafter must not see its own answer to the prompt it reruns
+                            built[label] = copy.deepcopy(before)
                         res, load = measured(go)
                     cell.walls[p.id].append(res.stats.wall_s)
                     cell.ttfts[p.id].append(res.stats.ttft_s)
@@ -159,13 +159,17 @@ def run(
 
 def _runners(loaded, ctx, runs, peer_specs, k_max, probe_ids, params, seed) -> dict:
     """label -> fn(ids, category, max_new_tokens, learn) -> Result, for every drafter variant and peer."""
-    built = {spec: drafter_registry.build(spec, ctx) for _, spec, _ in runs}
-    costs = _costs(loaded, built, max([k_max if k is None else k for _, _, k in runs]), probe_ids, params)
+    by_spec = {spec: drafter_registry.build(spec, ctx) for _, spec, _ in runs}
+    costs = _costs(loaded, by_spec, max([k_max if k is None else k for _, _, k in runs]), probe_ids, params)
+    # label -> its drafter: a learning drafter (suffix) gets its own per variant, so that `suffix+adaptive`
+    # never proposes from `suffix`'s answer to the same prompt
+    built = {label: copy.deepcopy(by_spec[spec]) if drafter_registry.parse(spec).learns else by_spec[spec]
+             for label, spec, _ in runs}
     policy = {spec: _AdaptiveFactory(copy.deepcopy(costs[spec]), k_max, label) for label, spec, k in runs if k is None}
     fns = {}
     for label, spec, k in runs:
         def fn(ids, category, n, learn=True, sampling=params, label=label, spec=spec, k=k):
-            res = generate(loaded, built[spec], ids, k=FixedK(k) if k is not None else policy[spec](category),
+            res = generate(loaded, built[label], ids, k=FixedK(k) if k is not None else policy[spec](category),
                            params=sampling, max_new_tokens=n, seed=seed)
             if k is None and learn:
                 policy[spec].state.observe(category, label, res.stats)
