@@ -143,8 +143,7 @@ class BatchedLlama:
             qpos = torch.zeros(b, s_max, dtype=torch.long, device=dev)
             qpos[row_of, t_of] = rotary
             masks |= {w: (mask & (qpos[:, :, None] - keys[None, None, :] < w))[:, None] for w in windows}
-        contiguous = slot_ids == list(range(slot_ids[0], slot_ids[0] + b))
-        sel = slice(slot_ids[0], slot_ids[0] + b) if contiguous else slot_t
+        groups = [_Group(idx, counts, ends, slot_ids, row_of, t_of, masks, dev) for idx in _attention_groups(counts)]
         wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
         captured = {}
 
@@ -153,13 +152,16 @@ class BatchedLlama:
             q, k, v = layer.attention_inputs(x, *ropes[layer.rope_kind], h, kvh, f.eps)  # [N, h|kvh, d]
             self.k_cache[i][slot_of, :, pos] = k  # [N, kvh, d] into [slots, kvh, cap, d]
             self.v_cache[i][slot_of, :, pos] = v
-            q_pad = q.new_zeros(b, s_max, h, d)
-            q_pad[row_of, t_of] = q
-            attn = F.scaled_dot_product_attention(
-                q_pad.transpose(1, 2), self.k_cache[i][sel, :, :l_max], self.v_cache[i][sel, :, :l_max],
-                attn_mask=masks[layer.window], enable_gqa=True, scale=f.qk_scale,
-            )  # [B, h, S, d]
-            x = layer.finish(x, attn.transpose(1, 2)[row_of, t_of].reshape(-1, h * d), f.eps)
+            out = q.new_empty(q.shape[0], h * d)
+            for g in groups:
+                q_pad = q.new_zeros(len(g.rows), g.s, h, d)
+                q_pad[g.row_of, g.t_of] = q[g.tokens]
+                attn = F.scaled_dot_product_attention(
+                    q_pad.transpose(1, 2), self.k_cache[i][g.sel, :, : g.l], self.v_cache[i][g.sel, :, : g.l],
+                    attn_mask=g.masks[layer.window], enable_gqa=True, scale=f.qk_scale,
+                )  # [B_g, h, S_g, d]
+                out[g.tokens] = attn.transpose(1, 2)[g.row_of, g.t_of].reshape(-1, h * d)
+            x = layer.finish(x, out, f.eps)
             if i in wanted:
                 captured[i] = x
         for r, end in zip(rows, ends):
@@ -179,6 +181,34 @@ class BatchedLlama:
             features = torch.cat([captured[i][o : o + n] for i in ids], -1) if ids else None
             outputs.append(Output(row_logits, features))
         return outputs
+
+
+SHORT_ROW = 16  # rows of at most this many tokens (decoding, verification) share one attention call
+
+
+def _attention_groups(counts: list[int]) -> list[list[int]]:
+    """Rows in attention calls: the short ones together, each long one (a prefill chunk) alone, so
+    that decode rows are not padded to a prefill chunk's length (8 decode rows beside one 256-token
+    chunk were padded to 256 queries each)."""
+    short = [i for i, n in enumerate(counts) if n <= SHORT_ROW]
+    return ([short] if short else []) + [[i] for i, n in enumerate(counts) if n > SHORT_ROW]
+
+
+class _Group:
+    """One attention call's rows: their tokens in the flat batch, padded layout, cache slots and masks."""
+
+    def __init__(self, rows, counts, ends, slot_ids, row_of, t_of, masks, dev):
+        self.rows, self.s, self.l = rows, max(counts[i] for i in rows), max(ends[i] for i in rows)
+        local = torch.full((len(counts),), -1, dtype=torch.long)
+        local[rows] = torch.arange(len(rows))
+        local = local.to(dev)
+        self.tokens = torch.nonzero(local[row_of] >= 0).flatten()  # [N_g] this group's tokens in the batch
+        self.row_of, self.t_of = local[row_of[self.tokens]], t_of[self.tokens]
+        slots = [slot_ids[i] for i in rows]
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        self.sel = slice(slots[0], slots[0] + len(slots)) if contiguous else torch.tensor(slots, device=dev)
+        index = torch.tensor(rows, device=dev)
+        self.masks = {w: m[index, :, : self.s, : self.l] for w, m in masks.items()}  # [B_g, 1, S_g, L_g]
 
 
 class PerSlotLM:
