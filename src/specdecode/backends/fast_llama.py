@@ -167,6 +167,11 @@ class Layer:
         return x + (h if self.post_mlp_norm is None else rms_norm(h, self.post_mlp_norm, eps))
 
 
+def norm_offset(cfg) -> float:
+    """What an RMSNorm adds to its stored weight: 1 for Gemma (it stores w of 1 + w), else 0."""
+    return 1.0 if cfg.model_type in GEMMA else 0.0
+
+
 def norm_weight(norm: nn.Module, offset: float, dtype: torch.dtype) -> torch.Tensor:
     """An RMSNorm's multiplier: its weight, or 1 + weight (Gemma), in `dtype`."""
     return (norm.weight.float() + offset).to(dtype) if offset else norm.weight.to(dtype)
@@ -273,7 +278,7 @@ class FastLlama:
         gemma = cfg.model_type in GEMMA
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5) if gemma else None
         self.qk_scale = cfg.query_pre_attn_scalar**-0.5 if gemma else None  # None: 1 / sqrt(head_dim)
-        offset = 1.0 if gemma else 0.0
+        offset = norm_offset(cfg)
         self.final_norm = norm_weight(hf_model.model.norm, offset, self.dtype)
         kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
         with torch.no_grad():

@@ -69,14 +69,17 @@ def plan(last: int, proposal: Proposal | None, budget: int,
     if proposal.parents is None:
         draft = proposal.tokens[:budget]
         return Plan(torch.cat([torch.tensor([last]), draft]), None, probs[: len(draft)] if probs is not None else None)
-    tree = proposal.tree()
+    tree, confidence = proposal.tree(), proposal.confidence
     kept = tree.up_to_depth(budget)
-    if nodes is not None and proposal.confidence is not None:
-        confidence = [proposal.confidence[i] for i in kept]
-        kept = [kept[i] for i in best_nodes(tree.subset(kept).parents, confidence, nodes(confidence))]
     if len(kept) < len(tree):
         tree = tree.subset(kept)
         probs = probs[kept] if probs is not None else None
+        confidence = [confidence[i] for i in kept] if confidence is not None else None
+    if nodes is not None and confidence is not None:
+        kept = best_nodes(tree.parents, confidence, nodes(confidence))
+        if len(kept) < len(tree):
+            tree = tree.subset(kept)
+            probs = probs[kept] if probs is not None else None
     return Plan(torch.tensor([last] + tree.tokens, dtype=torch.long), tree, probs)
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specdecode.backends import checkpoint
-from specdecode.backends.fast_llama import GEMMA, norm_weight
+from specdecode.backends.fast_llama import norm_offset, norm_weight
 from specdecode.drafters.eagle import EagleHead, head_from_config, rope_tables
 from specdecode.train import data, features, loop
 
@@ -31,7 +31,7 @@ def _init_from_target(head: EagleHead, hf_model) -> None:
     gate|up; Gemma 3: its pre-MLP norm and (1 + w) multipliers; the head's MLP stays SiLU)."""
     last = hf_model.model.layers[-1]
     mlp = last.mlp
-    offset = 1.0 if hf_model.config.model_type in GEMMA else 0.0
+    offset = norm_offset(hf_model.config)
     pre_mlp = getattr(last, "pre_feedforward_layernorm", None) or last.post_attention_layernorm
     with torch.no_grad():
         head.o.weight.copy_(last.self_attn.o_proj.weight)
