@@ -1,4 +1,4 @@
-"""`specdecode train data|medusa|eagle|draft`: argument parsing only; the work is in the modules."""
+"""`specdecode train prompts|data|medusa|eagle|draft`: argument parsing only; the work is in the modules."""
 
 from __future__ import annotations
 
@@ -37,6 +37,17 @@ def add_parser(sub, model_args, setup) -> None:
     model_args(d)
     d.set_defaults(run=cmd_data, setup=setup, exact_auto=True)
 
+    q = tsub.add_parser("prompts", help="chat prompts written by the target itself (Magpie), as JSONL for `train data`")
+    q.add_argument("--out", required=True, help="JSONL file (appended to; rerun to resume)")
+    q.add_argument("--count", type=int, required=True, help="prompts the file should hold")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--temperature", type=float, default=1.0)
+    q.add_argument("--top-p", type=float, default=1.0)
+    q.add_argument("--max-tokens", type=int, default=96, help="longer samples are dropped (cut mid-request)")
+    q.add_argument("--min-words", type=int, default=4, help="shorter samples are dropped")
+    model_args(q)
+    q.set_defaults(run=cmd_prompts, setup=setup, exact_auto=True)
+
     for name, helptext in (("medusa", "Medusa heads on the target's last hidden state"),
                            ("eagle", "an EAGLE-3-style feature-level draft head"),
                            ("draft", "a small draft model distilled from the target")):
@@ -69,6 +80,16 @@ def _load_target(args, generate_only: bool = False):
         raise UserError(f"{'train data' if generate_only else 'training'} uses the target in fp32"
                         f"{' or gguf-exact' if generate_only else ''} (--dtype {args.dtype} given)")
     return models.load(args.target, args.dtype, args.device, args.backend)
+
+
+def cmd_prompts(args) -> None:
+    from specdecode.train import prompts
+
+    args.setup(args)
+    loaded = _load_target(args, generate_only=True)
+    rows = prompts.write_prompts(loaded, args.out, args.count, seed=args.seed, temperature=args.temperature,
+                                 top_p=args.top_p, max_tokens=args.max_tokens, min_words=args.min_words)
+    print(f"{len(rows)} prompts in {args.out}")
 
 
 def cmd_data(args) -> None:
