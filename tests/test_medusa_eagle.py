@@ -255,6 +255,33 @@ def test_an_adaptive_policy_verifies_fewer_tree_nodes_when_wide_passes_cost_more
     assert nodes["costly"] < nodes["cheap"]  # the same drafter's trees, cut where a wider pass stops paying
 
 
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_the_batched_core_cuts_ranked_trees_by_each_rows_adaptive_policy(target, trained, kind):
+    """The server's core: rows with ranked trees (b=3, 12 nodes) and adaptive policies give their plain
+    greedy output, and the costly policy's rows verify fewer nodes per step."""
+    from specdecode.backends.batch_model import batched
+    from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
+
+    ctx = drafters.DrafterContext(target)
+    template = drafters.build(f"{kind}:b=3:nodes=12:{trained[kind]}", ctx)
+    prompts = [target.tokenizer(p)["input_ids"] for p in PROMPTS]
+    want = [generate(target, drafters.build("none", ctx), p, max_new_tokens=20).token_ids for p in prompts]
+    nodes = {}
+    for slope in (0.0, 0.4):
+        cost = CostModel(0.01, {n: 1.0 + slope * max(n - 3, 0) for n in range(1, 13)})
+        core = BatchDecoder(batched(target.model, len(prompts)))
+        seqs = [Sequence(p, per_sequence(template), AdaptiveK(cost, k_max=3, prior=[0.9]), SamplingParams(), None, 20)
+                for p in prompts]
+        core.start(seqs)
+        drafted = steps = 0
+        while not all(s.finished for s in seqs):
+            for step in core.step([s for s in seqs if not s.finished]):
+                drafted, steps = drafted + step.drafted, steps + 1
+        assert [s.context[len(s.prompt):][:20] for s in seqs] == [w[:20] for w in want]
+        nodes[slope] = drafted / steps
+    assert nodes[0.4] < nodes[0.0]
+
+
 def test_medusa_tree_takes_each_depths_candidates_from_its_head(target, trained):
     drafter = drafters.build(f"medusa:b=3:nodes=9:{trained['medusa']}", drafters.DrafterContext(target))
     ids = target.tokenizer(PROMPTS[0])["input_ids"]

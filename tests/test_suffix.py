@@ -11,7 +11,7 @@ import torch
 from specdecode import drafters
 from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
 from specdecode.backends.batch_model import batched
-from specdecode.core.control import FixedK
+from specdecode.core.control import AdaptiveK, CostModel, FixedK
 from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
 from specdecode.drafters.suffix import SuffixCache, SuffixDrafter
@@ -91,6 +91,15 @@ def test_proposals_follow_the_most_frequent_continuation_above_min_prob():
     tree = grow(node, 6, 0.1, 2)
     assert tree[0][:2] == [3, 4] and tree[1][:2] == [-1, -1]  # both continuations as siblings
     assert grow(node, 6, 0.8, 2)[0] == []  # nothing is 80% likely
+    drafter = SuffixDrafter(min_token_prob=0.1, branches=2)
+    drafter.begin([1, 2, 3, 9] * 3 + [1, 2, 4, 9])
+    proposal = drafter.propose([1, 2, 3, 9] * 3 + [1, 2, 4, 9, 1, 2], 6, SamplingParams(), None)
+    assert proposal.parents is not None and len(proposal.confidence) == len(proposal.tokens)
+    # a tree ranks its nodes by their path probabilities: in (0, 1], never above a node's parent's
+    conf = proposal.confidence
+    assert all(0.1 <= c <= 1 for c in conf)
+    assert all(conf[i] <= conf[p] for i, p in enumerate(proposal.parents) if p >= 0)
+    assert sorted(proposal.tokens[[i for i, p in enumerate(proposal.parents) if p < 0]].tolist()) == [3, 4]
 
 
 def test_speculation_length_follows_the_match_length():
@@ -128,13 +137,16 @@ def test_greedy_output_is_plain_greedy_output(target, spec):
     assert got.stats.drafted > 0
 
 
-def test_batched_core_gives_single_request_output_with_suffix_trees(target):
+@pytest.mark.parametrize("policy", [lambda: FixedK(8),
+                                    lambda: AdaptiveK(CostModel(0.01, {n: 1.0 + 0.06 * n for n in range(1, 13)}), k_max=8)],
+                         ids=["fixed", "adaptive"])
+def test_batched_core_gives_single_request_output_with_suffix_trees(target, policy):
     template = drafters.build("suffix:min_token_prob=0.05", drafters.DrafterContext(target))
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13, 11, 12, 13, 11], [3, 9, 27, 3, 9], [5, 6, 7, 8, 5]]
     want = [generate(target, drafters.build("none", drafters.DrafterContext(target)), p, max_new_tokens=20).token_ids
             for p in prompts]
     core = BatchDecoder(batched(target.model, 4))
-    seqs = [Sequence(p, per_sequence(template), FixedK(8), SamplingParams(), None, 20) for p in prompts]
+    seqs = [Sequence(p, per_sequence(template), policy(), SamplingParams(), None, 20) for p in prompts]
     core.start(seqs)
     drafted = 0
     while not all(s.finished for s in seqs):

@@ -85,7 +85,7 @@ class SuffixDrafter:
         self.local.extend(0, new)
         self.cache.extend(self.key, new)  # this response so far, for later requests (and this one)
         self.seen = len(context)
-        best: tuple[float, list[int], list[int]] = (0.0, [], [])
+        best: tuple[float, list[int], list[int], list[float]] = (0.0, [], [], [])
         # the trie holds pattern + continuation within `depth` tokens: a match of m leaves depth - m to
         # speculate, and factor * m are wanted, so matches longer than depth / (1 + factor) only cost
         longest = max(1, round(self.depth / (1 + self.factor)))
@@ -96,12 +96,14 @@ class SuffixDrafter:
             limit = min(k, max(1, int(self.factor * length)))  # nodes, hence also depth <= k
             tokens, parents, probs = grow(node, limit, self.min_prob, self.branches)
             if sum(probs) > best[0]:
-                best = (sum(probs), tokens, parents)
-        _, tokens, parents = best
+                best = (sum(probs), tokens, parents, probs)
+        _, tokens, parents, probs = best
         if not tokens:
             return Proposal.empty()
         chain = all(p == i - 1 for i, p in enumerate(parents))
-        return Proposal(torch.tensor(tokens, dtype=torch.long), None, None if chain else parents)
+        # a tree ranks its nodes by their empirical path probabilities: an adaptive policy verifies
+        # the most probable ones its measured costs pay for (step.plan, control.AdaptiveK.tree_nodes)
+        return Proposal(torch.tensor(tokens, dtype=torch.long), None, None if chain else parents, probs)
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass
