@@ -6,6 +6,14 @@ load, every distinct greedy request is sent once alone; under load each greedy a
 Reports errors (HTTP status, error events, missing [DONE]), greedy mismatches, TTFT and the gap
 between chunks (p50/p95/p99) and throughput; exits 1 on any error or mismatch.
 
+Two scenarios of issue 19's goals ride along:
+- `--long-prompt-tokens N`: after `--long-after` seconds of load one more request arrives with a
+  fresh prompt of about N tokens; the report gives the running streams' gaps between chunks that
+  overlap its prefill (from its arrival to its first token) against their median gap.
+- `--chat-turns R`: after the load, R two-turn chats, each with its own long history (~1,500
+  tokens), alone: the TTFT of the first turn (cold) and of the second (history + answer + a new
+  question, whose prefix the prefix cache holds); medians and their ratio.
+
   python3 scripts/load_server.py --url http://127.0.0.1:8000 --clients 16 --seconds 120 [--out r.json]
 """
 
@@ -33,9 +41,9 @@ LONG = ("Here are meeting notes. " + " ".join(f"Item {i}: the team discussed top
                                                  for i in range(120)) + "\nSummarize the notes in three bullets.")
 
 
-def requests(rng: random.Random) -> dict:
+def requests(rng: random.Random, long_share: float = 0.15) -> dict:
     """One request body of the mix (model filled in by the caller)."""
-    prompt = LONG if rng.random() < 0.15 else rng.choice(SHORT)
+    prompt = LONG if rng.random() < long_share else rng.choice(SHORT)
     body = {"prompt": prompt, "max_tokens": rng.choice([16, 32, 64]), "stream": True}
     if rng.random() < 0.3:
         body.update(temperature=0.8, top_p=0.95, seed=rng.randrange(1000))
@@ -54,11 +62,21 @@ def key(body: dict) -> str | None:
     return json.dumps([body["prompt"], body["max_tokens"], body.get("stop")])
 
 
-async def stream(client: httpx.AsyncClient, url: str, body: dict) -> dict:
+def filler(tokens: int, tag: str) -> str:
+    """A prompt of about `tokens` tokens (~16 per sentence in SmolLM2's tokenizer, which splits digits)
+    that no other prompt starts like."""
+    rng = random.Random(tag)
+    return f"[{tag}] " + " ".join(f"Record {i}: sensor {rng.randrange(100)} read {rng.randrange(1000)} units."
+                                    for i in range(tokens // 16))
+
+
+async def stream(client: httpx.AsyncClient, url: str, body: dict, path: str = "/v1/completions") -> dict:
+    """One streamed request -> {"text", "stamps" (s after sending, per non-empty chunk), "start"
+    (perf_counter at sending)} or {"error"}."""
     t0 = time.perf_counter()
     stamps, parts, error, done = [], [], None, False
     try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        async with client.stream("POST", url + path, json=body) as r:
             if r.status_code != 200:
                 return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
             async for line in r.aiter_lines():
@@ -70,14 +88,17 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict) -> dict:
                 event = json.loads(line[6:])
                 if "error" in event:
                     error = event["error"]["message"]
-                elif event["choices"] and event["choices"][0]["text"]:
-                    stamps.append(time.perf_counter() - t0)
-                    parts.append(event["choices"][0]["text"])
+                elif event["choices"]:
+                    choice = event["choices"][0]
+                    text = choice["text"] if "text" in choice else choice.get("delta", {}).get("content")
+                    if text:
+                        stamps.append(time.perf_counter() - t0)
+                        parts.append(text)
     except httpx.HTTPError as e:
         return {"error": f"{type(e).__name__}: {e}"}
     if error or not done:
         return {"error": error or "stream ended without [DONE]"}
-    return {"text": "".join(parts), "stamps": stamps}
+    return {"text": "".join(parts), "stamps": stamps, "start": t0}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -87,12 +108,47 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q / 100 * len(values)))]
 
 
+async def long_arrival(client, url: str, model: str, tokens: int, after: float) -> dict:
+    await asyncio.sleep(after)
+    body = {"model": model, "prompt": filler(tokens, "long-arrival") + "\nWhich sensor read the most?",
+            "max_tokens": 8, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    return await stream(client, url, body)
+
+
+def during(results: list[dict], start: float, end: float) -> list[float]:
+    """Gaps between chunks of `results` that overlap the interval [start, end] (perf_counter s)."""
+    gaps = []
+    for r in results:
+        times = [r["start"] + t for t in r["stamps"]]
+        gaps += [b - a for a, b in zip(times, times[1:]) if b > start and a < end]
+    return gaps
+
+
+async def chat_ttft(client, url: str, model: str, repeats: int) -> dict:
+    """Cold first turns and second turns over the same history, alone, `repeats` times each."""
+    cold, warm = [], []
+    for i in range(repeats):
+        history = [{"role": "system", "content": filler(1500, f"chat-{i}")},
+                   {"role": "user", "content": "Which sensor read the most?"}]
+        body = {"model": model, "messages": history, "max_tokens": 16, "temperature": 0, "stream": True}
+        first = await stream(client, url, body, "/v1/chat/completions")
+        history += [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": "And the least?"}]
+        second = await stream(client, url, {**body, "messages": history}, "/v1/chat/completions")
+        if "error" in first or "error" in second:
+            return {"error": first.get("error") or second.get("error")}
+        cold.append(first["stamps"][0])
+        warm.append(second["stamps"][0])
+    return {"repeats": repeats, "cold_ttft_s": statistics.median(cold), "second_turn_ttft_s": statistics.median(warm),
+            "second_over_cold": round(statistics.median(warm) / statistics.median(cold), 3),
+            "cold_all": cold, "second_all": warm}
+
+
 async def main(args) -> int:
     rng = random.Random(args.seed)
     limits = httpx.Limits(max_connections=args.clients + 4)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
         model = (await client.get(args.url + "/v1/models")).json()["data"][0]["id"]
-        mix = [{**requests(rng), "model": model} for _ in range(200)]
+        mix = [{**requests(rng, args.long_share), "model": model} for _ in range(200)]
         reference = {}
         for body in mix:  # each distinct greedy request once, alone
             k = key(body)
@@ -113,8 +169,12 @@ async def main(args) -> int:
                 results.append(result)
 
         t0 = time.perf_counter()
+        long_task = (asyncio.create_task(long_arrival(client, args.url, model, args.long_prompt_tokens, args.long_after))
+                     if args.long_prompt_tokens else None)
         await asyncio.gather(*(worker(i) for i in range(args.clients)))
         wall = time.perf_counter() - t0
+        long = await long_task if long_task else None
+        chat = await chat_ttft(client, args.url, model, args.chat_turns) if args.chat_turns else None
     errors = [r["error"] for r in results if "error" in r]
     ok = [r for r in results if "error" not in r]
     mismatches = sum(1 for r in ok if r["key"] is not None and r["text"] != reference[r["key"]])
@@ -127,6 +187,19 @@ async def main(args) -> int:
         "ttft_s": {q: pct(ttft, q) for q in (50, 95, 99)}, "chunk_gap_s": {q: pct(gaps, q) for q in (50, 95, 99)},
         "p99_gap_over_median": round(pct(gaps, 99) / statistics.median(gaps), 2) if gaps else None,
     }
+    if long is not None:
+        errors += [long["error"]] if "error" in long else []
+        if "error" not in long and long["stamps"]:
+            overlap = during(ok, long["start"], long["start"] + long["stamps"][0])
+            median = statistics.median(gaps)
+            report["long_prompt"] = {
+                "tokens": args.long_prompt_tokens, "ttft_s": long["stamps"][0], "gaps_during_prefill": len(overlap),
+                "max_gap_s": max(overlap, default=None), "p99_gap_s": pct(overlap, 99),
+                "max_gap_over_median": round(max(overlap) / median, 2) if overlap else None}
+    if chat is not None:
+        errors += [chat["error"]] if "error" in chat else []
+        report["chat_second_turn"] = chat
+    report["errors"] = len(errors)
     print(json.dumps(report, indent=1))
     if args.out:
         with open(args.out, "w") as f:
@@ -142,4 +215,8 @@ if __name__ == "__main__":
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
+    p.add_argument("--long-share", type=float, default=0.15, help="share of the mix with the ~1,300-token prompt")
+    p.add_argument("--long-prompt-tokens", type=int, default=0, help="one request with a prompt this long arrives")
+    p.add_argument("--long-after", type=float, default=10.0, help="seconds into the load when it arrives")
+    p.add_argument("--chat-turns", type=int, default=0, help="two-turn chats timed alone after the load")
     sys.exit(asyncio.run(main(p.parse_args())))
