@@ -137,3 +137,66 @@ def test_prefix_cache_evicts_least_recently_used_blocks_within_its_bound():
     cache.store([9, 9, 9, 9], read)  # a third block evicts the least recently used
     assert cache.bytes <= 2 * block_bytes and len(cache.blocks) == 2
     assert len(cache.lookup([9, 9, 9, 9])) == 1
+
+
+def test_prefill_chunks_shrink_as_the_context_grows_so_a_steps_cost_stays_within_the_budget():
+    from specdecode.core.batch_decoder import chunk_cost, chunk_size
+
+    sizes = [chunk_size(512, start, 10_000, 3072.0) for start in (0, 1000, 2000, 4000)]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > 2 * sizes[-1]
+    for start, n in zip((0, 1000, 2000, 4000), sizes):
+        assert chunk_cost(n, start, 3072.0) <= 512 < chunk_cost(n + 1, start, 3072.0)  # the most that fits
+    assert chunk_size(512, 0, 100, 3072.0) == 100  # never more than the prompt has left
+    assert chunk_size(0.5, 9000, 10, 3072.0) == 1  # always progress
+    assert chunk_size(512, 4000, 10_000, None) == 512 and chunk_cost(7, 4000, None) == 7  # no span: tokens
+
+
+def test_the_batched_model_knows_its_attention_span(target):
+    from specdecode.backends.batch_model import attention_span
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3)
+    assert attention_span(cfg, 9, 3, 64) == 3072.0  # SmolLM2-135M: 3.54M weights a layer / (2 * 576)
+    lm = batched(target.model, 2)
+    cfg = target.model.config
+    assert lm.attention_span == attention_span(cfg, target.model.heads, target.model.kv_heads, target.model.head_dim)
+
+
+def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
+    """Growing the cache copies every slot's: it happens when a request is admitted, for its prompt and
+    max_new_tokens, not between the chunks of its prompt (or under `serve --kv-reserve`, at start)."""
+    from specdecode.server import build_engine, default_routes
+
+    lm = batched(target.model, 3)
+    core = BatchDecoder(lm)
+    prompt = list(range(5, 200))  # the tiny model holds 512 positions
+    seq = Sequence(prompt, per_sequence(NoDrafter()), FixedK(1), SamplingParams(), None, 250)
+    core.start([seq], chunked=True)
+    cache = lm.k_cache
+    assert cache.shape[3] >= len(prompt) + 250
+    while not seq.finished:
+        core.step([seq], prefill_budget=64)
+    assert lm.k_cache is cache and len(seq.context) == len(prompt) + 250
+    engine = build_engine(target, default_routes("none", 1, False), model_name="t", max_batch=2,
+                          load_control=False, kv_reserve=480)
+    assert engine.core.model.k_cache.shape[3] >= 480
+
+
+def test_a_prompt_alone_goes_in_with_the_idle_budget_and_beside_decoding_rows_with_the_budget(target):
+    from specdecode.core.batch_decoder import IDLE_PREFILL, chunk_size
+
+    lm = batched(target.model, 2)
+    core = BatchDecoder(lm)
+    prompt = list(range(5, 300))
+
+    def first_chunk(others):
+        seq = Sequence(prompt, per_sequence(NoDrafter()), FixedK(1), SamplingParams(), None, 4)
+        core.start([seq], chunked=True)
+        core.step([seq, *others], prefill_budget=8)
+        core.release(seq)
+        return seq.prefilled
+
+    assert first_chunk([]) == chunk_size(8 * IDLE_PREFILL, 0, len(prompt) - 1, lm.attention_span) > 8
+    running = Sequence([7, 8, 9], per_sequence(NoDrafter()), FixedK(1), SamplingParams(), None, 50)
+    core.start([running])
+    assert first_chunk([running]) == chunk_size(8, 0, len(prompt) - 1, lm.attention_span) <= 8

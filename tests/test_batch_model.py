@@ -19,6 +19,26 @@ def _single(fast, ids):
     return fast.extend(ids)  # [n, V]
 
 
+def test_prefill_chunks_after_cached_tokens_match_single_sequence_logits(fast):
+    """Chunks longer than a short row, after cached tokens and beside decode rows, take chunk_attention
+    (two flash calls merged): the logits are the single sequence's; it equals the masked attention."""
+    from specdecode.backends.batch_model import chunk_attention
+
+    g = torch.Generator().manual_seed(1)
+    long, short = torch.randint(0, 384, (330,), generator=g), torch.randint(0, 384, (40,), generator=g)
+    ref_long, ref_short = _single(fast, long), _single(fast, short)
+    bm = BatchedLlama(fast, slots=2)
+    bm.forward([Row(1, short[:30])])
+    for a, b in ((0, 100), (100, 230), (230, 330)):  # the second and third chunks start after cached tokens
+        out = bm.forward([Row(1, short[30 + a // 100 : 31 + a // 100]), Row(0, long[a:b])])
+        assert torch.allclose(out[1].logits, ref_long[a:b], atol=1e-4, rtol=1e-4)
+        assert torch.allclose(out[0].logits, ref_short[30 + a // 100 : 31 + a // 100], atol=1e-4, rtol=1e-4)
+    q, k, v = torch.randn(6, 50, 8, generator=g), torch.randn(2, 250, 8, generator=g), torch.randn(2, 250, 8, generator=g)
+    mask = torch.arange(250)[None, :] <= (200 + torch.arange(50))[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
+    assert torch.allclose(chunk_attention(q, k, v, 200), want, atol=1e-5)
+
+
 def test_ragged_rows_match_single_sequence_logits(fast):
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, 384, (n,), generator=g) for n in (30, 7, 300, 12)]
@@ -104,3 +124,36 @@ def test_other_families_batch_with_their_windows_and_rotary_tables(family):
     out = [o.logits for o in bm.forward([Row(0, seqs[0][70:90]), Row(2, seqs[2][1:6])])]  # decode-like steps past the window
     assert torch.allclose(out[0], refs[0][70:90], atol=1e-4, rtol=1e-4)
     assert torch.allclose(out[1], refs[2][1:6], atol=1e-4, rtol=1e-4)
+
+
+def test_the_kv_cache_grows_geometrically_keeping_its_contents():
+    from specdecode.backends.fast_llama import CACHE_BLOCK, grow_kv
+
+    dims = (2, 3, 1, 4)
+    k, v = grow_kv(None, None, 10, 10_000, dims, torch.float32, torch.device("cpu"))
+    assert k.shape == (2, 3, 1, CACHE_BLOCK, 4)
+    k.normal_(), v.normal_()
+    k0, v0 = k.clone(), v.clone()
+    caps, grown = [], 0
+    for needed in range(CACHE_BLOCK + 1, 4096 + 1, 64):  # a long prompt arriving 64 positions at a time
+        k2, v2 = grow_kv(k, v, needed, 10_000, dims, torch.float32, torch.device("cpu"))
+        grown += k2 is not k
+        k, v = k2, v2
+        caps.append(k.shape[3])
+        assert k.shape[3] >= needed
+    assert grown <= 4  # 512, 1024, 2048, 4096: doubling, not one copy per chunk
+    assert torch.equal(k[:, :, :, :CACHE_BLOCK], k0) and torch.equal(v[:, :, :, :CACHE_BLOCK], v0)
+    assert not k[:, :, :, CACHE_BLOCK:].any()  # new room is zeros (masked keys never meet NaN values)
+    assert grow_kv(k, v, 5000, 4200, dims, torch.float32, torch.device("cpu"))[0].shape[3] == 4200  # capped
+
+
+def test_attention_groups_keep_chunks_alone_and_bucket_decode_rows_by_context():
+    from specdecode.backends.batch_model import SHORT_CONTEXT, _attention_groups
+
+    counts = [1, 5, 300, 1, 2, 40]
+    ends = [50, 60, 800, 4000, 70 + 2 * SHORT_CONTEXT, 900]
+    groups = _attention_groups(counts, ends)
+    assert sorted(i for g in groups for i in g) == list(range(6))  # every row in exactly one call
+    assert [2] in groups and [5] in groups  # prefill chunks alone
+    assert [0, 1] in groups and [4] in groups and [3] in groups  # 4,000 keys do not pad the short ones
+    assert _attention_groups([1] * 4, [10, 20, 30, 40]) == [[0, 1, 2, 3]]  # alike contexts share one call

@@ -139,7 +139,11 @@ def parser() -> argparse.ArgumentParser:
                    help="measure verify cost per batch size and reduce k under load")
     s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
     s.add_argument("--prefill-chunk", type=int, default=512,
-                   help="prompt tokens prefilled per step, interleaved with running requests' decode steps")
+                   help="prompt tokens prefilled per step, interleaved with running requests' decode steps "
+                        "(deeper into a long prompt fewer: each token's attention over the context counts too)")
+    s.add_argument("--kv-reserve", type=int, default=0, metavar="TOKENS",
+                   help="allocate every slot's KV cache for this many positions at start (0: grow on demand; "
+                        "growing copies every slot's cache, a pause of seconds for a long prompt beside many slots)")
     s.add_argument("--prefix-cache-mb", type=int, default=256,
                    help="memory for reusing KV blocks of equal prompt prefixes (0: off)")
     s.add_argument("--suffix-scope", default="global", choices=["global", "key", "user"],
@@ -401,6 +405,8 @@ def cmd_serve(args) -> None:
         raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
     if not args.timeout > 0:
         raise UserError(f"--timeout must be positive, got {args.timeout}")
+    if args.kv_reserve < 0:
+        raise UserError(f"--kv-reserve must be >= 0, got {args.kv_reserve}")
     try:
         import uvicorn
 
@@ -422,7 +428,8 @@ def cmd_serve(args) -> None:
     engine = build_engine(target, routes, model_name=name, max_batch=args.max_batch, queue_size=args.queue,
                           load_control=args.load_control, dtype=args.dtype, device=args.device, backend=args.backend,
                           drafter_quant=args.drafter_quant, threads=args.threads, suffix_caches=caches,
-                          prefill_budget=args.prefill_chunk, prefix_cache_mb=args.prefix_cache_mb)
+                          prefill_budget=args.prefill_chunk, prefix_cache_mb=args.prefix_cache_mb,
+                          kv_reserve=args.kv_reserve)
     opts = ServeOptions(name, routes, args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
                         args.timeout, args.max_body_bytes)
     print(f"specdecode: serving {name} on http://{args.host}:{args.port} (drafter {routes.default.drafter}, "

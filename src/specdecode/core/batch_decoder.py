@@ -18,6 +18,7 @@ output is the one it gets alone.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,29 @@ class Sequence:
         return len(self.context) - len(self.prompt)
 
 
+IDLE_PREFILL = 8  # prefill budget multiplier for steps in which nothing decodes (BatchDecoder.step)
+
+
+def chunk_cost(n: int, start: int, span: float | None) -> float:
+    """What n prompt tokens after `start` cached ones cost, in rows of matmuls: each token also attends
+    to the context before it, `span` tokens of which cost as much as its matmuls (the model's
+    attention_span; None: tokens only). A long prompt's later chunks get fewer tokens for the same
+    budget, so a step's time stays about flat instead of growing with the prompt."""
+    return float(n) if span is None else n * (1 + (start + (n + 1) / 2) / span)
+
+
+def chunk_size(budget: float, start: int, remaining: int, span: float | None) -> int:
+    """The most prompt tokens (at least 1, at most `remaining`) whose chunk_cost fits `budget`."""
+    if span is None:
+        n = int(budget)
+    else:  # n (1 + (start + 1/2) / span) + n^2 / (2 span) = budget, for n
+        b = 1 + (start + 0.5) / span
+        n = int(span * (math.sqrt(b * b + 2 * budget / span) - b))
+        while n > 1 and chunk_cost(n, start, span) > budget:  # float rounding
+            n -= 1
+    return max(1, min(n, remaining))
+
+
 class BatchDecoder:
     def __init__(self, model: BatchLM, prefix_cache: PrefixCache | None = None):
         """prefix_cache: reuse KV blocks of equal prompt prefixes (needs a model with read_kv/write_kv)."""
@@ -72,6 +96,8 @@ class BatchDecoder:
         now in one batched forward (features to the drafters that read them), or, when `chunked`, in
         chunks inside the next steps (step's prefill_budget) -> seconds taken."""
         t0 = time.perf_counter()
+        if hasattr(self.model, "reserve") and seqs:  # grow the cache once, before any chunk goes in
+            self.model.reserve(max(len(seq.prompt) + seq.max_new_tokens for seq in seqs))
         for seq in seqs:
             seq.slot = self.free.pop()
             seq.context = list(seq.prompt)
@@ -120,16 +146,20 @@ class BatchDecoder:
         """One speculative step of every sequence (all started, none finished) -> their Steps.
         limit(seq, k): the k to use when its policy asks for k (default: k). A sequence whose drafter
         or verification raises gets a Step with `error` set and is finished; the others go on.
-        Sequences still prefilling (start(chunked=True)) get up to `prefill_budget` prompt tokens in
-        all, first come first served, in the same forward as the others' verification; their Steps
-        have `prefilling` set and no tokens."""
+        Sequences still prefilling (start(chunked=True)) share `prefill_budget` (chunk_cost: prompt
+        tokens, each weighted by the attention over the context before it), first come first served,
+        in the same forward as the others' verification; their Steps have `prefilling` set and no
+        tokens. The budget is there to keep the others' gaps between tokens short: when no sequence
+        is decoding, it is IDLE_PREFILL times larger."""
         failed: dict[int, Exception] = {}
-        chunks, budget = [], prefill_budget
+        idle = all(seq.prefilling for seq in seqs)
+        chunks, budget = [], prefill_budget * (IDLE_PREFILL if idle else 1)
+        span = getattr(self.model, "attention_span", None)
         for seq in seqs:
             if seq.prefilling and budget > 0:
-                n = min(budget, len(seq.prompt) - 1 - seq.prefilled)
+                n = chunk_size(budget, seq.prefilled, len(seq.prompt) - 1 - seq.prefilled, span)
                 chunks.append((seq, n))
-                budget -= n
+                budget -= chunk_cost(n, seq.prefilled, span)
         rows, plans, bases, draft_s = [], {}, {}, {}
         for i, seq in enumerate(seqs):
             if seq.prefilling:

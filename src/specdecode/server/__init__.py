@@ -29,10 +29,13 @@ def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, ma
                  queue_size: int = 64, load_control: bool = True, dtype: str = "fp32", device: str | None = None,
                  backend: str = "auto", drafter_quant: str = "none", threads: int | None = None,
                  suffix_caches: SuffixCaches | None = None, prefill_budget: int = 512,
-                 prefix_cache_mb: int = 256) -> Engine:
-    """Everything the server runs on: batched target, drafters (model drafters loaded now), the
-    measured batch costs (when load_control) and the metrics."""
+                 prefix_cache_mb: int = 256, kv_reserve: int = 0) -> Engine:
+    """Everything the server runs on: batched target (its KV cache sized for `kv_reserve` positions
+    per slot now, else grown on demand), drafters (model drafters loaded now), the measured batch
+    costs (when load_control) and the metrics."""
     model = batched(target.model, max_batch)
+    if kv_reserve and hasattr(model, "reserve"):
+        model.reserve(kv_reserve)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
     pool = DrafterPool(drafters.DrafterContext(target, dtype, device, backend, drafter_quant), sorted(specs),
                        suffix_caches)
