@@ -138,7 +138,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--load-control", action=argparse.BooleanOptionalAction, default=True,
                    help="measure verify cost per batch size and reduce k under load")
     s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
-    s.add_argument("--prefill-chunk", type=int, default=512,
+    s.add_argument("--prefill-chunk", type=int, default=128,
                    help="prompt tokens prefilled per step, interleaved with running requests' decode steps "
                         "(deeper into a long prompt fewer: each token's attention over the context counts too)")
     s.add_argument("--kv-reserve", type=int, default=0, metavar="TOKENS",

@@ -28,7 +28,7 @@ from specdecode.server.suffix_cache import SuffixCaches
 def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, max_batch: int = 8,
                  queue_size: int = 64, load_control: bool = True, dtype: str = "fp32", device: str | None = None,
                  backend: str = "auto", drafter_quant: str = "none", threads: int | None = None,
-                 suffix_caches: SuffixCaches | None = None, prefill_budget: int = 512,
+                 suffix_caches: SuffixCaches | None = None, prefill_budget: int = 128,
                  prefix_cache_mb: int = 256, kv_reserve: int = 0) -> Engine:
     """Everything the server runs on: batched target (its KV cache sized for `kv_reserve` positions
     per slot now, else grown on demand), drafters (model drafters loaded now), the measured batch

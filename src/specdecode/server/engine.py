@@ -139,7 +139,7 @@ class Sequence:
 class Engine:
     def __init__(self, model: BatchLM, tokenizer, eos_ids: set[int], pool: DrafterPool, metrics: ServerMetrics,
                  *, queue_size: int = 64, costs: BatchCosts | None = None, threads: int | None = None,
-                 prefill_budget: int = 512, prefix_cache: PrefixCache | None = None):
+                 prefill_budget: int = 128, prefix_cache: PrefixCache | None = None):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)
         self.core = BatchDecoder(model, prefix_cache)
         self.pool, self.metrics, self.costs = pool, metrics, costs
