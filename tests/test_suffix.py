@@ -112,6 +112,20 @@ def test_speculation_length_follows_the_match_length():
     assert drafter.propose(context[:-2] + [99], 16, SamplingParams(), None).tokens.numel() == 0  # no match: nothing
 
 
+def test_a_one_token_match_proposes_nothing_unless_min_match_allows_it():
+    prompt = [1, 2, 3, 9, 4, 5]
+    context = prompt + [7, 3]  # only "3" recurs: a one-token pattern, continued by 9
+    strict = SuffixDrafter(min_token_prob=0.0, tree=False)
+    strict.begin(prompt)
+    assert strict.propose(context, 4, SamplingParams(), None).tokens.numel() == 0
+    loose = SuffixDrafter(min_token_prob=0.0, tree=False, min_match=1)
+    loose.begin(prompt)
+    assert loose.propose(context, 4, SamplingParams(), None).tokens.tolist() == [9]
+    assert drafters.canonical("suffix:min_match=1") == "suffix:min_match=1"
+    with pytest.raises(UserError, match="min_match"):
+        drafters.check_spec("suffix:min_match=0")
+
+
 def test_previous_responses_are_proposed_in_a_new_request():
     cache = SuffixCache(8)
     first = SuffixDrafter(cache, min_token_prob=0.0)
@@ -174,6 +188,9 @@ def test_canonical_form_and_vllm_export():
         "method": "suffix", "num_speculative_tokens": 24, "suffix_decoding_max_tree_depth": 24,
         "suffix_decoding_max_cached_requests": 500, "suffix_decoding_max_spec_factor": 1.0,
         "suffix_decoding_min_token_prob": 0.1}
+    assert any("min_match=2 has no vLLM setting" in note for note in cfg.notes)
+    exact = export_route(Route("suffix:tree=0:min_match=1", 8, False), Context.__new__(Context), "x")
+    assert not any("min_match" in note for note in exact.notes)  # min_match=1 is vLLM's behaviour
 
 
 def test_memory_is_bounded_by_the_cached_responses():

@@ -145,7 +145,7 @@ def _build_heads(spec: Spec, ctx: DrafterContext) -> Drafter:
 # -- suffix ----------------------------------------------------------------------------------------
 
 _SUFFIX_KEYS = {"max_tree_depth": int, "max_cached_requests": int, "max_spec_factor": float, "min_token_prob": float,
-                "tree": int, "b": int}
+                "tree": int, "b": int, "min_match": int}
 
 
 def _parse_suffix(arg: str | None) -> Spec:
@@ -161,6 +161,8 @@ def _parse_suffix(arg: str | None) -> Spec:
             raise UserError(f"suffix option {key.strip()} needs a number, got {value!r}") from None
     if not 2 <= values["max_tree_depth"] <= 64 or values["max_cached_requests"] < 0 or values["b"] < 1:
         raise UserError(f"suffix needs 2 <= max_tree_depth <= 64, max_cached_requests >= 0 and b >= 1: {arg!r}")
+    if values["min_match"] < 1:
+        raise UserError(f"suffix needs min_match >= 1: {arg!r}")
     if not values["max_spec_factor"] > 0 or not 0 <= values["min_token_prob"] <= 1 or values["tree"] not in (0, 1):
         raise UserError(f"suffix needs max_spec_factor > 0, 0 <= min_token_prob <= 1 and tree 0 or 1: {arg!r}")
     return Spec("suffix", tuple(values.items()))
@@ -174,7 +176,8 @@ def _format_suffix(spec: Spec) -> str:
 def _build_suffix(spec: Spec, ctx) -> Drafter:
     o = dict(spec.options)
     cache = SuffixCache(o["max_tree_depth"], o["max_cached_requests"])
-    return SuffixDrafter(cache, o["max_tree_depth"], o["max_spec_factor"], o["min_token_prob"], bool(o["tree"]), o["b"])
+    return SuffixDrafter(cache, o["max_tree_depth"], o["max_spec_factor"], o["min_token_prob"], bool(o["tree"]), o["b"],
+                         o["min_match"])
 
 
 # -- ensemble --------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ the expected accepted tokens, the sum of path probabilities). Speculation length
 at most `max_spec_factor` × the matched length, and at most `max_tree_depth`. No match: no drafts.
 q is one-hot (tokens chosen deterministically), so verification stays lossless.
 Options mirror vLLM's: max_tree_depth 24, max_cached_requests 10000, max_spec_factor 1.0,
-min_token_prob 0.1; plus tree (1: token trees, 0: chains) and b (branches per node, trees only).
+min_token_prob 0.1; plus tree (1: token trees, 0: chains), b (branches per node, trees only) and
+min_match (default 2: a pattern of one token proposes nothing; on held-out prose such proposals were
+accepted 1 time in 37 and made suffix slower than plain decoding on writing, 0.96x).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from specdecode.drafters.base import Proposal
 from specdecode.drafters.suffix_tree import SuffixTrie, grow
 
 DEFAULTS = {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_factor": 1.0, "min_token_prob": 0.1,
-            "tree": 1, "b": 4}
+            "tree": 1, "b": 4, "min_match": 2}
 
 
 class SuffixCache:
@@ -62,10 +64,11 @@ class SuffixDrafter:
     name = "suffix"
 
     def __init__(self, cache: SuffixCache | None = None, max_tree_depth: int = 24, max_spec_factor: float = 1.0,
-                 min_token_prob: float = 0.1, tree: bool = True, branches: int = 4):
+                 min_token_prob: float = 0.1, tree: bool = True, branches: int = 4, min_match: int = 2):
         self.cache = cache if cache is not None else SuffixCache(max_tree_depth)
         self.depth, self.factor, self.min_prob = max_tree_depth, max_spec_factor, min_token_prob
         self.branches = branches if tree else 1
+        self.min_match = min_match
         self.local: SuffixTrie | None = None
         self.key = None
         self.seen = 0  # context tokens already added to the tries
@@ -91,7 +94,7 @@ class SuffixDrafter:
         longest = max(1, round(self.depth / (1 + self.factor)))
         for trie in (self.local, self.cache.trie):
             node, length = trie.match(context, longest)
-            if node is None:
+            if node is None or length < self.min_match:
                 continue
             limit = min(k, max(1, int(self.factor * length)))  # nodes, hence also depth <= k
             tokens, parents, probs = grow(node, limit, self.min_prob, self.branches)

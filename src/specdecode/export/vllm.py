@@ -82,6 +82,8 @@ def _suffix(spec, k, ctx) -> RouteExport:
     notes = ["vLLM's suffix method needs the arctic-inference package installed beside vLLM"]
     if o["tree"] == 1:
         notes.append("suffix tree=1 verifies token trees; vLLM's suffix proposer drafts one chain per step")
+    if o["min_match"] != 1:
+        notes.append(f"suffix min_match={o['min_match']} has no vLLM setting: vLLM also proposes after one-token matches")
     cfg = {"method": "suffix", "num_speculative_tokens": min(k, o["max_tree_depth"]),
            "suffix_decoding_max_tree_depth": o["max_tree_depth"],
            "suffix_decoding_max_cached_requests": o["max_cached_requests"],
