@@ -1,10 +1,11 @@
 """Held-out acceptance against training tokens (issue 18's data-scaling curve) from `specdecode bench`
 reports: each trained drafter row (category ALL) becomes one point, its x the response tokens of the
 data it was trained on (the checkpoint's config.json `train.response_tokens`, or `--tokens LABEL=N`
-for checkpoints written before that field existed).
+for checkpoints written before that field existed). A point's series is its drafter label without the
+checkpoint path, or `--series LABEL=NAME` where the data's mix differs (a curve per mix).
 
     python3 scripts/scaling_curve.py REPORT.json [REPORT.json ...] --out curve.json [--plot curve.png]
-        [--tokens eagle=121507 --tokens eagle:/runs/eagle_364k=364434]
+        [--tokens eagle=121507 --tokens eagle:/runs/eagle_364k=364434] [--series eagle:/runs/chat="eagle + chat"]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def checkpoint_dir(label: str) -> Path | None:
     return SHIPPED / kind if (SHIPPED / kind / "config.json").is_file() else None
 
 
-def points(reports: list[dict], overrides: dict[str, int]) -> list[dict]:
+def points(reports: list[dict], overrides: dict[str, int], names: dict[str, str] | None = None) -> list[dict]:
     out = []
     for report in reports:
         for row in report["rows"]:
@@ -43,7 +44,7 @@ def points(reports: list[dict], overrides: dict[str, int]) -> list[dict]:
             tokens = overrides.get(label, config.get("train", {}).get("response_tokens"))
             if tokens is None:
                 continue
-            out.append({"drafter": label, "series": series(label),
+            out.append({"drafter": label, "series": (names or {}).get(label, series(label)),
                         "train_tokens": int(tokens), "train": config.get("train"), "dtype": row["dtype"],
                         "alpha_by_position": row["acceptance_by_position"], "alpha": row["acceptance_rate"],
                         "tau": row["mean_accepted_length"], "speedup_vs_none": row["speedup_vs_none"],
@@ -77,6 +78,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--plot")
     ap.add_argument("--tokens", action="append", default=[], help="LABEL=N: training tokens of a drafter label")
+    ap.add_argument("--series", action="append", default=[], help="LABEL=NAME: the curve a drafter label belongs to")
     args = ap.parse_args()
     overrides = {}
     for item in args.tokens:
@@ -84,7 +86,13 @@ def main() -> None:
         if not sep or not n.isdigit():
             raise SystemExit(f"--tokens needs LABEL=N, got {item!r}")
         overrides[label] = int(n)
-    curve = points([json.loads(Path(r).read_text()) for r in args.reports], overrides)
+    names = {}
+    for item in args.series:
+        label, sep, name = item.rpartition("=")
+        if not sep or not label or not name:
+            raise SystemExit(f"--series needs LABEL=NAME, got {item!r}")
+        names[label] = name
+    curve = points([json.loads(Path(r).read_text()) for r in args.reports], overrides, names)
     if not curve:
         raise SystemExit("no trained drafter rows with known training tokens in these reports")
     Path(args.out).write_text(json.dumps({"points": curve, "reports": args.reports}, indent=1))

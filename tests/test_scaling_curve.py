@@ -1,0 +1,45 @@
+"""scripts/scaling_curve.py: bench rows become points at their checkpoint's training tokens, per series."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "scaling_curve.py"
+
+
+@pytest.fixture(scope="module")
+def curve():
+    spec = importlib.util.spec_from_file_location("scaling_curve", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(drafter, category="ALL", a1=0.3):
+    return {"drafter": drafter, "category": category, "dtype": "fp32", "acceptance_rate": a1 / 2,
+            "acceptance_by_position": [a1, a1 / 3], "mean_accepted_length": 1 + a1, "speedup_vs_none": 0.9,
+            "identical_to_none": 1.0}
+
+
+def _checkpoint(path: Path, tokens: int | None) -> str:
+    path.mkdir()
+    train = {"steps": 10} if tokens is None else {"steps": 10, "response_tokens": tokens}
+    (path / "config.json").write_text(json.dumps({"kind": "eagle", "train": train}))
+    return str(path)
+
+
+def test_points_by_training_tokens_and_series(curve, tmp_path):
+    small, big, chat = (_checkpoint(tmp_path / n, t) for n, t in (("s", 1000), ("b", 3000), ("c", 2000)))
+    old = _checkpoint(tmp_path / "old", None)
+    report = {"rows": [_row("none", a1=0.0), _row(f"eagle:{big}", a1=0.2), _row(f"eagle:{small}", a1=0.1),
+                       _row(f"eagle:{small}", category="code", a1=0.9), _row(f"eagle:b=2:nodes=6:{chat}", a1=0.4),
+                       _row(f"eagle:{old}"), _row("ngram", a1=0.5)]}
+    pts = curve.points([report], {}, {f"eagle:b=2:nodes=6:{chat}": "eagle tree + chat"})
+    # only category ALL of trained drafters with known tokens; sorted by series, then tokens
+    assert [(p["series"], p["train_tokens"], p["alpha_by_position"][0]) for p in pts] == [
+        ("eagle", 1000, 0.1), ("eagle", 3000, 0.2), ("eagle tree + chat", 2000, 0.4)]
+    with_old = curve.points([report], {f"eagle:{old}": 500})
+    assert [p["train_tokens"] for p in with_old if p["series"] == "eagle"] == [500, 1000, 3000]
+    assert {p["series"] for p in with_old} == {"eagle", "eagle:b=2:nodes=6"}  # the path is not part of a series
