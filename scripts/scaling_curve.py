@@ -27,6 +27,8 @@ def checkpoint_dir(label: str) -> Path | None:
     """`eagle` -> the shipped checkpoint, `eagle:b=2:/runs/x` -> /runs/x; None for untrained drafters."""
     kind, _, rest = label.partition(":")
     path = rest.rsplit(":", 1)[-1] if rest else ""
+    if "/" in path:  # a checkpoint that is not on this machine has no config to read
+        return Path(path) if Path(path).is_dir() else None
     if path and Path(path).is_dir():
         return Path(path)
     return SHIPPED / kind if (SHIPPED / kind / "config.json").is_file() else None

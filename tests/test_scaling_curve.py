@@ -43,3 +43,7 @@ def test_points_by_training_tokens_and_series(curve, tmp_path):
     with_old = curve.points([report], {f"eagle:{old}": 500})
     assert [p["train_tokens"] for p in with_old if p["series"] == "eagle"] == [500, 1000, 3000]
     assert {p["series"] for p in with_old} == {"eagle", "eagle:b=2:nodes=6"}  # the path is not part of a series
+    gone = {"rows": [_row(f"eagle:{tmp_path / 'elsewhere'}")]}  # a checkpoint from another machine
+    assert curve.points([gone], {}) == []
+    moved = curve.points([gone], {f"eagle:{tmp_path / 'elsewhere'}": 700})
+    assert [(p["train_tokens"], p["train"]) for p in moved] == [(700, None)]  # not the shipped head's config
