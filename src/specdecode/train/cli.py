@@ -54,6 +54,9 @@ def add_parser(sub, model_args, setup) -> None:
         p = tsub.add_parser(name, help=helptext)
         p.add_argument("--data", required=True, help="directory written by `train data`")
         p.add_argument("--out", required=True, help="checkpoint directory")
+        p.add_argument("--features", default=None, metavar="DIR",
+                       help="the target-feature store, shareable across data sets and trainers (default: "
+                            "DATA/features); holds only what was computed, per sequence")
         p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: per trainer)")
         p.add_argument("--lr", type=float, default=None)
         p.add_argument("--batch-tokens", type=int, default=None, help="tokens per optimizer step")
@@ -147,6 +150,6 @@ def cmd_train(args) -> None:
     opts = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens,
                                    vocab=args.vocab, init=getattr(args, "init", None),
                                    lora=getattr(args, "lora", None)).items() if v is not None}
-    result = trainer.train(loaded, args.data, args.out, seed=args.seed, resume=args.resume,
+    result = trainer.train(loaded, args.data, args.out, features_dir=args.features, seed=args.seed, resume=args.resume,
                            save_every=args.save_every, **opts, **_overrides(args.set))
     print(result.summary())

@@ -11,6 +11,7 @@ instead of target layers, and `lora` > 0 trains only rank-`lora` adapters on its
 
 from __future__ import annotations
 
+from pathlib import Path
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +20,7 @@ from specdecode.drafters.distilled import build_model
 from specdecode.train import data, features, lora as lora_lib, loop
 
 
-def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_every: int = 50,
+def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, layers: int = 1, vocab: int = 4096, steps: int = 150, lr: float = 5e-4,
           batch_tokens: int = 768, window: int = 384, init: str = "", lora: int = 0,
           lora_alpha: float = 0.0) -> loop.TrainResult:
@@ -27,7 +28,7 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
     hf = loaded.model.hf
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
-    feats = features.cached(data_dir, loaded.model, seqs, target["fingerprint"])
+    feats = features.cached(features_dir or Path(data_dir) / "features", loaded.model, seqs, target["fingerprint"])
     token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
     lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
     if init:

@@ -11,6 +11,7 @@ Any family of the fast forward (Llama, Qwen2/3, Mistral, Gemma 3, Phi-3).
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +43,7 @@ def _init_from_target(head: EagleHead, hf_model) -> None:
         head.norm_out.copy_(norm_weight(hf_model.model.norm, offset, torch.float32))
 
 
-def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_every: int = 50,
+def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, vocab: int = 8192, steps: int = 200, lr: float = 1e-3,
           batch_tokens: int = 1024, window: int = 384, ttt_steps: int = 2, layers: str = "") -> loop.TrainResult:
     torch.manual_seed(seed)
@@ -51,7 +52,7 @@ def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_ev
     layer_ids = tuple(int(x) for x in str(layers).split(",") if x != "") or default_layers(cfg.num_hidden_layers)
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
-    feats = features.cached(data_dir, loaded.model, seqs, target["fingerprint"], layer_ids)
+    feats = features.cached(features_dir or Path(data_dir) / "features", loaded.model, seqs, target["fingerprint"], layer_ids)
     token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
     lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
     embed = hf.get_input_embeddings().weight.detach().float().cpu()

@@ -5,17 +5,20 @@ next-token distribution is lm_head(hidden)) and the outputs of the `layers` an E
 Distributions are not stored: a trainer computes them from `hidden` over its draft vocabulary.
 The layers' outputs are kept in bfloat16 (an EAGLE input; 2,304 floats a token in float32 would
 hold 8 GB for 900k tokens), the final hidden states, which make the teacher's logits, in float32.
-The result is cached in the data directory per target fingerprint and layer set, so the trainers
-that follow (and a resumed run) skip the forward.
+The result is stored per sequence (cached()), so the trainers that follow, a resumed run and a
+larger data set skip the forward for what was computed before.
 """
 
 from __future__ import annotations
 
+import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from specdecode.errors import UserError
 from specdecode.shards import Sequence
 
 
@@ -62,22 +65,72 @@ def teacher(model):
     return HFModel(hf)
 
 
-def cached(data_dir: str | Path, model, seqs: list[Sequence], fingerprint: str,
+CHUNK = 256  # sequences per store file: what an interrupted feature pass loses at most
+
+
+def sequence_key(fingerprint: str, tokens: torch.Tensor, start: int) -> str:
+    """The store's name for one sequence's features: the target's weights, the tokens, the prompt length."""
+    h = hashlib.sha1(f"{fingerprint}:{start}:".encode())
+    h.update(tokens.to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
+def cached(store: str | Path, model, seqs: list[Sequence], fingerprint: str,
            layer_ids: tuple[int, ...] = ()) -> Features:
-    """compute(), memoized in data_dir: the final hidden states in one file and each layer set in
-    another, so a Medusa run reuses what an EAGLE run computed."""
-    base = Path(data_dir) / f"features-{fingerprint}-{len(seqs)}"
-    hidden_path = base.with_name(base.name + "-hidden.pt")
-    layers_path = base.with_name(base.name + "-layers-" + ("_".join(map(str, layer_ids)) or "none") + ".pt")
-    if hidden_path.exists() and (layers_path.exists() or not layer_ids):
-        stored = torch.load(hidden_path)
-        layers = torch.load(layers_path) if layer_ids else [h.new_zeros(len(h), 0) for h in stored["hidden"]]
-        return Features(stored["tokens"], stored["start"], stored["hidden"], layers)
-    feats = compute(model, seqs, layer_ids)
-    _save_atomic({"tokens": feats.tokens, "start": feats.start, "hidden": feats.hidden}, hidden_path)
-    if layer_ids:
-        _save_atomic(feats.layers, layers_path)
-    return feats
+    """compute(), memoized per sequence in the directory `store`, in files of CHUNK sequences: an
+    interrupted pass resumes after its last finished file, and a grown or merged data set (more
+    shards, a subset by --max-tokens, another order) computes only the sequences the store lacks.
+    The final hidden states and each layer set live in separate files (`chunk-*.pt` and
+    `chunk-*.layers-2_15_27.pt`), so a Medusa run reuses what an EAGLE run computed. Files are
+    loaded memory-mapped: a store larger than RAM trains from the page cache."""
+    store = Path(store)
+    store.mkdir(parents=True, exist_ok=True)
+    suffix = ".layers-" + "_".join(map(str, layer_ids)) + ".pt" if layer_ids else None
+    tokens = [torch.tensor(s.tokens, dtype=torch.long) for s in seqs]
+    starts = [len(s.prompt_ids) for s in seqs]
+    keys = [sequence_key(fingerprint, t, n) for t, n in zip(tokens, starts)]
+    have = _index(store, suffix)
+    missing = list({k: i for i, k in reversed(list(enumerate(keys))) if k not in have}.values())[::-1]
+    for lo in range(0, len(missing), CHUNK):
+        part = [seqs[i] for i in missing[lo:lo + CHUNK]]
+        part_keys = [keys[i] for i in missing[lo:lo + CHUNK]]
+        if lo == 0 and missing:
+            print(f"target features: {len(missing)} of {len(seqs)} sequences not in {store}", file=sys.stderr)
+        feats = compute(model, part, layer_ids)
+        name = "chunk-" + hashlib.sha1("".join(part_keys).encode()).hexdigest()[:16]
+        if suffix:  # the layers first: a chunk's hidden file is what marks it complete
+            _save_atomic(feats.layers, store / (name + suffix))
+        _save_atomic({"keys": part_keys, "hidden": feats.hidden}, store / (name + ".pt"))
+        have.update(_index_file(store / (name + ".pt"), suffix))
+    hidden = [have[k][0] for k in keys]
+    layers = [have[k][1] if suffix else h.new_zeros(len(h), 0) for k, h in zip(keys, hidden)]
+    for k, t, h in zip(keys, tokens, hidden):
+        if len(h) != len(t):
+            raise UserError(f"feature store {store}: sequence {k} holds {len(h)} rows for {len(t)} tokens "
+                            "(a corrupt file: delete the store and rerun)")
+    return Features(tokens, starts, hidden, layers)
+
+
+def _index(store: Path, suffix: str | None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """key -> (hidden [n, H], layers [n, F] or None) over the store's complete files."""
+    out = {}
+    for path in sorted(store.glob("chunk-*.pt")):
+        if ".layers-" not in path.name:
+            out.update(_index_file(path, suffix))
+    return out
+
+
+def _index_file(path: Path, suffix: str | None) -> dict:
+    layers_path = path.with_name(path.stem + suffix) if suffix else None
+    if suffix and not layers_path.exists():
+        return {}  # computed without this layer set: those sequences are recomputed with it
+    try:
+        stored = torch.load(path, mmap=True)
+        layers = torch.load(layers_path, mmap=True) if suffix else [None] * len(stored["keys"])
+    except Exception as e:  # noqa: BLE001 (torch raises several types for a damaged file)
+        raise UserError(f"feature store file {path} is unreadable ({type(e).__name__}: {e}): "
+                        "delete it and rerun (its sequences are recomputed)") from None
+    return {k: (h, l) for k, h, l in zip(stored["keys"], stored["hidden"], layers)}
 
 
 def _save_atomic(obj, path: Path) -> None:

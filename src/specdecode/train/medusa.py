@@ -9,6 +9,7 @@ forward per sequence (features.py).
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -18,26 +19,29 @@ from specdecode.drafters.medusa import MedusaHeads
 from specdecode.train import data, features, loop
 
 
-def train(loaded, data_dir, out, *, seed: int = 0, resume: bool = False, save_every: int = 50,
+def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, num_heads: int = 4, vocab: int = 8192, steps: int = 300,
           lr: float = 3e-3, batch_tokens: int = 1024) -> loop.TrainResult:
     torch.manual_seed(seed)
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
-    feats = features.cached(data_dir, loaded.model, seqs, target["fingerprint"])
+    feats = features.cached(features_dir or Path(data_dir) / "features", loaded.model, seqs, target["fingerprint"])
     token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
     lm_head = loaded.model.hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
-    hidden = torch.cat(feats.hidden)  # [N, H]
     # base rows t: response positions (and the last prompt row) whose head-1 target t + 1 exists;
-    # head i's target row t + i is valid while it stays inside the same sequence.
-    bases, room = [], []
+    # head i's target row t + i is valid while it stays inside the same sequence. Only these rows
+    # are gathered (prompts are most of the tokens of long-context data).
+    kept, bases, room = [], [], []
     offset = 0
-    for tokens, start in zip(feats.tokens, feats.start):
-        n = len(tokens)
-        t = torch.arange(max(start - 1, 0), n - 1)
+    for h, start in zip(feats.hidden, feats.start):
+        first = max(start - 1, 0)
+        n = len(h) - first  # rows kept from this sequence
+        kept.append(h[first:])
+        t = torch.arange(0, n - 1)
         bases.append(offset + t)
         room.append(n - 1 - t)  # how many later rows exist in this sequence
         offset += n
+    hidden = torch.cat(kept)  # [N, H]
     bases, room = torch.cat(bases), torch.cat(room)
     heads = MedusaHeads(hidden.shape[1], num_heads)
     offsets = torch.arange(1, num_heads + 1)
