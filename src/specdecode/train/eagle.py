@@ -70,7 +70,8 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
     per_batch = max(1, batch_tokens // window)
 
     def batch(step):
-        """-> emb [B, T, H], fused [B, T, F], teacher logits [B, T, Vd], loss mask [B, T]."""
+        """-> emb [B, T, H], fused [B, T, F], the target's final hidden rows [B, T, H] (its next-token
+        logits once projected), loss mask [B, T]."""
         pick = torch.randint(len(seqs), (per_batch,), generator=loop.batch_generator(seed, step)).tolist()
         t = min(window, max(len(feats.tokens[i]) - 1 for i in pick))
         emb, fused, teacher, mask = [], [], [], []
@@ -82,18 +83,22 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
             pad = (0, 0, 0, t - m)
             emb.append(F.pad(embed[tokens[rows + 1]], pad))
             fused.append(F.pad(feats.layers[i][rows].float(), pad))
-            teacher.append(F.pad(feats.hidden[i][rows + 1] @ lm_head.T, pad))
+            teacher.append(F.pad(feats.hidden[i][rows + 1], pad))
             # row j predicts the token at position j + 2: keep it when that is a response token
             mask.append(F.pad(rows + 2 >= feats.start[i], (0, t - m)))
         return torch.stack(emb), torch.stack(fused), torch.stack(teacher), torch.stack(mask)
 
     def loss_fn(module, step):
-        emb, fused, teacher, mask = batch(step)
+        emb, fused, teacher_hidden, mask = batch(step)
         outs = module.unroll(emb, fused, cos[: emb.shape[1]], sin[: emb.shape[1]], ttt_steps)
+        # logits only for the rows a loss reads (the response; the prompt rows are context): the
+        # LM head over the draft vocabulary is most of a step's work
+        teacher = teacher_hidden[mask] @ lm_head.T  # [n, Vd]
+        row = torch.arange(mask.shape[1]).expand_as(mask)[mask]  # [n] each scored row's index in its window
         losses, metrics = [], {}
         for s, o in enumerate(outs):
-            valid = mask & (torch.arange(mask.shape[1]) >= s)
-            loss, agree = loop.kl_loss(module.logits(o, partial(F.linear, weight=lm_head)), teacher, valid)
+            student = module.logits(o[mask], partial(F.linear, weight=lm_head))  # [n, Vd]
+            loss, agree = loop.kl_loss(student, teacher, row >= s)  # step s has no draft at rows < s
             losses.append(loss)
             metrics[f"top1_{s}"] = float(agree)
         return sum(losses) / len(losses), metrics
