@@ -123,6 +123,30 @@ def test_a_few_steps_lower_the_loss_and_write_a_checkpoint(target, data_dir, tmp
     assert not list((tmp_path / kind).glob(".*"))  # no temp files left behind
 
 
+def test_the_hass_top_k_term_is_the_cross_entropy_over_the_teachers_top_k_tokens():
+    from specdecode.train import loop
+
+    g = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(5, 16, generator=g), torch.randn(5, 16, generator=g)
+    mask = torch.tensor([True, True, False, True, True])
+    p, logq = teacher.softmax(-1), student.log_softmax(-1)
+    kl, _ = loop.kl_loss(student, teacher, mask)
+    full, _ = loop.kl_loss(student, teacher, mask, topk=16)  # K = V: + H(p, q) = KL + H(p)
+    entropy = -(p * p.log()).sum(-1)[mask].mean()
+    assert torch.allclose(full, 2 * kl + entropy)
+    one, _ = loop.kl_loss(student, teacher, mask, topk=1, topk_weight=0.5)  # + 0.5 * -p_max log q(argmax p)
+    top = teacher.argmax(-1, keepdim=True)
+    assert torch.allclose(one, kl - 0.5 * (p.gather(-1, top) * logq.gather(-1, top))[mask].mean())
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_training_with_the_top_k_term_lowers_the_loss_and_records_it(target, data_dir, tmp_path, kind):
+    result = TRAINERS[kind](target, data_dir, tmp_path / kind, steps=20, save_every=10, topk=10, topk_weight=0.5)
+    assert sum(result.losses[-5:]) / 5 < 0.8 * sum(result.losses[:3]) / 3
+    config = json.loads((tmp_path / kind / "config.json").read_text())
+    assert config["train"]["topk"] == 10 and config["train"]["topk_weight"] == 0.5
+
+
 @pytest.mark.parametrize("kind", TRAINERS)
 def test_resume_after_a_kill_reaches_the_same_state(target, data_dir, tmp_path, kind):
     whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=12, save_every=4, seed=3)

@@ -45,7 +45,8 @@ def _init_from_target(head: EagleHead, hf_model) -> None:
 
 def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, vocab: int = 8192, steps: int = 200, lr: float = 1e-3,
-          batch_tokens: int = 1024, window: int = 384, ttt_steps: int = 2, layers: str = "") -> loop.TrainResult:
+          batch_tokens: int = 1024, window: int = 384, ttt_steps: int = 2, layers: str = "", topk: int = 0,
+          topk_weight: float = 1.0) -> loop.TrainResult:
     torch.manual_seed(seed)
     hf = loaded.model.hf
     cfg = hf.config
@@ -61,7 +62,7 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim,
               "intermediate": cfg.intermediate_size, "eps": cfg.rms_norm_eps, "vocab": len(token_map),
               "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens, "window": window,
-                        "ttt_steps": ttt_steps, "seed": seed, "sequences": len(seqs),
+                        "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight, "seed": seed, "sequences": len(seqs),
                         "response_tokens": data.response_tokens(seqs)}}
     head = head_from_config(config)
     _init_from_target(head, hf.cpu() if loaded.model.device.type == "cpu" else hf)
@@ -98,7 +99,7 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         losses, metrics = [], {}
         for s, o in enumerate(outs):
             student = module.logits(o[mask], partial(F.linear, weight=lm_head))  # [n, Vd]
-            loss, agree = loop.kl_loss(student, teacher, row >= s)  # step s has no draft at rows < s
+            loss, agree = loop.kl_loss(student, teacher, row >= s, topk, topk_weight)  # step s has no draft at rows < s
             losses.append(loss)
             metrics[f"top1_{s}"] = float(agree)
         return sum(losses) / len(losses), metrics

@@ -129,12 +129,20 @@ def plot(losses: list[float], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def kl_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def kl_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, topk: int = 0,
+            topk_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """student, teacher: logits [..., V]; mask: [...] bool -> (mean KL(teacher || student) over the
-    masked rows, top-1 agreement there). Self-distillation: the teacher is the target itself."""
+    masked rows, top-1 agreement there). Self-distillation: the teacher is the target itself.
+    With topk > 0, plus topk_weight times HASS's top-K distillation term (Zhang et al. 2024,
+    "Learning Harmonized Representations for Speculative Sampling", arXiv:2408.15766):
+    -sum over the teacher's K most likely tokens of p log q, which spends a small head's capacity on
+    the candidates that decide acceptance rather than on the tail of the distribution."""
     logq = student.float().log_softmax(-1)
     logp = teacher.float().log_softmax(-1)
     kl = (logp.exp() * (logp - logq)).sum(-1)
+    if topk > 0:
+        top_logp, top = logp.topk(min(topk, logp.shape[-1]), dim=-1)
+        kl = kl - topk_weight * (top_logp.exp() * logq.gather(-1, top)).sum(-1)
     m = mask.float()
     n = m.sum().clamp_min(1)
     agree = ((student.argmax(-1) == teacher.argmax(-1)).float() * m).sum() / n

@@ -21,7 +21,7 @@ from specdecode.train import data, features, loop
 
 def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, num_heads: int = 4, vocab: int = 8192, steps: int = 300,
-          lr: float = 3e-3, batch_tokens: int = 1024) -> loop.TrainResult:
+          lr: float = 3e-3, batch_tokens: int = 1024, topk: int = 0, topk_weight: float = 1.0) -> loop.TrainResult:
     torch.manual_seed(seed)
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
@@ -52,13 +52,13 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         target_rows = (rows[:, None] + offsets).clamp_max(len(hidden) - 1)  # [B, K]
         student = module(hidden[rows], partial(F.linear, weight=lm_head))  # [B, K, Vd]
         teacher = hidden[target_rows] @ lm_head.T  # [B, K, Vd]
-        loss, agree = loop.kl_loss(student, teacher, valid)
+        loss, agree = loop.kl_loss(student, teacher, valid, topk, topk_weight)
         return loss, {"top1": agree}
 
     def export(module, directory):
         config = {"kind": "medusa", "target": target, "hidden": hidden.shape[1], "num_heads": num_heads,
                   "vocab": len(token_map), "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens,
-                                                     "seed": seed, "sequences": len(seqs),
+                                                     "topk": topk, "topk_weight": topk_weight, "seed": seed, "sequences": len(seqs),
                                                      "response_tokens": data.response_tokens(seqs)}}
         tensors = {"weight": module.weight.to(torch.bfloat16), "bias": module.bias.to(torch.bfloat16),
                    "token_map": token_map}
