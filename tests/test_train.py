@@ -179,6 +179,9 @@ def test_train_cli_data_then_medusa(tiny_model_dir, tmp_path, capsys):
     assert main(["train", "eagle", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m3"), "--resume",
                  "--target", str(tmp_path / "no-model")]) == 2  # refused before the target is even looked for
     assert "no training state" in capsys.readouterr().err
+    assert main(["train", "eagle", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m4"), "--set", "topk=4",
+                 "--set", "ttt=3", "--target", str(tmp_path / "no-model")]) == 2  # a misspelt setting: refused first
+    assert "--set ttt: not a setting of `train eagle`" in capsys.readouterr().err and not (tmp_path / "m4").exists()
 
 
 def test_a_lora_adapter_starts_as_the_base_and_merges_to_the_same_linear():

@@ -139,10 +139,16 @@ def _overrides(pairs: list[str]) -> dict:
 
 def cmd_train(args) -> None:
     import importlib
+    import inspect
 
     from specdecode.train import loop
 
     trainer = importlib.import_module(f"specdecode.train.{args.trainer}")
+    overrides = _overrides(args.set)
+    known = {name for name, p in inspect.signature(trainer.train).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    if unknown := sorted(set(overrides) - known):
+        raise UserError(f"--set {', '.join(unknown)}: not a setting of `train {args.trainer}` "
+                        f"(its settings: {', '.join(sorted(known))})")
     if args.resume:
         loop.check_resumable(args.out)  # before loading the target and its feature pass
     args.setup(args)
@@ -151,5 +157,5 @@ def cmd_train(args) -> None:
                                    vocab=args.vocab, init=getattr(args, "init", None),
                                    lora=getattr(args, "lora", None)).items() if v is not None}
     result = trainer.train(loaded, args.data, args.out, features_dir=args.features, seed=args.seed, resume=args.resume,
-                           save_every=args.save_every, **opts, **_overrides(args.set))
+                           save_every=args.save_every, **opts, **overrides)
     print(result.summary())
