@@ -148,6 +148,20 @@ def test_training_with_the_top_k_term_lowers_the_loss_and_records_it(target, dat
 
 
 @pytest.mark.parametrize("kind", TRAINERS)
+def test_bf16_autocast_training_lowers_the_loss_and_resumes_to_the_same_state(target, data_dir, tmp_path, kind):
+    whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=20, save_every=5, amp="bf16")
+    assert sum(whole.losses[-5:]) / 5 < 0.8 * sum(whole.losses[:3]) / 3
+    fp32 = TRAINERS[kind](target, data_dir, tmp_path / "fp32", steps=2, save_every=5)
+    assert whole.losses[0] != fp32.losses[0]  # the forward did run in bf16
+    assert json.loads((tmp_path / "whole" / "config.json").read_text())["train"]["amp"] == "bf16"
+    TRAINERS[kind](target, data_dir, tmp_path / "split", steps=20, save_every=5, amp="bf16", stop_after=10)
+    resumed = TRAINERS[kind](target, data_dir, tmp_path / "split", steps=20, save_every=5, amp="bf16", resume=True)
+    assert resumed.losses == whole.losses
+    with pytest.raises(UserError, match="amp: expected fp32 or bf16"):
+        TRAINERS[kind](target, data_dir, tmp_path / "bad", steps=2, amp="fp16")
+
+
+@pytest.mark.parametrize("kind", TRAINERS)
 def test_resume_after_a_kill_reaches_the_same_state(target, data_dir, tmp_path, kind):
     whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=12, save_every=4, seed=3)
     TRAINERS[kind](target, data_dir, tmp_path / "split", steps=12, save_every=4, seed=3, stop_after=6)  # killed at 6

@@ -57,6 +57,9 @@ def add_parser(sub, model_args, setup) -> None:
         p.add_argument("--features", default=None, metavar="DIR",
                        help="the target-feature store, shareable across data sets and trainers (default: "
                             "DATA/features); holds only what was computed, per sequence")
+        p.add_argument("--amp", choices=["fp32", "bf16"], default="fp32",
+                       help="bf16: the forward under bfloat16 autocast, ~2x faster on CPUs with bf16 dot "
+                            "products (AVX512-BF16, AMX); fp32 master weights either way")
         p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: per trainer)")
         p.add_argument("--lr", type=float, default=None)
         p.add_argument("--batch-tokens", type=int, default=None, help="tokens per optimizer step")
@@ -156,6 +159,6 @@ def cmd_train(args) -> None:
     opts = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens,
                                    vocab=args.vocab, init=getattr(args, "init", None),
                                    lora=getattr(args, "lora", None)).items() if v is not None}
-    result = trainer.train(loaded, args.data, args.out, features_dir=args.features, seed=args.seed, resume=args.resume,
-                           save_every=args.save_every, **opts, **overrides)
+    result = trainer.train(loaded, args.data, args.out, features_dir=args.features, amp=args.amp, seed=args.seed,
+                           resume=args.resume, save_every=args.save_every, **opts, **overrides)
     print(result.summary())

@@ -21,7 +21,8 @@ from specdecode.train import data, features, lora as lora_lib, loop
 
 
 def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
-          stop_after: int | None = None, layers: int = 1, vocab: int = 4096, steps: int = 150, lr: float = 5e-4,
+          stop_after: int | None = None, amp: str = "fp32", layers: int = 1, vocab: int = 4096, steps: int = 150,
+          lr: float = 5e-4,
           batch_tokens: int = 768, window: int = 384, init: str = "", lora: int = 0,
           lora_alpha: float = 0.0) -> loop.TrainResult:
     torch.manual_seed(seed)
@@ -65,14 +66,14 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         tensors = {k: v.to(torch.bfloat16) for k, v in lora_lib.merged_state_dict(module.model).items()
                    if k != "embed_tokens.weight"}
         config = {"kind": "draft", "target": target, "num_layers": layers, "init_layers": picks,
-                  "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens, "window": window,
+                  "train": {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "window": window,
                             "vocab": len(token_map), "seed": seed, "sequences": len(seqs),
                             "response_tokens": data.response_tokens(seqs),
                             "init": init or None, "lora": lora or None}}
         checkpoint.save(directory, tensors, config)
 
     result = loop.run(model, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
-                      stop_after=stop_after, desc="draft")
+                      stop_after=stop_after, desc="draft", amp=amp)
     lora_lib.merge(model)
     hf_dir = result.out / "hf"  # a complete HF model directory (with the embedding): --drafter draft:DIR/hf
     model.save_pretrained(hf_dir)

@@ -44,7 +44,7 @@ def _init_from_target(head: EagleHead, hf_model) -> None:
 
 
 def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
-          stop_after: int | None = None, vocab: int = 8192, steps: int = 200, lr: float = 1e-3,
+          stop_after: int | None = None, amp: str = "fp32", vocab: int = 8192, steps: int = 200, lr: float = 1e-3,
           batch_tokens: int = 1024, window: int = 384, ttt_steps: int = 2, layers: str = "", topk: int = 0,
           topk_weight: float = 1.0) -> loop.TrainResult:
     torch.manual_seed(seed)
@@ -53,7 +53,8 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
     layer_ids = tuple(int(x) for x in str(layers).split(",") if x != "") or default_layers(cfg.num_hidden_layers)
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
-    feats = features.cached(features_dir or Path(data_dir) / "features", loaded.model, seqs, target["fingerprint"], layer_ids)
+    store = features_dir or Path(data_dir) / "features"
+    feats = features.cached(store, loaded.model, seqs, target["fingerprint"], layer_ids)
     token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
     lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
     embed = hf.get_input_embeddings().weight.detach().float().cpu()
@@ -61,8 +62,9 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
     config = {"kind": "eagle", "target": target, "hidden": cfg.hidden_size, "layers": list(layer_ids),
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim,
               "intermediate": cfg.intermediate_size, "eps": cfg.rms_norm_eps, "vocab": len(token_map),
-              "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens, "window": window,
-                        "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight, "seed": seed, "sequences": len(seqs),
+              "train": {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "window": window,
+                        "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight, "seed": seed,
+                        "sequences": len(seqs),
                         "response_tokens": data.response_tokens(seqs)}}
     head = head_from_config(config)
     _init_from_target(head, hf.cpu() if loaded.model.device.type == "cpu" else hf)
@@ -109,4 +111,4 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         checkpoint.save(directory, {**tensors, "token_map": token_map}, config)
 
     return loop.run(head, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
-                    stop_after=stop_after, desc="eagle")
+                    stop_after=stop_after, desc="eagle", amp=amp)

@@ -20,7 +20,7 @@ from specdecode.train import data, features, loop
 
 
 def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
-          stop_after: int | None = None, num_heads: int = 4, vocab: int = 8192, steps: int = 300,
+          stop_after: int | None = None, amp: str = "fp32", num_heads: int = 4, vocab: int = 8192, steps: int = 300,
           lr: float = 3e-3, batch_tokens: int = 1024, topk: int = 0, topk_weight: float = 1.0) -> loop.TrainResult:
     torch.manual_seed(seed)
     seqs = data.read(data_dir)
@@ -56,13 +56,14 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         return loss, {"top1": agree}
 
     def export(module, directory):
+        train = {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "topk": topk,
+                 "topk_weight": topk_weight, "seed": seed, "sequences": len(seqs),
+                 "response_tokens": data.response_tokens(seqs)}
         config = {"kind": "medusa", "target": target, "hidden": hidden.shape[1], "num_heads": num_heads,
-                  "vocab": len(token_map), "train": {"steps": steps, "lr": lr, "batch_tokens": batch_tokens,
-                                                     "topk": topk, "topk_weight": topk_weight, "seed": seed, "sequences": len(seqs),
-                                                     "response_tokens": data.response_tokens(seqs)}}
+                  "vocab": len(token_map), "train": train}
         tensors = {"weight": module.weight.to(torch.bfloat16), "bias": module.bias.to(torch.bfloat16),
                    "token_map": token_map}
         checkpoint.save(directory, tensors, config)
 
     return loop.run(heads, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
-                    stop_after=stop_after, desc="medusa")
+                    stop_after=stop_after, desc="medusa", amp=amp)
