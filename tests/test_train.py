@@ -161,6 +161,18 @@ def test_bf16_autocast_training_lowers_the_loss_and_resumes_to_the_same_state(ta
         TRAINERS[kind](target, data_dir, tmp_path / "bad", steps=2, amp="fp16")
 
 
+def test_eagle_trains_further_from_a_checkpoint(target, data_dir, tmp_path):
+    first = TRAINERS["eagle"](target, data_dir, tmp_path / "a", steps=20, save_every=20)
+    kw = dict(batch_tokens=128, vocab=300, window=64, steps=1, save_every=1, init=str(tmp_path / "a"))
+    same = eagle.train(target, data_dir, tmp_path / "b", lr=0.0, **kw)  # no update: it exports what it started from
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert same.losses[0] < 0.8 * first.losses[0]  # it starts where the first run ended, not from scratch
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["train"]["init"] == str(tmp_path / "a")
+    with pytest.raises(UserError, match="fuses layers"):
+        eagle.train(target, data_dir, tmp_path / "c", layers="1", **kw)
+
+
 @pytest.mark.parametrize("kind", TRAINERS)
 def test_resume_after_a_kill_reaches_the_same_state(target, data_dir, tmp_path, kind):
     whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=12, save_every=4, seed=3)

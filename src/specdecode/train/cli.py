@@ -69,9 +69,10 @@ def add_parser(sub, model_args, setup) -> None:
         p.add_argument("--vocab", type=int, default=None, help="draft vocabulary size (most frequent tokens)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="a trainer hyperparameter (see docs/drafters.md), repeatable")
-        if name == "draft":
-            p.add_argument("--init", default=None, help="fine-tune this draft checkpoint (a directory, or "
+        if name in ("draft", "eagle"):
+            p.add_argument("--init", default=None, help=f"train this {name} checkpoint further (a directory, or "
                            "'shipped') on --data instead of starting from target layers")
+        if name == "draft":
             p.add_argument("--lora", type=int, default=None, metavar="RANK",
                            help="train only rank-RANK LoRA adapters (merged into the weights at export)")
         model_args(p, dtype="fp32")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from specdecode.backends import checkpoint
 from specdecode.backends.fast_llama import norm_offset, norm_weight
 from specdecode.drafters.eagle import EagleHead, head_from_config, rope_tables
+from specdecode.errors import UserError
 from specdecode.train import data, features, loop
 
 
@@ -46,11 +47,18 @@ def _init_from_target(head: EagleHead, hf_model) -> None:
 def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, amp: str = "fp32", vocab: int = 8192, steps: int = 200, lr: float = 1e-3,
           batch_tokens: int = 1024, window: int = 384, ttt_steps: int = 2, layers: str = "", topk: int = 0,
-          topk_weight: float = 1.0) -> loop.TrainResult:
+          topk_weight: float = 1.0, init: str = "") -> loop.TrainResult:
+    """init: start from this EAGLE checkpoint (a directory, or "shipped") instead of the target's last
+    layer, e.g. to train a head further on more data; the head's weights do not depend on the draft
+    vocabulary (its LM head is the target's), so the new data's token map is used."""
     torch.manual_seed(seed)
     hf = loaded.model.hf
     cfg = hf.config
-    layer_ids = tuple(int(x) for x in str(layers).split(",") if x != "") or default_layers(cfg.num_hidden_layers)
+    start = checkpoint.load(None if init == "shipped" else init, "eagle", loaded) if init else None
+    layer_ids = tuple(int(x) for x in str(layers).split(",") if x != "") or (
+        tuple(start[1]["layers"]) if start else default_layers(cfg.num_hidden_layers))
+    if start and list(layer_ids) != start[1]["layers"]:
+        raise UserError(f"--init {init}: that head fuses layers {start[1]['layers']}, not {list(layer_ids)}")
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
     store = features_dir or Path(data_dir) / "features"
@@ -63,11 +71,14 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim,
               "intermediate": cfg.intermediate_size, "eps": cfg.rms_norm_eps, "vocab": len(token_map),
               "train": {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "window": window,
-                        "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight, "seed": seed,
+                        "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight, "seed": seed, "init": init or None,
                         "sequences": len(seqs),
                         "response_tokens": data.response_tokens(seqs)}}
     head = head_from_config(config)
-    _init_from_target(head, hf.cpu() if loaded.model.device.type == "cpu" else hf)
+    if start:
+        head.load_state_dict({k: v.float() for k, v in start[0].items() if k != "token_map"})
+    else:
+        _init_from_target(head, hf.cpu() if loaded.model.device.type == "cpu" else hf)
     cos, sin = rope_tables(hf, window)
     cos, sin = cos.cpu(), sin.cpu()
     per_batch = max(1, batch_tokens // window)
