@@ -12,6 +12,7 @@ instead of target layers, and `lora` > 0 trains only rank-`lora` adapters on its
 from __future__ import annotations
 
 from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -22,8 +23,7 @@ from specdecode.train import data, features, lora as lora_lib, loop
 
 def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, amp: str = "fp32", layers: int = 1, vocab: int = 4096, steps: int = 150,
-          lr: float = 5e-4,
-          batch_tokens: int = 768, window: int = 384, init: str = "", lora: int = 0,
+          lr: float = 5e-4, batch_tokens: int = 768, window: int = 384, init: str = "", lora: int = 0,
           lora_alpha: float = 0.0) -> loop.TrainResult:
     torch.manual_seed(seed)
     hf = loaded.model.hf

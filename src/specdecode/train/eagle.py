@@ -54,11 +54,12 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
     torch.manual_seed(seed)
     hf = loaded.model.hf
     cfg = hf.config
-    start = checkpoint.load(None if init == "shipped" else init, "eagle", loaded) if init else None
+    init_tensors, init_config = (checkpoint.load(None if init == "shipped" else init, "eagle", loaded) if init
+                                 else ({}, {}))
     layer_ids = tuple(int(x) for x in str(layers).split(",") if x != "") or (
-        tuple(start[1]["layers"]) if start else default_layers(cfg.num_hidden_layers))
-    if start and list(layer_ids) != start[1]["layers"]:
-        raise UserError(f"--init {init}: that head fuses layers {start[1]['layers']}, not {list(layer_ids)}")
+        tuple(init_config["layers"]) if init else default_layers(cfg.num_hidden_layers))
+    if init and list(layer_ids) != init_config["layers"]:
+        raise UserError(f"--init {init}: that head fuses layers {init_config['layers']}, not {list(layer_ids)}")
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
     store = features_dir or Path(data_dir) / "features"
@@ -71,12 +72,11 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim,
               "intermediate": cfg.intermediate_size, "eps": cfg.rms_norm_eps, "vocab": len(token_map),
               "train": {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "window": window,
-                        "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight, "seed": seed, "init": init or None,
-                        "sequences": len(seqs),
-                        "response_tokens": data.response_tokens(seqs)}}
+                        "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight, "seed": seed,
+                        "init": init or None, "sequences": len(seqs), "response_tokens": data.response_tokens(seqs)}}
     head = head_from_config(config)
-    if start:
-        head.load_state_dict({k: v.float() for k, v in start[0].items() if k != "token_map"})
+    if init:
+        head.load_state_dict({k: v.float() for k, v in init_tensors.items() if k != "token_map"})
     else:
         _init_from_target(head, hf.cpu() if loaded.model.device.type == "cpu" else hf)
     cos, sin = rope_tables(hf, window)

@@ -90,18 +90,22 @@ def cached(store: str | Path, model, seqs: list[Sequence], fingerprint: str,
     starts = [len(s.prompt_ids) for s in seqs]
     keys = [sequence_key(fingerprint, t, n) for t, n in zip(tokens, starts)]
     have = _index(store, suffix)
-    missing = list({k: i for i, k in reversed(list(enumerate(keys))) if k not in have}.values())[::-1]
+    first = {}  # key -> index of its first sequence, for the keys the store lacks (in data order)
+    for i, k in enumerate(keys):
+        if k not in have:
+            first.setdefault(k, i)
+    missing = list(first.values())
+    if missing:
+        print(f"target features: {len(missing)} of {len(seqs)} sequences not in {store}", file=sys.stderr)
     for lo in range(0, len(missing), CHUNK):
         part = [seqs[i] for i in missing[lo:lo + CHUNK]]
         part_keys = [keys[i] for i in missing[lo:lo + CHUNK]]
-        if lo == 0 and missing:
-            print(f"target features: {len(missing)} of {len(seqs)} sequences not in {store}", file=sys.stderr)
         feats = compute(model, part, layer_ids)
         name = "chunk-" + hashlib.sha1("".join(part_keys).encode()).hexdigest()[:16]
         if suffix:  # the layers first: a chunk's hidden file is what marks it complete
             _save_atomic(feats.layers, store / (name + suffix))
         _save_atomic({"keys": part_keys, "hidden": feats.hidden}, store / (name + ".pt"))
-        have.update(_index_file(store / (name + ".pt"), suffix))
+        have.update(_index_file(store / (name + ".pt"), suffix))  # memory-mapped, not the computed copies
     hidden = [have[k][0] for k in keys]
     layers = [have[k][1] if suffix else h.new_zeros(len(h), 0) for k, h in zip(keys, hidden)]
     for k, t, h in zip(keys, tokens, hidden):

@@ -56,11 +56,11 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         return loss, {"top1": agree}
 
     def export(module, directory):
-        train = {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "topk": topk,
-                 "topk_weight": topk_weight, "seed": seed, "sequences": len(seqs),
-                 "response_tokens": data.response_tokens(seqs)}
+        recipe = {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "topk": topk,
+                  "topk_weight": topk_weight, "seed": seed, "sequences": len(seqs),
+                  "response_tokens": data.response_tokens(seqs)}
         config = {"kind": "medusa", "target": target, "hidden": hidden.shape[1], "num_heads": num_heads,
-                  "vocab": len(token_map), "train": train}
+                  "vocab": len(token_map), "train": recipe}
         tensors = {"weight": module.weight.to(torch.bfloat16), "bias": module.bias.to(torch.bfloat16),
                    "token_map": token_map}
         checkpoint.save(directory, tensors, config)
