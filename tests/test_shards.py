@@ -117,3 +117,26 @@ def test_merge_with_a_token_budget_keeps_the_first_sequences_that_fit(tmp_path):
     assert [s.id for s in merged] == [f"s{i}" for i in range(4)]
     with pytest.raises(UserError, match="at least 1"):
         data.merge([src], tmp_path / "out3", max_tokens=0)
+
+
+def test_parallel_workers_sharing_a_directory_answer_every_prompt_once_as_one_run_does(target, tmp_path):
+    prompts = [(Prompt(f"Count to {i}.", f"q{i}", "c"), None) for i in range(6)]
+    prompts += [(Prompt("And backwards?", f"q{i}-turn2", "c", parent=f"q{i}"), None) for i in range(6)]
+    shares = [data.part(prompts, f"{i}/2") for i in range(2)]
+    assert sorted(p.id for share, _ in shares for p, _ in share) == sorted(p.id for p, _ in prompts)
+    for share, _ in shares:  # a second turn goes to the worker that answers its first turn
+        ids = {p.id for p, _ in share}
+        assert all(p.parent in ids for p, _ in share if p.parent) and 0 < len(ids) < len(prompts)
+    for share, tag in shares:
+        data.generate_data(target, share, tmp_path / "shared", drafter="ngram", max_new_tokens=4, tag=tag)
+    alone = data.generate_data(target, prompts, tmp_path / "alone", drafter="ngram", max_new_tokens=4)
+    together = data.read(tmp_path / "shared")
+    assert sorted(together, key=lambda s: s.id) == sorted(alone, key=lambda s: s.id)
+    assert sorted(p.name for p in shards.paths(tmp_path / "shared")) == ["shard-00000-p0of2.sds",
+                                                                           "shard-00001-p1of2.sds"]
+
+
+@pytest.mark.parametrize("spec", ["2/2", "1", "a/2", "-1/2", "0/0"])
+def test_a_bad_part_is_a_clear_error(spec):
+    with pytest.raises(UserError, match="--part expects I/N"):
+        data.part([(Prompt("x", "x", "c"), None)], spec)

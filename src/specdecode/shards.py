@@ -123,10 +123,11 @@ def paths(directory: str | Path) -> list[Path]:
     return sorted(Path(directory).glob(f"shard-*{SUFFIX}"))
 
 
-def next_path(directory: str | Path) -> Path:
+def next_path(directory: str | Path, tag: str = "") -> Path:
+    """The next shard file name; a tag (a parallel worker's) keeps workers sharing a directory apart."""
     existing = paths(directory)
     n = int(existing[-1].stem.split("-")[1]) + 1 if existing else 0
-    return Path(directory) / f"shard-{n:05d}{SUFFIX}"
+    return Path(directory) / f"shard-{n:05d}{'-' + tag if tag else ''}{SUFFIX}"
 
 
 def read_all(directory: str | Path, target: dict | None = None) -> list[Sequence]:

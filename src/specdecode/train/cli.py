@@ -27,6 +27,8 @@ def add_parser(sub, model_args, setup) -> None:
                    help="instead of generating: join these data directories' shards into --out (dedup by id)")
     d.add_argument("--max-tokens", type=int, default=None, metavar="N",
                    help="with --merge: stop after N response tokens (the sources' order: a data-scaling subset)")
+    d.add_argument("--part", default=None, metavar="I/N",
+                   help="answer only worker I's share of N (parallel workers, one core each, may share --out)")
     d.add_argument("--max-new-tokens", type=int, default=256)
     d.add_argument("--minutes", type=float, default=None, help="stop starting new prompts after this long")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
@@ -110,7 +112,9 @@ def cmd_data(args) -> None:
         print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
         return
 
-    prompts = data.collect_prompts(args.prompts, args.exclude)
+    prompts, tag = data.collect_prompts(args.prompts, args.exclude), ""
+    if args.part:
+        prompts, tag = data.part(prompts, args.part)
     drafters.check_spec(args.drafter)  # before loading anything; generate_data builds it
     args.setup(args)
     loaded = _load_target(args, generate_only=True)
@@ -121,7 +125,7 @@ def cmd_data(args) -> None:
                               params=SamplingParams(args.temperature), max_new_tokens=args.max_new_tokens,
                               minutes=args.minutes, seed=args.seed, batch=args.batch, meta=meta,
                               shard_size=args.shard_size, flush_minutes=args.flush_minutes,
-                              max_prompt_tokens=args.max_prompt_tokens)
+                              max_prompt_tokens=args.max_prompt_tokens, tag=tag)
     print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
 
 

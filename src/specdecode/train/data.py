@@ -65,6 +65,17 @@ def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | N
     return order
 
 
+def part(prompts: list[tuple[Prompt, str | None]], spec: str) -> tuple[list[tuple[Prompt, str | None]], str]:
+    """'I/N' -> the prompts worker I of N answers (a conversation stays with one worker: its first
+    turn's id decides), and the tag its shards carry, so workers can share one data directory."""
+    i, sep, n = spec.partition("/")
+    if not (sep and i.isdigit() and n.isdigit() and int(i) < int(n)):
+        raise UserError(f"--part expects I/N with 0 <= I < N (e.g. 0/2), got {spec!r}")
+    i, n = int(i), int(n)
+    mine = [(p, given) for p, given in prompts if zlib.crc32((p.parent or p.id).encode()) % n == i]
+    return mine, f"p{i}of{n}"
+
+
 def response_tokens(seqs: list[Sequence]) -> int:
     """Target response tokens in a training set (what the data-scaling curve counts)."""
     return sum(len(s.response_ids) for s in seqs)
@@ -85,8 +96,8 @@ def read(data_dir: str | Path, target: dict | None = None) -> list[Sequence]:
 class ShardWriter:
     """Buffers finished sequences and writes them as a shard every `size` sequences or `minutes`."""
 
-    def __init__(self, directory: Path, target: dict, size: int = 256, minutes: float = 10.0):
-        self.directory, self.target, self.size, self.seconds = directory, target, size, 60 * minutes
+    def __init__(self, directory: Path, target: dict, size: int = 256, minutes: float = 10.0, tag: str = ""):
+        self.directory, self.target, self.size, self.seconds, self.tag = directory, target, size, 60 * minutes, tag
         self.buffer: list[Sequence] = []
         self.last = time.monotonic()
         self.written = 0
@@ -98,7 +109,7 @@ class ShardWriter:
 
     def flush(self) -> None:
         if self.buffer:
-            shards.write(shards.next_path(self.directory), self.buffer, self.target)
+            shards.write(shards.next_path(self.directory, self.tag), self.buffer, self.target)
             self.written += len(self.buffer)
             self.buffer = []
         self.last = time.monotonic()
@@ -141,12 +152,12 @@ def merge(sources: list[str | Path], out: str | Path, shard_size: int = 1024,
 def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | Path, *, drafter: str = "ngram",
                   context=None, k: int = 4, params=None, max_new_tokens: int = 256, minutes: float | None = None,
                   seed: int = 0, batch: int = 1, meta: dict | None = None, shard_size: int = 256,
-                  flush_minutes: float = 10.0, max_prompt_tokens: int | None = None) -> list[Sequence]:
+                  flush_minutes: float = 10.0, max_prompt_tokens: int | None = None, tag: str = "") -> list[Sequence]:
     """Generate the target's responses for every prompt whose id is not yet in `out`, writing shards
     as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec (context: how to
     build it); batch > 1 decodes that many prompts at once through the batched core (same greedy
     output, several times the tokens per CPU-second). Prompts longer than max_prompt_tokens are
-    skipped. Returns all sequences of `out`."""
+    skipped. tag: this worker's shard-name tag (see part()). Returns all sequences of `out`."""
     from specdecode.backends import checkpoint
     from specdecode.drafters import DrafterContext
     from specdecode.core.sampling import SamplingParams
@@ -162,7 +173,7 @@ def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | P
     if not (out / "meta.json").exists():
         (out / "meta.json").write_text(json.dumps(meta or {}, indent=1))
     by_id = {p.id: p for p, _ in prompts}
-    writer = ShardWriter(out, target, shard_size, flush_minutes)
+    writer = ShardWriter(out, target, shard_size, flush_minutes, tag)
     deadline = time.monotonic() + 60 * minutes if minutes else None
     options = dict(drafter=drafter, context=context or DrafterContext(loaded), k=k, params=params or SamplingParams(),
                    max_new_tokens=max_new_tokens, seed=seed, deadline=deadline, batch=batch)
