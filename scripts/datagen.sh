@@ -2,7 +2,7 @@
 # The long on-policy data job of issue 18: the default target's greedy responses to >8,000 prompts
 # (MT-bench both turns, HumanEval, summaries, every BFCL category, reasoning-gym's generators), the
 # benchmark's held-out prompts excluded; --dtype gguf-exact gives the fp32 bits, faster. Resumable: rerun
-# the same command after an interruption.
+# the same command after an interruption. One worker per core: add `--part 0/2` and `--part 1/2`.
 #   bash scripts/datagen.sh OUT_DIR [extra `train data` options]
 set -euo pipefail
 out=${1:?usage: scripts/datagen.sh OUT_DIR}
