@@ -177,7 +177,7 @@ def test_build_errors(target, spec, message):
 
 def test_check_spec():
     assert drafters.check_spec("ngram:2-3") == "ngram"
-    with pytest.raises(UserError, match="known: none, ngram, draft, ensemble, medusa, eagle, suffix"):
+    with pytest.raises(UserError, match="known: none, ngram, draft, ensemble, fallback, medusa, eagle, suffix"):
         drafters.check_spec("lookahead")
 
 

@@ -82,6 +82,34 @@ def test_greedy_output_equals_plain_decoding(target, trained, kind, k):
     assert drafted > 0
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_fallback_lets_ngram_draft_where_it_finds_a_match_and_eagle_elsewhere(target, trained, k):
+    """`fallback:ngram+eagle:k=1`: greedy output equals plain decoding; both members draft (the head on
+    the steps prompt lookup has nothing for, at most one token), and the head, fed every step, keeps in
+    step with the context whichever member drafted before."""
+    ctx = drafters.DrafterContext(target)
+    drafter = drafters.build(f"fallback:ngram+eagle:{trained['eagle']}:k=1", ctx)
+    lookup, head = drafter.members
+    lengths = {"ngram": [], "eagle": []}
+
+    def counted(member, name):
+        propose = member.propose
+        def wrapped(context, k, params, generator):
+            proposal = propose(context, k, params, generator)
+            lengths[name].append(proposal.tokens.numel())
+            return proposal
+        return wrapped
+
+    lookup.propose, head.propose = counted(lookup, "ngram"), counted(head, "eagle")
+    prompts = PROMPTS[:4] + ["one two three one two three one two"]
+    _, drafted = assert_lossless(target, drafters.build("none", ctx), drafter, prompts, k=k, max_new_tokens=30)
+    asked_head = len(lengths["eagle"])
+    assert asked_head == lengths["ngram"].count(0)  # the head is asked exactly when lookup has nothing
+    assert 0 < asked_head < len(lengths["ngram"]) and max(lengths["eagle"]) == 1
+    assert drafted == sum(lengths["ngram"]) + sum(lengths["eagle"])
+    assert max(lengths["ngram"]) == k
+
+
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
 def test_trained_drafters_are_accepted_on_their_training_data(target, trained, kind):
     """The tiny target's own responses were the training data: the heads learned some of them."""
@@ -311,18 +339,19 @@ def test_bad_head_tree_specs(target, spec, message):
         drafters.build(spec, drafters.DrafterContext(target))
 
 
-@pytest.mark.parametrize("spec", ["medusa", "eagle", "eagle:b=2:nodes=6"])
+@pytest.mark.parametrize("spec", ["medusa:{medusa}", "eagle:{eagle}", "eagle:b=2:nodes=6:{eagle}",
+                                  "fallback:ngram+eagle:{eagle}:k=1"])
 def test_server_serves_feature_drafters_with_single_request_output(target, trained, spec):
-    """Medusa and EAGLE (chains and trees) through the batched server: concurrent requests, each
-    fed its own rows of the batched forward's features, give the greedy output they get alone."""
+    """Medusa and EAGLE (chains, trees, behind prompt lookup) through the batched server: concurrent
+    requests, each fed its own rows of the batched forward's features, give the greedy output they
+    get alone."""
     import asyncio
 
     import openai
 
     from serving import MODEL, reference, serve
 
-    kind, _, options = spec.partition(":")
-    full = f"{spec}:{trained[kind]}" if options else f"{kind}:{trained[kind]}"
+    full = spec.format(**trained)
     with serve(target, drafter=full, k=3, max_batch=3, load_control=False) as srv:
         async def main():
             async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:

@@ -25,6 +25,8 @@ from specdecode.errors import UserError
     ("medusa", "medusa"),
     ("eagle:b=2:nodes=6", "eagle:b=2:nodes=6"),
     ("ensemble:ngram+draft:/a+b", "ensemble:ngram:2-4+draft:/a+b"),
+    ("fallback:ngram:k=03+eagle: k = 1", "fallback:ngram:2-4:k=3+eagle:k=1"),
+    ("fallback:ngram+draft:b=2:/a+b:k=2", "fallback:ngram:2-4+draft:b=2:/a+b:k=2"),
 ])
 def test_canonical_strings_round_trip(text, expected):
     assert canonical(text) == expected
@@ -52,11 +54,19 @@ def test_equal_drafters_compare_equal_whatever_the_spelling():
     ("ensemble:ngram+draft:/m", False, True, False, ("/m",), 8),
     ("ensemble:ngram+ngram:1-2", True, True, False, (), 8),
     ("ensemble:ngram+eagle", False, True, True, (), 8),
+    ("ensemble:ngram+eagle:k=1", False, True, True, (), 5),  # a member's cap bounds its nodes
+    ("fallback:ngram+eagle:k=1", False, False, True, (), 4),  # one member drafts a step: the largest
+    ("fallback:ngram+draft:b=2:/m:k=3", False, True, False, ("/m",), 6),
 ])
 def test_facts(text, weightless, trees, features, models, nodes):
     spec = parse(text)
     assert (spec.weightless, spec.trees, spec.uses_features, spec.draft_models) == (weightless, trees, features, models)
     assert spec.tree_nodes(4) == nodes
+
+
+def test_a_members_cap_bounds_its_k():
+    eagle = parse("fallback:ngram+eagle:k=1").members[1]
+    assert (eagle.k(4), eagle.k(1), parse("eagle").k(4)) == (1, 1, 4)
 
 
 def test_none_means_k_zero_and_nothing_else_does():
@@ -73,7 +83,11 @@ def test_none_means_k_zero_and_nothing_else_does():
     ("draft:b=2", "needs a model"),
     ("medusa:nodes=4", "needs b=B"),
     ("ensemble:ngram+none", "cannot be 'none'"),
-    ("oracle", "unknown drafter 'oracle'; known: none, ngram, draft, ensemble, medusa, eagle, suffix"),
+    ("fallback:ngram", "fallback needs two or more drafters"),
+    ("fallback:ngram+eagle:k=0", "k=N needs N >= 1"),
+    ("fallback:ngram+none", "fallback members cannot be 'none'"),
+    ("eagle:k=1", "unknown eagle option 'k'"),  # a cap belongs to a composite's member; --k sets a drafter's k
+    ("oracle", "unknown drafter 'oracle'; known: none, ngram, draft, ensemble, fallback, medusa, eagle, suffix"),
 ])
 def test_bad_specs_are_refused_by_the_parser(text, message):
     with pytest.raises(UserError, match=message):

@@ -7,6 +7,8 @@
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
     suffix[:key=value...]                  suffix decoding over this request and previous responses (suffix.py)
     ensemble:A+B[+...]                     several drafters' proposals merged into one tree
+    fallback:A+B[+...]                     the first member with a proposal drafts the step
+    (a member of either may end in :k=N, its own cap on draft tokens a step: fallback:ngram+eagle:k=1)
 
 A model path may contain ':'. To add a drafter: one file with the drafter, then one `register(Kind(...))`
 below with its parser, builder and facts.
@@ -15,13 +17,15 @@ below with its parser, builder and facts.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.cross_vocab import CrossVocabDrafter
 from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.draft_tree import DraftTreeDrafter
 from specdecode.drafters.ensemble import EnsembleDrafter
+from specdecode.drafters.fallback import FallbackDrafter
 from specdecode.drafters.ngram import MAX_N, MIN_N, NgramDrafter
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.suffix import DEFAULTS as SUFFIX_DEFAULTS
@@ -180,38 +184,63 @@ def _build_suffix(spec: Spec, ctx) -> Drafter:
                          o["min_match"])
 
 
-# -- ensemble --------------------------------------------------------------------------------------
+# -- ensemble, fallback ----------------------------------------------------------------------------
 
-def _parse_ensemble(arg: str | None) -> Spec:
-    """`ensemble:A+B[+...]`, members being drafter specs (a '+' inside a draft model's path is kept
-    when the text after it does not start with a drafter name)."""
-    pieces: list[str] = []
-    for piece in (arg or "").split("+"):
-        if pieces and pieces[-1].startswith("draft:") and piece.partition(":")[0] not in KINDS:
-            pieces[-1] += "+" + piece
-        else:
-            pieces.append(piece)
-    if len(pieces) < 2 or not all(p.strip() for p in pieces):
-        raise UserError(f"ensemble needs two or more drafters joined by '+', e.g. ensemble:ngram+draft:<model>; "
-                        f"got {arg!r}")
-    members = tuple(parse(p) for p in pieces)
-    for piece, member in zip(pieces, members):
-        if not member.speculates or member.members:
-            raise UserError(f"ensemble members cannot be {piece!r}")
-    return Spec("ensemble", members=members)
+CAP = re.compile(r"(.*):\s*k\s*=\s*(\d+)\s*")
 
 
-def _build_ensemble(spec: Spec, ctx: DrafterContext) -> Drafter:
-    return EnsembleDrafter([build(member, ctx) for member in spec.members])
+def _member(text: str, kind: str) -> Spec:
+    """One member of a composite: a drafter spec, optionally ending in `:k=N` (its cap)."""
+    cap = None
+    if match := CAP.fullmatch(text):
+        text, cap = match.group(1), int(match.group(2))
+        if cap < 1:
+            raise UserError(f"{kind} member {text!r}: k=N needs N >= 1")
+    member = parse(text)
+    if not member.speculates or member.members:
+        raise UserError(f"{kind} members cannot be {text!r}")
+    return replace(member, cap=cap)
+
+
+def _parse_members(kind: str):
+    def parse_members(arg: str | None) -> Spec:
+        """`kind:A+B[+...]`, members being drafter specs (a '+' inside a draft model's path is kept when
+        the text after it does not start with a drafter name)."""
+        pieces: list[str] = []
+        for piece in (arg or "").split("+"):
+            if pieces and pieces[-1].startswith("draft:") and piece.partition(":")[0] not in KINDS:
+                pieces[-1] += "+" + piece
+            else:
+                pieces.append(piece)
+        if len(pieces) < 2 or not all(p.strip() for p in pieces):
+            raise UserError(f"{kind} needs two or more drafters joined by '+', e.g. {kind}:ngram+draft:<model>; "
+                            f"got {arg!r}")
+        return Spec(kind, members=tuple(_member(p.strip(), kind) for p in pieces))
+
+    return parse_members
+
+
+def _build_members(composite):
+    def build_members(spec: Spec, ctx: DrafterContext) -> Drafter:
+        return composite([build(replace(m, cap=None), ctx) for m in spec.members], [m.cap for m in spec.members])
+
+    return build_members
+
+
+def _format_members(spec: Spec) -> str:
+    return f"{spec.kind}:" + "+".join(map(str, spec.members))
 
 
 register(Kind("none", _parse_none, lambda spec, ctx: NoDrafter(), weightless=True, speculates=False,
               trees=lambda spec: False, tree_nodes=lambda spec, k: 0))
 register(Kind("ngram", _parse_ngram, _build_ngram, weightless=True, format=_format_ngram))
 register(Kind("draft", _parse_draft, _build_draft, draft_models=lambda spec: (spec.arg,)))
-register(Kind("ensemble", _parse_ensemble, _build_ensemble, weightless=True, trees=lambda spec: True,
-              tree_nodes=lambda spec, k: sum(m.tree_nodes(k) for m in spec.members),
-              format=lambda spec: "ensemble:" + "+".join(map(str, spec.members))))
+register(Kind("ensemble", _parse_members("ensemble"), _build_members(EnsembleDrafter), weightless=True,
+              trees=lambda spec: True, tree_nodes=lambda spec, k: sum(m.tree_nodes(m.k(k)) for m in spec.members),
+              format=_format_members))
+register(Kind("fallback", _parse_members("fallback"), _build_members(FallbackDrafter), weightless=True,
+              trees=lambda spec: any(m.trees for m in spec.members),
+              tree_nodes=lambda spec, k: max(m.tree_nodes(m.k(k)) for m in spec.members), format=_format_members))
 register(Kind("medusa", _parse_heads("medusa"), _build_heads, uses_features=True))
 register(Kind("eagle", _parse_heads("eagle"), _build_heads, uses_features=True))
 register(Kind("suffix", _parse_suffix, _build_suffix, weightless=True, learns=True, format=_format_suffix,
@@ -219,5 +248,5 @@ register(Kind("suffix", _parse_suffix, _build_suffix, weightless=True, learns=Tr
               tree_nodes=lambda spec, k: min(k, spec.option("max_tree_depth"))))
 
 
-__all__ = ["CrossVocabDrafter", "Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
+__all__ = ["CrossVocabDrafter", "Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter", "FallbackDrafter",
            "KINDS", "Kind", "NgramDrafter", "NoDrafter", "Proposal", "Spec", "SuffixCache", "SuffixDrafter", "build", "canonical", "check_spec", "parse"]

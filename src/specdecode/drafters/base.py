@@ -70,3 +70,14 @@ class Drafter(Protocol):
 def feature_layers(drafter: Drafter) -> tuple[int, ...]:
     """The target layers a drafter reads (empty for drafters that need no features)."""
     return tuple(getattr(drafter, "layers", ()))
+
+
+def feed_members(members: list[Drafter], features: torch.Tensor) -> None:
+    """A composite drafter's feed: features [m, sum of members' len(layers) * H], the members' layers
+    in order; each feature-reading member gets its own columns."""
+    width = features.shape[1] // sum(len(feature_layers(m)) for m in members)
+    start = 0
+    for member in members:
+        if n := len(feature_layers(member)):
+            member.feed(features[:, start : start + n * width])
+            start += n * width

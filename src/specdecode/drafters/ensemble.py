@@ -1,8 +1,9 @@
 """`ensemble:A+B[+...]`: several drafters' proposals merged into one token tree per step
 (e.g. `ensemble:ngram+draft:<model>`), so the target checks all of them in one forward.
 
-Members propose in order with the same k; their chains and trees are merged into one trie (shared
-prefixes stored once, earlier members' tokens tried first among siblings). A merged tree is verified
+Members propose in order with the step's k (or their own `k=N` cap, if lower); their chains and trees
+are merged into one trie (shared prefixes stored once, earlier members' tokens tried first among
+siblings). A merged tree is verified
 with one-hot q: lossless whatever the members drew (see tree_verify.py), though with sampling it
 accepts a sampled member's tokens less often than that member would alone. When only one member
 proposes anything, its proposal passes through unchanged, q included.
@@ -10,31 +11,26 @@ proposes anything, its proposal passes through unchanged, q included.
 
 from __future__ import annotations
 
-from specdecode.drafters.base import Drafter, Proposal, feature_layers
+from specdecode.drafters.base import Drafter, Proposal, feature_layers, feed_members
 from specdecode.core.tree import Tree
 
 
 class EnsembleDrafter:
     name = "ensemble"
 
-    def __init__(self, members: list[Drafter]):
-        self.members = members
+    def __init__(self, members: list[Drafter], caps: list[int | None] | None = None):
+        self.members, self.caps = members, caps or [None] * len(members)
         self.layers = tuple(i for m in members for i in feature_layers(m))  # members' layers, in order
 
     def feed(self, features):
-        """features [m, len(layers) * H]: each feature-reading member gets its own columns."""
-        width, start = features.shape[1] // len(self.layers), 0
-        for member in self.members:
-            if n := len(feature_layers(member)):
-                member.feed(features[:, start : start + n * width])
-                start += n * width
+        feed_members(self.members, features)  # features [m, len(layers) * H]
 
     def begin(self, prompt):
         for member in self.members:
             member.begin(prompt)
 
     def propose(self, context, k, params, generator):
-        proposals = [m.propose(context, k, params, generator) for m in self.members]
+        proposals = [m.propose(context, min(k, cap or k), params, generator) for m, cap in zip(self.members, self.caps)]
         proposals = [p for p in proposals if p.tokens.numel()]
         if not proposals:
             return Proposal.empty()

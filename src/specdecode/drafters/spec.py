@@ -1,10 +1,10 @@
 """Drafter specs, parsed once.
 
 A spec string names a drafter kind and its argument: `none`, `ngram:2-4:b=3`,
-`draft:b=4:nodes=24:/path/to/model`, `ensemble:ngram+draft:<model>` (drafters/__init__.py lists
-the forms). `parse` turns it into a `Spec`: the kind, its options (`key=value` integers) in the
+`draft:b=4:nodes=24:/path/to/model`, `ensemble:ngram+draft:<model>`, `fallback:ngram+eagle:k=1`
+(drafters/__init__.py lists the forms). `parse` turns it into a `Spec`: the kind, its options (`key=value` integers) in the
 kind's canonical order, its argument (a model path, a checkpoint directory) and, for an ensemble,
-the member specs. `str(spec)` is the canonical form: `ngram:02-4`, `ngram: 2-4` and `ngram` all
+the member specs (a member may carry `k=N`, its cap). `str(spec)` is the canonical form: `ngram:02-4`, `ngram: 2-4` and `ngram` all
 read as `ngram:2-4`, so equal drafters have equal strings (metric labels, caches, config keys).
 
 Each kind registers one `Kind`: how to parse and build it, and the facts other modules ask about
@@ -27,10 +27,11 @@ class Spec:
     kind: str
     options: tuple[tuple[str, int], ...] = ()  # key=value options, in the kind's canonical order
     arg: str | None = None  # a model path / hub id / checkpoint directory; None: the shipped one, or none
-    members: tuple["Spec", ...] = ()  # ensemble members
+    members: tuple["Spec", ...] = ()  # ensemble / fallback members
+    cap: int | None = None  # a member's `k=N`: at most N draft tokens a step, whatever the step's k
 
     def __str__(self) -> str:
-        return KINDS[self.kind].format(self)
+        return KINDS[self.kind].format(self) + (f":k={self.cap}" if self.cap else "")
 
     def option(self, key: str, default: int | None = None) -> int | None:
         return dict(self.options).get(key, default)
@@ -45,8 +46,9 @@ class Spec:
         return self.info.speculates
 
     def k(self, requested: int) -> int:
-        """Draft tokens per step to run this spec with: `none` runs with k = 0, whatever was asked."""
-        return requested if self.speculates else 0
+        """Draft tokens per step to run this spec with: `none` runs with k = 0, whatever was asked; a
+        member with a cap at most its cap."""
+        return min(requested, self.cap or requested) if self.speculates else 0
 
     @property
     def weightless(self) -> bool:

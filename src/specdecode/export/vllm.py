@@ -156,14 +156,14 @@ def _draft(spec, k, ctx) -> RouteExport:
     return RouteExport({"method": "draft_model", "model": model, "num_speculative_tokens": k}, notes)
 
 
-def _ensemble(spec, k, ctx) -> RouteExport:
+def _composite(spec, k, ctx) -> RouteExport:
     raise UserError(f"{spec} has no vLLM equivalent (one proposer per server); export one of its members")
 
 
 # one exporter per drafter kind (tests check that every registered kind has one)
 EXPORTERS: dict[str, Callable[[Spec, int, Context], RouteExport]] = {
-    "none": _none, "ngram": _ngram, "draft": _draft, "medusa": _medusa, "eagle": _eagle, "ensemble": _ensemble,
-    "suffix": _suffix,
+    "none": _none, "ngram": _ngram, "draft": _draft, "medusa": _medusa, "eagle": _eagle, "ensemble": _composite,
+    "fallback": _composite, "suffix": _suffix,
 }
 
 
