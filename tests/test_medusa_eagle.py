@@ -368,3 +368,18 @@ def test_server_serves_feature_drafters_with_single_request_output(target, train
         assert r.usage.speculative["num_draft_tokens"] == alone.stats.drafted
         assert r.usage.speculative["num_accepted_tokens"] == alone.stats.accepted
     assert sum(r.usage.speculative["num_draft_tokens"] for r in results) > 0
+
+
+def test_bench_forks_a_composites_learning_member_and_shares_the_rest(target, trained):
+    """A learning composite (`fallback:suffix+eagle`) is copied per bench row and per rerun: its suffix
+    cache is its own, the head (prepacked weights, which cannot be deep-copied) is shared."""
+    from specdecode.bench.suite import fork
+
+    composite = drafters.build(f"fallback:suffix+eagle:{trained['eagle']}:k=1", drafters.DrafterContext(target))
+    composite.members[0].cache.extend(0, [5, 6, 7, 8])
+    copy = fork(composite)
+    assert copy.members[1] is composite.members[1]
+    assert copy.members[0] is not composite.members[0] and copy.members[0].cache is not composite.members[0].cache
+    copy.members[0].cache.extend(1, [9, 9, 9])
+    assert copy.members[0].cache.responses() != composite.members[0].cache.responses()
+    assert composite.members[0].cache.responses() == [[5, 6, 7, 8]]

@@ -75,6 +75,14 @@ def variants(drafter_specs: list[str], ks: list[int], adaptive: bool) -> list[tu
     return out
 
 
+def fork(drafter):
+    """A learning drafter's own copy of what it learned (its suffix caches); composite members that learn
+    nothing are shared, not copied (a head's prepacked weights cannot be)."""
+    shared = {id(m): m for m in getattr(drafter, "members", ())
+              if not isinstance(getattr(m, "cache", None), drafter_registry.SuffixCache)}
+    return copy.deepcopy(drafter, shared)
+
+
 def passes(prompts: list[Prompt], n: int) -> list[Prompt]:
     """The prompt set n times in a row (n > 1: ids `<id>@<pass>`, categories `pass<pass>:<category>`), so
     a drafter that learns from earlier responses (suffix) shows what the second pass gains."""
@@ -121,7 +129,7 @@ def run(
         ids = {p.id: encode_prompt(loaded.tokenizer, p.prompt, None) for p in prompts}
         fns, costs, built = _runners(loaded, ctx, runs, peer_specs, k_max, ids[prompts[0].id], params, seed)
         learners = {label for label, spec, _ in runs if drafter_registry.parse(spec).learns}
-        fresh = {label: copy.deepcopy(built[label]) for label in learners}
+        fresh = {label: fork(built[label]) for label in learners}
         for label in labels:  # warm-up, excluded
             fns[label](ids[prompts[0].id], prompts[0].category, 8, learn=False)
         built.update(fresh)  # learning drafters forget the warm-up's answer
@@ -132,12 +140,12 @@ def run(
                     cell = cells.setdefault((dtype, label), Cell())
                     go = lambda: fns[label](ids[p.id], p.category, max_new_tokens)  # noqa: E731
                     learns = label in learners
-                    before = copy.deepcopy(built[label]) if learns else None  # what it knew before this prompt
+                    before = fork(built[label]) if learns else None  # what it knew before this prompt
                     res, load = measured(go)
                     if load is not None and load > LOAD_LIMIT:
                         cell.reruns += 1
                         if learns:  # a learning drafter must not see its own answer to the prompt it reruns
-                            built[label] = copy.deepcopy(before)
+                            built[label] = fork(before)
                         res, load = measured(go)
                     cell.walls[p.id].append(res.stats.wall_s)
                     cell.ttfts[p.id].append(res.stats.ttft_s)
@@ -163,7 +171,7 @@ def _runners(loaded, ctx, runs, peer_specs, k_max, probe_ids, params, seed) -> d
     costs = _costs(loaded, by_spec, max([k_max if k is None else k for _, _, k in runs]), probe_ids, params)
     # label -> its drafter: a learning drafter (suffix) gets its own per variant, so that `suffix+adaptive`
     # never proposes from `suffix`'s answer to the same prompt
-    built = {label: copy.deepcopy(by_spec[spec]) if drafter_registry.parse(spec).learns else by_spec[spec]
+    built = {label: fork(by_spec[spec]) if drafter_registry.parse(spec).learns else by_spec[spec]
              for label, spec, _ in runs}
     policy = {spec: _AdaptiveFactory(copy.deepcopy(costs[spec]), k_max, label) for label, spec, k in runs if k is None}
     fns = {}
