@@ -272,9 +272,10 @@ def test_routing_and_adaptive_k_are_reported(target4, trained, tmp_path):
     assert list(result.checkpoints) == [f"medusa:{trained['medusa']}"]
 
 
-def test_ensembles_are_refused(tmp_path):
+@pytest.mark.parametrize("spec", ["ensemble:ngram+ngram:1-2", "fallback:ngram+ngram:1-2:k=1"])
+def test_composites_are_refused(tmp_path, spec):
     with pytest.raises(UserError, match="no vLLM equivalent"):
-        _export(None, tmp_path, "ensemble:ngram+ngram:1-2")
+        _export(None, tmp_path, spec)
 
 
 def test_cli_writes_the_command_and_the_files(target4, trained, tmp_path, capsys):
