@@ -49,6 +49,20 @@ def test_linear_matches_matmul_and_a_row_does_not_depend_on_the_others(ops, wdty
     assert torch.equal(ops.linear(x[4:5].contiguous(), w), y[4:5])
 
 
+def test_drafter_linears_read_bf16_weights_through_the_kernels_where_they_can(ops):
+    """head_linear: with the target's kernels a drafter's weight is read as bfloat16 (its values
+    rounded once, half the bytes); without them, or with K not a multiple of 16, oneDNN fp32."""
+    from specdecode.backends.fast_llama import FusedLinear, Linear, head_linear
+
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(40, 96, generator=g), torch.randn(3, 96, generator=g)
+    fused = head_linear(w, ops)
+    assert isinstance(fused, FusedLinear) and fused.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(fused(x), x @ w.bfloat16().float().T, atol=1e-5, rtol=1e-5)
+    assert isinstance(head_linear(w, None), Linear) and isinstance(head_linear(w[:, :90].contiguous(), ops), Linear)
+    torch.testing.assert_close(head_linear(w, None)(x), x @ w.T, atol=1e-5, rtol=1e-5)
+
+
 def test_many_rows_go_in_blocks_without_changing_a_row(ops):
     """A prefill-sized x is cut into blocks of rows that fit L2 (K = 2048: 16 rows of float32); every
     row still gets the bits it gets alone, in any block and tile."""

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.drafters.base import Proposal
-from specdecode.drafters.draft_vocab import draft_lm_head, scatter_probs
+from specdecode.drafters.draft_vocab import draft_lm_head, kernels, scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.core.sampling import SamplingParams, sample, warp
@@ -161,7 +161,7 @@ class EagleDrafter:
                  branches: int = 1, nodes: int | None = None):
         """target: the target's CausalLM; the decoder feeds this drafter the rows of its layers
         `layer_ids` (self.layers). branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
-        self.head = pack_linears(head.eval())
+        self.head = pack_linears(head.eval(), kernels(target))
         self.branches, self.nodes = branches, nodes
         self.target = target
         self.layers = tuple(layer_ids)
