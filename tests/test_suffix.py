@@ -136,6 +136,42 @@ def test_previous_responses_are_proposed_in_a_new_request():
     assert second.propose([3, 4, 50, 51, 52], 4, SamplingParams(), None).tokens.tolist() == [53, 54, 55]
 
 
+def test_a_corpus_of_past_responses_is_proposed_from_and_shared_by_copies(target, tmp_path):
+    """`suffix:...:PATH`: a third, read-only trie over a `train data` directory's responses (or JSONL):
+    its continuations are proposed in any request, a copy (bench forks, server rows) shares it, and
+    vLLM's export says it has no equivalent."""
+    import copy
+
+    from specdecode import shards
+    from specdecode.core.config import Route
+    from specdecode.export.vllm import Context, export_route
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shards.write(data / "shard-00000.sds", [shards.Sequence("a", "c", [1], [40, 41, 42, 43, 44, 45])], {"name": "t"})
+    drafter = drafters.build(f"suffix:tree=0:max_tree_depth=8:min_token_prob=0.05:{data}", drafters.DrafterContext(target))
+    assert str(drafters.parse(f"suffix:tree=0:{data}")) == f"suffix:tree=0:{data}"
+    drafter.begin([7, 8, 40, 41])
+    assert drafter.propose([7, 8, 40, 41, 42], 4, SamplingParams(), None).tokens.tolist() == [43, 44, 45]
+    twin = copy.deepcopy(drafter)
+    assert twin.corpus is drafter.corpus and twin.cache is not drafter.cache
+    plain = drafters.build("suffix:tree=0:max_tree_depth=8:min_token_prob=0.05", drafters.DrafterContext(target))
+    plain.begin([7, 8, 40, 41])
+    assert plain.propose([7, 8, 40, 41, 42], 4, SamplingParams(), None).tokens.numel() == 0
+    jsonl = tmp_path / "past.jsonl"
+    jsonl.write_text('{"response_ids": [40, 41, 42, 43]}\n')
+    assert drafters.build(f"suffix:{jsonl}", drafters.DrafterContext(target)).corpus.trie.nodes > 1
+    with pytest.raises(UserError, match="neither a `train data` directory nor a JSONL file"):
+        drafters.build(f"suffix:{tmp_path / 'missing'}", drafters.DrafterContext(target))
+    exported = export_route(Route(f"suffix:tree=0:{data}", 8, False), Context.__new__(Context), "x")
+    assert any("has no vLLM setting: vLLM's suffix cache starts empty" in n for n in exported.notes)
+    assert not drafters.parse(f"suffix:{data}").weightless and drafters.parse("suffix").weightless
+    ctx = drafters.DrafterContext(target)
+    for ids in ([7, 8, 40, 41], [40, 41, 42, 5, 6]):  # greedy output stays plain greedy output
+        want = generate(target, drafters.build("none", ctx), ids, max_new_tokens=16).token_ids
+        assert generate(target, drafter, ids, k=4, max_new_tokens=16).token_ids == want
+
+
 @pytest.mark.parametrize("spec", ["suffix", "suffix:tree=0", "suffix:b=2:min_token_prob=0.05",
                                   "ensemble:suffix+ngram"])
 def test_greedy_output_is_plain_greedy_output(target, spec):

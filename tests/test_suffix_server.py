@@ -8,7 +8,8 @@ import pytest
 
 from serving import MODEL, reference, serve
 from specdecode.errors import UserError
-from specdecode.server.suffix_cache import FORMAT, SuffixCaches, read_warm
+from specdecode.drafters.suffix import read_responses
+from specdecode.server.suffix_cache import FORMAT, SuffixCaches
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox",
            "One two three four five six seven eight nine ten. One two three",
@@ -82,12 +83,12 @@ def test_warming_from_jsonl_and_a_train_data_directory(target, tmp_path):
 
     f = tmp_path / "past.jsonl"
     f.write_text(json.dumps({"response_ids": [5, 6, 7]}) + "\n" + json.dumps({"response": "hello there"}) + "\n")
-    warm = read_warm(str(f), target.tokenizer)
+    warm = read_responses(str(f), target.tokenizer)
     assert warm[0] == [5, 6, 7] and warm[1] == target.tokenizer("hello there", add_special_tokens=False)["input_ids"]
     d = tmp_path / "data"
     d.mkdir()
     shards.write(d / "shard-00000.sds", [shards.Sequence("a", "c", [1], [9, 9, 8])], {"name": "t"})
-    assert read_warm(str(d), target.tokenizer) == [[9, 9, 8]]
+    assert read_responses(str(d), target.tokenizer) == [[9, 9, 8]]
     caches = SuffixCaches("global", warm=warm)
     from specdecode.drafters import SuffixDrafter
 

@@ -413,7 +413,8 @@ def cmd_serve(args) -> None:
         from specdecode.server import build_engine, default_routes
         from specdecode.server.app import ServeOptions, create_app
         from specdecode.server.lifecycle import Server
-        from specdecode.server.suffix_cache import SuffixCaches, read_warm
+        from specdecode.drafters.suffix import read_responses
+        from specdecode.server.suffix_cache import SuffixCaches
     except ImportError as e:
         raise UserError(f"serve needs fastapi, uvicorn and prometheus_client (pip install -e .): {e}") from None
     routes = load_config(args.config) if args.config else default_routes(args.drafter, args.k, args.adaptive)
@@ -423,7 +424,7 @@ def cmd_serve(args) -> None:
     _setup(args)
     target = models.load(args.target, args.dtype, args.device, args.backend, args.target_quant)
     if args.suffix_warm:
-        caches.warm = read_warm(args.suffix_warm, target.tokenizer)
+        caches.warm = read_responses(args.suffix_warm, target.tokenizer)
     name = args.served_model_name or (Path(target.name).name if target.name != models.DEFAULT_TARGET else target.name)
     engine = build_engine(target, routes, model_name=name, max_batch=args.max_batch, queue_size=args.queue,
                           load_control=args.load_control, dtype=args.dtype, device=args.device, backend=args.backend,

@@ -5,7 +5,7 @@
     draft                                  the shipped distilled draft model (draft:DIR: a `train draft` checkpoint)
     draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
-    suffix[:key=value...]                  suffix decoding over this request and previous responses (suffix.py)
+    suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a corpus (suffix.py)
     ensemble:A+B[+...]                     several drafters' proposals merged into one tree
     fallback:A+B[+...]                     the first member with a proposal drafts the step
     (a member of either may end in :k=N, its own cap on draft tokens a step: fallback:ngram+eagle:k=1)
@@ -29,7 +29,7 @@ from specdecode.drafters.fallback import FallbackDrafter
 from specdecode.drafters.ngram import MAX_N, MIN_N, NgramDrafter
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.suffix import DEFAULTS as SUFFIX_DEFAULTS
-from specdecode.drafters.suffix import SuffixCache, SuffixDrafter
+from specdecode.drafters.suffix import Corpus, SuffixCache, SuffixDrafter, read_responses
 from specdecode.drafters.spec import KINDS, Kind, Spec, canonical, int_options, parse, register, tree_options
 from specdecode.errors import UserError
 from specdecode.backends.models import LoadedModel
@@ -153,9 +153,13 @@ _SUFFIX_KEYS = {"max_tree_depth": int, "max_cached_requests": int, "max_spec_fac
 
 
 def _parse_suffix(arg: str | None) -> Spec:
-    """`suffix[:key=value...]`, keys as vLLM's suffix method (suffix.DEFAULTS) plus tree=0|1 and b."""
+    """`suffix[:key=value...][:PATH]`, keys as vLLM's suffix method (suffix.DEFAULTS) plus tree=0|1 and b;
+    PATH: a corpus of past responses (a `train data` directory or JSONL), after the options."""
     values = dict(SUFFIX_DEFAULTS)
-    for item in (s.strip() for s in (arg or "").split(":") if s.strip()):
+    segments = (arg or "").split(":")
+    n_options = next(i for i, seg in enumerate(segments + ["/"]) if "=" not in seg and seg.strip())
+    corpus = ":".join(segments[n_options:]).strip() or None
+    for item in (s.strip() for s in segments[:n_options] if s.strip()):
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in _SUFFIX_KEYS:
             raise UserError(f"suffix options are key=value with keys {', '.join(_SUFFIX_KEYS)}; got {item!r}")
@@ -169,19 +173,20 @@ def _parse_suffix(arg: str | None) -> Spec:
         raise UserError(f"suffix needs min_match >= 1: {arg!r}")
     if not values["max_spec_factor"] > 0 or not 0 <= values["min_token_prob"] <= 1 or values["tree"] not in (0, 1):
         raise UserError(f"suffix needs max_spec_factor > 0, 0 <= min_token_prob <= 1 and tree 0 or 1: {arg!r}")
-    return Spec("suffix", tuple(values.items()))
+    return Spec("suffix", tuple(values.items()), corpus)
 
 
 def _format_suffix(spec: Spec) -> str:
     changed = [f"{key}={value}" for key, value in spec.options if value != SUFFIX_DEFAULTS[key]]
-    return ":".join(["suffix", *changed])
+    return ":".join(["suffix", *changed, *([spec.arg] if spec.arg else [])])
 
 
 def _build_suffix(spec: Spec, ctx) -> Drafter:
     o = dict(spec.options)
     cache = SuffixCache(o["max_tree_depth"], o["max_cached_requests"])
+    corpus = Corpus(read_responses(spec.arg, ctx.target.tokenizer), o["max_tree_depth"]) if spec.arg else None
     return SuffixDrafter(cache, o["max_tree_depth"], o["max_spec_factor"], o["min_token_prob"], bool(o["tree"]), o["b"],
-                         o["min_match"])
+                         o["min_match"], corpus)
 
 
 # -- ensemble, fallback ----------------------------------------------------------------------------

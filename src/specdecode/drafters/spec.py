@@ -52,8 +52,8 @@ class Spec:
 
     @property
     def weightless(self) -> bool:
-        """Builds without loading any weights (cheap enough to build per request)."""
-        return self.info.weightless and all(m.weightless for m in self.members)
+        """Builds without loading any weights or files (cheap enough to build per request)."""
+        return self.info.weightless and self.arg is None and all(m.weightless for m in self.members)
 
     @property
     def learns(self) -> bool:

@@ -9,6 +9,9 @@ keeping nodes at least `min_token_prob` likely, and proposes the better-scoring 
 the expected accepted tokens, the sum of path probabilities). Speculation length adapts to the match:
 at most `max_spec_factor` × the matched length, and at most `max_tree_depth`. No match: no drafts.
 q is one-hot (tokens chosen deterministically), so verification stays lossless.
+A third, read-only trie may hold a corpus (`suffix:...:PATH`, a `train data` directory or a JSONL of
+responses): the target's own past answers to other prompts, looked up like the cache (retrieval-based
+drafting, REST: He et al. 2024, arXiv 2311.08252). It is built once and shared by every copy.
 Options mirror vLLM's: max_tree_depth 24, max_cached_requests 10000, max_spec_factor 1.0,
 min_token_prob 0.1; plus tree (1: token trees, 0: chains), b (branches per node, trees only) and
 min_match (default 2: a pattern of one token proposes nothing; on held-out prose such proposals were
@@ -18,13 +21,17 @@ accepted 1 time in 37 and made suffix slower than plain decoding on writing, 0.9
 from __future__ import annotations
 
 import itertools
+import json
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 
+from specdecode import shards
 from specdecode.core.sampling import SamplingParams
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.suffix_tree import SuffixTrie, grow
+from specdecode.errors import UserError
 
 DEFAULTS = {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_factor": 1.0, "min_token_prob": 0.1,
             "tree": 1, "b": 4, "min_match": 2}
@@ -60,12 +67,29 @@ class SuffixCache:
         return self.trie.nodes
 
 
+class Corpus:
+    """A read-only suffix trie over a corpus of responses: shared, never copied (copy.deepcopy of a
+    drafter that holds one, as the benchmark does per prompt, keeps this one)."""
+
+    def __init__(self, responses: list[list[int]], depth: int):
+        self.trie = SuffixTrie(depth)
+        for i, tokens in enumerate(responses):
+            self.trie.extend(i, tokens)
+        self.trie.streams.clear()  # never removed from: the frontiers and stream copies only cost memory
+        self.trie.frontier.clear()
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 class SuffixDrafter:
     name = "suffix"
 
     def __init__(self, cache: SuffixCache | None = None, max_tree_depth: int = 24, max_spec_factor: float = 1.0,
-                 min_token_prob: float = 0.1, tree: bool = True, branches: int = 4, min_match: int = 2):
+                 min_token_prob: float = 0.1, tree: bool = True, branches: int = 4, min_match: int = 2,
+                 corpus: Corpus | None = None):
         self.cache = cache if cache is not None else SuffixCache(max_tree_depth)
+        self.corpus = corpus
         self.depth, self.factor, self.min_prob = max_tree_depth, max_spec_factor, min_token_prob
         self.branches = branches if tree else 1
         self.min_match = min_match
@@ -92,7 +116,7 @@ class SuffixDrafter:
         # the trie holds pattern + continuation within `depth` tokens: a match of m leaves depth - m to
         # speculate, and factor * m are wanted, so matches longer than depth / (1 + factor) only cost
         longest = max(1, round(self.depth / (1 + self.factor)))
-        for trie in (self.local, self.cache.trie):
+        for trie in (self.local, self.cache.trie, *([self.corpus.trie] if self.corpus else [])):
             node, length = trie.match(context, longest)
             if node is None or length < self.min_match:
                 continue
@@ -110,3 +134,30 @@ class SuffixDrafter:
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass
+
+
+def read_responses(path: str, tokenizer) -> list[list[int]]:
+    """Past responses as token ids: a `train data` directory, or JSONL with response_ids / response
+    (the server's `--suffix-warm`, a `suffix:...:PATH` corpus)."""
+    p = Path(path)
+    if p.is_dir():  # written by `train data`: shards, and sequences.jsonl in older directories
+        out = [s.response_ids for s in shards.read_all(p)]
+        legacy = p / "sequences.jsonl"
+        return out + (read_responses(str(legacy), tokenizer) if legacy.is_file() else [])
+    if not p.is_file():
+        raise UserError(f"past responses: {path} is neither a `train data` directory nor a JSONL file")
+    out = []
+    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if isinstance(row.get("response_ids"), list):
+            out.append([int(t) for t in row["response_ids"]])
+        elif isinstance(row.get("response"), str):
+            out.append(tokenizer(row["response"], add_special_tokens=False)["input_ids"])
+        else:
+            raise UserError(f"{path}:{lineno}: expected 'response_ids' or 'response'")
+    return out

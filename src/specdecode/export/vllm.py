@@ -84,6 +84,9 @@ def _suffix(spec, k, ctx) -> RouteExport:
         notes.append("suffix tree=1 verifies token trees; vLLM's suffix proposer drafts one chain per step")
     if o["min_match"] != 1:
         notes.append(f"suffix min_match={o['min_match']} has no vLLM setting: vLLM also proposes after one-token matches")
+    if spec.arg:
+        notes.append(f"the corpus {spec.arg} has no vLLM setting: vLLM's suffix cache starts empty and learns from "
+                     "the server's own responses")
     cfg = {"method": "suffix", "num_speculative_tokens": min(k, o["max_tree_depth"]),
            "suffix_decoding_max_tree_depth": o["max_tree_depth"],
            "suffix_decoding_max_cached_requests": o["max_cached_requests"],

@@ -20,7 +20,6 @@ import json
 import os
 from pathlib import Path
 
-from specdecode import shards
 from specdecode.drafters import SuffixCache
 from specdecode.errors import UserError
 
@@ -84,29 +83,3 @@ class SuffixCaches:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise UserError(f"suffix cache {self.path} cannot be read ({e}); it was left as it is: fix or move "
                             "it, or start without --suffix-cache") from None
-
-
-def read_warm(path: str, tokenizer) -> list[list[int]]:
-    """Past responses as token ids: a `train data` directory, or JSONL with response_ids / response."""
-    p = Path(path)
-    if p.is_dir():  # written by `train data`: shards, and sequences.jsonl in older directories
-        out = [s.response_ids for s in shards.read_all(p)]
-        legacy = p / "sequences.jsonl"
-        return out + (read_warm(str(legacy), tokenizer) if legacy.is_file() else [])
-    if not p.is_file():
-        raise UserError(f"--suffix-warm: {path} is neither a data directory nor a file")
-    out = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        if isinstance(row.get("response_ids"), list):
-            out.append([int(t) for t in row["response_ids"]])
-        elif isinstance(row.get("response"), str):
-            out.append(tokenizer(row["response"], add_special_tokens=False)["input_ids"])
-        else:
-            raise UserError(f"{path}:{lineno}: expected 'response_ids' or 'response'")
-    return out
