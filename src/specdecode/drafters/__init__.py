@@ -253,5 +253,6 @@ register(Kind("suffix", _parse_suffix, _build_suffix, weightless=True, learns=Tr
               tree_nodes=lambda spec, k: min(k, spec.option("max_tree_depth"))))
 
 
-__all__ = ["CrossVocabDrafter", "Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter", "FallbackDrafter",
-           "KINDS", "Kind", "NgramDrafter", "NoDrafter", "Proposal", "Spec", "SuffixCache", "SuffixDrafter", "build", "canonical", "check_spec", "parse"]
+__all__ = ["CrossVocabDrafter", "Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
+           "FallbackDrafter", "KINDS", "Kind", "NgramDrafter", "NoDrafter", "Proposal", "Spec", "SuffixCache",
+           "SuffixDrafter", "build", "canonical", "check_spec", "parse"]
