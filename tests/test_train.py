@@ -267,3 +267,25 @@ def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tm
     (tmp_path / "medusa" / "config.json").write_text(json.dumps({"kind": "medusa"}))
     with pytest.raises(UserError, match="not 'draft'"):
         draft.train(target, data_dir, tmp_path / "x", steps=1, init=str(tmp_path / "medusa"))
+
+
+def test_the_recipe_script_trains_all_three_sharing_one_feature_store_and_skips_finished_ones(
+        tiny_model_dir, data_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train_drafters.sh"
+    env = {**os.environ, "EAGLE_STEPS": "2", "MEDUSA_STEPS": "2", "DRAFT_STEPS": "2", "AMP": "fp32",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    command = ["bash", str(script), str(data_dir), str(tmp_path / "out"), "--target", tiny_model_dir, "--device", "cpu",
+               "--threads", "1", "--batch-tokens", "64", "--vocab", "100"]
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    for kind in ("eagle", "medusa", "draft"):
+        assert (tmp_path / "out" / kind / "model.safetensors").is_file()
+        assert len(json.loads((tmp_path / "out" / kind / "losses.json").read_text())["losses"]) == 2
+    assert list((tmp_path / "out" / "features").iterdir())  # one store, in OUT/features
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count(": done (") == 3
