@@ -89,6 +89,11 @@ def test_warming_from_jsonl_and_a_train_data_directory(target, tmp_path):
     d.mkdir()
     shards.write(d / "shard-00000.sds", [shards.Sequence("a", "c", [1], [9, 9, 8])], {"name": "t"})
     assert read_responses(str(d), target.tokenizer) == [[9, 9, 8]]
+    for content, message in [("[5, 6]\n", ":1: expected an object, got list"), ("{\n", ":1: not valid JSON"),
+                             ('{"response_ids": [1]}\n{"text": "x"}\n', ":2: expected 'response_ids' or 'response'")]:
+        f.write_text(content)
+        with pytest.raises(UserError, match=message):
+            read_responses(str(f), target.tokenizer)
     caches = SuffixCaches("global", warm=warm)
     from specdecode.drafters import SuffixDrafter
 

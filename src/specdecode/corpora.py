@@ -39,11 +39,12 @@ class Prompt:
     parent: str | None = None  # a second turn: the id of the first turn, asked (and answered) before it
 
 
-def read_jsonl(path: str | Path) -> list[Prompt]:
+def jsonl_rows(path: str | Path, what: str):
+    """(line number, object) for each non-blank line of the JSONL file `path`, `what` naming the file in
+    errors: a missing file, a line that is not JSON or not an object is a UserError with its line."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"prompt file not found: {path}")
-    prompts = []
+        raise UserError(f"{what} not found: {path}")
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -51,7 +52,15 @@ def read_jsonl(path: str | Path) -> list[Prompt]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}:{lineno}: expected an object, got {type(obj).__name__}")
+        yield lineno, obj
+
+
+def read_jsonl(path: str | Path) -> list[Prompt]:
+    prompts = []
+    for lineno, obj in jsonl_rows(path, "prompt file"):
+        if not isinstance(obj.get("prompt"), str):
             raise UserError(f"{path}:{lineno}: expected an object with a string field 'prompt'")
         if not obj["prompt"].strip():
             raise UserError(f"{path}:{lineno}: empty prompt")

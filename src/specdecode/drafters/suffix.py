@@ -21,13 +21,13 @@ accepted 1 time in 37 and made suffix slower than plain decoding on writing, 0.9
 from __future__ import annotations
 
 import itertools
-import json
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
 from specdecode import shards
+from specdecode.corpora import jsonl_rows
 from specdecode.core.sampling import SamplingParams
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.suffix_tree import SuffixTrie, grow
@@ -147,13 +147,7 @@ def read_responses(path: str, tokenizer) -> list[list[int]]:
     if not p.is_file():
         raise UserError(f"past responses: {path} is neither a `train data` directory nor a JSONL file")
     out = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    for lineno, row in jsonl_rows(p, "past responses"):
         if isinstance(row.get("response_ids"), list):
             out.append([int(t) for t in row["response_ids"]])
         elif isinstance(row.get("response"), str):

@@ -22,7 +22,7 @@ import time
 import zlib
 from pathlib import Path
 
-from specdecode.corpora import Prompt, load_prompts
+from specdecode.corpora import Prompt, jsonl_rows, load_prompts
 from specdecode.errors import UserError
 from specdecode import shards
 from specdecode.shards import Sequence
@@ -33,13 +33,8 @@ def _given_responses(spec: str) -> dict[str, str]:
     path = Path(spec)
     if not path.is_file():
         return {}
-    out = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            obj = json.loads(line)
-            if isinstance(obj.get("response"), str):
-                out[str(obj.get("id", lineno))] = obj["response"]
-    return out
+    return {str(obj.get("id", lineno)): obj["response"] for lineno, obj in jsonl_rows(path, "prompt file")
+            if isinstance(obj.get("response"), str)}
 
 
 def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | None]]:
