@@ -184,6 +184,51 @@ def test_resume_after_a_kill_reaches_the_same_state(target, data_dir, tmp_path, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_held_out_scores_keep_the_best_drafter_and_survive_a_resume(target, data_dir, tmp_path, kind):
+    whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=12, save_every=4, val=0.3, eval_every=4)
+    saved = json.loads((tmp_path / "whole" / "losses.json").read_text())["val"]
+    assert [h["step"] for h in saved] == [4, 8, 12] and all(0 <= h["score"] <= 1 for h in saved)
+    first = "top1" if kind == "draft" else "top1_0"  # the score is position 1's agreement
+    assert all(h["score"] == h[first] for h in saved)
+    config = json.loads((tmp_path / "whole" / "config.json").read_text())["train"]
+    train_ids, val_ids = data.split(data.read(data_dir), 0.3)
+    assert (config["sequences"], config["val_sequences"]) == (len(train_ids), len(val_ids)) and val_ids
+    best = max(saved, key=lambda h: h["score"])  # written when it was scored: the first best one
+    assert json.loads((tmp_path / "whole" / "best" / "config.json").read_text())["kind"] == kind
+    if best["step"] == 12:
+        assert load_file(tmp_path / "whole" / "best" / "model.safetensors").keys() == \
+            load_file(tmp_path / "whole" / "model.safetensors").keys()
+    TRAINERS[kind](target, data_dir, tmp_path / "split", steps=12, save_every=4, val=0.3, eval_every=4, stop_after=6)
+    resumed = TRAINERS[kind](target, data_dir, tmp_path / "split", steps=12, save_every=4, val=0.3, eval_every=4,
+                             resume=True)
+    assert resumed.losses == whole.losses
+    assert json.loads((tmp_path / "split" / "losses.json").read_text())["val"] == saved
+
+
+def test_patience_ends_a_run_whose_held_out_score_stops_improving(target, data_dir, tmp_path):
+    # lr 0: the score never improves on the first one, so two more evaluations end the run
+    result = medusa.train(target, data_dir, tmp_path / "m", lr=0.0, batch_tokens=64, vocab=300, steps=40, val=0.3,
+                          eval_every=2, patience=2)
+    assert len(result.losses) == 6
+    history = json.loads((tmp_path / "m" / "losses.json").read_text())["val"]
+    assert [h["step"] for h in history] == [2, 4, 6] and len({h["score"] for h in history}) == 1
+    assert (tmp_path / "m" / "best" / "model.safetensors").is_file()
+
+
+def test_the_held_out_split_is_stable_as_data_grows_and_checks_its_fraction(data_dir):
+    seqs = data.read(data_dir)
+    _, val_all = data.split(seqs, 0.3)
+    _, val_half = data.split(seqs[: len(seqs) // 2], 0.3)
+    assert val_half == [i for i in val_all if i < len(seqs) // 2]
+    assert data.split(seqs, 0.0) == (list(range(len(seqs))), [])
+    for bad in (-0.1, 1.0):
+        with pytest.raises(UserError, match="--val: expected a fraction"):
+            data.split(seqs, bad)
+    with pytest.raises(UserError, match="held-out and"):
+        data.split(seqs[:1], 0.5)  # one sequence: one side is empty
+
+
 def test_resume_without_a_checkpoint_is_a_user_error(target, data_dir, tmp_path):
     with pytest.raises(UserError, match="no training state"):
         TRAINERS["medusa"](target, data_dir, tmp_path / "none", steps=4, resume=True)

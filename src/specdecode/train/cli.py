@@ -68,6 +68,12 @@ def add_parser(sub, model_args, setup) -> None:
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
         p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+        p.add_argument("--val", type=float, default=0.0, metavar="FRACTION",
+                       help="hold out this fraction of the sequences (by id) and score the drafter there "
+                            "(teacher-forced top-1 agreement per position); the best is written to OUT/best")
+        p.add_argument("--eval-every", type=int, default=200, help="with --val: score every N steps")
+        p.add_argument("--patience", type=int, default=0,
+                       help="with --val: stop after N scores without a better one (0: run every step)")
         p.add_argument("--vocab", type=int, default=None, help="draft vocabulary size (most frequent tokens)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="a trainer hyperparameter (see docs/drafters.md), repeatable")
@@ -165,5 +171,6 @@ def cmd_train(args) -> None:
                                    vocab=args.vocab, init=getattr(args, "init", None),
                                    lora=getattr(args, "lora", None)).items() if v is not None}
     result = trainer.train(loaded, args.data, args.out, features_dir=args.features, amp=args.amp, seed=args.seed,
-                           resume=args.resume, save_every=args.save_every, **opts, **overrides)
+                           resume=args.resume, save_every=args.save_every, val=args.val, eval_every=args.eval_every,
+                           patience=args.patience, **opts, **overrides)
     print(result.summary())

@@ -76,6 +76,20 @@ def response_tokens(seqs: list[Sequence]) -> int:
     return sum(len(s.response_ids) for s in seqs)
 
 
+def split(seqs: list[Sequence], fraction: float) -> tuple[list[int], list[int]]:
+    """Indices of the training and held-out sequences: a sequence is held out when the hash of its id
+    falls in the first `fraction` of the range, so a sequence stays on its side as the data grows
+    (every point of a data-scaling curve is scored on the same held-out prompts it has)."""
+    if not 0 <= fraction < 1:
+        raise UserError(f"--val: expected a fraction in [0, 1), got {fraction}")
+    held = [zlib.crc32(s.id.encode()) < fraction * 2**32 for s in seqs]
+    train, val = [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h]
+    if fraction and (not val or not train):
+        raise UserError(f"--val {fraction}: {len(val)} held-out and {len(train)} training sequences of "
+                        f"{len(seqs)} (a larger data set or another fraction is needed)")
+    return train, val
+
+
 def read(data_dir: str | Path, target: dict | None = None) -> list[Sequence]:
     """Every sequence of a data directory: its shards, then a legacy sequences.jsonl."""
     path = Path(data_dir)

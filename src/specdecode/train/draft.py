@@ -24,13 +24,16 @@ from specdecode.train import data, features, lora as lora_lib, loop
 def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, amp: str = "fp32", layers: int = 1, vocab: int = 4096, steps: int = 150,
           lr: float = 5e-4, batch_tokens: int = 768, window: int = 384, init: str = "", lora: int = 0,
-          lora_alpha: float = 0.0) -> loop.TrainResult:
+          lora_alpha: float = 0.0, val: float = 0.0, eval_every: int = 200, patience: int = 0) -> loop.TrainResult:
+    """val: hold out this fraction of the sequences (data.split) and score the draft's top-1 agreement
+    with the target's next token there."""
     torch.manual_seed(seed)
     hf = loaded.model.hf
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
     feats = features.cached(features_dir or Path(data_dir) / "features", loaded.model, seqs, target["fingerprint"])
-    token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
+    train_ids, val_ids = data.split(seqs, val)
+    token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
     lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
     if init:
         tensors, init_config = checkpoint.load(None if init == "shipped" else init, "draft", loaded)
@@ -48,8 +51,8 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         lora_lib.apply(model, lora, lora_alpha or None)
     per_batch = max(1, batch_tokens // window)
 
-    def loss_fn(module, step):
-        pick = torch.randint(len(seqs), (per_batch,), generator=loop.batch_generator(seed, step)).tolist()
+    def forward(module, pick):
+        """sequence indices -> loss, top-1 agreement, rows scored."""
         t = min(window, max(len(feats.tokens[i]) for i in pick))
         tokens, teacher, mask = [], [], []
         for i in pick:
@@ -59,21 +62,34 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
             teacher.append(F.pad(feats.hidden[i][rows] @ lm_head.T, (0, 0, 0, t - len(rows))))
             mask.append(F.pad(rows + 1 >= feats.start[i], (0, t - len(rows))))  # predicts a response token
         hidden = module.model(input_ids=torch.stack(tokens)).last_hidden_state  # [B, T, H], after the norm
-        loss, agree = loop.kl_loss(hidden @ lm_head.T, torch.stack(teacher), torch.stack(mask))
-        return loss, {"top1": float(agree)}
+        mask = torch.stack(mask)
+        loss, agree = loop.kl_loss(hidden @ lm_head.T, torch.stack(teacher), mask)
+        return loss, {"top1": float(agree)}, [int(mask.sum())]
+
+    def loss_fn(module, step):
+        draw = torch.randint(len(train_ids), (per_batch,), generator=loop.batch_generator(seed, step)).tolist()
+        loss, metrics, _ = forward(module, [train_ids[j] for j in draw])
+        return loss, metrics
+
+    def evaluate(module):
+        agree = loop.weighted_metrics(forward(module, val_ids[lo:lo + per_batch])[1:]
+                                      for lo in range(0, len(val_ids), per_batch))
+        return agree["top1"], agree
 
     def export(module, directory):
         tensors = {k: v.to(torch.bfloat16) for k, v in lora_lib.merged_state_dict(module.model).items()
                    if k != "embed_tokens.weight"}
         config = {"kind": "draft", "target": target, "num_layers": layers, "init_layers": picks,
                   "train": {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "window": window,
-                            "vocab": len(token_map), "seed": seed, "sequences": len(seqs),
-                            "response_tokens": data.response_tokens(seqs),
+                            "vocab": len(token_map), "seed": seed, "sequences": len(train_ids),
+                            "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
+                            "val": val, "val_sequences": len(val_ids),
                             "init": init or None, "lora": lora or None}}
         checkpoint.save(directory, tensors, config)
 
     result = loop.run(model, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
-                      stop_after=stop_after, desc="draft", amp=amp)
+                      stop_after=stop_after, desc="draft", amp=amp, evaluate=evaluate if val_ids else None,
+                      eval_every=eval_every, patience=patience)
     lora_lib.merge(model)
     hf_dir = result.out / "hf"  # a complete HF model directory (with the embedding): --drafter draft:DIR/hf
     model.save_pretrained(hf_dir)

@@ -47,10 +47,13 @@ def _init_from_target(head: EagleHead, hf_model) -> None:
 def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
           stop_after: int | None = None, amp: str = "fp32", vocab: int = 8192, steps: int = 200, lr: float = 1e-3,
           batch_tokens: int = 1024, window: int = 384, ttt_steps: int = 2, layers: str = "", topk: int = 0,
-          topk_weight: float = 1.0, init: str = "") -> loop.TrainResult:
+          topk_weight: float = 1.0, init: str = "", val: float = 0.0, eval_every: int = 200,
+          patience: int = 0) -> loop.TrainResult:
     """init: start from this EAGLE checkpoint (a directory, or "shipped") instead of the target's last
     layer, e.g. to train a head further on more data; the head's weights do not depend on the draft
-    vocabulary (its LM head is the target's), so the new data's token map is used."""
+    vocabulary (its LM head is the target's), so the new data's token map is used. val: hold out this
+    fraction of the sequences (data.split) and score the head's teacher-forced top-1 agreement with the
+    target there, per unrolled step (top1_0 is position 1's acceptance under greedy decoding)."""
     torch.manual_seed(seed)
     hf = loaded.model.hf
     cfg = hf.config
@@ -64,7 +67,8 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
     target = checkpoint.describe(loaded)
     store = features_dir or Path(data_dir) / "features"
     feats = features.cached(store, loaded.model, seqs, target["fingerprint"], layer_ids)
-    token_map = data.token_map(seqs, loaded.model.vocab_size, vocab)
+    train_ids, val_ids = data.split(seqs, val)
+    token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
     lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
     embed = hf.get_input_embeddings().weight.detach().float().cpu()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -73,7 +77,9 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
               "intermediate": cfg.intermediate_size, "eps": cfg.rms_norm_eps, "vocab": len(token_map),
               "train": {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "window": window,
                         "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight, "seed": seed,
-                        "init": init or None, "sequences": len(seqs), "response_tokens": data.response_tokens(seqs)}}
+                        "init": init or None, "sequences": len(train_ids),
+                        "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
+                        "val": val, "val_sequences": len(val_ids)}}
     head = head_from_config(config)
     if init:
         head.load_state_dict({k: v.float() for k, v in init_tensors.items() if k != "token_map"})
@@ -83,10 +89,9 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
     cos, sin = cos.cpu(), sin.cpu()
     per_batch = max(1, batch_tokens // window)
 
-    def batch(step):
-        """-> emb [B, T, H], fused [B, T, F], the target's final hidden rows [B, T, H] (its next-token
-        logits once projected), loss mask [B, T]."""
-        pick = torch.randint(len(seqs), (per_batch,), generator=loop.batch_generator(seed, step)).tolist()
+    def batch(pick):
+        """sequence indices -> emb [B, T, H], fused [B, T, F], the target's final hidden rows [B, T, H]
+        (its next-token logits once projected), loss mask [B, T]."""
         t = min(window, max(len(feats.tokens[i]) - 1 for i in pick))
         emb, fused, teacher, mask = [], [], [], []
         for i in pick:
@@ -102,24 +107,37 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
             mask.append(F.pad(rows + 2 >= feats.start[i], (0, t - m)))
         return torch.stack(emb), torch.stack(fused), torch.stack(teacher), torch.stack(mask)
 
-    def loss_fn(module, step):
-        emb, fused, teacher_hidden, mask = batch(step)
+    def forward(module, pick):
+        """-> mean loss over the unrolled steps, top-1 agreement per step, rows scored per step."""
+        emb, fused, teacher_hidden, mask = batch(pick)
         outs = module.unroll(emb, fused, cos[: emb.shape[1]], sin[: emb.shape[1]], ttt_steps)
         # logits only for the rows a loss reads (the response; the prompt rows are context): the
         # LM head over the draft vocabulary is most of a step's work
         teacher = teacher_hidden[mask] @ lm_head.T  # [n, Vd]
         row = torch.arange(mask.shape[1]).expand_as(mask)[mask]  # [n] each scored row's index in its window
-        losses, metrics = [], {}
+        losses, metrics, counts = [], {}, []
         for s, o in enumerate(outs):
             student = module.logits(o[mask], partial(F.linear, weight=lm_head))  # [n, Vd]
             loss, agree = loop.kl_loss(student, teacher, row >= s, topk, topk_weight)  # step s has no draft at rows < s
             losses.append(loss)
             metrics[f"top1_{s}"] = float(agree)
-        return sum(losses) / len(losses), metrics
+            counts.append(int((row >= s).sum()))
+        return sum(losses) / len(losses), metrics, counts
+
+    def loss_fn(module, step):
+        draw = torch.randint(len(train_ids), (per_batch,), generator=loop.batch_generator(seed, step)).tolist()
+        loss, metrics, _ = forward(module, [train_ids[j] for j in draw])
+        return loss, metrics
+
+    def evaluate(module):
+        agree = loop.weighted_metrics(forward(module, val_ids[lo:lo + per_batch])[1:]
+                                      for lo in range(0, len(val_ids), per_batch))
+        return agree["top1_0"], agree
 
     def export(module, directory):
         tensors = {k: v.to(torch.bfloat16) for k, v in module.state_dict().items()}
         checkpoint.save(directory, {**tensors, "token_map": token_map}, config)
 
     return loop.run(head, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
-                    stop_after=stop_after, desc="eagle", amp=amp)
+                    stop_after=stop_after, desc="eagle", amp=amp, evaluate=evaluate if val_ids else None,
+                    eval_every=eval_every, patience=patience)

@@ -6,6 +6,11 @@ owns AdamW with warm-up and cosine decay, gradient clipping, tqdm, and every `sa
 atomic checkpoint: the drafter (export) plus `train_state.pt` (fp32 weights, optimizer, step, loss
 history). Because batches depend only on (seed, step), `resume` after a kill continues to the same
 final state as an uninterrupted run. At the end: `loss.png` and `losses.json`.
+
+Held-out validation (optional): `evaluate(module) -> (score, metrics)` on sequences the batches never
+draw, every `eval_every` steps; the best-scoring drafter is exported to `out/best`, the history kept
+in `train_state.pt` and `losses.json`, and `patience` evaluations without a better score end the run
+(training "as long as the held-out acceptance still improves").
 """
 
 from __future__ import annotations
@@ -52,13 +57,17 @@ def check_resumable(out: str | Path) -> None:
 
 def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: str | Path, steps: int, lr: float,
         resume: bool = False, save_every: int = 50, stop_after: int | None = None, desc: str = "train",
-        amp: str = "fp32") -> TrainResult:
+        amp: str = "fp32", evaluate: Callable | None = None, eval_every: int = 200,
+        patience: int = 0) -> TrainResult:
     """Train `module` for `steps` optimizer steps (stop_after: leave early after that many steps of
     this run, as a kill would; only tests use it). amp "bf16": the forward under bfloat16 autocast
     (matmuls in bf16, softmax and losses in fp32, fp32 master weights): about 2x the matmul speed
-    where the CPU has bf16 dot products (AVX512-BF16, AMX), slower where it does not."""
+    where the CPU has bf16 dot products (AVX512-BF16, AMX), slower where it does not.
+    evaluate: held-out `(score, metrics)`, higher is better (module docstring); patience 0 never stops."""
     if amp not in ("fp32", "bf16"):
         raise UserError(f"amp: expected fp32 or bf16, got {amp!r}")
+    if evaluate is not None and eval_every < 1:
+        raise UserError(f"eval_every: expected a positive number of steps, got {eval_every}")
     from tqdm import tqdm
 
     out = Path(out)
@@ -67,7 +76,7 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
     device = params[0].device.type
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     state_path = out / "train_state.pt"
-    start, losses, seconds = 0, [], 0.0
+    start, losses, seconds, history = 0, [], 0.0, []
     if resume:
         check_resumable(out)
         state = torch.load(state_path, weights_only=False)
@@ -77,6 +86,7 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
         module.load_state_dict(state["module"], strict=False)  # holds the trainable weights only
         opt.load_state_dict(state["optimizer"])
         start, losses, seconds = state["step"], state["losses"], state["seconds"]
+        history = state.get("val", [])
     warmup = max(1, steps // 20)
     t0 = time.perf_counter()
     bar = tqdm(range(start, steps), initial=start, total=steps, desc=desc, unit="step")
@@ -84,11 +94,29 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
     def checkpoint(step: int) -> None:
         trainable = {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
         state = {"module": trainable, "optimizer": opt.state_dict(), "step": step, "losses": losses,
-                 "seconds": seconds + time.perf_counter() - t0}
+                 "seconds": seconds + time.perf_counter() - t0, "val": history}
         write_atomic(state_path, lambda tmp: torch.save(state, tmp))
         export(module, out)
 
+    def validate(step: int) -> bool:
+        """Score the module held out; export it to out/best when best so far. -> whether to stop."""
+        module.eval()
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=amp == "bf16"):
+            score, metrics = evaluate(module)
+        module.train()
+        best = max((h["score"] for h in history), default=-math.inf)
+        history.append({"step": step, "score": round(float(score), 5),
+                        **{k: round(float(v), 5) for k, v in metrics.items()}})
+        if score > best:
+            export(module, out / "best")
+        bar.write(f"{desc} step {step}: held-out score {score:.4f} (best {max(best, score):.4f}) "
+                  + " ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+        scores = [h["score"] for h in history]
+        since = len(scores) - 1 - scores.index(max(scores))  # evaluations since the first best one
+        return patience > 0 and since >= patience
+
     module.train()
+    stop = False
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
@@ -101,16 +129,18 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.4f}", **{k: f"{v:.3f}" for k, v in metrics.items()})
         done = step + 1
-        if done % save_every == 0 or done == steps:
+        if evaluate is not None and (done % eval_every == 0 or done == steps):
+            stop = validate(done)
+        if done % save_every == 0 or done == steps or stop:
             checkpoint(done)
-        if stop_after is not None and done - start >= stop_after:
+        if stop or (stop_after is not None and done - start >= stop_after):
             break
     bar.close()
     module.eval()
     seconds += time.perf_counter() - t0
     tail = losses[-max(1, len(losses) // 10):]
     result = TrainResult(out, len(losses), sum(tail) / len(tail), seconds, losses)
-    (out / "losses.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
+    (out / "losses.json").write_text(json.dumps({"losses": losses, "seconds": seconds, "val": history}))
     plot(losses, out / "loss.png", desc)
     return result
 
@@ -154,6 +184,16 @@ def kl_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, to
     n = m.sum().clamp_min(1)
     agree = ((student.argmax(-1) == teacher.argmax(-1)).float() * m).sum() / n
     return (kl * m).sum() / n, agree.detach()
+
+
+def weighted_metrics(parts) -> dict[str, float]:
+    """(metrics, counts) per held-out batch -> each metric averaged over all the rows it scored."""
+    sums, totals = {}, {}
+    for metrics, counts in parts:
+        for (name, value), n in zip(metrics.items(), counts):
+            sums[name] = sums.get(name, 0.0) + value * n
+            totals[name] = totals.get(name, 0) + n
+    return {name: sums[name] / max(1, totals[name]) for name in sums}
 
 
 def batch_generator(seed: int, step: int) -> torch.Generator:
