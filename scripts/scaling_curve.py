@@ -6,6 +6,7 @@ checkpoint path, or `--series LABEL=NAME` where the data's mix differs (a curve 
 
     python3 scripts/scaling_curve.py REPORT.json [REPORT.json ...] --out curve.json [--plot curve.png]
         [--tokens eagle=121507 --tokens eagle:/runs/eagle_364k=364434] [--series eagle:/runs/chat="eagle + chat"]
+        [--k 3]   (reports run over several k label rows `drafter@kN`: keep one k)
 """
 
 from __future__ import annotations
@@ -34,19 +35,24 @@ def checkpoint_dir(label: str) -> Path | None:
     return SHIPPED / kind if (SHIPPED / kind / "config.json").is_file() else None
 
 
-def points(reports: list[dict], overrides: dict[str, int], names: dict[str, str] | None = None) -> list[dict]:
+def points(reports: list[dict], overrides: dict[str, int], names: dict[str, str] | None = None,
+           k: int | None = None) -> list[dict]:
+    """k: from a bench run over several k (labels `drafter@kN`), keep the rows of this k only."""
     out = []
     for report in reports:
         for row in report["rows"]:
-            label = row["drafter"]
+            label, _, row_k = row["drafter"].partition("@k")
             if row["category"] != "ALL" or label == "none" or row["acceptance_rate"] is None:
+                continue
+            if k is not None and row_k and int(row_k) != k:
                 continue
             directory = checkpoint_dir(label)
             config = json.loads((directory / "config.json").read_text()) if directory else {}
             tokens = overrides.get(label, config.get("train", {}).get("response_tokens"))
             if tokens is None:
                 continue
-            out.append({"drafter": label, "series": (names or {}).get(label, series(label)),
+            out.append({"drafter": label, "k": int(row_k) if row_k else None,
+                        "series": (names or {}).get(label, series(label)),
                         "train_tokens": int(tokens), "train": config.get("train"), "dtype": row["dtype"],
                         "alpha_by_position": row["acceptance_by_position"], "alpha": row["acceptance_rate"],
                         "tau": row["mean_accepted_length"], "speedup_vs_none": row["speedup_vs_none"],
@@ -81,6 +87,7 @@ def main() -> None:
     ap.add_argument("--plot")
     ap.add_argument("--tokens", action="append", default=[], help="LABEL=N: training tokens of a drafter label")
     ap.add_argument("--series", action="append", default=[], help="LABEL=NAME: the curve a drafter label belongs to")
+    ap.add_argument("--k", type=int, default=None, help="from reports run over several k: this k's rows only")
     args = ap.parse_args()
     overrides = {}
     for item in args.tokens:
@@ -94,7 +101,7 @@ def main() -> None:
         if not sep or not label or not name:
             raise SystemExit(f"--series needs LABEL=NAME, got {item!r}")
         names[label] = name
-    curve = points([json.loads(Path(r).read_text()) for r in args.reports], overrides, names)
+    curve = points([json.loads(Path(r).read_text()) for r in args.reports], overrides, names, args.k)
     if not curve:
         raise SystemExit("no trained drafter rows with known training tokens in these reports")
     Path(args.out).write_text(json.dumps({"points": curve, "reports": args.reports}, indent=1))
