@@ -7,6 +7,7 @@ checkpoint path, or `--series LABEL=NAME` where the data's mix differs (a curve 
     python3 scripts/scaling_curve.py REPORT.json [REPORT.json ...] --out curve.json [--plot curve.png]
         [--tokens eagle=121507 --tokens eagle:/runs/eagle_364k=364434] [--series eagle:/runs/chat="eagle + chat"]
         [--k 3]   (reports run over several k label rows `drafter@kN`: keep one k)
+        [--add-to OLD_CURVE.json]   (keep its points: a curve grows while old checkpoints are deleted)
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def plot(curve: list[dict], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 5))
     for name in dict.fromkeys(p["series"] for p in curve):
         pts = [p for p in curve if p["series"] == name]
         xs = [p["train_tokens"] for p in pts]
@@ -74,9 +76,11 @@ def plot(curve: list[dict], path: str) -> None:
         right.plot(xs, [p["tau"] for p in pts], "o-", label=name)
     for ax, ylabel in ((left, "held-out α at position 1"), (right, "τ (tokens per verify step)")):
         ax.set(xscale="log", xlabel="training response tokens", ylabel=ylabel)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
+    handles, labels = left.get_legend_handles_labels()  # one legend below both panels
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * (len(labels) + 1) / 2, 1, 1))
     fig.savefig(path, dpi=100)
 
 
@@ -88,6 +92,8 @@ def main() -> None:
     ap.add_argument("--tokens", action="append", default=[], help="LABEL=N: training tokens of a drafter label")
     ap.add_argument("--series", action="append", default=[], help="LABEL=NAME: the curve a drafter label belongs to")
     ap.add_argument("--k", type=int, default=None, help="from reports run over several k: this k's rows only")
+    ap.add_argument("--add-to", default=None, metavar="CURVE.json",
+                    help="keep an earlier curve's points (their checkpoints may be gone) and add these reports'")
     args = ap.parse_args()
     overrides = {}
     for item in args.tokens:
@@ -102,9 +108,11 @@ def main() -> None:
             raise SystemExit(f"--series needs LABEL=NAME, got {item!r}")
         names[label] = name
     curve = points([json.loads(Path(r).read_text()) for r in args.reports], overrides, names, args.k)
+    earlier = json.loads(Path(args.add_to).read_text()) if args.add_to else {"points": [], "reports": []}
+    curve = sorted(earlier["points"] + curve, key=lambda p: (p["series"], p["train_tokens"]))
     if not curve:
         raise SystemExit("no trained drafter rows with known training tokens in these reports")
-    Path(args.out).write_text(json.dumps({"points": curve, "reports": args.reports}, indent=1))
+    Path(args.out).write_text(json.dumps({"points": curve, "reports": earlier["reports"] + args.reports}, indent=1))
     if args.plot:
         plot(curve, args.plot)
     for p in curve:
