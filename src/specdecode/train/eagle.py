@@ -124,15 +124,7 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
             counts.append(int((row >= s).sum()))
         return sum(losses) / len(losses), metrics, counts
 
-    def loss_fn(module, step):
-        draw = torch.randint(len(train_ids), (per_batch,), generator=loop.batch_generator(seed, step)).tolist()
-        loss, metrics, _ = forward(module, [train_ids[j] for j in draw])
-        return loss, metrics
-
-    def evaluate(module):
-        agree = loop.weighted_metrics(forward(module, val_ids[lo:lo + per_batch])[1:]
-                                      for lo in range(0, len(val_ids), per_batch))
-        return agree["top1_0"], agree
+    loss_fn, evaluate = loop.sequence_steps(forward, train_ids, val_ids, per_batch, seed, "top1_0")
 
     def export(module, directory):
         tensors = {k: v.to(torch.bfloat16) for k, v in module.state_dict().items()}

@@ -186,6 +186,25 @@ def kl_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, to
     return (kl * m).sum() / n, agree.detach()
 
 
+def sequence_steps(forward: Callable, train_ids: list[int], val_ids: list[int], per_batch: int, seed: int,
+                   score: str) -> tuple[Callable, Callable]:
+    """For trainers whose batch is `per_batch` whole sequences: forward(module, sequence indices) ->
+    (loss, metrics, rows scored per metric). Returns run()'s loss_fn (step's batch drawn from the
+    training indices by (seed, step)) and evaluate (every held-out sequence once; `score` names the
+    metric that ranks checkpoints)."""
+    def loss_fn(module, step):
+        draw = torch.randint(len(train_ids), (per_batch,), generator=batch_generator(seed, step)).tolist()
+        loss, metrics, _ = forward(module, [train_ids[j] for j in draw])
+        return loss, metrics
+
+    def evaluate(module):
+        agree = weighted_metrics(forward(module, val_ids[lo:lo + per_batch])[1:]
+                                 for lo in range(0, len(val_ids), per_batch))
+        return agree[score], agree
+
+    return loss_fn, evaluate
+
+
 def weighted_metrics(parts) -> dict[str, float]:
     """(metrics, counts) per held-out batch -> each metric averaged over all the rows it scored."""
     sums, totals = {}, {}
