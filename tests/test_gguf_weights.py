@@ -5,6 +5,8 @@ the dequantized weights (bit for bit) and a float64 reference, row invariance, a
 Llama whose quantized forward gives the bits of its dequantized fp32 copy and whose greedy
 speculative output equals plain decoding."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -257,3 +259,33 @@ def test_auto_is_exact_where_fp32_tokens_are_promised(tiny_gguf):
         cli._resolve_dtype(args)
         picked[argv[0] + (argv[1] if argv[0] == "train" else "")] = args.dtype
     assert picked == {"generate": "gguf", "serve": "gguf-exact", "traindata": "gguf-exact", "bench": "gguf"}
+
+
+@needs_kernels
+def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(tiny_gguf, pair, tmp_path, capsys):
+    from specdecode.cli import main
+    from train_fixtures import make_data
+
+    data_dir, store = make_data(pair[0], tmp_path / "data", max_new_tokens=24), tmp_path / "store"
+    common = ["--data", str(data_dir), "--features", str(store), "--target", tiny_gguf, "--device", "cpu",
+              "--steps", "4", "--vocab", "300", "--save-every", "10"]
+    assert main(["train", "eagle", *common, "--out", str(tmp_path / "fp32"), "--dtype", "fp32"]) == 0
+    fp32_files = sorted(p.name for p in store.iterdir())
+    assert main(["train", "eagle", *common, "--out", str(tmp_path / "exact"), "--dtype", "gguf-exact"]) == 0
+    assert sorted(p.name for p in store.iterdir()) == fp32_files  # gguf-exact is fp32's bits: nothing recomputed
+    assert main(["train", "eagle", *common, "--out", str(tmp_path / "gguf"), "--dtype", "gguf"]) == 0
+    assert len(list(store.iterdir())) == 2 * len(fp32_files)  # int8 activations: a second feature set beside it
+    config = json.loads((tmp_path / "gguf" / "config.json").read_text())
+    assert config["train"]["features"] == "gguf"
+    hidden = [torch.load(store / n)["hidden"][0] for n in sorted(p.name for p in store.iterdir())
+              if n.endswith(".pt") and ".layers-" not in n]
+    assert len(hidden) == 2 and hidden[0].shape == hidden[1].shape and not torch.equal(hidden[0], hidden[1])
+
+    target = models.load(tiny_gguf, "gguf", "cpu")
+    ctx = drafters.DrafterContext(target, "gguf")
+    plain, head = drafters.build("none", ctx), drafters.build(f"eagle:{tmp_path / 'gguf'}", ctx)
+    assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
+
+    capsys.readouterr()
+    assert main(["train", "eagle", *common, "--out", str(tmp_path / "bad"), "--dtype", "q4"]) == 2
+    assert "training learns from the target in fp32, bf16, gguf, gguf-exact (--dtype q4 given)" in capsys.readouterr().err

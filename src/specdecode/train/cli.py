@@ -88,13 +88,27 @@ def add_parser(sub, model_args, setup) -> None:
 
 
 def _load_target(args, generate_only: bool = False):
-    """fp32; for `train data` also gguf-exact (the same bits from the file's quantized blocks, faster)."""
+    """fp32; for `train data` also gguf-exact (the same bits from the file's quantized blocks, faster).
+    A trainer's --dtype picks its feature source instead (_feature_source): its weights are fp32."""
     from specdecode.backends import models
 
-    if args.dtype not in (("fp32", "gguf-exact") if generate_only else ("fp32",)):
-        raise UserError(f"{'train data' if generate_only else 'training'} uses the target in fp32"
-                        f"{' or gguf-exact' if generate_only else ''} (--dtype {args.dtype} given)")
-    return models.load(args.target, args.dtype, args.device, args.backend)
+    if generate_only and args.dtype not in ("fp32", "gguf-exact"):
+        raise UserError(f"train data uses the target in fp32 or gguf-exact (--dtype {args.dtype} given)")
+    return models.load(args.target, "fp32" if not generate_only else args.dtype, args.device, args.backend)
+
+
+def _feature_source(args, loaded):
+    """The target a trainer learns features from, loaded as the drafter will serve it (--dtype): the fp32
+    copy itself, or a second load in bf16 or gguf (the head then matches that target's hidden rows)."""
+    from specdecode.backends import models
+    from specdecode.train import features
+
+    if args.dtype in ("fp32", "gguf-exact"):  # gguf-exact computes fp32's bits
+        return features.Source(loaded.model, args.dtype)
+    return features.Source(models.load(args.target, args.dtype, args.device, args.backend).model, args.dtype)
+
+
+TRAIN_DTYPES = ("fp32", "bf16", "gguf", "gguf-exact")
 
 
 def cmd_prompts(args) -> None:
@@ -159,18 +173,22 @@ def cmd_train(args) -> None:
 
     trainer = importlib.import_module(f"specdecode.train.{args.trainer}")
     overrides = _overrides(args.set)
-    known = {name for name, p in inspect.signature(trainer.train).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    known = {name for name, p in inspect.signature(trainer.train).parameters.items()
+             if p.kind is p.KEYWORD_ONLY} - {"features_dir", "source"}  # those are --features and --dtype
     if unknown := sorted(set(overrides) - known):
         raise UserError(f"--set {', '.join(unknown)}: not a setting of `train {args.trainer}` "
                         f"(its settings: {', '.join(sorted(known))})")
     if args.resume:
         loop.check_resumable(args.out)  # before loading the target and its feature pass
+    if args.dtype not in TRAIN_DTYPES:  # before loading anything
+        raise UserError(f"training learns from the target in {', '.join(TRAIN_DTYPES)} (--dtype {args.dtype} given)")
     args.setup(args)
     loaded = _load_target(args)
+    source = _feature_source(args, loaded)
     opts = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens,
                                    vocab=args.vocab, init=getattr(args, "init", None),
                                    lora=getattr(args, "lora", None)).items() if v is not None}
-    result = trainer.train(loaded, args.data, args.out, features_dir=args.features, amp=args.amp, seed=args.seed,
-                           resume=args.resume, save_every=args.save_every, val=args.val, eval_every=args.eval_every,
-                           patience=args.patience, **opts, **overrides)
+    result = trainer.train(loaded, args.data, args.out, features_dir=args.features, source=source, amp=args.amp,
+                           seed=args.seed, resume=args.resume, save_every=args.save_every, val=args.val,
+                           eval_every=args.eval_every, patience=args.patience, **opts, **overrides)
     print(result.summary())

@@ -21,17 +21,20 @@ from specdecode.drafters.distilled import build_model
 from specdecode.train import data, features, lora as lora_lib, loop
 
 
-def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
-          stop_after: int | None = None, amp: str = "fp32", layers: int = 1, vocab: int = 4096, steps: int = 150,
-          lr: float = 5e-4, batch_tokens: int = 768, window: int = 384, init: str = "", lora: int = 0,
-          lora_alpha: float = 0.0, val: float = 0.0, eval_every: int = 200, patience: int = 0) -> loop.TrainResult:
+def train(loaded, data_dir, out, *, features_dir=None, source: features.Source | None = None, seed: int = 0,
+          resume: bool = False, save_every: int = 50, stop_after: int | None = None, amp: str = "fp32",
+          layers: int = 1, vocab: int = 4096, steps: int = 150, lr: float = 5e-4, batch_tokens: int = 768,
+          window: int = 384, init: str = "", lora: int = 0, lora_alpha: float = 0.0, val: float = 0.0,
+          eval_every: int = 200, patience: int = 0) -> loop.TrainResult:
     """val: hold out this fraction of the sequences (data.split) and score the draft's top-1 agreement
     with the target's next token there."""
     torch.manual_seed(seed)
     hf = loaded.model.hf
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
-    feats = features.cached(features_dir or Path(data_dir) / "features", loaded.model, seqs, target["fingerprint"])
+    source = source or features.Source(loaded.model)
+    feats = features.cached(features_dir or Path(data_dir) / "features", source.model, seqs,
+                           source.key(target["fingerprint"]))
     train_ids, val_ids = data.split(seqs, val)
     token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
     lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
@@ -72,8 +75,9 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         tensors = {k: v.to(torch.bfloat16) for k, v in lora_lib.merged_state_dict(module.model).items()
                    if k != "embed_tokens.weight"}
         config = {"kind": "draft", "target": target, "num_layers": layers, "init_layers": picks,
-                  "train": {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "window": window,
-                            "vocab": len(token_map), "seed": seed, "sequences": len(train_ids),
+                  "train": {"steps": steps, "lr": lr, "amp": amp, "features": source.dtype,
+                            "batch_tokens": batch_tokens, "window": window, "vocab": len(token_map), "seed": seed,
+                            "sequences": len(train_ids),
                             "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
                             "val": val, "val_sequences": len(val_ids),
                             "init": init or None, "lora": lora or None}}

@@ -44,11 +44,11 @@ def _init_from_target(head: EagleHead, hf_model) -> None:
         head.norm_out.copy_(norm_weight(hf_model.model.norm, offset, torch.float32))
 
 
-def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
-          stop_after: int | None = None, amp: str = "fp32", vocab: int = 8192, steps: int = 200, lr: float = 1e-3,
-          batch_tokens: int = 1024, window: int = 384, ttt_steps: int = 2, layers: str = "", topk: int = 0,
-          topk_weight: float = 1.0, init: str = "", val: float = 0.0, eval_every: int = 200,
-          patience: int = 0) -> loop.TrainResult:
+def train(loaded, data_dir, out, *, features_dir=None, source: features.Source | None = None, seed: int = 0,
+          resume: bool = False, save_every: int = 50, stop_after: int | None = None, amp: str = "fp32",
+          vocab: int = 8192, steps: int = 200, lr: float = 1e-3, batch_tokens: int = 1024, window: int = 384,
+          ttt_steps: int = 2, layers: str = "", topk: int = 0, topk_weight: float = 1.0, init: str = "",
+          val: float = 0.0, eval_every: int = 200, patience: int = 0) -> loop.TrainResult:
     """init: start from this EAGLE checkpoint (a directory, or "shipped") instead of the target's last
     layer, e.g. to train a head further on more data; the head's weights do not depend on the draft
     vocabulary (its LM head is the target's), so the new data's token map is used. val: hold out this
@@ -65,8 +65,9 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         raise UserError(f"--init {init}: that head fuses layers {init_config['layers']}, not {list(layer_ids)}")
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
+    source = source or features.Source(loaded.model)
     store = features_dir or Path(data_dir) / "features"
-    feats = features.cached(store, loaded.model, seqs, target["fingerprint"], layer_ids)
+    feats = features.cached(store, source.model, seqs, source.key(target["fingerprint"]), layer_ids)
     train_ids, val_ids = data.split(seqs, val)
     token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
     lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
@@ -75,9 +76,9 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
     config = {"kind": "eagle", "target": target, "hidden": cfg.hidden_size, "layers": list(layer_ids),
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim,
               "intermediate": cfg.intermediate_size, "eps": cfg.rms_norm_eps, "vocab": len(token_map),
-              "train": {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "window": window,
-                        "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight, "seed": seed,
-                        "init": init or None, "sequences": len(train_ids),
+              "train": {"steps": steps, "lr": lr, "amp": amp, "features": source.dtype, "batch_tokens": batch_tokens,
+                        "window": window, "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight,
+                        "seed": seed, "init": init or None, "sequences": len(train_ids),
                         "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
                         "val": val, "val_sequences": len(val_ids)}}
     head = head_from_config(config)

@@ -30,6 +30,20 @@ class Features:
     layers: list[torch.Tensor]  # per sequence [n, len(layer ids) * H] bf16 captured layer outputs, concatenated
 
 
+@dataclass(frozen=True)
+class Source:
+    """The target a drafter learns from, as it will serve: `model` loaded in `dtype`. A head for
+    `--dtype gguf` learns from the quantized target's own features (its int8-activation rows differ
+    from fp32's, and a head trained on fp32 features loses acceptance there); the store keeps each
+    dtype's features apart. gguf-exact computes fp32's bits, so it shares fp32's."""
+    model: object
+    dtype: str = "fp32"
+
+    def key(self, fingerprint: str) -> str:
+        """The store's fingerprint for this teacher's features."""
+        return fingerprint if self.dtype in ("fp32", "gguf-exact") else f"{fingerprint}:{self.dtype}"
+
+
 def compute(model, seqs: list[Sequence], layer_ids: tuple[int, ...] = ()) -> Features:
     """model: a CausalLM (FastLlama or HFModel), asked for its final hidden rows and the layers `layer_ids`."""
     from tqdm import tqdm

@@ -19,16 +19,19 @@ from specdecode.drafters.medusa import MedusaHeads
 from specdecode.train import data, features, loop
 
 
-def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bool = False, save_every: int = 50,
-          stop_after: int | None = None, amp: str = "fp32", num_heads: int = 4, vocab: int = 8192, steps: int = 300,
-          lr: float = 3e-3, batch_tokens: int = 1024, topk: int = 0, topk_weight: float = 1.0, val: float = 0.0,
-          eval_every: int = 200, patience: int = 0) -> loop.TrainResult:
+def train(loaded, data_dir, out, *, features_dir=None, source: features.Source | None = None, seed: int = 0,
+          resume: bool = False, save_every: int = 50, stop_after: int | None = None, amp: str = "fp32",
+          num_heads: int = 4, vocab: int = 8192, steps: int = 300, lr: float = 3e-3, batch_tokens: int = 1024,
+          topk: int = 0, topk_weight: float = 1.0, val: float = 0.0, eval_every: int = 200,
+          patience: int = 0) -> loop.TrainResult:
     """val: hold out this fraction of the sequences (data.split) and score each head's top-1 agreement
     with the target's token i + 1 positions ahead there (head 1's is the score)."""
     torch.manual_seed(seed)
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
-    feats = features.cached(features_dir or Path(data_dir) / "features", loaded.model, seqs, target["fingerprint"])
+    source = source or features.Source(loaded.model)
+    feats = features.cached(features_dir or Path(data_dir) / "features", source.model, seqs,
+                           source.key(target["fingerprint"]))
     train_ids, val_ids = data.split(seqs, val)
     token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
     lm_head = loaded.model.hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
@@ -80,8 +83,8 @@ def train(loaded, data_dir, out, *, features_dir=None, seed: int = 0, resume: bo
         return agree["top1_0"], agree
 
     def export(module, directory):
-        recipe = {"steps": steps, "lr": lr, "amp": amp, "batch_tokens": batch_tokens, "topk": topk,
-                  "topk_weight": topk_weight, "seed": seed, "sequences": len(train_ids),
+        recipe = {"steps": steps, "lr": lr, "amp": amp, "features": source.dtype, "batch_tokens": batch_tokens,
+                  "topk": topk, "topk_weight": topk_weight, "seed": seed, "sequences": len(train_ids),
                   "response_tokens": data.response_tokens([seqs[i] for i in train_ids]), "val": val,
                   "val_sequences": len(val_ids)}
         config = {"kind": "medusa", "target": target, "hidden": hidden.shape[1], "num_heads": num_heads,
