@@ -24,9 +24,9 @@ def counted(monkeypatch):
     calls = []
     real = features.compute
 
-    def compute(model, part, layer_ids=()):
+    def compute(model, part, layer_ids=(), rows=None):
         calls.append(len(part))
-        return real(model, part, layer_ids)
+        return real(model, part, layer_ids, rows)
 
     monkeypatch.setattr(features, "compute", compute)
     return calls

@@ -289,3 +289,23 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(t
     capsys.readouterr()
     assert main(["train", "eagle", *common, "--out", str(tmp_path / "bad"), "--dtype", "q4"]) == 2
     assert "training learns from the target in fp32, bf16, gguf, gguf-exact (--dtype q4 given)" in capsys.readouterr().err
+
+
+@needs_kernels
+def test_features_fed_in_short_calls_are_the_rows_decoding_computes(tiny_gguf, pair, tmp_path, monkeypatch):
+    from specdecode.train import data, features
+    from train_fixtures import make_data
+
+    seq = data.read(make_data(pair[0], tmp_path / "data", max_new_tokens=24))[0]
+    target = models.load(tiny_gguf, "gguf", "cpu").model
+    monkeypatch.setattr(gguf_weights, "DENSE_ROWS", 2)  # calls of 3+ rows take the exact float32 GEMM
+    whole = features.compute(target, [seq]).hidden[0]
+    fed = features.compute(target, [seq], rows=2).hidden[0]  # the prompt, then the response 2 rows a call
+    tokens, start = torch.tensor(seq.tokens), len(seq.prompt_ids)
+    target.reset()
+    served = [target.forward(tokens[:start], num_logits=1, layers=(-1,)).features]  # prefill, then decode steps
+    served += [target.forward(tokens[i:i + 1], num_logits=1, layers=(-1,)).features for i in range(start, len(tokens))]
+    assert torch.equal(fed, torch.cat(served).float())
+    assert not torch.equal(whole[start:], fed[start:])  # one long call is not what decoding computes
+    assert features.Source(target, "gguf", 4).key("fp") != features.Source(target, "gguf").key("fp") != "fp"
+    assert features.Source(target, "gguf-exact").key("fp") == "fp"

@@ -100,12 +100,13 @@ def _load_target(args, generate_only: bool = False):
 def _feature_source(args, loaded):
     """The target a trainer learns features from, loaded as the drafter will serve it (--dtype): the fp32
     copy itself, or a second load in bf16 or gguf (the head then matches that target's hidden rows)."""
-    from specdecode.backends import models
+    from specdecode.backends import kernels, models
     from specdecode.train import features
 
     if args.dtype in ("fp32", "gguf-exact"):  # gguf-exact computes fp32's bits
         return features.Source(loaded.model, args.dtype)
-    return features.Source(models.load(args.target, args.dtype, args.device, args.backend).model, args.dtype)
+    model = models.load(args.target, args.dtype, args.device, args.backend).model
+    return features.Source(model, args.dtype, kernels.DENSE_ROWS if args.dtype == "gguf" else None)
 
 
 TRAIN_DTYPES = ("fp32", "bf16", "gguf", "gguf-exact")

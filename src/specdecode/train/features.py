@@ -33,28 +33,42 @@ class Features:
 @dataclass(frozen=True)
 class Source:
     """The target a drafter learns from, as it will serve: `model` loaded in `dtype`. A head for
-    `--dtype gguf` learns from the quantized target's own features (its int8-activation rows differ
-    from fp32's, and a head trained on fp32 features loses acceptance there); the store keeps each
-    dtype's features apart. gguf-exact computes fp32's bits, so it shares fp32's."""
+    `--dtype gguf` learns from the quantized target's own features (a head trained on fp32 features
+    loses acceptance there); the store keeps each source's features apart. gguf-exact computes fp32's
+    bits, so it shares fp32's. rows: feed each response to the model in calls of at most this many
+    rows after its prompt, as decoding does: a target that computes a long prefill differently from a
+    few rows (gguf: 8-bit activations up to kernels.DENSE_ROWS rows, exact float32 GEMMs beyond) then
+    gives the features it gives when serving."""
     model: object
     dtype: str = "fp32"
+    rows: int | None = None
 
     def key(self, fingerprint: str) -> str:
-        """The store's fingerprint for this teacher's features."""
-        return fingerprint if self.dtype in ("fp32", "gguf-exact") else f"{fingerprint}:{self.dtype}"
+        """The store's fingerprint for this source's features."""
+        if self.dtype in ("fp32", "gguf-exact") and self.rows is None:
+            return fingerprint
+        return f"{fingerprint}:{self.dtype}" + (f":rows{self.rows}" if self.rows else "")
+
+    def features(self, store: str | Path, seqs: list[Sequence], fingerprint: str,
+                 layer_ids: tuple[int, ...] = ()) -> Features:
+        return cached(store, self.model, seqs, self.key(fingerprint), layer_ids, self.rows)
 
 
-def compute(model, seqs: list[Sequence], layer_ids: tuple[int, ...] = ()) -> Features:
-    """model: a CausalLM (FastLlama or HFModel), asked for its final hidden rows and the layers `layer_ids`."""
+def compute(model, seqs: list[Sequence], layer_ids: tuple[int, ...] = (), rows: int | None = None) -> Features:
+    """model: a CausalLM (FastLlama or HFModel), asked for its final hidden rows and the layers `layer_ids`;
+    rows: see Source (None: each sequence in one forward)."""
     from tqdm import tqdm
 
-    model = teacher(model)
+    model = teacher(model) if rows is None else model
     out = Features([], [], [], [])
     try:
         for s in tqdm(seqs, desc="target features", unit="seq"):
             tokens = torch.tensor(s.tokens, dtype=torch.long)
             model.reset()
-            feats = model.forward(tokens, num_logits=1, layers=(-1, *layer_ids)).features  # [n, (1 + layers) H]
+            n, start = len(tokens), len(s.prompt_ids)
+            spans = [(0, n)] if rows is None else [(0, start), *((a, min(a + rows, n)) for a in range(start, n, rows))]
+            feats = torch.cat([model.forward(tokens[a:b], num_logits=1, layers=(-1, *layer_ids)).features
+                               for a, b in spans if b > a])  # [n, (1 + layers) H]
             width = feats.shape[1] // (1 + len(layer_ids))
             hidden, layers = feats[:, :width], feats[:, width:]  # the final hidden rows, the layers' concatenated
             out.tokens.append(tokens)
@@ -90,7 +104,7 @@ def sequence_key(fingerprint: str, tokens: torch.Tensor, start: int) -> str:
 
 
 def cached(store: str | Path, model, seqs: list[Sequence], fingerprint: str,
-           layer_ids: tuple[int, ...] = ()) -> Features:
+           layer_ids: tuple[int, ...] = (), rows: int | None = None) -> Features:
     """compute(), memoized per sequence in the directory `store`, in files of CHUNK sequences: an
     interrupted pass resumes after its last finished file, and a grown or merged data set (more
     shards, a subset by --max-tokens, another order) computes only the sequences the store lacks.
@@ -114,7 +128,7 @@ def cached(store: str | Path, model, seqs: list[Sequence], fingerprint: str,
     for lo in range(0, len(missing), CHUNK):
         part = [seqs[i] for i in missing[lo:lo + CHUNK]]
         part_keys = [keys[i] for i in missing[lo:lo + CHUNK]]
-        feats = compute(model, part, layer_ids)
+        feats = compute(model, part, layer_ids, rows)
         name = "chunk-" + hashlib.sha1("".join(part_keys).encode()).hexdigest()[:16]
         if suffix:  # the layers first: a chunk's hidden file is what marks it complete
             _save_atomic(feats.layers, store / (name + suffix))

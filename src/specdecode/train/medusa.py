@@ -30,8 +30,7 @@ def train(loaded, data_dir, out, *, features_dir=None, source: features.Source |
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
     source = source or features.Source(loaded.model)
-    feats = features.cached(features_dir or Path(data_dir) / "features", source.model, seqs,
-                           source.key(target["fingerprint"]))
+    feats = source.features(features_dir or Path(data_dir) / "features", seqs, target["fingerprint"])
     train_ids, val_ids = data.split(seqs, val)
     token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
     lm_head = loaded.model.hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
