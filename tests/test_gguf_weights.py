@@ -288,7 +288,7 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(t
 
     capsys.readouterr()
     assert main(["train", "eagle", *common, "--out", str(tmp_path / "bad"), "--dtype", "q4"]) == 2
-    assert "training learns from the target in fp32, bf16, gguf, gguf-exact (--dtype q4 given)" in capsys.readouterr().err
+    assert "learns from the target in fp32, bf16, gguf, gguf-exact (--dtype q4 given)" in capsys.readouterr().err
 
 
 @needs_kernels
