@@ -52,6 +52,7 @@ def test_points_by_training_tokens_and_series(curve, tmp_path):
 def test_rows_of_a_run_over_several_k_keep_their_checkpoint_and_can_be_filtered(curve, tmp_path):
     ckpt = _checkpoint(tmp_path / "c", 1000)
     report = {"rows": [_row(f"eagle:{ckpt}@k1", a1=0.4), _row(f"eagle:{ckpt}@k3", a1=0.3), _row("ngram@k3")]}
-    assert [(p["train_tokens"], p["alpha_by_position"][0]) for p in curve.points([report], {})] == [(1000, 0.4), (1000, 0.3)]
+    both = curve.points([report], {})
+    assert [(p["train_tokens"], p["alpha_by_position"][0]) for p in both] == [(1000, 0.4), (1000, 0.3)]
     assert [p["alpha_by_position"][0] for p in curve.points([report], {}, k=3)] == [0.3]
     assert [p["series"] for p in curve.points([report], {}, k=1)] == ["eagle"]

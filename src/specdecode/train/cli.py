@@ -7,6 +7,7 @@ import argparse
 from specdecode.errors import UserError
 
 DEFAULT_EXCLUDE = "mtbench:1"  # the prompts of `bench --prompts mtbench:1`, held out of the shipped data
+TRAIN_DTYPES = ("fp32", "bf16", "gguf", "gguf-exact")  # a trainer's feature sources (--dtype)
 
 
 def add_parser(sub, model_args, setup) -> None:
@@ -108,8 +109,6 @@ def _feature_source(args, loaded):
     model = models.load(args.target, args.dtype, args.device, args.backend).model
     return features.Source(model, args.dtype, kernels.DENSE_ROWS if args.dtype == "gguf" else None)
 
-
-TRAIN_DTYPES = ("fp32", "bf16", "gguf", "gguf-exact")
 
 
 def cmd_prompts(args) -> None:

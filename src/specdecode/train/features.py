@@ -35,10 +35,11 @@ class Source:
     """The target a drafter learns from, as it will serve: `model` loaded in `dtype`. A head for
     `--dtype gguf` can learn from the quantized target's own features (on the default model the shipped
     head's teacher-forced agreement is 0.006 lower on them than on fp32's: docs/drafters.md); the store
-    keeps each source's features apart. gguf-exact computes fp32's bits, so it shares fp32's. rows: feed each response to the model in calls of at most this many
-    rows after its prompt, as decoding does: a target that computes a long prefill differently from a
-    few rows (gguf: 8-bit activations up to kernels.DENSE_ROWS rows, exact float32 GEMMs beyond) then
-    gives the features it gives when serving."""
+    keeps each source's features apart. gguf-exact computes fp32's bits, so it shares fp32's.
+    rows: feed each response to the model in calls of at most this many rows after its prompt, as
+    decoding does: a target that computes a long prefill differently from a few rows (gguf: 8-bit
+    activations up to kernels.DENSE_ROWS rows, exact float32 GEMMs beyond) then gives the features it
+    gives when serving."""
     model: object
     dtype: str = "fp32"
     rows: int | None = None
