@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from specdecode.cli import main
 from specdecode.errors import UserError
 from specdecode.train import data, draft, eagle, medusa
-from train_fixtures import make_data
+from train_fixtures import PROMPTS, make_data
 
 
 @pytest.fixture(scope="module")
@@ -334,3 +334,22 @@ def test_the_recipe_script_trains_all_three_sharing_one_feature_store_and_skips_
     assert list((tmp_path / "out" / "features").iterdir())  # one store, in OUT/features
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count(": done (") == 3
+
+
+def test_a_bf16_feature_source_keeps_its_own_store_entries_and_serves_losslessly(tiny_model_dir, data_dir, tmp_path):
+    from helpers import assert_lossless
+    from specdecode import drafters
+    from specdecode.backends import models
+
+    store = tmp_path / "store"
+    common = ["--data", str(data_dir), "--features", str(store), "--target", tiny_model_dir, "--device", "cpu",
+              "--steps", "3", "--vocab", "300", "--set", "num_heads=2"]
+    assert main(["train", "medusa", *common, "--out", str(tmp_path / "fp32"), "--dtype", "fp32"]) == 0
+    fp32_files = len(list(store.iterdir()))
+    assert main(["train", "medusa", *common, "--out", str(tmp_path / "bf16"), "--dtype", "bf16"]) == 0
+    assert len(list(store.iterdir())) == 2 * fp32_files  # bf16's hidden states beside fp32's, not over them
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["train"]["features"] == "bf16"
+    target = models.load(tiny_model_dir, "fp32", "cpu")
+    ctx = drafters.DrafterContext(target, "fp32")
+    plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'bf16'}", ctx)
+    assert_lossless(target, plain, head, PROMPTS[:3], k=2, max_new_tokens=24)
