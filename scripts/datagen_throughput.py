@@ -32,18 +32,46 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--prompts", default="reasoning:1")
-    ap.add_argument("--limit-minutes", type=float, default=3.0, help="stop starting new prompts after this long")
+    ap.add_argument(
+        "--limit-minutes", type=float, default=3.0, help="stop starting new prompts after this long"
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="gguf-exact")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
-    results = {"cpu": cpu_model(), "threads": args.threads, "dtype": args.dtype, "prompts": args.prompts,
-               "max_new_tokens": args.max_new_tokens, "batches": {}}
+    results = {
+        "cpu": cpu_model(),
+        "threads": args.threads,
+        "dtype": args.dtype,
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "batches": {},
+    }
     for batch in [int(b) for b in args.batches.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "specdecode", "train", "data", "--prompts", args.prompts, "--exclude", "",
-                   "--out", tmp, "--batch", str(batch), "--threads", str(args.threads), "--dtype", args.dtype,
-                   "--max-new-tokens", str(args.max_new_tokens), "--minutes", str(args.limit_minutes)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "specdecode",
+                "train",
+                "data",
+                "--prompts",
+                args.prompts,
+                "--exclude",
+                "",
+                "--out",
+                tmp,
+                "--batch",
+                str(batch),
+                "--threads",
+                str(args.threads),
+                "--dtype",
+                args.dtype,
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+                "--minutes",
+                str(args.limit_minutes),
+            ]
             t0 = time.perf_counter()  # includes loading the model (a few seconds)
             run = subprocess.run(cmd, capture_output=True, text=True)
             wall = time.perf_counter() - t0
@@ -51,10 +79,16 @@ def main() -> None:
                 raise SystemExit(f"batch {batch} failed:\n{run.stderr[-2000:]}")
             match = re.search(r"(\d+) sequences, (\d+) response tokens", run.stdout)
             seqs, tokens = int(match.group(1)), int(match.group(2))
-        results["batches"][str(batch)] = {"prompts": seqs, "response_tokens": tokens, "wall_s": round(wall, 1),
-                                          "tokens_per_s": round(tokens / wall, 1)}
-        print(f"batch {batch}: {seqs} prompts, {tokens} response tokens in {wall:.0f} s: {tokens / wall:.1f} tok/s",
-              flush=True)
+        results["batches"][str(batch)] = {
+            "prompts": seqs,
+            "response_tokens": tokens,
+            "wall_s": round(wall, 1),
+            "tokens_per_s": round(tokens / wall, 1),
+        }
+        print(
+            f"batch {batch}: {seqs} prompts, {tokens} response tokens in {wall:.0f} s: {tokens / wall:.1f} tok/s",
+            flush=True,
+        )
     Path(args.out).write_text(json.dumps(results, indent=1))
 
 

@@ -37,8 +37,11 @@ SHORT = [
     "Give a JSON object with fields name, age and city for a fictional person.",
     "Translate 'good morning, how are you?' into French and Spanish.",
 ]
-LONG = ("Here are meeting notes. " + " ".join(f"Item {i}: the team discussed topic {i % 7} and agreed on step {i}."
-                                                 for i in range(120)) + "\nSummarize the notes in three bullets.")
+LONG = (
+    "Here are meeting notes. "
+    + " ".join(f"Item {i}: the team discussed topic {i % 7} and agreed on step {i}." for i in range(120))
+    + "\nSummarize the notes in three bullets."
+)
 
 
 def requests(rng: random.Random, long_share: float = 0.15) -> dict:
@@ -66,8 +69,10 @@ def filler(tokens: int, tag: str) -> str:
     """A prompt of about `tokens` tokens (~16 per sentence in SmolLM2's tokenizer, which splits digits)
     that no other prompt starts like."""
     rng = random.Random(tag)
-    return f"[{tag}] " + " ".join(f"Record {i}: sensor {rng.randrange(100)} read {rng.randrange(1000)} units."
-                                    for i in range(tokens // 16))
+    return f"[{tag}] " + " ".join(
+        f"Record {i}: sensor {rng.randrange(100)} read {rng.randrange(1000)} units."
+        for i in range(tokens // 16)
+    )
 
 
 async def stream(client: httpx.AsyncClient, url: str, body: dict, path: str = "/v1/completions") -> dict:
@@ -110,8 +115,14 @@ def pct(values: list[float], q: float) -> float | None:
 
 async def long_arrival(client, url: str, model: str, tokens: int, after: float) -> dict:
     await asyncio.sleep(after)
-    body = {"model": model, "prompt": filler(tokens, "long-arrival") + "\nWhich sensor read the most?",
-            "max_tokens": 8, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": filler(tokens, "long-arrival") + "\nWhich sensor read the most?",
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     return await stream(client, url, body)
 
 
@@ -128,19 +139,29 @@ async def chat_ttft(client, url: str, model: str, repeats: int) -> dict:
     """Cold first turns and second turns over the same history, alone, `repeats` times each."""
     cold, warm = [], []
     for i in range(repeats):
-        history = [{"role": "system", "content": filler(1500, f"chat-{i}")},
-                   {"role": "user", "content": "Which sensor read the most?"}]
+        history = [
+            {"role": "system", "content": filler(1500, f"chat-{i}")},
+            {"role": "user", "content": "Which sensor read the most?"},
+        ]
         body = {"model": model, "messages": history, "max_tokens": 16, "temperature": 0, "stream": True}
         first = await stream(client, url, body, "/v1/chat/completions")
-        history += [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": "And the least?"}]
+        history += [
+            {"role": "assistant", "content": first["text"]},
+            {"role": "user", "content": "And the least?"},
+        ]
         second = await stream(client, url, {**body, "messages": history}, "/v1/chat/completions")
         if "error" in first or "error" in second:
             return {"error": first.get("error") or second.get("error")}
         cold.append(first["stamps"][0])
         warm.append(second["stamps"][0])
-    return {"repeats": repeats, "cold_ttft_s": statistics.median(cold), "second_turn_ttft_s": statistics.median(warm),
-            "second_over_cold": round(statistics.median(warm) / statistics.median(cold), 3),
-            "cold_all": cold, "second_all": warm}
+    return {
+        "repeats": repeats,
+        "cold_ttft_s": statistics.median(cold),
+        "second_turn_ttft_s": statistics.median(warm),
+        "second_over_cold": round(statistics.median(warm) / statistics.median(cold), 3),
+        "cold_all": cold,
+        "second_all": warm,
+    }
 
 
 async def main(args) -> int:
@@ -169,8 +190,13 @@ async def main(args) -> int:
                 results.append(result)
 
         t0 = time.perf_counter()
-        long_task = (asyncio.create_task(long_arrival(client, args.url, model, args.long_prompt_tokens, args.long_after))
-                     if args.long_prompt_tokens else None)
+        long_task = (
+            asyncio.create_task(
+                long_arrival(client, args.url, model, args.long_prompt_tokens, args.long_after)
+            )
+            if args.long_prompt_tokens
+            else None
+        )
         await asyncio.gather(*(worker(i) for i in range(args.clients)))
         wall = time.perf_counter() - t0
         long = await long_task if long_task else None
@@ -181,10 +207,16 @@ async def main(args) -> int:
     ttft = [r["stamps"][0] for r in ok if r["stamps"]]
     gaps = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:])]
     report = {
-        "clients": args.clients, "seconds": round(wall, 1), "requests": len(results), "errors": len(errors),
-        "error_samples": errors[:5], "greedy_checked": sum(1 for r in ok if r["key"] is not None),
-        "greedy_mismatches": mismatches, "chunks_per_s": round(sum(len(r["stamps"]) for r in ok) / wall, 1),
-        "ttft_s": {q: pct(ttft, q) for q in (50, 95, 99)}, "chunk_gap_s": {q: pct(gaps, q) for q in (50, 95, 99)},
+        "clients": args.clients,
+        "seconds": round(wall, 1),
+        "requests": len(results),
+        "errors": len(errors),
+        "error_samples": errors[:5],
+        "greedy_checked": sum(1 for r in ok if r["key"] is not None),
+        "greedy_mismatches": mismatches,
+        "chunks_per_s": round(sum(len(r["stamps"]) for r in ok) / wall, 1),
+        "ttft_s": {q: pct(ttft, q) for q in (50, 95, 99)},
+        "chunk_gap_s": {q: pct(gaps, q) for q in (50, 95, 99)},
         "p99_gap_over_median": round(pct(gaps, 99) / statistics.median(gaps), 2) if gaps else None,
     }
     if long is not None:
@@ -193,9 +225,13 @@ async def main(args) -> int:
             overlap = during(ok, long["start"], long["start"] + long["stamps"][0])
             median = statistics.median(gaps)
             report["long_prompt"] = {
-                "tokens": args.long_prompt_tokens, "ttft_s": long["stamps"][0], "gaps_during_prefill": len(overlap),
-                "max_gap_s": max(overlap, default=None), "p99_gap_s": pct(overlap, 99),
-                "max_gap_over_median": round(max(overlap) / median, 2) if overlap else None}
+                "tokens": args.long_prompt_tokens,
+                "ttft_s": long["stamps"][0],
+                "gaps_during_prefill": len(overlap),
+                "max_gap_s": max(overlap, default=None),
+                "p99_gap_s": pct(overlap, 99),
+                "max_gap_over_median": round(max(overlap) / median, 2) if overlap else None,
+            }
     if chat is not None:
         errors += [chat["error"]] if "error" in chat else []
         report["chat_second_turn"] = chat
@@ -215,8 +251,12 @@ if __name__ == "__main__":
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
-    p.add_argument("--long-share", type=float, default=0.15, help="share of the mix with the ~1,300-token prompt")
-    p.add_argument("--long-prompt-tokens", type=int, default=0, help="one request with a prompt this long arrives")
+    p.add_argument(
+        "--long-share", type=float, default=0.15, help="share of the mix with the ~1,300-token prompt"
+    )
+    p.add_argument(
+        "--long-prompt-tokens", type=int, default=0, help="one request with a prompt this long arrives"
+    )
     p.add_argument("--long-after", type=float, default=10.0, help="seconds into the load when it arrives")
     p.add_argument("--chat-turns", type=int, default=0, help="two-turn chats timed alone after the load")
     sys.exit(asyncio.run(main(p.parse_args())))

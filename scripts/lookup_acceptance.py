@@ -32,9 +32,13 @@ def replay(make, seqs, k: int, max_new_tokens: int) -> tuple[float, float]:
         drafter.begin(list(s.prompt_ids))
         response, i = s.response_ids[:max_new_tokens], 0
         while i < len(response):
-            proposal = drafter.propose(list(s.prompt_ids) + response[:i], k, SamplingParams(), None).tokens.tolist()
-            accepted = next((j for j, (t, want) in enumerate(zip(proposal, response[i:])) if t != want),
-                            min(len(proposal), len(response) - i))
+            proposal = drafter.propose(
+                list(s.prompt_ids) + response[:i], k, SamplingParams(), None
+            ).tokens.tolist()
+            accepted = next(
+                (j for j, (t, want) in enumerate(zip(proposal, response[i:])) if t != want),
+                min(len(proposal), len(response) - i),
+            )
             step = min(accepted + 1, len(response) - i)
             steps, tokens, drafted, i = steps + 1, tokens + step, drafted + len(proposal), i + step
     return tokens / steps, drafted / steps
@@ -57,7 +61,7 @@ def main() -> None:
             break
         head.append(s)
         count += len(s.response_ids)
-    rest = seqs[len(head):]
+    rest = seqs[len(head) :]
     held = random.Random(args.seed).sample(rest, min(args.sample, len(rest)))
     print(f"corpus: {len(head)} responses, {count} tokens; replayed: {len(held)} later responses")
     corpora: dict[int, Corpus] = {}  # by trie depth
@@ -70,7 +74,9 @@ def main() -> None:
             drafter = spec.info.build(spec, None)
             if hasattr(drafter, "corpus"):  # suffix decoding: the corpus of earlier responses
                 depth = drafter.depth
-                drafter.corpus = corpora.get(depth) or corpora.setdefault(depth, Corpus([s.response_ids for s in head], depth))
+                drafter.corpus = corpora.get(depth) or corpora.setdefault(
+                    depth, Corpus([s.response_ids for s in head], depth)
+                )
             return drafter
 
         per_step, width = replay(make, held, args.k, args.max_new_tokens)

@@ -36,8 +36,9 @@ def checkpoint_dir(label: str) -> Path | None:
     return SHIPPED / kind if (SHIPPED / kind / "config.json").is_file() else None
 
 
-def points(reports: list[dict], overrides: dict[str, int], names: dict[str, str] | None = None,
-           k: int | None = None) -> list[dict]:
+def points(
+    reports: list[dict], overrides: dict[str, int], names: dict[str, str] | None = None, k: int | None = None
+) -> list[dict]:
     """k: from a bench run over several k (labels `drafter@kN`), keep the rows of this k only."""
     out = []
     for report in reports:
@@ -52,12 +53,21 @@ def points(reports: list[dict], overrides: dict[str, int], names: dict[str, str]
             tokens = overrides.get(label, config.get("train", {}).get("response_tokens"))
             if tokens is None:
                 continue
-            out.append({"drafter": label, "k": int(row_k) if row_k else None,
-                        "series": (names or {}).get(label, series(label)),
-                        "train_tokens": int(tokens), "train": config.get("train"), "dtype": row["dtype"],
-                        "alpha_by_position": row["acceptance_by_position"], "alpha": row["acceptance_rate"],
-                        "tau": row["mean_accepted_length"], "speedup_vs_none": row["speedup_vs_none"],
-                        "identical_to_none": row["identical_to_none"]})
+            out.append(
+                {
+                    "drafter": label,
+                    "k": int(row_k) if row_k else None,
+                    "series": (names or {}).get(label, series(label)),
+                    "train_tokens": int(tokens),
+                    "train": config.get("train"),
+                    "dtype": row["dtype"],
+                    "alpha_by_position": row["acceptance_by_position"],
+                    "alpha": row["acceptance_rate"],
+                    "tau": row["mean_accepted_length"],
+                    "speedup_vs_none": row["speedup_vs_none"],
+                    "identical_to_none": row["identical_to_none"],
+                }
+            )
     return sorted(out, key=lambda p: (p["series"], p["train_tokens"]))
 
 
@@ -72,7 +82,9 @@ def plot(curve: list[dict], path: str) -> None:
     for name in dict.fromkeys(p["series"] for p in curve):
         pts = [p for p in curve if p["series"] == name]
         xs = [p["train_tokens"] for p in pts]
-        left.plot(xs, [p["alpha_by_position"][0] if p["alpha_by_position"] else 0 for p in pts], "o-", label=name)
+        left.plot(
+            xs, [p["alpha_by_position"][0] if p["alpha_by_position"] else 0 for p in pts], "o-", label=name
+        )
         right.plot(xs, [p["tau"] for p in pts], "o-", label=name)
     for ax, ylabel in ((left, "held-out α at position 1"), (right, "τ (tokens per verify step)")):
         ax.set(xscale="log", xlabel="training response tokens", ylabel=ylabel)
@@ -89,11 +101,19 @@ def main() -> None:
     ap.add_argument("reports", nargs="+")
     ap.add_argument("--out", required=True)
     ap.add_argument("--plot")
-    ap.add_argument("--tokens", action="append", default=[], help="LABEL=N: training tokens of a drafter label")
-    ap.add_argument("--series", action="append", default=[], help="LABEL=NAME: the curve a drafter label belongs to")
+    ap.add_argument(
+        "--tokens", action="append", default=[], help="LABEL=N: training tokens of a drafter label"
+    )
+    ap.add_argument(
+        "--series", action="append", default=[], help="LABEL=NAME: the curve a drafter label belongs to"
+    )
     ap.add_argument("--k", type=int, default=None, help="from reports run over several k: this k's rows only")
-    ap.add_argument("--add-to", default=None, metavar="CURVE.json",
-                    help="keep an earlier curve's points (their checkpoints may be gone) and add these reports'")
+    ap.add_argument(
+        "--add-to",
+        default=None,
+        metavar="CURVE.json",
+        help="keep an earlier curve's points (their checkpoints may be gone) and add these reports'",
+    )
     args = ap.parse_args()
     overrides = {}
     for item in args.tokens:
@@ -112,11 +132,15 @@ def main() -> None:
     curve = sorted(earlier["points"] + curve, key=lambda p: (p["series"], p["train_tokens"]))
     if not curve:
         raise SystemExit("no trained drafter rows with known training tokens in these reports")
-    Path(args.out).write_text(json.dumps({"points": curve, "reports": earlier["reports"] + args.reports}, indent=1))
+    Path(args.out).write_text(
+        json.dumps({"points": curve, "reports": earlier["reports"] + args.reports}, indent=1)
+    )
     if args.plot:
         plot(curve, args.plot)
     for p in curve:
-        print(f"{p['drafter']:40s} {p['train_tokens']:>9,d} tokens  α1 {p['alpha_by_position'][:1]}  τ {p['tau']:.2f}")
+        print(
+            f"{p['drafter']:40s} {p['train_tokens']:>9,d} tokens  α1 {p['alpha_by_position'][:1]}  τ {p['tau']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -46,11 +46,15 @@ def make_tokenizer(vocab_size: int = VOCAB, corpus: str = CORPUS):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator([corpus] * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, additional_special_tokens=SPECIALS[1:])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, additional_special_tokens=SPECIALS[1:]
+    )
     fast.chat_template = CHAT_TEMPLATE
     assert len(fast) == vocab_size, len(fast)
     return fast
@@ -65,16 +69,27 @@ def make_sentencepiece_tokenizer(vocab_size: int = 200, corpus: str = CORPUS):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never")
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[*SPECIALS, "<unk>"], show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[*SPECIALS, "<unk>"], show_progress=False
+    )
     tok.train_from_iterator([corpus] * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, unk_token="<unk>",
-                                   additional_special_tokens=SPECIALS[1:])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, unk_token="<unk>", additional_special_tokens=SPECIALS[1:]
+    )
     assert len(fast) == vocab_size, len(fast)
     return fast
 
 
-def make_llama(seed: int, vocab: int = VOCAB, layers: int = 2, hidden: int = 64, heads: int = 4,
-               kv_heads: int = 2, intermediate: int = 128, eos_id: int = 0):
+def make_llama(
+    seed: int,
+    vocab: int = VOCAB,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    eos_id: int = 0,
+):
     """A seeded random fp32 Llama whose next-token distributions are peaked but not degenerate.
 
     With the default init (std 0.02) the logits are nearly flat (std ~0.2) and, worse, q·k is so small
@@ -88,9 +103,17 @@ def make_llama(seed: int, vocab: int = VOCAB, layers: int = 2, hidden: int = 64,
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
-        initializer_range=0.2, tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos_id,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=eos_id,
         pad_token_id=None,
     )
     torch.manual_seed(seed)
@@ -141,8 +164,9 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> str:
 @pytest.fixture(scope="session")
 def tiny_draft_dir(tmp_path_factory, tiny_tokenizer) -> str:
     """A smaller random model (1 layer, hidden 32, another seed) with the target's tokenizer."""
-    model = make_llama(seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
-                       eos_id=tiny_tokenizer.eos_token_id)
+    model = make_llama(
+        seed=1, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64, eos_id=tiny_tokenizer.eos_token_id
+    )
     return _save(tmp_path_factory.mktemp("tiny_draft"), model, tiny_tokenizer)
 
 
@@ -150,8 +174,9 @@ def tiny_draft_dir(tmp_path_factory, tiny_tokenizer) -> str:
 def other_tokenizer_dir(tmp_path_factory) -> str:
     """A model whose tokenizer differs: other training text and a smaller vocabulary (320)."""
     tok = make_tokenizer(vocab_size=320, corpus=OTHER_CORPUS)
-    model = make_llama(seed=2, vocab=320, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
-                       eos_id=tok.eos_token_id)
+    model = make_llama(
+        seed=2, vocab=320, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64, eos_id=tok.eos_token_id
+    )
     return _save(tmp_path_factory.mktemp("other_tokenizer"), model, tok)
 
 
@@ -160,8 +185,9 @@ def sentencepiece_draft_dir(tmp_path_factory) -> str:
     """A small random model with a SentencePiece-style tokenizer (vocabulary 200): a cross-vocabulary
     drafter for the byte-level tiny target."""
     tok = make_sentencepiece_tokenizer()
-    model = make_llama(seed=3, vocab=200, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
-                       eos_id=tok.eos_token_id)
+    model = make_llama(
+        seed=3, vocab=200, layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64, eos_id=tok.eos_token_id
+    )
     return _save(tmp_path_factory.mktemp("sentencepiece_draft"), model, tok)
 
 

@@ -12,7 +12,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter, quants
 
-BLOCKS = {"Q4_K": (144, 256, [(0, 1e-3), (2, 1e-3)]), "Q6_K": (210, 256, [(208, 1.5e-4)])}  # bytes, weights, fp16 fields
+BLOCKS = {
+    "Q4_K": (144, 256, [(0, 1e-3), (2, 1e-3)]),
+    "Q6_K": (210, 256, [(208, 1.5e-4)]),
+}  # bytes, weights, fp16 fields
 
 
 def random_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -22,7 +25,7 @@ def random_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray
     raw = rng.integers(0, 256, (rows, cols // per, size), dtype=np.uint8)
     for offset, scale in halves:
         value = (scale * rng.uniform(0.5, 1.5, (rows, cols // per))).astype(np.float16)
-        raw[..., offset:offset + 2] = value.view(np.uint8).reshape(rows, cols // per, 2)
+        raw[..., offset : offset + 2] = value.view(np.uint8).reshape(rows, cols // per, 2)
     return raw.reshape(rows, -1)
 
 
@@ -58,8 +61,11 @@ def write_tiny_gguf(path, hf_model, tokenizer, types: dict[str, str]) -> str:
         w.add_value_length(head_dim)
     if getattr(cfg, "sliding_window", None) and arch == MODEL_ARCH.GEMMA3:
         w.add_sliding_window(cfg.sliding_window)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]) if getattr(cfg, "rope_parameters", None)
-                         and "rope_theta" in cfg.rope_parameters else float(getattr(cfg, "rope_theta", 10000.0)))
+    w.add_rope_freq_base(
+        float(cfg.rope_parameters["rope_theta"])
+        if getattr(cfg, "rope_parameters", None) and "rope_theta" in cfg.rope_parameters
+        else float(getattr(cfg, "rope_theta", 10000.0))
+    )
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     vocab = tokenizer.get_vocab()
@@ -72,7 +78,9 @@ def write_tiny_gguf(path, hf_model, tokenizer, types: dict[str, str]) -> str:
     w.add_token_types([3 if t in specials else 1 for t in tokens])
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     w.add_eos_token_id(tokenizer.eos_token_id)
-    w.add_pad_token_id(tokenizer.eos_token_id)  # transformers' Phi-3 default (32000) is outside a tiny vocabulary
+    w.add_pad_token_id(
+        tokenizer.eos_token_id
+    )  # transformers' Phi-3 default (32000) is outside a tiny vocabulary
     w.add_unk_token_id(tokenizer.eos_token_id)  # its Gemma tokenizer converter needs one
     w.add_chat_template(tokenizer.chat_template)
 

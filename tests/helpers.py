@@ -54,10 +54,16 @@ class TableModel:
         assert 0 <= length <= len(self.tokens), (length, len(self.tokens))
         del self.tokens[length:]
 
-    def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    def extend_tree(
+        self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor
+    ) -> torch.Tensor:
         """Logits depend on the last token only, so a tree needs no mask: node i gets table[tokens[i]]."""
         assert tokens.shape == positions.shape and tree_mask.shape[0] == tokens.shape[0] <= tree_mask.shape[1]
-        assert bool(tree_mask[torch.arange(len(tokens)), tree_mask.shape[1] - len(tokens) + torch.arange(len(tokens))].all())
+        assert bool(
+            tree_mask[
+                torch.arange(len(tokens)), tree_mask.shape[1] - len(tokens) + torch.arange(len(tokens))
+            ].all()
+        )
         return self.extend(tokens)
 
     def keep(self, length: int, indices: list[int]) -> None:

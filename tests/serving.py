@@ -28,11 +28,31 @@ class Running:
 
 
 @contextmanager
-def serve(target, *, drafter="ngram", k=4, adaptive=False, routes=None, max_batch=8, queue=64,
-          load_control=True, start_engine=True, drain_s=5.0, suffix_caches=None, **opts):
+def serve(
+    target,
+    *,
+    drafter="ngram",
+    k=4,
+    adaptive=False,
+    routes=None,
+    max_batch=8,
+    queue=64,
+    load_control=True,
+    start_engine=True,
+    drain_s=5.0,
+    suffix_caches=None,
+    **opts,
+):
     routes = routes or default_routes(drafter, k, adaptive)
-    engine = build_engine(target, routes, model_name=MODEL, max_batch=max_batch, queue_size=queue,
-                          load_control=load_control, suffix_caches=suffix_caches)
+    engine = build_engine(
+        target,
+        routes,
+        model_name=MODEL,
+        max_batch=max_batch,
+        queue_size=queue,
+        load_control=load_control,
+        suffix_caches=suffix_caches,
+    )
     app = create_app(engine, ServeOptions(MODEL, routes, **opts), start_engine=start_engine)
     server = Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"), engine, drain_s=drain_s)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -52,8 +72,15 @@ def serve(target, *, drafter="ngram", k=4, adaptive=False, routes=None, max_batc
 
 def reference(target, ids: list[int], max_tokens: int, stop=(), drafter=None):
     """The same request run alone through the single-sequence decoder (greedy)."""
-    return generate(target, drafter or NoDrafter(), list(ids), k=4, params=SamplingParams(),
-                    max_new_tokens=max_tokens, stop=stop)
+    return generate(
+        target,
+        drafter or NoDrafter(),
+        list(ids),
+        k=4,
+        params=SamplingParams(),
+        max_new_tokens=max_tokens,
+        stop=stop,
+    )
 
 
 @contextmanager

@@ -17,15 +17,19 @@ LINT = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imp
 def lint(root: Path) -> subprocess.CompletedProcess:
     """lint-imports over root/src/specdecode with root/pyproject.toml's contracts."""
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
-    return subprocess.run([sys.executable, "-c", LINT], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", LINT], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture
 def copy(tmp_path) -> Path:
     """The package (without its shipped weights) and its contracts in a scratch directory."""
-    shutil.copytree(ROOT / "src" / "specdecode", tmp_path / "src" / "specdecode",
-                    ignore=shutil.ignore_patterns("shipped", "__pycache__", "*.so"))
+    shutil.copytree(
+        ROOT / "src" / "specdecode",
+        tmp_path / "src" / "specdecode",
+        ignore=shutil.ignore_patterns("shipped", "__pycache__", "*.so"),
+    )
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
@@ -36,16 +40,36 @@ def test_the_contracts_hold():
     assert "0 broken" in result.stdout
 
 
-@pytest.mark.parametrize("module,line,broken", [
-    ("core/verify.py", "import specdecode.server.engine", ["the core and the backends import no wing",
-                                                           "verification, sampling and trees import no model code"]),
-    ("core/tree.py", "from specdecode.backends import fast_llama",
-     ["verification, sampling and trees import no model code"]),
-    ("backends/models.py", "from specdecode.bench import suite", ["the core and the backends import no wing"]),
-    ("drafters/eagle.py", "from specdecode.drafters import medusa", ["drafters never import each other"]),
-    ("monitor/view.py", "from specdecode.server import metrics", ["the wings are independent of each other"]),
-    ("bench/suite.py", "from specdecode.export import vllm", ["the wings are independent of each other"]),
-])
+@pytest.mark.parametrize(
+    "module,line,broken",
+    [
+        (
+            "core/verify.py",
+            "import specdecode.server.engine",
+            [
+                "the core and the backends import no wing",
+                "verification, sampling and trees import no model code",
+            ],
+        ),
+        (
+            "core/tree.py",
+            "from specdecode.backends import fast_llama",
+            ["verification, sampling and trees import no model code"],
+        ),
+        (
+            "backends/models.py",
+            "from specdecode.bench import suite",
+            ["the core and the backends import no wing"],
+        ),
+        ("drafters/eagle.py", "from specdecode.drafters import medusa", ["drafters never import each other"]),
+        (
+            "monitor/view.py",
+            "from specdecode.server import metrics",
+            ["the wings are independent of each other"],
+        ),
+        ("bench/suite.py", "from specdecode.export import vllm", ["the wings are independent of each other"]),
+    ],
+)
 def test_a_forbidden_import_breaks_its_contract(copy, module, line, broken):
     assert lint(copy).returncode == 0  # the untouched copy passes: the injected line alone breaks it
     path = copy / "src" / "specdecode" / module
@@ -60,4 +84,4 @@ def test_a_forbidden_import_breaks_its_contract(copy, module, line, broken):
 def status(text: str, name: str) -> str:
     """KEPT or BROKEN, from the summary rows `<name> KEPT|BROKEN` (a long name wraps onto the next line)."""
     summary = text.split("Contracts:")[0].replace("\n", " ")
-    return re.search(r"\b(KEPT|BROKEN)\b", summary[summary.index(name) + len(name):]).group(1)
+    return re.search(r"\b(KEPT|BROKEN)\b", summary[summary.index(name) + len(name) :]).group(1)

@@ -33,7 +33,7 @@ def together(lm, jobs, k):
         for seq in [s for s in running if s.finished]:
             core.release(seq)
             running.remove(seq)
-    return [s.context[len(s.prompt):] for s in seqs], trees
+    return [s.context[len(s.prompt) :] for s in seqs], trees
 
 
 @pytest.mark.parametrize("backend", ["fast", "hf"])
@@ -63,8 +63,12 @@ def test_tree_rows_with_their_masks_equal_the_single_sequence_tree_forward(targe
     tree = Tree([40, 41, 42, 43, 44], [-1, -1, 1, 2, 0])
     lm.forward([Row(0, torch.tensor(prompt[:-1])), Row(1, torch.tensor(prompt[:9]))])
     tokens = torch.tensor([prompt[-1]] + tree.tokens)
-    out = lm.forward([Row(1, torch.tensor(prompt[9:14])),
-                      Row(0, tokens, layers=(-1,), positions=tree.positions(19), tree_mask=tree.mask())])
+    out = lm.forward(
+        [
+            Row(1, torch.tensor(prompt[9:14])),
+            Row(0, tokens, layers=(-1,), positions=tree.positions(19), tree_mask=tree.mask()),
+        ]
+    )
     model.reset()
     model.extend(torch.tensor(prompt[:-1]))
     ref = model.forward(tokens, layers=(-1,), positions=tree.positions(19), tree_mask=tree.mask())
@@ -84,7 +88,10 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
     (short, short_ref), *rest = cases[:3]
     long_jobs = [(p * 4, None) for p, _ in rest]  # prompts of ~4x the length
     seqs = [Sequence(short, per_sequence(DRAFTERS[0]), FixedK(4), SamplingParams(), None, MAX_NEW)]
-    seqs += [Sequence(p, per_sequence(DRAFTERS[1]), FixedK(4), SamplingParams(), None, MAX_NEW) for p, _ in long_jobs]
+    seqs += [
+        Sequence(p, per_sequence(DRAFTERS[1]), FixedK(4), SamplingParams(), None, MAX_NEW)
+        for p, _ in long_jobs
+    ]
     core.start(seqs, chunked=True)
     steps_while_prefilling = 0
     while not all(s.finished for s in seqs):
@@ -94,12 +101,12 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
             steps_while_prefilling += sum(len(st.tokens) for s, st in zip(running, steps) if s is seqs[0])
         assert all(not st.tokens for s, st in zip(running, steps) if st.prefilling)
     assert steps_while_prefilling > 0  # the short request was not frozen behind the long prefills
-    assert seqs[0].context[len(short):] == short_ref
+    assert seqs[0].context[len(short) :] == short_ref
     from specdecode.core.generation import generate
 
     for seq in seqs[1:]:
         alone = generate(target, NoDrafter(), seq.prompt, max_new_tokens=MAX_NEW).token_ids
-        assert seq.context[len(seq.prompt):] == alone
+        assert seq.context[len(seq.prompt) :] == alone
 
 
 @pytest.mark.parametrize("chunked", [False, True])
@@ -120,7 +127,7 @@ def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chu
         while not seq.finished:
             core.step([seq], prefill_budget=16)
         core.release(seq)
-        outputs.append(seq.context[len(prompt):])
+        outputs.append(seq.context[len(prompt) :])
     assert cache.hits >= 2 * (len(shared) // 8) and cache.hits < cache.queries
     for prompt, out in zip(prompts, outputs):
         assert out == generate(target, NoDrafter(), prompt, max_new_tokens=MAX_NEW).token_ids
@@ -159,7 +166,9 @@ def test_the_batched_model_knows_its_attention_span(target):
     assert attention_span(cfg, 9, 3, 64) == 3072.0  # SmolLM2-135M: 3.54M weights a layer / (2 * 576)
     lm = batched(target.model, 2)
     cfg = target.model.config
-    assert lm.attention_span == attention_span(cfg, target.model.heads, target.model.kv_heads, target.model.head_dim)
+    assert lm.attention_span == attention_span(
+        cfg, target.model.heads, target.model.kv_heads, target.model.head_dim
+    )
 
 
 def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
@@ -177,8 +186,14 @@ def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
     while not seq.finished:
         core.step([seq], prefill_budget=64)
     assert lm.k_cache is cache and len(seq.context) == len(prompt) + 250
-    engine = build_engine(target, default_routes("none", 1, False), model_name="t", max_batch=2,
-                          load_control=False, kv_reserve=480)
+    engine = build_engine(
+        target,
+        default_routes("none", 1, False),
+        model_name="t",
+        max_batch=2,
+        load_control=False,
+        kv_reserve=480,
+    )
     assert engine.core.model.k_cache.shape[3] >= 480
 
 

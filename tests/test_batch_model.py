@@ -33,9 +33,15 @@ def test_prefill_chunks_after_cached_tokens_match_single_sequence_logits(fast):
         out = bm.forward([Row(1, short[30 + a // 100 : 31 + a // 100]), Row(0, long[a:b])])
         assert torch.allclose(out[1].logits, ref_long[a:b], atol=1e-4, rtol=1e-4)
         assert torch.allclose(out[0].logits, ref_short[30 + a // 100 : 31 + a // 100], atol=1e-4, rtol=1e-4)
-    q, k, v = torch.randn(6, 50, 8, generator=g), torch.randn(2, 250, 8, generator=g), torch.randn(2, 250, 8, generator=g)
+    q, k, v = (
+        torch.randn(6, 50, 8, generator=g),
+        torch.randn(2, 250, 8, generator=g),
+        torch.randn(2, 250, 8, generator=g),
+    )
     mask = torch.arange(250)[None, :] <= (200 + torch.arange(50))[:, None]
-    want = torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q[None], k[None], v[None], attn_mask=mask, enable_gqa=True
+    )[0]
     assert torch.allclose(chunk_attention(q, k, v, 200), want, atol=1e-5)
 
 
@@ -121,7 +127,9 @@ def test_other_families_batch_with_their_windows_and_rotary_tables(family):
     out = [o.logits for o in bm.forward([Row(i, s[:c]) for i, (s, c) in enumerate(zip(seqs, (70, 40, 1)))])]
     for o, ref, c in zip(out, refs, (70, 40, 1)):
         assert torch.allclose(o, ref[:c], atol=1e-4, rtol=1e-4)
-    out = [o.logits for o in bm.forward([Row(0, seqs[0][70:90]), Row(2, seqs[2][1:6])])]  # decode-like steps past the window
+    out = [
+        o.logits for o in bm.forward([Row(0, seqs[0][70:90]), Row(2, seqs[2][1:6])])
+    ]  # decode-like steps past the window
     assert torch.allclose(out[0], refs[0][70:90], atol=1e-4, rtol=1e-4)
     assert torch.allclose(out[1], refs[2][1:6], atol=1e-4, rtol=1e-4)
 

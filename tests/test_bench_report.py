@@ -28,13 +28,40 @@ def test_ideal_speedup_counts_each_step_at_its_own_draft_length():
 
 def test_bench_with_hf_peers_sweep_markdown_and_plots(capsys, tiny_model_dir, tiny_draft_dir, tmp_path):
     f = tmp_path / "p.jsonl"
-    f.write_text("\n".join(json.dumps({"prompt": p, "category": c}) for p, c in
-                           [("a b c a b c a b", "code"), ("tell a tale of a b c", "creative")]))
+    f.write_text(
+        "\n".join(
+            json.dumps({"prompt": p, "category": c})
+            for p, c in [("a b c a b c a b", "code"), ("tell a tale of a b c", "creative")]
+        )
+    )
     out_json, plots = tmp_path / "r.json", tmp_path / "plots"
     peers = f"hf,hf-lookup:3,hf-assist:draft:{tiny_draft_dir}"
-    code = main(["bench", "--prompts", str(f), "--drafters", "ngram", "--k", "2,4", "--adaptive", "--k-max", "4",
-                 "--peers", peers, "--target", tiny_model_dir, "--max-new-tokens", "10", "--out", str(out_json),
-                 "--plots", str(plots), "--sweep-temperatures", "0,1"])
+    code = main(
+        [
+            "bench",
+            "--prompts",
+            str(f),
+            "--drafters",
+            "ngram",
+            "--k",
+            "2,4",
+            "--adaptive",
+            "--k-max",
+            "4",
+            "--peers",
+            peers,
+            "--target",
+            tiny_model_dir,
+            "--max-new-tokens",
+            "10",
+            "--out",
+            str(out_json),
+            "--plots",
+            str(plots),
+            "--sweep-temperatures",
+            "0,1",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out_json.read_text())
@@ -45,28 +72,43 @@ def test_bench_with_hf_peers_sweep_markdown_and_plots(capsys, tiny_model_dir, ti
         assert row["peer"] and row["identical_to_none"] == 1.0, peer
         assert row["acceptance_rate"] is None and row["tokens"] > 0 and row["ttft_ms"] > 0
     ours = rows[("ngram@k4", "ALL")]
-    assert not ours["peer"] and set(ours["speedup_vs_peers"]) == {"fp32 hf", "fp32 hf-lookup:3",
-                                                                  f"fp32 hf-assist:draft:{tiny_draft_dir}"}
+    assert not ours["peer"] and set(ours["speedup_vs_peers"]) == {
+        "fp32 hf",
+        "fp32 hf-lookup:3",
+        f"fp32 hf-assist:draft:{tiny_draft_dir}",
+    }
     assert ours["ideal_speedup"] > 0 and ours["measured_over_ideal"] == pytest.approx(
-        ours["speedup_vs_none"] / ours["ideal_speedup"], rel=0.01)
+        ours["speedup_vs_none"] / ours["ideal_speedup"], rel=0.01
+    )
     assert set(report["costs"]["fp32"]) == {"ngram@k2", "ngram@k4", "ngram+adaptive"}
     sweep = report["alpha_vs_temperature"]["fp32"]
     assert set(sweep) == {"ngram@k2", "ngram@k4"} and set(sweep["ngram@k2"]) == {"0.0", "1.0"}
     assert set(sweep["ngram@k2"]["0.0"]) == {"code", "creative", "ALL"}
     assert out_json.with_suffix(".md").read_text().startswith("| dtype | drafter |")
     written = sorted(p.name for p in plots.iterdir())
-    assert written == sorted(f"{n}.png" for n in ("alpha_by_task", "speedup_vs_k", "alpha_vs_temperature",
-                                                  "ideal_vs_measured", "speedup_overall"))
+    assert written == sorted(
+        f"{n}.png"
+        for n in (
+            "alpha_by_task",
+            "speedup_vs_k",
+            "alpha_vs_temperature",
+            "ideal_vs_measured",
+            "speedup_overall",
+        )
+    )
     assert all((plots / n).read_bytes()[:4] == b"\x89PNG" for n in written)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--peers", "vllm"], "unknown peer"),
-    (["--peers", "hf-lookup:x"], "must be an integer"),
-    (["--peers", "hf-assist:ngram"], "must be a draft model"),
-    (["--sweep-temperatures", "0,hot"], "comma-separated numbers"),
-    (["--sweep-temperatures", "-1"], ">= 0"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--peers", "vllm"], "unknown peer"),
+        (["--peers", "hf-lookup:x"], "must be an integer"),
+        (["--peers", "hf-assist:ngram"], "must be a draft model"),
+        (["--sweep-temperatures", "0,hot"], "comma-separated numbers"),
+        (["--sweep-temperatures", "-1"], ">= 0"),
+    ],
+)
 def test_bench_bad_peer_and_sweep_flags(capsys, tiny_model_dir, argv, message):
     code = main(["bench", "--target", tiny_model_dir, "--prompts", "mtbench:1"] + argv)
     err = capsys.readouterr().err

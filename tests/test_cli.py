@@ -18,14 +18,33 @@ def run_cli(capsys, *argv):
 def test_generate_json_fields_and_identity(capsys, tiny_model_dir):
     outputs = {}
     for drafter in ("none", "ngram"):
-        code, out, err = run_cli(capsys, "generate", "the cat sat on the mat", "--target", tiny_model_dir,
-                                 "--drafter", drafter, "--max-new-tokens", "24", "--json", "--no-chat")
+        code, out, err = run_cli(
+            capsys,
+            "generate",
+            "the cat sat on the mat",
+            "--target",
+            tiny_model_dir,
+            "--drafter",
+            drafter,
+            "--max-new-tokens",
+            "24",
+            "--json",
+            "--no-chat",
+        )
         assert code == 0, err
         obj = json.loads(out.strip().splitlines()[-1])
         assert set(obj) >= {"id", "text", "token_ids", "stats"}
         stats = obj["stats"]
-        for key in ("drafted", "accepted", "acceptance_rate", "mean_accepted_length", "target_forwards",
-                    "new_tokens", "wall_s", "tokens_per_s"):
+        for key in (
+            "drafted",
+            "accepted",
+            "acceptance_rate",
+            "mean_accepted_length",
+            "target_forwards",
+            "new_tokens",
+            "wall_s",
+            "tokens_per_s",
+        ):
             assert key in stats
         assert stats["new_tokens"] == len(obj["token_ids"]) <= 24
         outputs[drafter] = obj
@@ -35,19 +54,31 @@ def test_generate_json_fields_and_identity(capsys, tiny_model_dir):
 
 
 def test_generate_streams_text_and_stats_line(capsys, tiny_model_dir):
-    code, out, err = run_cli(capsys, "generate", "hello world", "--target", tiny_model_dir, "--max-new-tokens", "10")
+    code, out, err = run_cli(
+        capsys, "generate", "hello world", "--target", tiny_model_dir, "--max-new-tokens", "10"
+    )
     assert code == 0
     assert "tok/s" in err and "α" in err
-    code2, out2, _ = run_cli(capsys, "generate", "hello world", "--target", tiny_model_dir, "--max-new-tokens", "10",
-                             "--json")
+    code2, out2, _ = run_cli(
+        capsys, "generate", "hello world", "--target", tiny_model_dir, "--max-new-tokens", "10", "--json"
+    )
     assert out.rstrip("\n") == json.loads(out2)["text"].rstrip("\n")
 
 
 def test_generate_prompt_file(capsys, tiny_model_dir, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "one two three", "id": "a", "category": "x"}\n\n{"prompt": "four five"}\n')
-    code, out, err = run_cli(capsys, "generate", "--prompt-file", str(f), "--target", tiny_model_dir,
-                             "--max-new-tokens", "5", "--json")
+    code, out, err = run_cli(
+        capsys,
+        "generate",
+        "--prompt-file",
+        str(f),
+        "--target",
+        tiny_model_dir,
+        "--max-new-tokens",
+        "5",
+        "--json",
+    )
     assert code == 0, err
     objs = [json.loads(line) for line in out.strip().splitlines()]
     assert [o["id"] for o in objs] == ["a", "3"]
@@ -66,8 +97,20 @@ def test_bench_prints_table_and_writes_json(capsys, tiny_model_dir, tmp_path):
     lines = [{"prompt": f"a b c a b c {i}", "category": c} for i, c in enumerate(["code", "code", "chat"])]
     f.write_text("\n".join(json.dumps(x) for x in lines))
     out_json = tmp_path / "r.json"
-    code, out, err = run_cli(capsys, "bench", "--prompts", str(f), "--drafters", "ngram", "--target",
-                             tiny_model_dir, "--max-new-tokens", "12", "--out", str(out_json))
+    code, out, err = run_cli(
+        capsys,
+        "bench",
+        "--prompts",
+        str(f),
+        "--drafters",
+        "ngram",
+        "--target",
+        tiny_model_dir,
+        "--max-new-tokens",
+        "12",
+        "--out",
+        str(out_json),
+    )
     assert code == 0, err
     assert "| fp32 | ngram | code |" in out and "| fp32 | none | ALL |" in out
     report = json.loads(out_json.read_text())
@@ -118,21 +161,35 @@ def test_prompt_longer_than_context(capsys, tiny_model_dir):
 
 
 def test_mismatched_tokenizers_draft_across_vocabularies(capsys, tiny_model_dir, other_tokenizer_dir):
-    code, out, err = run_cli(capsys, "generate", "hi", "--target", tiny_model_dir, "--drafter",
-                             f"draft:{other_tokenizer_dir}", "--max-new-tokens", "8", "--json")
+    code, out, err = run_cli(
+        capsys,
+        "generate",
+        "hi",
+        "--target",
+        tiny_model_dir,
+        "--drafter",
+        f"draft:{other_tokenizer_dir}",
+        "--max-new-tokens",
+        "8",
+        "--json",
+    )
     assert code == 0 and json.loads(out)["stats"]["drafted"] > 0, err
-    code, _, err = run_cli(capsys, "generate", "hi", "--target", tiny_model_dir, "--drafter",
-                           f"draft:b=2:{other_tokenizer_dir}")
+    code, _, err = run_cli(
+        capsys, "generate", "hi", "--target", tiny_model_dir, "--drafter", f"draft:b=2:{other_tokenizer_dir}"
+    )
     assert code == 2 and "token trees" in err
 
 
-@pytest.mark.parametrize("content,message", [
-    ("not json\n", ":1: not valid JSON"),
-    ('{"text": "no prompt field"}\n', ":1: expected an object"),
-    ('{"prompt": "ok"}\n[1, 2]\n', ":2: expected an object"),
-    ('{"prompt": ""}\n', ":1: empty prompt"),
-    ("", "has no prompts"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("not json\n", ":1: not valid JSON"),
+        ('{"text": "no prompt field"}\n', ":1: expected an object"),
+        ('{"prompt": "ok"}\n[1, 2]\n', ":2: expected an object"),
+        ('{"prompt": ""}\n', ":1: empty prompt"),
+        ("", "has no prompts"),
+    ],
+)
 def test_malformed_prompt_file(capsys, tiny_model_dir, tmp_path, content, message):
     f = tmp_path / "bad.jsonl"
     f.write_text(content)
@@ -141,8 +198,12 @@ def test_malformed_prompt_file(capsys, tiny_model_dir, tmp_path, content, messag
 
 
 def test_console_script_user_error_has_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "specdecode", "generate", "hi", "--k", "-3"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdecode", "generate", "hi", "--k", "-3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "k must be between" in proc.stderr
 

@@ -8,9 +8,11 @@ from specdecode.errors import UserError
 
 
 def test_round_trip(tmp_path):
-    cfg = SpecConfig(default=Route("ngram", 5, True), routing={"code": Route("ngram:2-3", 8, False),
-                                                              "creative": Route("none", 1, False)},
-                     costs={"ngram": CostModel(0.01, {1: 1.05, 2: 1.1}, 0.04)})
+    cfg = SpecConfig(
+        default=Route("ngram", 5, True),
+        routing={"code": Route("ngram:2-3", 8, False), "creative": Route("none", 1, False)},
+        costs={"ngram": CostModel(0.01, {1: 1.05, 2: 1.1}, 0.04)},
+    )
     path = tmp_path / "c.json"
     cfg.save(path)
     back = load_config(path)

@@ -26,7 +26,9 @@ def test_verify_ratio_interpolates_and_extrapolates():
     assert cost.r(6) == pytest.approx(1.9)  # slope of the last two points
 
 
-@pytest.mark.parametrize("alpha,c,slope", [(0.9, 0.0, 0.05), (0.6, 0.05, 0.1), (0.8, 0.2, 0.02), (0.3, 0.1, 0.2)])
+@pytest.mark.parametrize(
+    "alpha,c,slope", [(0.9, 0.0, 0.05), (0.6, 0.05, 0.1), (0.8, 0.2, 0.02), (0.3, 0.1, 0.2)]
+)
 def test_best_k_matches_brute_force(alpha, c, slope):
     cost = CostModel(c, {k: 1 + slope * k for k in range(1, 9)})
     k, speed = best_k([alpha], cost, 8)
@@ -89,8 +91,16 @@ def test_k_zero_policy_still_decodes_in_the_loop(target):
     from specdecode.core.sampling import SamplingParams
 
     never = AdaptiveK(CostModel(1.0, {k: 2.0 for k in range(1, 5)}), k_max=4, prior=[0.0])
-    steps = list(decode(target.model, NgramDrafter(), [5, 6, 7, 5, 6, 7, 5, 6], k=never, params=SamplingParams(),
-                        max_new_tokens=12))
+    steps = list(
+        decode(
+            target.model,
+            NgramDrafter(),
+            [5, 6, 7, 5, 6, 7, 5, 6],
+            k=never,
+            params=SamplingParams(),
+            max_new_tokens=12,
+        )
+    )
     assert sum(len(s.tokens) for s in steps) == 12
     assert steps[0].drafted == 0
 
@@ -119,14 +129,21 @@ def test_monotone_smoothing_is_the_least_squares_non_decreasing_fit():
 def test_measured_costs_grow_with_k(target, draft):
     from specdecode.drafters import DraftModelDrafter
 
-    cost = measure(target.model, DraftModelDrafter(draft.model, target.model.vocab_size), 6, list(range(3, 40)),
-                   repeats=3)
+    cost = measure(
+        target.model,
+        DraftModelDrafter(draft.model, target.model.vocab_size),
+        6,
+        list(range(3, 40)),
+        repeats=3,
+    )
     ratios = [cost.verify_ratio[k] for k in range(1, 7)]
     assert ratios == sorted(ratios) and ratios[0] >= 1.0
     assert cost.step_s > 0 and cost.draft_cost > 0
 
 
-@pytest.mark.parametrize("supply,accept", [([0.5, 0.8, 0.6], [0.7, 0.9, 0.5]), ([1.0], [0.6]), ([0.3, 1.0], [0.9])])
+@pytest.mark.parametrize(
+    "supply,accept", [([0.5, 0.8, 0.6], [0.7, 0.9, 0.5]), ([1.0], [0.6]), ([0.3, 1.0], [0.9])]
+)
 def test_supply_aware_speedup_matches_simulation(supply, accept):
     """Monte Carlo of a drafter that offers D tokens (continuing with prob s_i) of which a prefix is
     accepted (prob a_i each): mean committed tokens / mean step cost must equal the formula."""

@@ -18,7 +18,12 @@ from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.backends.tokenizer_check import compare, token_bytes
 
-PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    return", "Hello, world! How are", "SELECT id, name FROM"]
+PROMPTS = [
+    "The quick brown fox",
+    "def fibonacci(n):\n    return",
+    "Hello, world! How are",
+    "SELECT id, name FROM",
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +67,15 @@ def test_check_tokenizers_reports_overlap_and_probes():
     report = compare(a, b)
     assert not report.compatible
     set_a, set_b = set(token_bytes(a).values()), set(token_bytes(b).values())
-    assert report.overlap_a == pytest.approx(sum(t in set_b for t in token_bytes(a).values()) / len(token_bytes(a)))
-    assert report.overlap_b == pytest.approx(sum(t in set_a for t in token_bytes(b).values()) / len(token_bytes(b)))
-    assert 0 < report.overlap_a < report.overlap_b < 1  # the small character-level vocabulary is mostly inside
+    assert report.overlap_a == pytest.approx(
+        sum(t in set_b for t in token_bytes(a).values()) / len(token_bytes(a))
+    )
+    assert report.overlap_b == pytest.approx(
+        sum(t in set_a for t in token_bytes(b).values()) / len(token_bytes(b))
+    )
+    assert (
+        0 < report.overlap_a < report.overlap_b < 1
+    )  # the small character-level vocabulary is mostly inside
     assert 0 < report.boundary_agreement < 1 and 0 < report.round_trips <= 1
     summary = report.summary("bytes", "sp")
     assert "of bytes's tokens exist in sp" in summary and "token boundaries agree" in summary
@@ -75,8 +86,9 @@ def test_check_tokenizers_reports_overlap_and_probes():
 
 @pytest.mark.parametrize("direction", ["sp-drafts-bytes", "bytes-draft-sp", "other-bytes-drafts-bytes"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_greedy_output_equals_plain(direction, k, target, sp_target, tiny_draft_dir, sentencepiece_draft_dir,
-                                   other_tokenizer_dir):
+def test_greedy_output_equals_plain(
+    direction, k, target, sp_target, tiny_draft_dir, sentencepiece_draft_dir, other_tokenizer_dir
+):
     tgt, draft_dir = {
         "sp-drafts-bytes": (target, sentencepiece_draft_dir),
         "bytes-draft-sp": (sp_target, tiny_draft_dir),
@@ -107,12 +119,24 @@ def test_a_draft_that_writes_the_targets_text_is_mostly_accepted(draft_family):
     prompt = target_tok(prompt_text)["input_ids"]
     target_script = target_tok(script, add_special_tokens=False)["input_ids"]
     draft_prompt = draft_tok(target_tok.decode(prompt))["input_ids"]
-    draft = ScriptModel(len(draft_tok), len(draft_prompt), draft_tok(script, add_special_tokens=False)["input_ids"])
+    draft = ScriptModel(
+        len(draft_tok), len(draft_prompt), draft_tok(script, add_special_tokens=False)["input_ids"]
+    )
     target = ScriptModel(len(target_tok), len(prompt), target_script)
-    drafter = CrossVocabDrafter(draft, draft_tok, target_tok, len(target_tok), {draft_tok.eos_token_id},
-                                target_tok.eos_token_id)
-    steps = list(decode(target, drafter, prompt, k=4, params=SamplingParams(), max_new_tokens=len(target_script) + 1,
-                        eos_ids={target_tok.eos_token_id}))
+    drafter = CrossVocabDrafter(
+        draft, draft_tok, target_tok, len(target_tok), {draft_tok.eos_token_id}, target_tok.eos_token_id
+    )
+    steps = list(
+        decode(
+            target,
+            drafter,
+            prompt,
+            k=4,
+            params=SamplingParams(),
+            max_new_tokens=len(target_script) + 1,
+            eos_ids={target_tok.eos_token_id},
+        )
+    )
     assert [t for s in steps for t in s.tokens] == target_script + [target_tok.eos_token_id]
     accepted, drafted = sum(s.accepted for s in steps), sum(s.drafted for s in steps)
     assert accepted / drafted > (0.95 if draft_family == "same" else 0.7), (accepted, drafted)
@@ -148,8 +172,9 @@ def test_tli_sampling_follows_the_target_distribution():
     target_tok, draft_tok = make_tokenizer(), make_sentencepiece_tokenizer()
     target, draft = tli_tables(target_tok, draft_tok)
     params = SamplingParams(temperature=0.8, top_k=3)
-    drafter = CrossVocabDrafter(draft, draft_tok, target_tok, target.vocab_size, {draft_tok.eos_token_id},
-                                target_tok.eos_token_id)
+    drafter = CrossVocabDrafter(
+        draft, draft_tok, target_tok, target.vocab_size, {draft_tok.eos_token_id}, target_tok.eos_token_id
+    )
     prompt = target_tok("The cat sat on the", add_special_tokens=False)["input_ids"]
     last = prompt[-1]  # ' the' is a token of both: the draft's table row for it copies the target's
     assert int(drafter.to_target[draft_tok(" the", add_special_tokens=False)["input_ids"][-1]]) == last

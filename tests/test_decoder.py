@@ -34,8 +34,18 @@ MIN_MARGIN = 1e-3  # top-1 minus top-2 logit; batched and one-token forwards dif
 def run(model, drafter, prompt, k, params=GREEDY, max_new_tokens=MAX_NEW, eos_ids=frozenset(), seed=0):
     """All steps of one decode; returns (committed tokens, steps)."""
     g = torch.Generator().manual_seed(seed)
-    steps = list(decode(model, drafter, prompt, k=k, params=params, max_new_tokens=max_new_tokens,
-                        eos_ids=eos_ids, generator=g))
+    steps = list(
+        decode(
+            model,
+            drafter,
+            prompt,
+            k=k,
+            params=params,
+            max_new_tokens=max_new_tokens,
+            eos_ids=eos_ids,
+            generator=g,
+        )
+    )
     return [t for s in steps for t in s.tokens], steps
 
 
@@ -49,7 +59,7 @@ def full_recompute_greedy(hf, prompt, n):
         top = logits.topk(2).values
         margin = min(margin, float(top[0] - top[1]))
         seq.append(int(logits.argmax()))
-    return seq[len(prompt):], margin
+    return seq[len(prompt) :], margin
 
 
 def make_prompts(count=14, vocab=384, seed=0):
@@ -59,7 +69,9 @@ def make_prompts(count=14, vocab=384, seed=0):
     for i in range(count):
         length = int(torch.randint(3, 41, (1,), generator=g))
         if i % 2:
-            motif = torch.randint(3, vocab, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+            motif = torch.randint(
+                3, vocab, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g
+            ).tolist()
             prompts.append((motif * 20)[:length])
         else:
             prompts.append(torch.randint(3, vocab, (length,), generator=g).tolist())
@@ -104,6 +116,7 @@ def drafters(target, draft):
 
 # --- greedy identity --------------------------------------------------------------------------------
 
+
 def test_plain_greedy_equals_full_recompute_and_is_deterministic(target, target_hf, cases):
     for prompt, reference in cases:
         out, steps = run(target.model, NoDrafter(), prompt, k=4)
@@ -122,7 +135,7 @@ def test_batched_extend_matches_one_token_extends(target, target_hf):
         model.reset()
         batched = model.extend(tokens)
         model.reset()
-        one_by_one = torch.cat([model.extend(tokens[i:i + 1]) for i in range(len(tokens))])
+        one_by_one = torch.cat([model.extend(tokens[i : i + 1]) for i in range(len(tokens))])
         model.reset()
         split = torch.cat([model.extend(tokens[:7]), model.extend(tokens[7:])])
         for logits in (batched, one_by_one, split):
@@ -168,6 +181,7 @@ def test_greedy_speculation_with_the_hf_backend(target, target_hf, cases, name, 
 
 # --- draft = target ---------------------------------------------------------------------------------
 
+
 def test_self_draft_accepts_everything_greedy_through_generate(target):
     drafter = DraftModelDrafter(FastLlama(target.model.hf), target.model.vocab_size)
     prompt = make_prompts(count=1, seed=3)[0]
@@ -195,13 +209,16 @@ def test_self_draft_sampling_accepts_everything(target, tables):
     drafter = DraftModelDrafter(FastLlama(target.model.hf), target.model.vocab_size)
     drafted = accepted = 0
     for prompt in make_prompts(count=6, seed=4):
-        _, steps = run(target.model, drafter, prompt, k=4, params=SamplingParams(temperature=1.0), seed=len(prompt))
+        _, steps = run(
+            target.model, drafter, prompt, k=4, params=SamplingParams(temperature=1.0), seed=len(prompt)
+        )
         drafted += sum(s.drafted for s in steps)
         accepted += sum(s.accepted for s in steps)
     assert drafted >= 60 and accepted >= drafted - 1
 
 
 # --- bookkeeping ------------------------------------------------------------------------------------
+
 
 def test_stats_bookkeeping_matches_the_steps(target, drafters, monkeypatch):
     monkeypatch.setattr(LoadedModel, "eos_ids", property(lambda self: set()))  # run to the length limit
@@ -276,11 +293,23 @@ def test_generate_stops_at_the_models_eos(target, cases, monkeypatch):
 def test_generate_text_stop_strings_and_streaming(target):
     base = generate(target, NoDrafter(), "the cat sat on the mat", k=1, max_new_tokens=24, chat=False)
     assert base.text == target.tokenizer.decode(base.token_ids, skip_special_tokens=True)
-    cut = next(i for i in range(4, len(base.text)) if base.text[i - 4:i].strip() and base.text[i - 4:i] not in base.text[:i - 1])
-    stop = base.text[cut - 4:cut]
+    cut = next(
+        i
+        for i in range(4, len(base.text))
+        if base.text[i - 4 : i].strip() and base.text[i - 4 : i] not in base.text[: i - 1]
+    )
+    stop = base.text[cut - 4 : cut]
     pieces = []
-    result = generate(target, NgramDrafter(), "the cat sat on the mat", k=4, max_new_tokens=24, chat=False,
-                      stop=[stop], on_text=pieces.append)
+    result = generate(
+        target,
+        NgramDrafter(),
+        "the cat sat on the mat",
+        k=4,
+        max_new_tokens=24,
+        chat=False,
+        stop=[stop],
+        on_text=pieces.append,
+    )
     assert result.finish_reason == "stop"
     assert result.text == base.text[: base.text.find(stop)]
     assert "".join(pieces) == result.text
@@ -288,9 +317,12 @@ def test_generate_text_stop_strings_and_streaming(target):
 
 
 def test_generate_rejects_bad_arguments(target):
-    for kwargs, message in [({"k": 0}, "k must be"), ({"k": 65}, "k must be"),
-                            ({"max_new_tokens": 0}, "max_new_tokens"),
-                            ({"max_new_tokens": 600}, "exceeds the model's context")]:
+    for kwargs, message in [
+        ({"k": 0}, "k must be"),
+        ({"k": 65}, "k must be"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": 600}, "exceeds the model's context"),
+    ]:
         with pytest.raises(UserError, match=message):
             generate(target, NoDrafter(), [5, 6, 7], **kwargs)
     with pytest.raises(UserError, match="empty prompt"):
@@ -364,9 +396,17 @@ def first_two_counts_batched(target, drafter, prompt, params, n, seed=0, slots=8
     running: dict[Sequence, list[int]] = {}
     drafted = accepted = first_accepted = started = 0
     while started < n or running:
-        fresh = [Sequence(prompt, per_sequence(drafter), FixedK(2), params,
-                          torch.Generator().manual_seed(seed * n + started + i), 3)
-                 for i in range(min(len(core.free), n - started))]
+        fresh = [
+            Sequence(
+                prompt,
+                per_sequence(drafter),
+                FixedK(2),
+                params,
+                torch.Generator().manual_seed(seed * n + started + i),
+                3,
+            )
+            for i in range(min(len(core.free), n - started))
+        ]
         started += len(fresh)
         core.start(fresh)
         running.update((seq, []) for seq in fresh)
@@ -462,8 +502,9 @@ def test_sampled_tree_verification_in_the_batched_core_follows_the_target(tables
     b = 2
     c1, c2 = (int(t) for t in target.table[b].topk(2).indices)
     prompt = [b, c1, int(target.table[c1].argmax()), b, c2, int(target.table[c2].argmax()), b]
-    counts, drafted, accepted, _ = first_two_counts_batched(target, NgramDrafter(min_n=1, branches=2), prompt,
-                                                            params, N)
+    counts, drafted, accepted, _ = first_two_counts_batched(
+        target, NgramDrafter(min_n=1, branches=2), prompt, params, N
+    )
     assert drafted > 2 * N and 0.05 * drafted < accepted < 0.95 * drafted  # trees drafted, both paths taken
     exact = joint_two(target.table, b, params)
     assert counts[exact == 0].sum() == 0

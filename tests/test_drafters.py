@@ -70,6 +70,7 @@ def test_no_drafter_proposes_nothing():
 
 # --- draft model drafter ----------------------------------------------------------------------------
 
+
 def fresh_proposal(model_factory, vocab, context, k, params, seed):
     drafter = DraftModelDrafter(model_factory(), vocab)
     drafter.begin(context)
@@ -77,8 +78,9 @@ def fresh_proposal(model_factory, vocab, context, k, params, seed):
 
 
 @pytest.mark.parametrize("backend", ["fast", "hf"])
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, top_k=20)],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(), SamplingParams(temperature=0.9, top_k=20)], ids=["greedy", "sampled"]
+)
 def test_draft_model_cache_stays_in_sync(draft, backend, params):
     hf = draft.model.hf
     factory = (lambda: FastLlama(hf)) if backend == "fast" else (lambda: HFModel(hf))
@@ -112,7 +114,9 @@ def test_draft_model_cache_stays_in_sync(draft, backend, params):
         assert drafter.cached == ctx + got.tokens.tolist()[:-1]
         assert drafter.model.length == len(drafter.cached)
         # next step: keep one draft and add a fresh token
-        drafter.propose(ctx + got.tokens.tolist()[:1] + [other[6]], 2, params, torch.Generator().manual_seed(1))
+        drafter.propose(
+            ctx + got.tokens.tolist()[:1] + [other[6]], 2, params, torch.Generator().manual_seed(1)
+        )
 
 
 def test_draft_model_probabilities_are_the_warped_draft_distribution():
@@ -147,6 +151,7 @@ def test_draft_vocabulary_is_aligned_to_the_target():
 
 # --- drafters.build ---------------------------------------------------------------------------------
 
+
 def test_build_known_drafters(target, tiny_draft_dir):
     ctx = DrafterContext(target, device="cpu")
     assert isinstance(drafters.build("none", ctx), NoDrafter)
@@ -160,16 +165,22 @@ def test_build_known_drafters(target, tiny_draft_dir):
     assert isinstance(draft, DraftModelDrafter) and draft.vocab_size == target.model.vocab_size
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("telepathy", "unknown drafter 'telepathy'"),
-    ("telepathy:3", "unknown drafter 'telepathy:3'"),
-    ("ngram:x", "ngram argument"),
-    ("ngram:2-x", "ngram argument"),
-    ("ngram:5-2", "min_n"),
-    ("draft", "trained for target 'smollm2'|no draft checkpoint"),  # the shipped one is for the default target
-    ("draft:", "needs a model"),
-    ("draft:/no/such/model/dir", "model path not found: /no/such/model/dir"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("telepathy", "unknown drafter 'telepathy'"),
+        ("telepathy:3", "unknown drafter 'telepathy:3'"),
+        ("ngram:x", "ngram argument"),
+        ("ngram:2-x", "ngram argument"),
+        ("ngram:5-2", "min_n"),
+        (
+            "draft",
+            "trained for target 'smollm2'|no draft checkpoint",
+        ),  # the shipped one is for the default target
+        ("draft:", "needs a model"),
+        ("draft:/no/such/model/dir", "model path not found: /no/such/model/dir"),
+    ],
+)
 def test_build_errors(target, spec, message):
     with pytest.raises(UserError, match=message):
         drafters.build(spec, DrafterContext(target, device="cpu"))
@@ -177,7 +188,9 @@ def test_build_errors(target, spec, message):
 
 def test_check_spec():
     assert drafters.check_spec("ngram:2-3") == "ngram"
-    with pytest.raises(UserError, match="known: none, ngram, draft, ensemble, fallback, medusa, eagle, suffix"):
+    with pytest.raises(
+        UserError, match="known: none, ngram, draft, ensemble, fallback, medusa, eagle, suffix"
+    ):
         drafters.check_spec("lookahead")
 
 

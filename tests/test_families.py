@@ -14,19 +14,43 @@ from specdecode.backends.fast_llama import FastLlama
 from helpers import assert_lossless
 from train_fixtures import PROMPTS
 
-FAMILIES = {"qwen2": {}, "qwen3": {"head_dim": 16}, "mistral": {"sliding_window": None}, "phi3": {"pad_token_id": None},
-            # Gemma 3: a window of 16 that the tests' 80+ positions exceed, local and global layers, its own q.k scale
-            "gemma3_text": {"head_dim": 32, "num_key_value_heads": 1, "sliding_window": 16, "query_pre_attn_scalar": 24,
-                            "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": None}}
+FAMILIES = {
+    "qwen2": {},
+    "qwen3": {"head_dim": 16},
+    "mistral": {"sliding_window": None},
+    "phi3": {"pad_token_id": None},
+    # Gemma 3: a window of 16 that the tests' 80+ positions exceed, local and global layers, its own q.k scale
+    "gemma3_text": {
+        "head_dim": 32,
+        "num_key_value_heads": 1,
+        "sliding_window": 16,
+        "query_pre_attn_scalar": 24,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "pad_token_id": None,
+    },
+}
 
 
 def make(family: str, seed: int = 0, **extra):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(family, **{"vocab_size": 384, "hidden_size": 64, "intermediate_size": 128,
-                                          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                          "max_position_embeddings": 512, "initializer_range": 0.2, "eos_token_id": 0,
-                                          "bos_token_id": None, **FAMILIES[family], **extra})
+    cfg = AutoConfig.for_model(
+        family,
+        **{
+            "vocab_size": 384,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            "initializer_range": 0.2,
+            "eos_token_id": 0,
+            "bos_token_id": None,
+            **FAMILIES[family],
+            **extra,
+        },
+    )
     torch.manual_seed(seed)
     hf = AutoModelForCausalLM.from_config(cfg).float().eval()
     with torch.no_grad():
@@ -47,7 +71,7 @@ def test_logits_equal_hugging_face(family, fused):
     ids = torch.randint(0, 384, (120,), generator=torch.Generator().manual_seed(1))
     for chunk, keep in [(70, None), (4, 72), (1, None), (5, None)]:  # prefill, verify + rollback, decode
         start = fast.length
-        a, b = fast.extend(ids[start:start + chunk]), ref.extend(ids[start:start + chunk])
+        a, b = fast.extend(ids[start : start + chunk]), ref.extend(ids[start : start + chunk])
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         if keep is not None:
             fast.truncate(keep), ref.truncate(keep)
@@ -81,14 +105,21 @@ def test_greedy_speculation_equals_plain(family_target, tiny_draft_dir, spec):
 def test_unsupported_variants_fall_back_with_a_reason(capsys):
     hf = make("mistral", sliding_window=16)
     assert isinstance(models.wrap(hf, "auto"), models.HFModel)
-    assert "no sliding-window attention (mistral, window 16); using the Hugging Face forward" in capsys.readouterr().err
+    assert (
+        "no sliding-window attention (mistral, window 16); using the Hugging Face forward"
+        in capsys.readouterr().err
+    )
     hf = make("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)
     assert isinstance(models.wrap(hf, "auto"), models.HFModel)
-    assert isinstance(models.wrap(make("qwen2", use_sliding_window=False, sliding_window=16), "auto"), FastLlama)
+    assert isinstance(
+        models.wrap(make("qwen2", use_sliding_window=False, sliding_window=16), "auto"), FastLlama
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_trainer_runs_on_the_family_its_drafter_is_lossless_and_exports(family, tmp_path, tiny_tokenizer, capsys):
+def test_every_trainer_runs_on_the_family_its_drafter_is_lossless_and_exports(
+    family, tmp_path, tiny_tokenizer, capsys
+):
     """train eagle, draft and medusa on each family (Phi-3: untied LM head and fused matrices; Gemma 3:
     (1 + w) norms, two rotary tables); greedy speculation with what they wrote equals plain; the vLLM
     export writes each, or refuses an EAGLE-3 head on a family vLLM runs none on, naming it."""
@@ -98,8 +129,13 @@ def test_every_trainer_runs_on_the_family_its_drafter_is_lossless_and_exports(fa
 
     path = tmp_path / family
     kinds = FAMILIES[family].get("layer_types")
-    make(family, seed=3, eos_token_id=tiny_tokenizer.eos_token_id, num_hidden_layers=4,
-         **({"layer_types": kinds * 2} if kinds else {})).save_pretrained(path)
+    make(
+        family,
+        seed=3,
+        eos_token_id=tiny_tokenizer.eos_token_id,
+        num_hidden_layers=4,
+        **({"layer_types": kinds * 2} if kinds else {}),
+    ).save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
     target = models.load(str(path), "fp32", "cpu")
     data_dir = make_data(target, tmp_path / "data", max_new_tokens=24)
@@ -107,19 +143,54 @@ def test_every_trainer_runs_on_the_family_its_drafter_is_lossless_and_exports(fa
     plain = drafters.build("none", ctx)
     for trainer, extra in (("eagle", ["--set", "layers=0,1,2"]), ("draft", []), ("medusa", [])):
         out = tmp_path / trainer
-        assert cli.main(["train", trainer, "--target", str(path), "--data", str(data_dir), "--out", str(out),
-                         "--threads", "1", "--device", "cpu", "--steps", "3", *extra]) == 0
-        _, drafted = assert_lossless(target, plain, drafters.build(f"{trainer}:{out}", ctx), PROMPTS[:2], k=3,
-                                     max_new_tokens=20)
+        assert (
+            cli.main(
+                [
+                    "train",
+                    trainer,
+                    "--target",
+                    str(path),
+                    "--data",
+                    str(data_dir),
+                    "--out",
+                    str(out),
+                    "--threads",
+                    "1",
+                    "--device",
+                    "cpu",
+                    "--steps",
+                    "3",
+                    *extra,
+                ]
+            )
+            == 0
+        )
+        _, drafted = assert_lossless(
+            target, plain, drafters.build(f"{trainer}:{out}", ctx), PROMPTS[:2], k=3, max_new_tokens=20
+        )
         assert drafted > 0
         capsys.readouterr()
-        code = cli.main(["export", "vllm", "--target", str(path), "--drafter", f"{trainer}:{out}", "--k", "3",
-                         "--out", str(tmp_path / f"export-{trainer}")])
+        code = cli.main(
+            [
+                "export",
+                "vllm",
+                "--target",
+                str(path),
+                "--drafter",
+                f"{trainer}:{out}",
+                "--k",
+                "3",
+                "--out",
+                str(tmp_path / f"export-{trainer}"),
+            ]
+        )
         if trainer == "eagle" and family in ("phi3", "gemma3_text"):
             assert code == 2 and f"not {family!r}" in capsys.readouterr().err
             continue
         assert code == 0, capsys.readouterr().err
-        written = json.loads(next((tmp_path / f"export-{trainer}" / "drafters").glob("*/config.json")).read_text())
+        written = json.loads(
+            next((tmp_path / f"export-{trainer}" / "drafters").glob("*/config.json")).read_text()
+        )
         if trainer == "draft":  # the target's own architecture, its LM head where it is not the embedding
             assert written["architectures"] == target.model.hf.config.architectures
             assert written["tie_word_embeddings"] == target.model.hf.config.tie_word_embeddings

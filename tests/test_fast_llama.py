@@ -21,8 +21,8 @@ def test_logits_match_hf_through_extend_and_rollback(pair):
     # prefill, multi-token extends that cross the cache's growth block, rollbacks, single tokens
     for chunk, keep in [(40, None), (5, 42), (1, None), (230, 250), (9, 251), (1, None)]:
         start = fast.length
-        a = fast.extend(ids[start:start + chunk])
-        b = ref.extend(ids[start:start + chunk])
+        a = fast.extend(ids[start : start + chunk])
+        b = ref.extend(ids[start : start + chunk])
         assert a.shape == b.shape == (chunk, 384)
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
         assert fast.length == ref.length

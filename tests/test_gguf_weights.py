@@ -55,7 +55,9 @@ def test_quantized_matmul_is_the_dense_kernel_on_dequantized_weights(type_name):
     ref = (x.double() @ dense.double().T).float()
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
     for rows in (1, 2, 3, 5, 8, 9, 17, 64):  # every tile shape, and a row alone vs. with others
-        assert torch.equal(f(x[:rows].contiguous(), m.scales, m.quants), ops.linear(x[:rows].contiguous(), dense))
+        assert torch.equal(
+            f(x[:rows].contiguous(), m.scales, m.quants), ops.linear(x[:rows].contiguous(), dense)
+        )
         assert torch.equal(f(x[:rows].contiguous(), m.scales, m.quants), y[:rows])
 
 
@@ -77,12 +79,14 @@ def test_many_rows_take_the_dense_gemm_on_the_exact_dequantized_weights(type_nam
 def test_int8_activation_matmul_is_close_and_row_invariant(type_name):
     m = gguf_weights.repack(type_name, raw_matrix(type_name, 200, 512, seed=3))
     f = ops.linear_q4_i8 if m.kind == "q4" else ops.linear_q8_i8
-    x = torch.randn(300, 512, generator=torch.Generator().manual_seed(4))  # 300: two blocks of rows (256 + 44)
+    x = torch.randn(
+        300, 512, generator=torch.Generator().manual_seed(4)
+    )  # 300: two blocks of rows (256 + 44)
     y = f(x, m.scales, m.quants)
     ref = x @ m.dequantize().T
     assert float((y - ref).norm() / ref.norm()) < 0.02  # 8-bit activations: about 0.5% here
     for i in [*range(17), 255, 256, 299]:
-        assert torch.equal(f(x[i:i + 1].contiguous(), m.scales, m.quants)[0], y[i])
+        assert torch.equal(f(x[i : i + 1].contiguous(), m.scales, m.quants)[0], y[i])
     assert torch.equal(f(x[:9].contiguous(), m.scales, m.quants), y[:9])
 
 
@@ -99,15 +103,26 @@ def test_types_without_a_kernel_fall_back_to_float32_or_name_the_type():
     w = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
     raw = quants.quantize(w, T.Q5_1)
     got = gguf_weights.repack("Q5_1", raw)  # the gguf package reads it; the fp32 kernel runs it
-    assert isinstance(got, torch.Tensor) and torch.equal(got, torch.from_numpy(quants.dequantize(raw, T.Q5_1)))
+    assert isinstance(got, torch.Tensor) and torch.equal(
+        got, torch.from_numpy(quants.dequantize(raw, T.Q5_1))
+    )
     with pytest.raises(UserError, match="blk.0.ffn_up.weight has type Q9_9"):
         gguf_weights.repack("Q9_9", raw, "blk.0.ffn_up.weight")
     with pytest.raises(UserError, match="not a whole number of Q4_1 blocks"):
         gguf_weights.repack("Q4_1", np.zeros((2, 30), np.uint8), "x")
 
 
-MIXED = {"attn_q": "Q4_1", "attn_k": "Q4_0", "attn_v": "Q6_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
-         "ffn_up": "Q4_1", "ffn_down": "Q6_K", "token_embd": "Q8_0", "output": "Q4_0"}
+MIXED = {
+    "attn_q": "Q4_1",
+    "attn_k": "Q4_0",
+    "attn_v": "Q6_K",
+    "attn_output": "Q4_K",
+    "ffn_gate": "Q4_K",
+    "ffn_up": "Q4_1",
+    "ffn_down": "Q6_K",
+    "token_embd": "Q8_0",
+    "output": "Q4_0",
+}
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +155,7 @@ def test_quantized_forward_gives_the_bits_of_the_dequantized_model(pair):
         m.reset()
     assert torch.equal(fp32.extend(ids[:70]), quant.extend(ids[:70]))  # a long prefill (eager path)
     for n in (1, 4, 3):  # decode and verification steps (fused path)
-        chunk = ids[70:70 + n]
+        chunk = ids[70 : 70 + n]
         assert torch.equal(fp32.extend(chunk), quant.extend(chunk))
     mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     positions = torch.tensor([fp32.length, fp32.length + 1, fp32.length + 1])
@@ -158,7 +173,12 @@ def test_greedy_speculation_on_quantized_weights_equals_plain(pair, tiny_draft_d
     assert drafted > 0
     fp32_plain = drafters.build("none", drafters.DrafterContext(pair[0]))
     for prompt, tokens in zip(PROMPTS[:4], outputs):  # and the dequantized model's
-        assert tokens == generate(pair[0], fp32_plain, pair[0].tokenizer(prompt)["input_ids"], max_new_tokens=40).token_ids
+        assert (
+            tokens
+            == generate(
+                pair[0], fp32_plain, pair[0].tokenizer(prompt)["input_ids"], max_new_tokens=40
+            ).token_ids
+        )
 
 
 @needs_kernels
@@ -198,35 +218,85 @@ def test_auto_dtype_picks_gguf_for_gguf_llamas_on_cpu(tiny_gguf, tiny_model_dir,
     assert models.auto_dtype(tiny_gguf, "cpu", quant="int8") == "fp32"
     assert models.auto_dtype(tiny_gguf, "cpu", backend="hf") == "fp32"
     assert models.auto_dtype(tiny_model_dir, "cpu") == "fp32"
-    assert cli.main(["generate", "The quick brown fox", "--target", tiny_gguf, "--device", "cpu", "--threads", "1",
-                     "--max-new-tokens", "8", "--no-chat"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "The quick brown fox",
+                "--target",
+                tiny_gguf,
+                "--device",
+                "cpu",
+                "--threads",
+                "1",
+                "--max-new-tokens",
+                "8",
+                "--no-chat",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip()
 
 
 @needs_kernels
-@pytest.mark.parametrize("family, extra", [
-    ("qwen2", {}),  # biases, q/k rows not rotated
-    ("qwen3", {"head_dim": 128}),  # q/k norms (transformers reads no head_dim from a qwen3 file: its default, 128)
-    ("phi3", {}),  # fused attn_qkv and ffn_up (gate | up) matrices
-    ("gemma3_text", {"hidden_size": 128, "num_attention_heads": 2}),  # norms stored as 1 + w, a tied LM head
-])
+@pytest.mark.parametrize(
+    "family, extra",
+    [
+        ("qwen2", {}),  # biases, q/k rows not rotated
+        (
+            "qwen3",
+            {"head_dim": 128},
+        ),  # q/k norms (transformers reads no head_dim from a qwen3 file: its default, 128)
+        ("phi3", {}),  # fused attn_qkv and ffn_up (gate | up) matrices
+        (
+            "gemma3_text",
+            {"hidden_size": 128, "num_attention_heads": 2},
+        ),  # norms stored as 1 + w, a tied LM head
+    ],
+)
 def test_a_file_of_each_family_loads_quantized_with_the_fp32_bits(family, extra, tmp_path, monkeypatch):
     from test_families import make
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     tok = make_tokenizer()
-    hf = make(family, **{"hidden_size": 256, "intermediate_size": 512, "eos_token_id": tok.eos_token_id,
-                         "tie_word_embeddings": family.startswith("gemma"), **extra})
-    path = write_tiny_gguf(tmp_path / f"{family}.gguf", hf, tok, {"attn_q": "Q4_1", "attn_k": "Q5_0", "attn_qkv": "Q4_1",
-                                                                  "ffn_down": "Q6_K" if hf.config.intermediate_size % 256 == 0 else "Q4_0"})
+    hf = make(
+        family,
+        **{
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "eos_token_id": tok.eos_token_id,
+            "tie_word_embeddings": family.startswith("gemma"),
+            **extra,
+        },
+    )
+    path = write_tiny_gguf(
+        tmp_path / f"{family}.gguf",
+        hf,
+        tok,
+        {
+            "attn_q": "Q4_1",
+            "attn_k": "Q5_0",
+            "attn_qkv": "Q4_1",
+            "ffn_down": "Q6_K" if hf.config.intermediate_size % 256 == 0 else "Q4_0",
+        },
+    )
     fp32, quant = models.load(path, "fp32", "cpu"), models.load(path, "gguf-exact", "cpu")
-    assert fp32.model.config.model_type == family and isinstance(quant.model.layers[0].qkv, gguf_weights.QuantLinear)
+    assert fp32.model.config.model_type == family and isinstance(
+        quant.model.layers[0].qkv, gguf_weights.QuantLinear
+    )
     ids = torch.randint(0, 384, (150,), generator=torch.Generator().manual_seed(5))
-    for chunk in (ids[:40], ids[40:140], ids[140:]):  # fused kernels, a dense prefill past DENSE_ROWS, fused again
+    for chunk in (
+        ids[:40],
+        ids[40:140],
+        ids[140:],
+    ):  # fused kernels, a dense prefill past DENSE_ROWS, fused again
         assert torch.equal(fp32.model.extend(chunk), quant.model.extend(chunk))
     target = models.load(path, "gguf", "cpu")  # 8-bit activations: lossless against its own plain decoding
     ctx = drafters.DrafterContext(target, "gguf")
-    assert_lossless(target, drafters.build("none", ctx), drafters.build("ngram", ctx), PROMPTS[:2], k=4, max_new_tokens=24)
+    assert_lossless(
+        target, drafters.build("none", ctx), drafters.build("ngram", ctx), PROMPTS[:2], k=4, max_new_tokens=24
+    )
 
 
 def test_the_tensor_reader_agrees_with_gguf_and_names_damaged_files(tiny_gguf, tmp_path):
@@ -238,7 +308,9 @@ def test_the_tensor_reader_agrees_with_gguf_and_names_damaged_files(tiny_gguf, t
     for t in reference:
         kind, raw = tensors[t.name]
         assert kind == t.tensor_type.name
-        assert np.array_equal(np.asarray(raw).reshape(-1).view(np.uint8), np.asarray(t.data).reshape(-1).view(np.uint8))
+        assert np.array_equal(
+            np.asarray(raw).reshape(-1).view(np.uint8), np.asarray(t.data).reshape(-1).view(np.uint8)
+        )
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGML" + bytes(64))
     with pytest.raises(UserError, match="cannot read GGUF file .*bad magic"):
@@ -262,23 +334,46 @@ def test_auto_is_exact_where_fp32_tokens_are_promised(tiny_gguf):
 
 
 @needs_kernels
-def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(tiny_gguf, pair, tmp_path, capsys):
+def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
+    tiny_gguf, pair, tmp_path, capsys
+):
     from specdecode.cli import main
     from train_fixtures import make_data
 
     data_dir, store = make_data(pair[0], tmp_path / "data", max_new_tokens=24), tmp_path / "store"
-    common = ["--data", str(data_dir), "--features", str(store), "--target", tiny_gguf, "--device", "cpu",
-              "--steps", "4", "--vocab", "300", "--save-every", "10"]
+    common = [
+        "--data",
+        str(data_dir),
+        "--features",
+        str(store),
+        "--target",
+        tiny_gguf,
+        "--device",
+        "cpu",
+        "--steps",
+        "4",
+        "--vocab",
+        "300",
+        "--save-every",
+        "10",
+    ]
     assert main(["train", "eagle", *common, "--out", str(tmp_path / "fp32"), "--dtype", "fp32"]) == 0
     fp32_files = sorted(p.name for p in store.iterdir())
     assert main(["train", "eagle", *common, "--out", str(tmp_path / "exact"), "--dtype", "gguf-exact"]) == 0
-    assert sorted(p.name for p in store.iterdir()) == fp32_files  # gguf-exact is fp32's bits: nothing recomputed
+    assert (
+        sorted(p.name for p in store.iterdir()) == fp32_files
+    )  # gguf-exact is fp32's bits: nothing recomputed
     assert main(["train", "eagle", *common, "--out", str(tmp_path / "gguf"), "--dtype", "gguf"]) == 0
-    assert len(list(store.iterdir())) == 2 * len(fp32_files)  # int8 activations: a second feature set beside it
+    assert len(list(store.iterdir())) == 2 * len(
+        fp32_files
+    )  # int8 activations: a second feature set beside it
     config = json.loads((tmp_path / "gguf" / "config.json").read_text())
     assert config["train"]["features"] == "gguf"
-    hidden = [torch.load(store / n)["hidden"][0] for n in sorted(p.name for p in store.iterdir())
-              if n.endswith(".pt") and ".layers-" not in n]
+    hidden = [
+        torch.load(store / n)["hidden"][0]
+        for n in sorted(p.name for p in store.iterdir())
+        if n.endswith(".pt") and ".layers-" not in n
+    ]
     assert len(hidden) == 2 and hidden[0].shape == hidden[1].shape and not torch.equal(hidden[0], hidden[1])
 
     target = models.load(tiny_gguf, "gguf", "cpu")
@@ -288,7 +383,9 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(t
 
     capsys.readouterr()
     assert main(["train", "eagle", *common, "--out", str(tmp_path / "bad"), "--dtype", "q4"]) == 2
-    assert "learns from the target in fp32, bf16, gguf, gguf-exact (--dtype q4 given)" in capsys.readouterr().err
+    assert (
+        "learns from the target in fp32, bf16, gguf, gguf-exact (--dtype q4 given)" in capsys.readouterr().err
+    )
 
 
 @needs_kernels
@@ -303,8 +400,13 @@ def test_features_fed_in_short_calls_are_the_rows_decoding_computes(tiny_gguf, p
     fed = features.compute(target, [seq], rows=2).hidden[0]  # the prompt, then the response 2 rows a call
     tokens, start = torch.tensor(seq.tokens), len(seq.prompt_ids)
     target.reset()
-    served = [target.forward(tokens[:start], num_logits=1, layers=(-1,)).features]  # prefill, then decode steps
-    served += [target.forward(tokens[i:i + 1], num_logits=1, layers=(-1,)).features for i in range(start, len(tokens))]
+    served = [
+        target.forward(tokens[:start], num_logits=1, layers=(-1,)).features
+    ]  # prefill, then decode steps
+    served += [
+        target.forward(tokens[i : i + 1], num_logits=1, layers=(-1,)).features
+        for i in range(start, len(tokens))
+    ]
     assert torch.equal(fed, torch.cat(served).float())
     assert not torch.equal(whole[start:], fed[start:])  # one long call is not what decoding computes
     assert features.Source(target, "gguf", 4).key("fp") != features.Source(target, "gguf").key("fp") != "fp"

@@ -59,7 +59,9 @@ def test_drafter_linears_read_bf16_weights_through_the_kernels_where_they_can(op
     fused = head_linear(w, ops)
     assert isinstance(fused, FusedLinear) and fused.weight.dtype == torch.bfloat16
     torch.testing.assert_close(fused(x), x @ w.bfloat16().float().T, atol=1e-5, rtol=1e-5)
-    assert isinstance(head_linear(w, None), Linear) and isinstance(head_linear(w[:, :90].contiguous(), ops), Linear)
+    assert isinstance(head_linear(w, None), Linear) and isinstance(
+        head_linear(w[:, :90].contiguous(), ops), Linear
+    )
     torch.testing.assert_close(head_linear(w, None)(x), x @ w.T, atol=1e-5, rtol=1e-5)
 
 
@@ -86,12 +88,18 @@ def test_linear_rejects_bad_shapes(ops):
 
 def test_add_rms_norm_and_silu_mul(ops):
     g = torch.Generator().manual_seed(1)
-    x, delta, w = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g), torch.rand(64, generator=g)
+    x, delta, w = (
+        torch.randn(3, 64, generator=g),
+        torch.randn(3, 64, generator=g),
+        torch.rand(64, generator=g),
+    )
     stream = x.clone()
     out = ops.add_rms_norm(stream, delta, w, 1e-5)
     assert torch.allclose(stream, x + delta)  # the residual stream is updated in place
     assert torch.allclose(out, F.rms_norm(x + delta, (64,), w, 1e-5), atol=1e-5)
-    assert torch.allclose(ops.add_rms_norm(x.clone(), None, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5), atol=1e-5)
+    assert torch.allclose(
+        ops.add_rms_norm(x.clone(), None, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5), atol=1e-5
+    )
     gu = torch.randn(3, 2 * 48, generator=g)
     assert torch.allclose(ops.silu_mul(gu), F.silu(gu[:, :48]) * gu[:, 48:], atol=1e-6)
 
@@ -112,16 +120,25 @@ def test_attention_matches_sdpa_and_writes_the_cache(ops, tree):
     cos, sin = angles.cos(), angles.sin()
     mask = torch.ones(n, start + n, dtype=torch.bool).tril(start)
     if tree:  # a tree: node 2 is a sibling of node 1, node 3 its child
-        mask[:, start:] = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+        mask[:, start:] = torch.tensor(
+            [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool
+        )
     out = ops.attention(qkv, k_cache, v_cache, cos, sin, mask if tree else None, start, h, kvh, 0.0)
 
     q, k, v = qkv.view(n, h + 2 * kvh, d).transpose(0, 1).split([h, kvh, kvh])
     k = _rope(k, cos, sin)
-    assert torch.allclose(k_cache[:, start:start + n], k, atol=1e-6)
-    assert torch.equal(v_cache[:, start:start + n], v)
-    assert torch.equal(k_cache[:, :start], k_old[:, :start]) and torch.equal(v_cache[:, start + n:], v_old[:, start + n:])
-    ref = F.scaled_dot_product_attention(_rope(q, cos, sin)[None], k_cache[None, :, :start + n],
-                                         v_cache[None, :, :start + n], attn_mask=mask, enable_gqa=True)
+    assert torch.allclose(k_cache[:, start : start + n], k, atol=1e-6)
+    assert torch.equal(v_cache[:, start : start + n], v)
+    assert torch.equal(k_cache[:, :start], k_old[:, :start]) and torch.equal(
+        v_cache[:, start + n :], v_old[:, start + n :]
+    )
+    ref = F.scaled_dot_product_attention(
+        _rope(q, cos, sin)[None],
+        k_cache[None, :, : start + n],
+        v_cache[None, :, : start + n],
+        attn_mask=mask,
+        enable_gqa=True,
+    )
     assert torch.allclose(out, ref[0].transpose(0, 1).reshape(n, h * d), atol=1e-5)
 
 
@@ -136,7 +153,7 @@ def test_fused_and_eager_forwards_agree(ops, hf):
     ids = torch.randint(0, hf.config.vocab_size, (90,), generator=torch.Generator().manual_seed(3))
     for chunk, keep in [(70, None), (5, 72), (1, None), (9, 75), (1, None)]:  # 70 > 64: prefill takes SDPA
         start = fused.length
-        a, b = fused.extend(ids[start:start + chunk]), eager.extend(ids[start:start + chunk])
+        a, b = fused.extend(ids[start : start + chunk]), eager.extend(ids[start : start + chunk])
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
         if keep is not None:
             fused.truncate(keep), eager.truncate(keep)
@@ -148,13 +165,20 @@ def test_fused_verification_equals_decode_steps_bit_for_bit(ops, hf):
     model.reset(), model.extend(ids[:20])
     block = model.extend(ids[20:])
     model.truncate(20)
-    steps = torch.cat([model.extend(ids[i:i + 1]) for i in range(20, 30)])
+    steps = torch.cat([model.extend(ids[i : i + 1]) for i in range(20, 30)])
     assert torch.equal(block, steps)
 
 
 def _greedy(model, drafter, prompt):
-    steps = decode(model, drafter, prompt, k=4, params=SamplingParams(), max_new_tokens=24,
-                   generator=torch.Generator().manual_seed(0))
+    steps = decode(
+        model,
+        drafter,
+        prompt,
+        k=4,
+        params=SamplingParams(),
+        max_new_tokens=24,
+        generator=torch.Generator().manual_seed(0),
+    )
     return [t for s in steps for t in s.tokens]
 
 

@@ -28,8 +28,18 @@ def trained(target, tmp_path_factory):
     root = tmp_path_factory.mktemp("trained")
     data_dir = make_data(target, root / "data")
     medusa.train(target, data_dir, root / "medusa", steps=40, lr=1e-2, batch_tokens=128, vocab=300)
-    eagle.train(target, data_dir, root / "eagle", steps=40, lr=3e-3, batch_tokens=256, vocab=300, window=64,
-                ttt_steps=2, layers="0,1")
+    eagle.train(
+        target,
+        data_dir,
+        root / "eagle",
+        steps=40,
+        lr=3e-3,
+        batch_tokens=256,
+        vocab=300,
+        window=64,
+        ttt_steps=2,
+        layers="0,1",
+    )
     draft.train(target, data_dir, root / "draft", steps=40, lr=3e-3, batch_tokens=256, vocab=300, window=64)
     return {kind: root / kind for kind in ("medusa", "eagle", "draft")}
 
@@ -110,15 +120,19 @@ def test_fallback_lets_ngram_draft_where_it_finds_a_match_and_eagle_elsewhere(ta
 
     def counted(member, name):
         propose = member.propose
+
         def wrapped(context, k, params, generator):
             proposal = propose(context, k, params, generator)
             lengths[name].append(proposal.tokens.numel())
             return proposal
+
         return wrapped
 
     lookup.propose, head.propose = counted(lookup, "ngram"), counted(head, "eagle")
     prompts = PROMPTS[:4] + ["one two three one two three one two"]
-    _, drafted = assert_lossless(target, drafters.build("none", ctx), drafter, prompts, k=k, max_new_tokens=30)
+    _, drafted = assert_lossless(
+        target, drafters.build("none", ctx), drafter, prompts, k=k, max_new_tokens=30
+    )
     asked_head = len(lengths["eagle"])
     assert asked_head == lengths["ngram"].count(0)  # the head is asked exactly when lookup has nothing
     assert 0 < asked_head < len(lengths["ngram"]) and max(lengths["eagle"]) == 1
@@ -173,8 +187,13 @@ def test_distilled_draft_is_also_written_as_a_hf_model_directory(target, trained
     assert isinstance(drafter, DraftModelDrafter)
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
     a = generate(target, drafter, ids, k=3, max_new_tokens=20)
-    b = generate(target, drafters.build(f"draft:{trained['draft']}", drafters.DrafterContext(target)), ids, k=3,
-                 max_new_tokens=20)
+    b = generate(
+        target,
+        drafters.build(f"draft:{trained['draft']}", drafters.DrafterContext(target)),
+        ids,
+        k=3,
+        max_new_tokens=20,
+    )
     assert a.token_ids == b.token_ids and a.stats.accepted == b.stats.accepted
 
 
@@ -225,14 +244,20 @@ def test_a_trees_accepted_rows_equal_feeding_the_path_as_a_chain(cls):
     model = cls(hf)
     model.extend(torch.tensor(prompt[:-1]))
     base = model.length
-    out = model.forward(torch.tensor([prompt[-1]] + tree.tokens), positions=tree.positions(base), tree_mask=tree.mask(),
-                        layers=(-1, 0))
+    out = model.forward(
+        torch.tensor([prompt[-1]] + tree.tokens),
+        positions=tree.positions(base),
+        tree_mask=tree.mask(),
+        layers=(-1, 0),
+    )
     model.keep(base + 1, [base + 1 + i for i in (1, 2, 3)])
     chain = cls(hf)
     chain.extend(torch.tensor(prompt[:-1]))
     ref = chain.forward(torch.tensor([prompt[-1], 12, 13, 14]), layers=(-1, 0))
     torch.testing.assert_close(out.features[[0, 2, 3, 4]], ref.features, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(model.extend(torch.tensor([7])), chain.extend(torch.tensor([7])), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        model.extend(torch.tensor([7])), chain.extend(torch.tensor([7])), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_eagle_head_tree_step_equals_feeding_each_path_as_a_chain():
@@ -250,8 +275,12 @@ def test_eagle_head_tree_step_equals_feeding_each_path_as_a_chain():
     with torch.no_grad():
         cache = KVCache(kvh, d, "cpu")
         root = head.step(emb, head.fuse(fused), cache, cos, sin)[-1:]
-        level1 = head.step(node_emb[:2], root.expand(2, -1), cache, cos, sin, torch.tensor([5, 5]), growth.feed_mask([0, 1]))
-        level2 = head.step(node_emb[2:], level1, cache, cos, sin, torch.tensor([6, 6]), growth.feed_mask([2, 3]))
+        level1 = head.step(
+            node_emb[:2], root.expand(2, -1), cache, cos, sin, torch.tensor([5, 5]), growth.feed_mask([0, 1])
+        )
+        level2 = head.step(
+            node_emb[2:], level1, cache, cos, sin, torch.tensor([6, 6]), growth.feed_mask([2, 3])
+        )
         for first, second in ((0, 2), (1, 3)):
             chain = KVCache(kvh, d, "cpu")
             x = head.step(emb, head.fuse(fused), chain, cos, sin)[-1:]
@@ -271,7 +300,9 @@ def test_greedy_tree_output_equals_plain_decoding(target, target_hf, trained, ki
     ctx = drafters.DrafterContext(loaded)
     plain, drafter = drafters.build("none", ctx), drafters.build(f"{kind}:{options}:{trained[kind]}", ctx)
     trees = accepted = 0
-    for prompt in PROMPTS:  # the training prompts (chat-formatted), where the heads' drafts are accepted at times
+    for (
+        prompt
+    ) in PROMPTS:  # the training prompts (chat-formatted), where the heads' drafts are accepted at times
         a = generate(loaded, plain, prompt, max_new_tokens=30)
         b = generate(loaded, drafter, prompt, k=3, max_new_tokens=30)
         assert a.token_ids == b.token_ids, (kind, options, prompt)
@@ -285,7 +316,9 @@ def test_an_adaptive_policy_verifies_fewer_tree_nodes_when_wide_passes_cost_more
     ctx = drafters.DrafterContext(target)
     plain = drafters.build("none", ctx)
     # r(n) = 1 up to 3 rows, so both choose the same depth k = 3; past 3 nodes only `costly` pays
-    cheap, costly = (CostModel(0.01, {n: 1.0 + slope * max(n - 3, 0) for n in range(1, 13)}) for slope in (0.0, 0.4))
+    cheap, costly = (
+        CostModel(0.01, {n: 1.0 + slope * max(n - 3, 0) for n in range(1, 13)}) for slope in (0.0, 0.4)
+    )
     nodes = {}
     for name, cost in (("cheap", cheap), ("costly", costly)):
         drafter = drafters.build(f"{kind}:b=3:nodes=12:{trained[kind]}", ctx)
@@ -314,14 +347,18 @@ def test_the_batched_core_cuts_ranked_trees_by_each_rows_adaptive_policy(target,
     for slope in (0.0, 0.4):
         cost = CostModel(0.01, {n: 1.0 + slope * max(n - 3, 0) for n in range(1, 13)})
         core = BatchDecoder(batched(target.model, len(prompts)))
-        seqs = [Sequence(p, per_sequence(template), AdaptiveK(cost, k_max=3, prior=[0.9]), SamplingParams(), None, 20)
-                for p in prompts]
+        seqs = [
+            Sequence(
+                p, per_sequence(template), AdaptiveK(cost, k_max=3, prior=[0.9]), SamplingParams(), None, 20
+            )
+            for p in prompts
+        ]
         core.start(seqs)
         drafted = steps = 0
         while not all(s.finished for s in seqs):
             for step in core.step([s for s in seqs if not s.finished]):
                 drafted, steps = drafted + step.drafted, steps + 1
-        assert [s.context[len(s.prompt):][:20] for s in seqs] == [w[:20] for w in want]
+        assert [s.context[len(s.prompt) :][:20] for s in seqs] == [w[:20] for w in want]
         nodes[slope] = drafted / steps
     assert nodes[0.4] < nodes[0.0]
 
@@ -348,15 +385,23 @@ def test_tree_drafters_sample(target, trained, kind):
     assert result.stats.drafted > sum(result.stats.drafted_by_pos)  # trees were verified
 
 
-@pytest.mark.parametrize("spec,message", [("medusa:nodes=4", "needs b=B"), ("eagle:b=0", "must be >= 1"),
-                                          ("eagle:depth=2", "unknown eagle option")])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("medusa:nodes=4", "needs b=B"),
+        ("eagle:b=0", "must be >= 1"),
+        ("eagle:depth=2", "unknown eagle option"),
+    ],
+)
 def test_bad_head_tree_specs(target, spec, message):
     with pytest.raises(UserError, match=message):
         drafters.build(spec, drafters.DrafterContext(target))
 
 
-@pytest.mark.parametrize("spec", ["medusa:{medusa}", "eagle:{eagle}", "eagle:b=2:nodes=6:{eagle}",
-                                  "fallback:ngram+eagle:{eagle}:k=1"])
+@pytest.mark.parametrize(
+    "spec",
+    ["medusa:{medusa}", "eagle:{eagle}", "eagle:b=2:nodes=6:{eagle}", "fallback:ngram+eagle:{eagle}:k=1"],
+)
 def test_server_serves_feature_drafters_with_single_request_output(target, trained, spec):
     """Medusa and EAGLE (chains, trees, behind prompt lookup) through the batched server: concurrent
     requests, each fed its own rows of the batched forward's features, give the greedy output they
@@ -369,16 +414,23 @@ def test_server_serves_feature_drafters_with_single_request_output(target, train
 
     full = spec.format(**trained)
     with serve(target, drafter=full, k=3, max_batch=3, load_control=False) as srv:
+
         async def main():
             async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:
-                return await asyncio.gather(*(
-                    c.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0) for p in PROMPTS[:5]))
+                return await asyncio.gather(
+                    *(
+                        c.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0)
+                        for p in PROMPTS[:5]
+                    )
+                )
 
         results = asyncio.run(main())
     for prompt, r in zip(PROMPTS[:5], results):
         ids = target.tokenizer(prompt)["input_ids"]
         assert r.choices[0].text == reference(target, ids, 16).text
-        alone = generate(target, drafters.build(full, drafters.DrafterContext(target)), ids, k=3, max_new_tokens=16)
+        alone = generate(
+            target, drafters.build(full, drafters.DrafterContext(target)), ids, k=3, max_new_tokens=16
+        )
         assert r.choices[0].text == alone.text
         # the same drafts, step by step: the server fed the heads the same feature rows
         assert r.usage.speculative["num_draft_tokens"] == alone.stats.drafted
@@ -391,11 +443,16 @@ def test_bench_forks_a_composites_learning_member_and_shares_the_rest(target, tr
     cache is its own, the head (prepacked weights, which cannot be deep-copied) is shared."""
     from specdecode.bench.suite import fork
 
-    composite = drafters.build(f"fallback:suffix+eagle:{trained['eagle']}:k=1", drafters.DrafterContext(target))
+    composite = drafters.build(
+        f"fallback:suffix+eagle:{trained['eagle']}:k=1", drafters.DrafterContext(target)
+    )
     composite.members[0].cache.extend(0, [5, 6, 7, 8])
     copy = fork(composite)
     assert copy.members[1] is composite.members[1]
-    assert copy.members[0] is not composite.members[0] and copy.members[0].cache is not composite.members[0].cache
+    assert (
+        copy.members[0] is not composite.members[0]
+        and copy.members[0].cache is not composite.members[0].cache
+    )
     copy.members[0].cache.extend(1, [9, 9, 9])
     assert copy.members[0].cache.responses() != composite.members[0].cache.responses()
     assert composite.members[0].cache.responses() == [[5, 6, 7, 8]]

@@ -50,9 +50,12 @@ def test_estimate_matches_measured_growth(tmp_path, quant):
     process gained. The stated tolerance covers what is not modelled: library code paged in on
     first use of a kernel and glibc arenas (measured here: the estimate comes out ~20% low). int8:
     the decoder's linear weights at ~1.2 bytes each instead of 4 + a prepacked 4."""
-    make_llama(seed=0, layers=4, hidden=512, intermediate=1024, heads=8, kv_heads=4, vocab=8192).save_pretrained(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path), quant], capture_output=True, text=True,
-                          timeout=300)
+    make_llama(
+        seed=0, layers=4, hidden=512, intermediate=1024, heads=8, kv_heads=4, vocab=8192
+    ).save_pretrained(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(tmp_path), quant], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     total = out["estimate"]["total"]

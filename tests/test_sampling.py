@@ -42,13 +42,16 @@ def test_top_k_keeps_exactly_the_k_largest_and_renormalises():
     assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=1)), [0, 1, 0, 0, 0])
 
 
-@pytest.mark.parametrize("top_p,support", [
-    (0.4, [1]),  # the top token alone already covers 0.4
-    (0.75, [1, 3]),  # 0.5 < 0.75 -> 0.3 is needed, then 0.8 covers it
-    (0.85, [1, 3, 0]),
-    (0.99, [1, 3, 0, 2]),
-    (1.0, [1, 3, 0, 2]),
-])
+@pytest.mark.parametrize(
+    "top_p,support",
+    [
+        (0.4, [1]),  # the top token alone already covers 0.4
+        (0.75, [1, 3]),  # 0.5 < 0.75 -> 0.3 is needed, then 0.8 covers it
+        (0.85, [1, 3, 0]),
+        (0.99, [1, 3, 0, 2]),
+        (1.0, [1, 3, 0, 2]),
+    ],
+)
 def test_top_p_keeps_the_smallest_prefix_covering_p(top_p, support):
     probs_in = [0.15, 0.5, 0.05, 0.3]  # unsorted on purpose: ranks are 1, 3, 0, 2
     out = warp(logits_of(probs_in), SamplingParams(temperature=1.0, top_p=top_p))
@@ -60,7 +63,7 @@ def test_top_p_keeps_the_smallest_prefix_covering_p(top_p, support):
 
 def test_top_p_applies_to_the_temperature_scaled_distribution():
     probs_in = [0.5, 0.3, 0.15, 0.05]
-    scaled = [p ** 0.5 for p in probs_in]  # T = 2
+    scaled = [p**0.5 for p in probs_in]  # T = 2
     scaled = [s / sum(scaled) for s in scaled]  # 0.379, 0.294, 0.208, 0.120
     out = warp(logits_of(probs_in), SamplingParams(temperature=2.0, top_p=0.7))
     kept = sum(scaled[:3])  # 0.379 + 0.294 = 0.673 < 0.7, so the third is kept too
@@ -124,15 +127,18 @@ def test_sample_never_draws_zero_probability_tokens():
     assert sample(torch.tensor([0.0, 0.0, 1.0]), g) == 2
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"temperature": -0.1}, "temperature"),
-    ({"temperature": float("nan")}, "temperature"),
-    ({"top_p": 0.0}, "top-p"),
-    ({"top_p": -0.5}, "top-p"),
-    ({"top_p": 1.01}, "top-p"),
-    ({"top_p": float("nan")}, "top-p"),
-    ({"top_k": -1}, "top-k"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top-p"),
+        ({"top_p": -0.5}, "top-p"),
+        ({"top_p": 1.01}, "top-p"),
+        ({"top_p": float("nan")}, "top-p"),
+        ({"top_k": -1}, "top-k"),
+    ],
+)
 def test_sampling_params_reject_bad_values(kwargs, message):
     with pytest.raises(UserError, match=message):
         SamplingParams(**kwargs)

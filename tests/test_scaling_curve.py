@@ -18,9 +18,16 @@ def curve():
 
 
 def _row(drafter, category="ALL", a1=0.3):
-    return {"drafter": drafter, "category": category, "dtype": "fp32", "acceptance_rate": a1 / 2,
-            "acceptance_by_position": [a1, a1 / 3], "mean_accepted_length": 1 + a1, "speedup_vs_none": 0.9,
-            "identical_to_none": 1.0}
+    return {
+        "drafter": drafter,
+        "category": category,
+        "dtype": "fp32",
+        "acceptance_rate": a1 / 2,
+        "acceptance_by_position": [a1, a1 / 3],
+        "mean_accepted_length": 1 + a1,
+        "speedup_vs_none": 0.9,
+        "identical_to_none": 1.0,
+    }
 
 
 def _checkpoint(path: Path, tokens: int | None) -> str:
@@ -33,16 +40,30 @@ def _checkpoint(path: Path, tokens: int | None) -> str:
 def test_points_by_training_tokens_and_series(curve, tmp_path):
     small, big, chat = (_checkpoint(tmp_path / n, t) for n, t in (("s", 1000), ("b", 3000), ("c", 2000)))
     old = _checkpoint(tmp_path / "old", None)
-    report = {"rows": [_row("none", a1=0.0), _row(f"eagle:{big}", a1=0.2), _row(f"eagle:{small}", a1=0.1),
-                       _row(f"eagle:{small}", category="code", a1=0.9), _row(f"eagle:b=2:nodes=6:{chat}", a1=0.4),
-                       _row(f"eagle:{old}"), _row("ngram", a1=0.5)]}
+    report = {
+        "rows": [
+            _row("none", a1=0.0),
+            _row(f"eagle:{big}", a1=0.2),
+            _row(f"eagle:{small}", a1=0.1),
+            _row(f"eagle:{small}", category="code", a1=0.9),
+            _row(f"eagle:b=2:nodes=6:{chat}", a1=0.4),
+            _row(f"eagle:{old}"),
+            _row("ngram", a1=0.5),
+        ]
+    }
     pts = curve.points([report], {}, {f"eagle:b=2:nodes=6:{chat}": "eagle tree + chat"})
     # only category ALL of trained drafters with known tokens; sorted by series, then tokens
     assert [(p["series"], p["train_tokens"], p["alpha_by_position"][0]) for p in pts] == [
-        ("eagle", 1000, 0.1), ("eagle", 3000, 0.2), ("eagle tree + chat", 2000, 0.4)]
+        ("eagle", 1000, 0.1),
+        ("eagle", 3000, 0.2),
+        ("eagle tree + chat", 2000, 0.4),
+    ]
     with_old = curve.points([report], {f"eagle:{old}": 500})
     assert [p["train_tokens"] for p in with_old if p["series"] == "eagle"] == [500, 1000, 3000]
-    assert {p["series"] for p in with_old} == {"eagle", "eagle:b=2:nodes=6"}  # the path is not part of a series
+    assert {p["series"] for p in with_old} == {
+        "eagle",
+        "eagle:b=2:nodes=6",
+    }  # the path is not part of a series
     gone = {"rows": [_row(f"eagle:{tmp_path / 'elsewhere'}")]}  # a checkpoint from another machine
     assert curve.points([gone], {}) == []
     moved = curve.points([gone], {f"eagle:{tmp_path / 'elsewhere'}": 700})

@@ -49,7 +49,9 @@ def _ids(target, text):
 
 def _chat_ids(target, text):
     tok = target.tokenizer
-    rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
     return tok(rendered, add_special_tokens=False)["input_ids"]
 
 
@@ -59,7 +61,9 @@ def test_completion_equals_single_request_decode_with_speculation_on_and_off(tar
         texts, usages = [], []
         for spec in ({"enabled": True}, {"enabled": False}, {"drafter": "ngram:1-3", "k": 6}, None):
             extra = {"speculative": spec} if spec else {}
-            r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, extra_body=extra)
+            r = client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=24, temperature=0, extra_body=extra
+            )
             texts.append(r.choices[0].text)
             usages.append(r.usage)
             assert r.choices[0].finish_reason == want.finish_reason
@@ -77,9 +81,14 @@ def test_speculation_drafts_and_usage_counts_them(target, client):
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0)
     spec = r.usage.speculative
     assert r.choices[0].text == want.text
-    assert spec["num_draft_tokens"] > 0 and spec["num_drafts"] > 0, "ngram should find matches in a repetitive prompt"
+    assert spec["num_draft_tokens"] > 0 and spec["num_drafts"] > 0, (
+        "ngram should find matches in a repetitive prompt"
+    )
     # alone in the batch, the engine drafts exactly like the single-request decoder
-    assert (spec["num_draft_tokens"], spec["num_accepted_tokens"]) == (want.stats.drafted, want.stats.accepted)
+    assert (spec["num_draft_tokens"], spec["num_accepted_tokens"]) == (
+        want.stats.drafted,
+        want.stats.accepted,
+    )
 
 
 def test_token_id_prompt_stop_strings_and_models(target, client, server):
@@ -104,8 +113,16 @@ def test_chat_streaming_and_not_streaming_agree_with_the_decoder(target, client)
     assert r.choices[0].message.content == want.text
     assert r.choices[0].message.role == "assistant"
     assert r.object == "chat.completion" and r.usage.completion_tokens == len(want.token_ids)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=32,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -124,11 +141,16 @@ def test_raw_sse_format_ends_with_done(server, target):
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
     assert all(c["object"] == "text_completion" for c in chunks)
-    assert "".join(c["choices"][0]["text"] for c in chunks) == reference(target, _ids(target, PROMPTS[2]), 12).text
+    assert (
+        "".join(c["choices"][0]["text"] for c in chunks)
+        == reference(target, _ids(target, PROMPTS[2]), 12).text
+    )
 
 
 def test_seeded_sampling_is_reproducible(client):
-    kw = dict(model=MODEL, prompt=PROMPTS[1], max_tokens=24, temperature=0.9, top_p=0.95, extra_body={"top_k": 50})
+    kw = dict(
+        model=MODEL, prompt=PROMPTS[1], max_tokens=24, temperature=0.9, top_p=0.95, extra_body={"top_k": 50}
+    )
     a = client.completions.create(seed=7, **kw).choices[0].text
     b = client.completions.create(seed=7, **kw).choices[0].text
     c = client.completions.create(seed=8, **kw).choices[0].text
@@ -147,9 +169,15 @@ def test_sixteen_concurrent_streams_equal_their_single_request_outputs(target, s
     before = _histogram_count(server, "specdecode:batch_size")
 
     async def one(client, prompt, max_tokens, spec):
-        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"speculative": spec})
+        stream = await client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"speculative": spec},
+        )
         pieces, usage, reasons = [], None, []
         async for chunk in stream:
             if chunk.choices:
@@ -180,10 +208,15 @@ def test_sixteen_concurrent_streams_equal_their_single_request_outputs(target, s
 def test_draft_model_drafter_per_request_caches(target, tiny_draft_dir):
     """draft:<model> as the server default: each concurrent request gets its own draft KV cache."""
     with serve(target, drafter=f"draft:{tiny_draft_dir}", k=3, max_batch=4, load_control=False) as srv:
+
         async def main():
             async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:
-                return await asyncio.gather(*(
-                    c.completions.create(model=MODEL, prompt=p, max_tokens=20, temperature=0) for p in PROMPTS[:6]))
+                return await asyncio.gather(
+                    *(
+                        c.completions.create(model=MODEL, prompt=p, max_tokens=20, temperature=0)
+                        for p in PROMPTS[:6]
+                    )
+                )
 
         results = asyncio.run(main())
     for prompt, r in zip(PROMPTS[:6], results):
@@ -193,20 +226,28 @@ def test_draft_model_drafter_per_request_caches(target, tiny_draft_dir):
 
 def test_metrics_parse_and_counters_add_up_to_usage(target):
     with serve(target, drafter="ngram", k=4, max_batch=4) as srv:
+
         async def main():
             async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:
-                return await asyncio.gather(*(
-                    c.completions.create(model=MODEL, prompt=p, max_tokens=30, temperature=0,
-                                         extra_body={"task": task})
-                    for p, task in zip(PROMPTS[:8], ["code", "qa"] * 4)))
+                return await asyncio.gather(
+                    *(
+                        c.completions.create(
+                            model=MODEL, prompt=p, max_tokens=30, temperature=0, extra_body={"task": task}
+                        )
+                        for p, task in zip(PROMPTS[:8], ["code", "qa"] * 4)
+                    )
+                )
 
         results = asyncio.run(main())
         families = {f.name: f for f in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text)}
         stats = httpx.get(srv.url + "/stats").json()
 
     def total(name, **labels):
-        return sum(s.value for s in families[name].samples
-                   if s.name == name + "_total" and all(s.labels.get(k) == v for k, v in labels.items()))
+        return sum(
+            s.value
+            for s in families[name].samples
+            if s.name == name + "_total" and all(s.labels.get(k) == v for k, v in labels.items())
+        )
 
     usage = [r.usage.speculative for r in results]
     drafted = sum(u["num_draft_tokens"] for u in usage)
@@ -220,14 +261,17 @@ def test_metrics_parse_and_counters_add_up_to_usage(target):
     assert total(prefix + "num_accepted_tokens_per_pos") == accepted
     for task in ("code", "qa"):
         mine = [u for u in usage if u["task"] == task]
-        assert total(prefix + "num_draft_tokens", task=task, drafter="ngram:2-4")  # labels are canonical specs == sum(u["num_draft_tokens"] for u in mine)
+        assert total(
+            prefix + "num_draft_tokens", task=task, drafter="ngram:2-4"
+        )  # labels are canonical specs == sum(u["num_draft_tokens"] for u in mine)
         assert stats["per_task"][task]["num_accepted_tokens"] == sum(u["num_accepted_tokens"] for u in mine)
     assert stats["spec_decode"]["num_draft_tokens"] == drafted
     assert stats["spec_decode"]["num_accepted_tokens"] == accepted
     assert stats["spec_decode"]["acceptance_rate"] == round(accepted / drafted, 4)
     assert total("specdecode:generation_tokens") == sum(r.usage.completion_tokens for r in results)
     assert total("specdecode:request_success", finished_reason="length") + total(
-        "specdecode:request_success", finished_reason="stop") == len(results)
+        "specdecode:request_success", finished_reason="stop"
+    ) == len(results)
     ttft = families["specdecode:time_to_first_token_seconds"]
     assert [s.value for s in ttft.samples if s.name.endswith("_count")] == [len(results)]
     for name in ("inter_token_latency_seconds", "e2e_request_latency_seconds", "tokens_per_forward"):
@@ -251,8 +295,11 @@ def _histogram_count(server, name):
 
 def _batch_sizes(server):
     """Batch sizes seen so far, from the cumulative histogram buckets (upper bounds that gained counts)."""
-    buckets = [(float(s.labels["le"]), s.value) for s in _families(server)["specdecode:batch_size"].samples
-               if s.name.endswith("_bucket")]
+    buckets = [
+        (float(s.labels["le"]), s.value)
+        for s in _families(server)["specdecode:batch_size"].samples
+        if s.name.endswith("_bucket")
+    ]
     sizes, prev = [], 0.0
     for le, cum in sorted(buckets):
         if cum > prev:

@@ -17,11 +17,53 @@ VALID = [
     {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
     {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 3, "temperature": 0.5, "seed": 3},
 ]
-ODD_VALUES = [None, True, -1, 0, 1e308, -1e-320, 2**70, "", "8", "\ud800", "x" * 3000, [], {}, [None], [-3],
-              [{"type": "image_url"}], {"drafter": "ngram:9-1"}, {"drafter": "telepathy"}, {"k": 99},
-              1e-40, float("nan"), [{"role": "user"}], [{"role": "alien", "content": "x"}], "ngram: 2-4"]
-FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n",
-          "stream", "speculative", "task", "ignore_eos", "logprobs", "stream_options", "user", "echo", "bogus"]
+ODD_VALUES = [
+    None,
+    True,
+    -1,
+    0,
+    1e308,
+    -1e-320,
+    2**70,
+    "",
+    "8",
+    "\ud800",
+    "x" * 3000,
+    [],
+    {},
+    [None],
+    [-3],
+    [{"type": "image_url"}],
+    {"drafter": "ngram:9-1"},
+    {"drafter": "telepathy"},
+    {"k": 99},
+    1e-40,
+    float("nan"),
+    [{"role": "user"}],
+    [{"role": "alien", "content": "x"}],
+    "ngram: 2-4",
+]
+FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "seed",
+    "n",
+    "stream",
+    "speculative",
+    "task",
+    "ignore_eos",
+    "logprobs",
+    "stream_options",
+    "user",
+    "echo",
+    "bogus",
+]
 
 
 def mutate(rng: random.Random) -> tuple[str, bytes]:
@@ -62,7 +104,9 @@ def test_thousands_of_malformed_requests_never_get_500_and_the_server_stays_corr
             if r.status_code >= 400:
                 assert set(r.json()["error"]) == {"message", "type", "param", "code"}
         assert sum(statuses.values()) == N and statuses.get(400, 0) > N // 2
-        good = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hello there", "max_tokens": 8,
-                                                   "temperature": 0})
+        good = client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "Hello there", "max_tokens": 8, "temperature": 0},
+        )
     ids = target.tokenizer("Hello there")["input_ids"]
     assert good.json()["choices"][0]["text"] == reference(target, ids, 8).text

@@ -38,8 +38,12 @@ def _assert_error(resp, status, param=None):
 
 def _metric(server, name, **labels):
     text = httpx.get(server.url + "/metrics").text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 BAD_COMPLETIONS = [
@@ -84,11 +88,16 @@ def test_invalid_chat_requests_and_bodies(guarded):
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "url": "x"}]}]}, None),
         ({"messages": "hi"}, "messages"),
-        ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+            "max_completion_tokens",
+        ),
     ]:
         _assert_error(_post(guarded, "/v1/chat/completions", body), 400, param)
     for raw in (b"{not json", b"[1, 2]", b"null", b"\xff\xfe"):
-        resp = httpx.post(guarded.url + "/v1/completions", content=raw, headers={**AUTH, "Content-Type": "application/json"})
+        resp = httpx.post(
+            guarded.url + "/v1/completions", content=raw, headers={**AUTH, "Content-Type": "application/json"}
+        )
         _assert_error(resp, 400)
     err = _assert_error(_post(guarded, "/v1/completions", {"model": "gpt-9", "prompt": "hi"}), 404, "model")
     assert err["code"] == "model_not_found"
@@ -97,7 +106,12 @@ def test_invalid_chat_requests_and_bodies(guarded):
 
 def test_api_key_is_required_on_api_routes_only(guarded):
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3, "temperature": 0}
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": KEY},
+        {"Authorization": f"Basic {KEY}"},
+    ):
         err = _assert_error(_post(guarded, "/v1/completions", body, headers=headers), 401)
         assert err["type"] == "authentication_error"
     _assert_error(httpx.get(guarded.url + "/v1/models"), 401)
@@ -117,9 +131,13 @@ def test_oversized_bodies_get_413(guarded):
     def chunks():  # no Content-Length: the limit is enforced while the body streams in
         data = json.dumps(big).encode()
         for i in range(0, len(data), 1000):
-            yield data[i:i + 1000]
+            yield data[i : i + 1000]
 
-    resp = httpx.post(guarded.url + "/v1/completions", content=chunks(), headers={**AUTH, "Content-Type": "application/json"})
+    resp = httpx.post(
+        guarded.url + "/v1/completions",
+        content=chunks(),
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
     _assert_error(resp, 413)
     assert httpx.get(guarded.url + "/health").status_code == 200
 
@@ -157,8 +175,14 @@ def test_full_queue_gets_429_and_a_vanished_client_is_cancelled(target):
         assert httpx.post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 200
 
 
-LONG = {"model": MODEL, "prompt": "Hello", "max_tokens": 480, "temperature": 0, "ignore_eos": True,
-        "speculative": {"enabled": False}}
+LONG = {
+    "model": MODEL,
+    "prompt": "Hello",
+    "max_tokens": 480,
+    "temperature": 0,
+    "ignore_eos": True,
+    "speculative": {"enabled": False},
+}
 
 
 def test_disconnect_mid_stream_frees_the_slot(target):
@@ -178,14 +202,20 @@ def test_disconnect_mid_stream_frees_the_slot(target):
         assert _metric(srv, "specdecode:request_success_total", finished_reason="abort") == 1
         assert _metric(srv, "specdecode:generation_tokens_total") < 480
         assert srv.engine.free == [0]  # the only KV slot is free again ...
-        r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 5}, timeout=30)
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1  # ... and serves the next one
+        r = httpx.post(
+            srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 5}, timeout=30
+        )
+        assert (
+            r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        )  # ... and serves the next one
 
 
 def test_request_timeout_while_waiting_and_while_running(target):
     with serve(target, timeout_s=0.5, load_control=False) as srv:
         with scheduler_held(srv.engine):  # queued, never scheduled before its deadline
-            pending = threading.Thread(target=lambda: results.append(httpx.post(srv.url + "/v1/completions", json=LONG, timeout=30)))
+            pending = threading.Thread(
+                target=lambda: results.append(httpx.post(srv.url + "/v1/completions", json=LONG, timeout=30))
+            )
             results = []
             pending.start()
             time.sleep(0.8)
@@ -208,8 +238,11 @@ def test_graceful_shutdown_finishes_in_flight_streams(target):
     """What uvicorn does on SIGTERM (should_exit): stop listening, let running streams finish, then the
     lifespan shutdown stops the engine."""
     with serve(target, max_batch=2, load_control=False) as srv:
-        with httpx.stream("POST", srv.url + "/v1/completions",
-                          json={**LONG, "stream": True, "stream_options": {"include_usage": True}}) as resp:
+        with httpx.stream(
+            "POST",
+            srv.url + "/v1/completions",
+            json={**LONG, "stream": True, "stream_options": {"include_usage": True}},
+        ) as resp:
             lines = resp.iter_lines()
             assert next(line for line in lines if line).startswith("data: ")
             with scheduler_held(srv.engine):
@@ -223,12 +256,38 @@ def test_graceful_shutdown_finishes_in_flight_streams(target):
         assert json.loads(rest[-2][6:])["usage"]["completion_tokens"] == 480  # finished, not cut off
 
 
-_FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n",
-           "stream", "speculative", "task", "ignore_eos", "logprobs", "stream_options", "role", "content"]
+_FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "seed",
+    "n",
+    "stream",
+    "speculative",
+    "task",
+    "ignore_eos",
+    "logprobs",
+    "stream_options",
+    "role",
+    "content",
+]
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 3) | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8) | st.sampled_from([MODEL, "user", "ngram", "none", "code"]),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_FIELDS) | st.text(max_size=5), inner, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+    | st.sampled_from([MODEL, "user", "ngram", "none", "code"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(_FIELDS) | st.text(max_size=5), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 _bodies = st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=6) | _json
@@ -267,13 +326,36 @@ def test_serve_command_wires_a_working_app(tiny_model_dir, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(Server, "run", lambda self: seen.update(app=self.config.app, server=self))
-    assert main(["serve", "--target", tiny_model_dir, "--port", "8123", "--served-model-name", MODEL, "--threads", "1",
-                 "--max-batch", "2", "--api-key", KEY, "--shutdown-timeout", "7"]) == 0
+    assert (
+        main(
+            [
+                "serve",
+                "--target",
+                tiny_model_dir,
+                "--port",
+                "8123",
+                "--served-model-name",
+                MODEL,
+                "--threads",
+                "1",
+                "--max-batch",
+                "2",
+                "--api-key",
+                KEY,
+                "--shutdown-timeout",
+                "7",
+            ]
+        )
+        == 0
+    )
     config = seen["server"].config
     assert (config.host, config.port, seen["server"].drain_s) == ("127.0.0.1", 8123, 7.0)
     assert config.timeout_graceful_shutdown == 7.0 + FLUSH_S
     with TestClient(seen["app"]) as client:  # runs the lifespan: engine thread up, then down
-        r = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0},
-                        headers=AUTH)
+        r = client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0},
+            headers=AUTH,
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
         assert client.get("/v1/models", headers=AUTH).json()["data"][0]["id"] == MODEL

@@ -65,8 +65,16 @@ def concurrently(*calls, engine=None):
 
 # -- sampling numerics ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("params", [SamplingParams(1e-40), SamplingParams(1e-38), SamplingParams(0.7, top_p=1e-46),
-                                    SamplingParams(1e-45, top_k=3, top_p=1e-30)])
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(1e-40),
+        SamplingParams(1e-38),
+        SamplingParams(0.7, top_p=1e-46),
+        SamplingParams(1e-45, top_k=3, top_p=1e-30),
+    ],
+)
 def test_warp_is_a_distribution_for_any_valid_parameters(params):
     logits = torch.randn(3, 50) * 30
     probs = warp(logits, params)
@@ -74,17 +82,20 @@ def test_warp_is_a_distribution_for_any_valid_parameters(params):
     assert (probs.argmax(-1) == logits.argmax(-1)).all()  # underflowing T acts as greedy; top-p keeps the top
 
 
-@pytest.mark.parametrize("extra", [{"temperature": 1e-40}, {"temperature": 1e-38},
-                                   {"temperature": 0.7, "top_p": 1e-46}])
+@pytest.mark.parametrize(
+    "extra", [{"temperature": 1e-40}, {"temperature": 1e-38}, {"temperature": 0.7, "top_p": 1e-46}]
+)
 def test_extreme_sampling_parameters_neither_fail_nor_harm_the_batch(target, server, extra):
     want = reference(target, target.tokenizer(PROMPT)["input_ids"], 12).text
-    extreme, normal = concurrently(lambda: complete(server.url, seed=1, **extra), lambda: complete(server.url),
-                                   engine=server.engine)
+    extreme, normal = concurrently(
+        lambda: complete(server.url, seed=1, **extra), lambda: complete(server.url), engine=server.engine
+    )
     assert extreme.status_code == 200, extreme.text
     assert normal.status_code == 200 and normal.json()["choices"][0]["text"] == want
 
 
 # -- the verifier refuses bad input ------------------------------------------------------------
+
 
 def test_verifiers_refuse_out_of_range_ids_and_non_finite_probabilities():
     p = torch.softmax(torch.randn(3, 10), -1)
@@ -117,6 +128,7 @@ def test_a_token_its_drafter_gave_probability_zero_is_never_accepted():
 
 # -- one request's failure stays its own ---------------------------------------------------------
 
+
 class BrokenDrafter(Drafter):
     """Proposes token id -1: the verifier refuses it, for this request only."""
 
@@ -135,8 +147,11 @@ def test_a_failing_row_fails_its_request_only(target, server):
     server.engine.pool.templates[key] = BrokenDrafter()
     try:
         want = reference(target, target.tokenizer(PROMPT)["input_ids"], 12).text
-        broken, normal = concurrently(lambda: complete(server.url, speculative={"drafter": "ngram:01-1"}),
-                                      lambda: complete(server.url), engine=server.engine)
+        broken, normal = concurrently(
+            lambda: complete(server.url, speculative={"drafter": "ngram:01-1"}),
+            lambda: complete(server.url),
+            engine=server.engine,
+        )
     finally:
         del server.engine.pool.templates[key]
     assert broken.status_code == 500 and "out of range" in broken.json()["error"]["message"]
@@ -147,18 +162,45 @@ def test_a_failing_row_fails_its_request_only(target, server):
 
 # -- input problems are 4xx, never 500, and keep the connection usable -----------------------------
 
-@pytest.mark.parametrize("path,body,message", [
-    ("/v1/completions", '{"model": "tiny", "prompt": "Hello \\ud800 world", "max_tokens": 4}', "valid Unicode"),
-    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": "Hi \\udfff"}]}',
-     "valid Unicode"),
-    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", '
-                             '"text": "x\\ud800"}]}]}', "valid Unicode"),
-    ("/v1/completions", '{"model": "tiny", "prompt": [1, -5, 3], "max_tokens": 4}', "greater than or equal to 0"),
-    ("/v1/completions", '{"model": "tiny", "prompt": [1, 99999999], "max_tokens": 4}', "token ids must be in"),
-    ("/v1/completions", '{"model": "tiny", "prompt": "Hello", "max_tokens": "8"}', "max_tokens"),
-    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", '
-                             '"image_url": {"url": "http://x/y.png"}}]}]}', "only text content parts"),
-])
+
+@pytest.mark.parametrize(
+    "path,body,message",
+    [
+        (
+            "/v1/completions",
+            '{"model": "tiny", "prompt": "Hello \\ud800 world", "max_tokens": 4}',
+            "valid Unicode",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model": "tiny", "messages": [{"role": "user", "content": "Hi \\udfff"}]}',
+            "valid Unicode",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", '
+            '"text": "x\\ud800"}]}]}',
+            "valid Unicode",
+        ),
+        (
+            "/v1/completions",
+            '{"model": "tiny", "prompt": [1, -5, 3], "max_tokens": 4}',
+            "greater than or equal to 0",
+        ),
+        (
+            "/v1/completions",
+            '{"model": "tiny", "prompt": [1, 99999999], "max_tokens": 4}',
+            "token ids must be in",
+        ),
+        ("/v1/completions", '{"model": "tiny", "prompt": "Hello", "max_tokens": "8"}', "max_tokens"),
+        (
+            "/v1/chat/completions",
+            '{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", '
+            '"image_url": {"url": "http://x/y.png"}}]}]}',
+            "only text content parts",
+        ),
+    ],
+)
 def test_bad_input_is_a_400_and_the_connection_stays_usable(server, path, body, message):
     with httpx.Client(base_url=server.url, timeout=60) as client:
         r = client.post(path, content=body.encode(), headers={"Content-Type": "application/json"})
@@ -168,8 +210,11 @@ def test_bad_input_is_a_400_and_the_connection_stays_usable(server, path, body, 
 
 
 def test_a_json_syntax_error_names_no_parameter(server):
-    r = httpx.post(server.url + "/v1/completions", content=b'{"model": "tiny", "prompt": }',
-                   headers={"Content-Type": "application/json"})
+    r = httpx.post(
+        server.url + "/v1/completions",
+        content=b'{"model": "tiny", "prompt": }',
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["param"] is None and "not valid JSON" in error["message"]
@@ -185,12 +230,16 @@ def test_a_full_queue_answers_429_with_retry_after(target):
 
 # -- shutdown ------------------------------------------------------------------------------------
 
+
 def test_shutdown_ends_running_streams_with_an_error_event_and_done_and_others_with_503(target):
     long = {"max_tokens": 480, "ignore_eos": True, "speculative": {"enabled": False}}
     with serve(target, max_batch=2, load_control=False, drain_s=0.3) as srv:
         plain = []
-        with httpx.stream("POST", srv.url + "/v1/completions",
-                          json={"model": MODEL, "prompt": "Hello", "temperature": 0, "stream": True, **long}) as resp:
+        with httpx.stream(
+            "POST",
+            srv.url + "/v1/completions",
+            json={"model": MODEL, "prompt": "Hello", "temperature": 0, "stream": True, **long},
+        ) as resp:
             lines = resp.iter_lines()
             assert next(line for line in lines if line).startswith("data: ")
             with scheduler_held(srv.engine):  # neither request can finish before the drain time is up
@@ -208,10 +257,13 @@ def test_shutdown_ends_running_streams_with_an_error_event_and_done_and_others_w
 
 # -- seeds and labels ------------------------------------------------------------------------------
 
+
 def test_a_seeded_sampled_request_gives_the_same_text_alone_and_under_load(server):
     seeded = {"temperature": 0.9, "seed": 1234, "max_tokens": 24, "speculative": {"drafter": "ngram", "k": 6}}
     alone = complete(server.url, **seeded).json()["choices"][0]["text"]
-    others = [lambda i=i: complete(server.url, prompt=f"Other request {i} " * 3, max_tokens=24) for i in range(7)]
+    others = [
+        lambda i=i: complete(server.url, prompt=f"Other request {i} " * 3, max_tokens=24) for i in range(7)
+    ]
     results = concurrently(lambda: complete(server.url, **seeded), *others, engine=server.engine)
     assert results[0].json()["choices"][0]["text"] == alone
 
@@ -223,8 +275,11 @@ def test_drafter_labels_are_canonical_and_bounded(server):
         for m in range(n, min(n + 3, 9)):
             complete(server.url, speculative={"drafter": f"ngram:{n}-{m}"})
     text = httpx.get(server.url + "/metrics").text
-    labels = {line.split('drafter="')[1].split('"')[0] for line in text.splitlines()
-              if line.startswith("specdecode:spec_decode_num_draft_tokens_total{")}
+    labels = {
+        line.split('drafter="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("specdecode:spec_decode_num_draft_tokens_total{")
+    }
     assert "ngram:02-4" not in labels and "ngram: 2-4" not in labels
     assert len(labels) <= MAX_DRAFTER_LABELS + 1 and "other" in labels
 
@@ -238,8 +293,11 @@ def test_prefix_caching_in_the_server_reuses_a_chat_history_and_keeps_output(tar
     assert first.status_code == second.status_code == 200
 
     def hits(text):
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith("specdecode:prefix_cache_hits_total"))
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("specdecode:prefix_cache_hits_total")
+        )
 
     assert hits(after) > hits(before)  # the shared system prompt's blocks were reused
     ids = target.tokenizer(system + "Question two?")["input_ids"]

@@ -14,8 +14,16 @@ TARGET = {"name": "t", "fingerprint": "abc"}
 
 
 def seqs(n: int, top: int = 1000) -> list[Sequence]:
-    return [Sequence(f"s{i}", "c", [i % top, (7 * i) % top], [(3 * i + j) % top for j in range(i % 5 + 1)],
-                     "target" if i % 2 else "given") for i in range(n)]
+    return [
+        Sequence(
+            f"s{i}",
+            "c",
+            [i % top, (7 * i) % top],
+            [(3 * i + j) % top for j in range(i % 5 + 1)],
+            "target" if i % 2 else "given",
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("top,dtype", [(49152, "uint16"), (2**16, "uint16"), (262144, "uint32")])
@@ -32,12 +40,15 @@ def test_uint16_shards_are_compact(tmp_path):
     assert (tmp_path / "s.sds").stat().st_size < 2 * 400 * 100 / 2  # under half of raw uint16
 
 
-@pytest.mark.parametrize("damage,message", [
-    (lambda b: b[:-7], "truncated or corrupt"),
-    (lambda b: b[:-3] + bytes([b[-3] ^ 1]) + b[-2:], "CRC"),
-    (lambda b: b"NOTASHARD" + b[9:], "not a specdecode shard"),
-    (lambda b: b[:20], "truncated or corrupt"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda b: b[:-7], "truncated or corrupt"),
+        (lambda b: b[:-3] + bytes([b[-3] ^ 1]) + b[-2:], "CRC"),
+        (lambda b: b"NOTASHARD" + b[9:], "not a specdecode shard"),
+        (lambda b: b[:20], "truncated or corrupt"),
+    ],
+)
 def test_damaged_shards_are_clear_errors(tmp_path, damage, message):
     path = tmp_path / "shard-00000.sds"
     shards.write(path, seqs(10), TARGET)
@@ -77,20 +88,33 @@ def test_second_turns_follow_the_targets_own_first_answer(target, tmp_path):
     first = Prompt("Name a colour.", "q1", "c")
     second = Prompt("Now another one.", "q1-turn2", "c", parent="q1")
     orphan = Prompt("And a third?", "q9-turn2", "c", parent="q9")  # its first turn is held out
-    out = data.generate_data(target, [(second, None), (orphan, None), (first, None)], tmp_path / "d",
-                             drafter="ngram", max_new_tokens=6)
+    out = data.generate_data(
+        target,
+        [(second, None), (orphan, None), (first, None)],
+        tmp_path / "d",
+        drafter="ngram",
+        max_new_tokens=6,
+    )
     by_id = {s.id: s for s in out}
     assert sorted(by_id) == ["q1", "q1-turn2"]
     answer = target.tokenizer.decode(by_id["q1"].response_ids, skip_special_tokens=True)
     expected = target.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": answer},
-         {"role": "user", "content": "Now another one."}], add_generation_prompt=True, tokenize=False)
+        [
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Now another one."},
+        ],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     assert by_id["q1-turn2"].prompt_ids == target.tokenizer(expected, add_special_tokens=False)["input_ids"]
 
 
 def test_long_prompts_are_skipped(target, tmp_path):
     prompts = [(Prompt("short", "a", "c"), None), (Prompt("long " * 200, "b", "c"), None)]
-    out = data.generate_data(target, prompts, tmp_path / "d", drafter="ngram", max_new_tokens=4, max_prompt_tokens=50)
+    out = data.generate_data(
+        target, prompts, tmp_path / "d", drafter="ngram", max_new_tokens=4, max_prompt_tokens=50
+    )
     assert [s.id for s in out] == ["a"]
 
 
@@ -132,8 +156,10 @@ def test_parallel_workers_sharing_a_directory_answer_every_prompt_once_as_one_ru
     alone = data.generate_data(target, prompts, tmp_path / "alone", drafter="ngram", max_new_tokens=4)
     together = data.read(tmp_path / "shared")
     assert sorted(together, key=lambda s: s.id) == sorted(alone, key=lambda s: s.id)
-    assert sorted(p.name for p in shards.paths(tmp_path / "shared")) == ["shard-00000-p0of2.sds",
-                                                                           "shard-00001-p1of2.sds"]
+    assert sorted(p.name for p in shards.paths(tmp_path / "shared")) == [
+        "shard-00000-p0of2.sds",
+        "shard-00001-p1of2.sds",
+    ]
 
 
 @pytest.mark.parametrize("spec", ["2/2", "1", "a/2", "-1/2", "0/0"])

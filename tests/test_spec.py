@@ -9,25 +9,28 @@ from specdecode.drafters import KINDS, canonical, parse
 from specdecode.errors import UserError
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("none", "none"),
-    (" none ", "none"),
-    ("ngram", "ngram:2-4"),
-    ("ngram:02-4", "ngram:2-4"),
-    ("ngram: 2-4", "ngram:2-4"),
-    ("ngram:2-4:b=1", "ngram:2-4"),
-    ("ngram:3-3", "ngram:3"),
-    ("ngram:b=03:1-2", "ngram:1-2:b=3"),
-    ("draft", "draft"),
-    ("draft:/m", "draft:/m"),
-    ("draft:nodes=8:b=2:/path:with:colons", "draft:b=2:nodes=8:/path:with:colons"),
-    ("draft: b=2 :/m", "draft:b=2:/m"),
-    ("medusa", "medusa"),
-    ("eagle:b=2:nodes=6", "eagle:b=2:nodes=6"),
-    ("ensemble:ngram+draft:/a+b", "ensemble:ngram:2-4+draft:/a+b"),
-    ("fallback:ngram:k=03+eagle: k = 1", "fallback:ngram:2-4:k=3+eagle:k=1"),
-    ("fallback:ngram+draft:b=2:/a+b:k=2", "fallback:ngram:2-4+draft:b=2:/a+b:k=2"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("none", "none"),
+        (" none ", "none"),
+        ("ngram", "ngram:2-4"),
+        ("ngram:02-4", "ngram:2-4"),
+        ("ngram: 2-4", "ngram:2-4"),
+        ("ngram:2-4:b=1", "ngram:2-4"),
+        ("ngram:3-3", "ngram:3"),
+        ("ngram:b=03:1-2", "ngram:1-2:b=3"),
+        ("draft", "draft"),
+        ("draft:/m", "draft:/m"),
+        ("draft:nodes=8:b=2:/path:with:colons", "draft:b=2:nodes=8:/path:with:colons"),
+        ("draft: b=2 :/m", "draft:b=2:/m"),
+        ("medusa", "medusa"),
+        ("eagle:b=2:nodes=6", "eagle:b=2:nodes=6"),
+        ("ensemble:ngram+draft:/a+b", "ensemble:ngram:2-4+draft:/a+b"),
+        ("fallback:ngram:k=03+eagle: k = 1", "fallback:ngram:2-4:k=3+eagle:k=1"),
+        ("fallback:ngram+draft:b=2:/a+b:k=2", "fallback:ngram:2-4+draft:b=2:/a+b:k=2"),
+    ],
+)
 def test_canonical_strings_round_trip(text, expected):
     assert canonical(text) == expected
     spec = parse(text)
@@ -41,26 +44,34 @@ def test_equal_drafters_compare_equal_whatever_the_spelling():
     assert parse("draft:b=2:/m") != parse("draft:/m")
 
 
-@pytest.mark.parametrize("text,weightless,trees,features,models,nodes", [
-    ("none", True, False, False, (), 0),
-    ("ngram", True, False, False, (), 4),
-    ("ngram:b=3", True, True, False, (), 12),
-    ("draft", False, False, False, (None,), 4),
-    ("draft:/m", False, False, False, ("/m",), 4),
-    ("draft:b=2:/m", False, True, False, ("/m",), 8),
-    ("draft:b=2:nodes=10:/m", False, True, False, ("/m",), 10),
-    ("medusa", False, False, True, (), 4),
-    ("eagle:b=2:/d", False, True, True, (), 8),
-    ("ensemble:ngram+draft:/m", False, True, False, ("/m",), 8),
-    ("ensemble:ngram+ngram:1-2", True, True, False, (), 8),
-    ("ensemble:ngram+eagle", False, True, True, (), 8),
-    ("ensemble:ngram+eagle:k=1", False, True, True, (), 5),  # a member's cap bounds its nodes
-    ("fallback:ngram+eagle:k=1", False, False, True, (), 4),  # one member drafts a step: the largest
-    ("fallback:ngram+draft:b=2:/m:k=3", False, True, False, ("/m",), 6),
-])
+@pytest.mark.parametrize(
+    "text,weightless,trees,features,models,nodes",
+    [
+        ("none", True, False, False, (), 0),
+        ("ngram", True, False, False, (), 4),
+        ("ngram:b=3", True, True, False, (), 12),
+        ("draft", False, False, False, (None,), 4),
+        ("draft:/m", False, False, False, ("/m",), 4),
+        ("draft:b=2:/m", False, True, False, ("/m",), 8),
+        ("draft:b=2:nodes=10:/m", False, True, False, ("/m",), 10),
+        ("medusa", False, False, True, (), 4),
+        ("eagle:b=2:/d", False, True, True, (), 8),
+        ("ensemble:ngram+draft:/m", False, True, False, ("/m",), 8),
+        ("ensemble:ngram+ngram:1-2", True, True, False, (), 8),
+        ("ensemble:ngram+eagle", False, True, True, (), 8),
+        ("ensemble:ngram+eagle:k=1", False, True, True, (), 5),  # a member's cap bounds its nodes
+        ("fallback:ngram+eagle:k=1", False, False, True, (), 4),  # one member drafts a step: the largest
+        ("fallback:ngram+draft:b=2:/m:k=3", False, True, False, ("/m",), 6),
+    ],
+)
 def test_facts(text, weightless, trees, features, models, nodes):
     spec = parse(text)
-    assert (spec.weightless, spec.trees, spec.uses_features, spec.draft_models) == (weightless, trees, features, models)
+    assert (spec.weightless, spec.trees, spec.uses_features, spec.draft_models) == (
+        weightless,
+        trees,
+        features,
+        models,
+    )
     assert spec.tree_nodes(4) == nodes
 
 
@@ -75,20 +86,29 @@ def test_none_means_k_zero_and_nothing_else_does():
         assert parse(text).k(4) == 4 and parse(text).speculates
 
 
-@pytest.mark.parametrize("text,message", [
-    ("none:3", "none takes no argument"),
-    ("ngram:0-2", "1 <= min_n"),
-    ("ngram:4-2", "min_n"),
-    ("ngram:1-2-3", "ngram argument"),
-    ("draft:b=2", "needs a model"),
-    ("medusa:nodes=4", "needs b=B"),
-    ("ensemble:ngram+none", "cannot be 'none'"),
-    ("fallback:ngram", "fallback needs two or more drafters"),
-    ("fallback:ngram+eagle:k=0", "k=N needs N >= 1"),
-    ("fallback:ngram+none", "fallback members cannot be 'none'"),
-    ("eagle:k=1", "unknown eagle option 'k'"),  # a cap belongs to a composite's member; --k sets a drafter's k
-    ("oracle", "unknown drafter 'oracle'; known: none, ngram, draft, ensemble, fallback, medusa, eagle, suffix"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("none:3", "none takes no argument"),
+        ("ngram:0-2", "1 <= min_n"),
+        ("ngram:4-2", "min_n"),
+        ("ngram:1-2-3", "ngram argument"),
+        ("draft:b=2", "needs a model"),
+        ("medusa:nodes=4", "needs b=B"),
+        ("ensemble:ngram+none", "cannot be 'none'"),
+        ("fallback:ngram", "fallback needs two or more drafters"),
+        ("fallback:ngram+eagle:k=0", "k=N needs N >= 1"),
+        ("fallback:ngram+none", "fallback members cannot be 'none'"),
+        (
+            "eagle:k=1",
+            "unknown eagle option 'k'",
+        ),  # a cap belongs to a composite's member; --k sets a drafter's k
+        (
+            "oracle",
+            "unknown drafter 'oracle'; known: none, ngram, draft, ensemble, fallback, medusa, eagle, suffix",
+        ),
+    ],
+)
 def test_bad_specs_are_refused_by_the_parser(text, message):
     with pytest.raises(UserError, match=message):
         parse(text)

@@ -109,7 +109,9 @@ def test_speculation_length_follows_the_match_length():
     context = prompt + list(range(10, 13))  # matches 3 tokens of the prompt
     proposal = drafter.propose(context, 16, SamplingParams(), None)
     assert proposal.tokens.tolist() == [13, 14, 15]  # at most max_spec_factor x 3
-    assert drafter.propose(context[:-2] + [99], 16, SamplingParams(), None).tokens.numel() == 0  # no match: nothing
+    assert (
+        drafter.propose(context[:-2] + [99], 16, SamplingParams(), None).tokens.numel() == 0
+    )  # no match: nothing
 
 
 def test_a_one_token_match_proposes_nothing_unless_min_match_allows_it():
@@ -148,14 +150,20 @@ def test_a_corpus_of_past_responses_is_proposed_from_and_shared_by_copies(target
 
     data = tmp_path / "data"
     data.mkdir()
-    shards.write(data / "shard-00000.sds", [shards.Sequence("a", "c", [1], [40, 41, 42, 43, 44, 45])], {"name": "t"})
-    drafter = drafters.build(f"suffix:tree=0:max_tree_depth=8:min_token_prob=0.05:{data}", drafters.DrafterContext(target))
+    shards.write(
+        data / "shard-00000.sds", [shards.Sequence("a", "c", [1], [40, 41, 42, 43, 44, 45])], {"name": "t"}
+    )
+    drafter = drafters.build(
+        f"suffix:tree=0:max_tree_depth=8:min_token_prob=0.05:{data}", drafters.DrafterContext(target)
+    )
     assert str(drafters.parse(f"suffix:tree=0:{data}")) == f"suffix:tree=0:{data}"
     drafter.begin([7, 8, 40, 41])
     assert drafter.propose([7, 8, 40, 41, 42], 4, SamplingParams(), None).tokens.tolist() == [43, 44, 45]
     twin = copy.deepcopy(drafter)
     assert twin.corpus is drafter.corpus and twin.cache is not drafter.cache
-    plain = drafters.build("suffix:tree=0:max_tree_depth=8:min_token_prob=0.05", drafters.DrafterContext(target))
+    plain = drafters.build(
+        "suffix:tree=0:max_tree_depth=8:min_token_prob=0.05", drafters.DrafterContext(target)
+    )
     plain.begin([7, 8, 40, 41])
     assert plain.propose([7, 8, 40, 41, 42], 4, SamplingParams(), None).tokens.numel() == 0
     jsonl = tmp_path / "past.jsonl"
@@ -172,8 +180,9 @@ def test_a_corpus_of_past_responses_is_proposed_from_and_shared_by_copies(target
         assert generate(target, drafter, ids, k=4, max_new_tokens=16).token_ids == want
 
 
-@pytest.mark.parametrize("spec", ["suffix", "suffix:tree=0", "suffix:b=2:min_token_prob=0.05",
-                                  "ensemble:suffix+ngram"])
+@pytest.mark.parametrize(
+    "spec", ["suffix", "suffix:tree=0", "suffix:b=2:min_token_prob=0.05", "ensemble:suffix+ngram"]
+)
 def test_greedy_output_is_plain_greedy_output(target, spec):
     ctx = drafters.DrafterContext(target)
     drafter = drafters.build(spec, ctx)
@@ -187,14 +196,28 @@ def test_greedy_output_is_plain_greedy_output(target, spec):
     assert got.stats.drafted > 0
 
 
-@pytest.mark.parametrize("policy", [lambda: FixedK(8),
-                                    lambda: AdaptiveK(CostModel(0.01, {n: 1.0 + 0.06 * n for n in range(1, 13)}), k_max=8)],
-                         ids=["fixed", "adaptive"])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        lambda: FixedK(8),
+        lambda: AdaptiveK(CostModel(0.01, {n: 1.0 + 0.06 * n for n in range(1, 13)}), k_max=8),
+    ],
+    ids=["fixed", "adaptive"],
+)
 def test_batched_core_gives_single_request_output_with_suffix_trees(target, policy):
     template = drafters.build("suffix:min_token_prob=0.05", drafters.DrafterContext(target))
-    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13, 11, 12, 13, 11], [3, 9, 27, 3, 9], [5, 6, 7, 8, 5]]
-    want = [generate(target, drafters.build("none", drafters.DrafterContext(target)), p, max_new_tokens=20).token_ids
-            for p in prompts]
+    prompts = [
+        [5, 6, 7, 8, 5, 6, 7, 8, 5, 6],
+        [11, 12, 13, 11, 12, 13, 11],
+        [3, 9, 27, 3, 9],
+        [5, 6, 7, 8, 5],
+    ]
+    want = [
+        generate(
+            target, drafters.build("none", drafters.DrafterContext(target)), p, max_new_tokens=20
+        ).token_ids
+        for p in prompts
+    ]
     core = BatchDecoder(batched(target.model, 4))
     seqs = [Sequence(p, per_sequence(template), policy(), SamplingParams(), None, 20) for p in prompts]
     core.start(seqs)
@@ -202,13 +225,19 @@ def test_batched_core_gives_single_request_output_with_suffix_trees(target, poli
     while not all(s.finished for s in seqs):
         running = [s for s in seqs if not s.finished]
         drafted += sum(step.drafted for step in core.step(running))
-    assert [s.context[len(s.prompt):] for s in seqs] == want
+    assert [s.context[len(s.prompt) :] for s in seqs] == want
     assert drafted > 0 and template.cache.responses()  # the shared cache learned from every sequence
 
 
-@pytest.mark.parametrize("text,message", [("suffix:depth=3", "key=value with keys"), ("suffix:tree=2", "tree 0 or 1"),
-                                          ("suffix:max_spec_factor=x", "needs a number"),
-                                          ("suffix:max_tree_depth=1", "max_tree_depth")])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("suffix:depth=3", "key=value with keys"),
+        ("suffix:tree=2", "tree 0 or 1"),
+        ("suffix:max_spec_factor=x", "needs a number"),
+        ("suffix:max_tree_depth=1", "max_tree_depth"),
+    ],
+)
 def test_bad_suffix_specs_are_clear_errors(text, message):
     with pytest.raises(UserError, match=message):
         drafters.parse(text)
@@ -219,11 +248,17 @@ def test_canonical_form_and_vllm_export():
     from specdecode.export.vllm import Context, export_route
 
     assert drafters.canonical("suffix: min_token_prob=0.1 :max_spec_factor=2") == "suffix:max_spec_factor=2.0"
-    cfg = export_route(Route("suffix:tree=0:max_cached_requests=500", 32, False), Context.__new__(Context), "x")
+    cfg = export_route(
+        Route("suffix:tree=0:max_cached_requests=500", 32, False), Context.__new__(Context), "x"
+    )
     assert cfg.speculative_config == {
-        "method": "suffix", "num_speculative_tokens": 24, "suffix_decoding_max_tree_depth": 24,
-        "suffix_decoding_max_cached_requests": 500, "suffix_decoding_max_spec_factor": 1.0,
-        "suffix_decoding_min_token_prob": 0.1}
+        "method": "suffix",
+        "num_speculative_tokens": 24,
+        "suffix_decoding_max_tree_depth": 24,
+        "suffix_decoding_max_cached_requests": 500,
+        "suffix_decoding_max_spec_factor": 1.0,
+        "suffix_decoding_min_token_prob": 0.1,
+    }
     assert any("min_match=2 has no vLLM setting" in note for note in cfg.notes)
     exact = export_route(Route("suffix:tree=0:min_match=1", 8, False), Context.__new__(Context), "x")
     assert not any("min_match" in note for note in exact.notes)  # min_match=1 is vLLM's behaviour

@@ -11,15 +11,24 @@ from specdecode.errors import UserError
 from specdecode.drafters.suffix import read_responses
 from specdecode.server.suffix_cache import FORMAT, SuffixCaches
 
-PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox",
-           "One two three four five six seven eight nine ten. One two three",
-           "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"]
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "One two three four five six seven eight nine ten. One two three",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
+]
 SPEC = "suffix:min_token_prob=0.05"
 
 
 def complete(url, prompt, **extra):
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
-            "speculative": {"drafter": SPEC, "k": 8}, **extra}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 24,
+        "temperature": 0,
+        "ignore_eos": True,
+        "speculative": {"drafter": SPEC, "k": 8},
+        **extra,
+    }
     r = httpx.post(url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
@@ -67,9 +76,14 @@ def test_key_scope_hashes_the_api_key():
         SuffixCaches("tenant")
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"format": "other", "caches": []}',
-                                     json.dumps({"format": FORMAT, "caches": [{"spec": "suffix", "scope": "",
-                                                                               "responses": [[1, -2]]}]})])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        '{"format": "other", "caches": []}',
+        json.dumps({"format": FORMAT, "caches": [{"spec": "suffix", "scope": "", "responses": [[1, -2]]}]}),
+    ],
+)
 def test_a_corrupt_cache_file_is_a_clear_error_and_is_left_as_it_is(tmp_path, content):
     path = tmp_path / "cache.json"
     path.write_text(content)
@@ -82,15 +96,23 @@ def test_warming_from_jsonl_and_a_train_data_directory(target, tmp_path):
     from specdecode import shards
 
     f = tmp_path / "past.jsonl"
-    f.write_text(json.dumps({"response_ids": [5, 6, 7]}) + "\n" + json.dumps({"response": "hello there"}) + "\n")
+    f.write_text(
+        json.dumps({"response_ids": [5, 6, 7]}) + "\n" + json.dumps({"response": "hello there"}) + "\n"
+    )
     warm = read_responses(str(f), target.tokenizer)
-    assert warm[0] == [5, 6, 7] and warm[1] == target.tokenizer("hello there", add_special_tokens=False)["input_ids"]
+    assert (
+        warm[0] == [5, 6, 7]
+        and warm[1] == target.tokenizer("hello there", add_special_tokens=False)["input_ids"]
+    )
     d = tmp_path / "data"
     d.mkdir()
     shards.write(d / "shard-00000.sds", [shards.Sequence("a", "c", [1], [9, 9, 8])], {"name": "t"})
     assert read_responses(str(d), target.tokenizer) == [[9, 9, 8]]
-    for content, message in [("[5, 6]\n", ":1: expected an object, got list"), ("{\n", ":1: not valid JSON"),
-                             ('{"response_ids": [1]}\n{"text": "x"}\n', ":2: expected 'response_ids' or 'response'")]:
+    for content, message in [
+        ("[5, 6]\n", ":1: expected an object, got list"),
+        ("{\n", ":1: not valid JSON"),
+        ('{"response_ids": [1]}\n{"text": "x"}\n', ":2: expected 'response_ids' or 'response'"),
+    ]:
         f.write_text(content)
         with pytest.raises(UserError, match=message):
             read_responses(str(f), target.tokenizer)

@@ -9,12 +9,21 @@ from specdecode.backends.tokenizer_check import PROBES, compare
 
 @pytest.fixture(scope="module")
 def saved_tokenizers(tiny_model_dir, tiny_draft_dir, other_tokenizer_dir):
-    return {name: AutoTokenizer.from_pretrained(path) for name, path in
-            (("target", tiny_model_dir), ("draft", tiny_draft_dir), ("other", other_tokenizer_dir))}
+    return {
+        name: AutoTokenizer.from_pretrained(path)
+        for name, path in (
+            ("target", tiny_model_dir),
+            ("draft", tiny_draft_dir),
+            ("other", other_tokenizer_dir),
+        )
+    }
 
 
 def test_same_tokenizer_is_compatible(saved_tokenizers, tiny_tokenizer):
-    for a, b in ((saved_tokenizers["target"], saved_tokenizers["draft"]), (tiny_tokenizer, saved_tokenizers["draft"])):
+    for a, b in (
+        (saved_tokenizers["target"], saved_tokenizers["draft"]),
+        (tiny_tokenizer, saved_tokenizers["draft"]),
+    ):
         report = compare(a, b)
         assert report.compatible
         assert report.vocab_size_a == report.vocab_size_b == report.shared_tokens == 384

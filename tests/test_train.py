@@ -24,8 +24,9 @@ def test_data_holds_the_targets_greedy_responses(target, data_dir):
 
     seqs = data.read(data_dir)
     assert len(seqs) == 8 and all(s.source == "target" and s.response_ids for s in seqs)
-    plain = generate(target, drafters.build("none", drafters.DrafterContext(target)), seqs[0].prompt_ids,
-                     max_new_tokens=40)
+    plain = generate(
+        target, drafters.build("none", drafters.DrafterContext(target)), seqs[0].prompt_ids, max_new_tokens=40
+    )
     assert plain.token_ids == seqs[0].response_ids  # the n-gram drafter changed nothing
 
 
@@ -41,8 +42,9 @@ def test_data_generation_resumes_by_skipping_finished_prompts(target, data_dir, 
     assert [s.response_ids for s in data.read(copy)] == [s.response_ids for s in data.read(data_dir)]
 
 
-def test_an_interrupted_run_keeps_what_it_finished_and_resumes_to_the_same_data(target, data_dir, tmp_path,
-                                                                                 monkeypatch):
+def test_an_interrupted_run_keeps_what_it_finished_and_resumes_to_the_same_data(
+    target, data_dir, tmp_path, monkeypatch
+):
     real = data._responses
 
     def killed_after_three(*args):
@@ -71,8 +73,12 @@ def test_batched_generation_gives_the_same_responses(target, data_dir, tmp_path)
 
 def test_user_jsonl_responses_are_used_as_given(target, tmp_path):
     f = tmp_path / "p.jsonl"
-    f.write_text(json.dumps({"prompt": "Say hi", "response": "hi there"}) + "\n"
-                 + json.dumps({"prompt": "Count", "id": "c"}) + "\n")
+    f.write_text(
+        json.dumps({"prompt": "Say hi", "response": "hi there"})
+        + "\n"
+        + json.dumps({"prompt": "Count", "id": "c"})
+        + "\n"
+    )
     prompts = data.collect_prompts(str(f), exclude="")
     assert [r for _, r in prompts] == ["hi there", None]
     seqs = data.generate_data(target, prompts, tmp_path / "d", drafter="none", max_new_tokens=5)
@@ -102,9 +108,12 @@ def test_token_map_keeps_the_most_frequent_response_tokens():
 
 TRAINERS = {
     "medusa": lambda t, d, out, **kw: medusa.train(t, d, out, lr=1e-2, batch_tokens=64, vocab=300, **kw),
-    "eagle": lambda t, d, out, **kw: eagle.train(t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64,
-                                                 layers="0,1", **kw),
-    "draft": lambda t, d, out, **kw: draft.train(t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64, **kw),
+    "eagle": lambda t, d, out, **kw: eagle.train(
+        t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64, layers="0,1", **kw
+    ),
+    "draft": lambda t, d, out, **kw: draft.train(
+        t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64, **kw
+    ),
 }
 
 
@@ -141,21 +150,27 @@ def test_the_hass_top_k_term_is_the_cross_entropy_over_the_teachers_top_k_tokens
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_training_with_the_top_k_term_lowers_the_loss_and_records_it(target, data_dir, tmp_path, kind):
-    result = TRAINERS[kind](target, data_dir, tmp_path / kind, steps=20, save_every=10, topk=10, topk_weight=0.5)
+    result = TRAINERS[kind](
+        target, data_dir, tmp_path / kind, steps=20, save_every=10, topk=10, topk_weight=0.5
+    )
     assert sum(result.losses[-5:]) / 5 < 0.8 * sum(result.losses[:3]) / 3
     config = json.loads((tmp_path / kind / "config.json").read_text())
     assert config["train"]["topk"] == 10 and config["train"]["topk_weight"] == 0.5
 
 
 @pytest.mark.parametrize("kind", TRAINERS)
-def test_bf16_autocast_training_lowers_the_loss_and_resumes_to_the_same_state(target, data_dir, tmp_path, kind):
+def test_bf16_autocast_training_lowers_the_loss_and_resumes_to_the_same_state(
+    target, data_dir, tmp_path, kind
+):
     whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=20, save_every=5, amp="bf16")
     assert sum(whole.losses[-5:]) / 5 < 0.8 * sum(whole.losses[:3]) / 3
     fp32 = TRAINERS[kind](target, data_dir, tmp_path / "fp32", steps=2, save_every=5)
     assert whole.losses[0] != fp32.losses[0]  # the forward did run in bf16
     assert json.loads((tmp_path / "whole" / "config.json").read_text())["train"]["amp"] == "bf16"
     TRAINERS[kind](target, data_dir, tmp_path / "split", steps=20, save_every=5, amp="bf16", stop_after=10)
-    resumed = TRAINERS[kind](target, data_dir, tmp_path / "split", steps=20, save_every=5, amp="bf16", resume=True)
+    resumed = TRAINERS[kind](
+        target, data_dir, tmp_path / "split", steps=20, save_every=5, amp="bf16", resume=True
+    )
     assert resumed.losses == whole.losses
     with pytest.raises(UserError, match="amp: expected fp32 or bf16"):
         TRAINERS[kind](target, data_dir, tmp_path / "bad", steps=2, amp="fp16")
@@ -164,7 +179,9 @@ def test_bf16_autocast_training_lowers_the_loss_and_resumes_to_the_same_state(ta
 def test_eagle_trains_further_from_a_checkpoint(target, data_dir, tmp_path):
     first = TRAINERS["eagle"](target, data_dir, tmp_path / "a", steps=20, save_every=20)
     kw = dict(batch_tokens=128, vocab=300, window=64, steps=1, save_every=1, init=str(tmp_path / "a"))
-    same = eagle.train(target, data_dir, tmp_path / "b", lr=0.0, **kw)  # no update: it exports what it started from
+    same = eagle.train(
+        target, data_dir, tmp_path / "b", lr=0.0, **kw
+    )  # no update: it exports what it started from
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert same.losses[0] < 0.8 * first.losses[0]  # it starts where the first run ended, not from scratch
@@ -176,8 +193,12 @@ def test_eagle_trains_further_from_a_checkpoint(target, data_dir, tmp_path):
 @pytest.mark.parametrize("kind", TRAINERS)
 def test_resume_after_a_kill_reaches_the_same_state(target, data_dir, tmp_path, kind):
     whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=12, save_every=4, seed=3)
-    TRAINERS[kind](target, data_dir, tmp_path / "split", steps=12, save_every=4, seed=3, stop_after=6)  # killed at 6
-    resumed = TRAINERS[kind](target, data_dir, tmp_path / "split", steps=12, save_every=4, seed=3, resume=True)
+    TRAINERS[kind](
+        target, data_dir, tmp_path / "split", steps=12, save_every=4, seed=3, stop_after=6
+    )  # killed at 6
+    resumed = TRAINERS[kind](
+        target, data_dir, tmp_path / "split", steps=12, save_every=4, seed=3, resume=True
+    )
     assert resumed.losses == whole.losses
     a = torch.load(tmp_path / "whole" / "train_state.pt", weights_only=False)["module"]
     b = torch.load(tmp_path / "split" / "train_state.pt", weights_only=False)["module"]
@@ -186,7 +207,9 @@ def test_resume_after_a_kill_reaches_the_same_state(target, data_dir, tmp_path, 
 
 @pytest.mark.parametrize("kind", TRAINERS)
 def test_held_out_scores_keep_the_best_drafter_and_survive_a_resume(target, data_dir, tmp_path, kind):
-    whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=12, save_every=4, val=0.3, eval_every=4)
+    whole = TRAINERS[kind](
+        target, data_dir, tmp_path / "whole", steps=12, save_every=4, val=0.3, eval_every=4
+    )
     saved = json.loads((tmp_path / "whole" / "losses.json").read_text())["val"]
     assert [h["step"] for h in saved] == [4, 8, 12] and all(0 <= h["score"] <= 1 for h in saved)
     first = "top1" if kind == "draft" else "top1_0"  # the score is position 1's agreement
@@ -197,19 +220,34 @@ def test_held_out_scores_keep_the_best_drafter_and_survive_a_resume(target, data
     best = max(saved, key=lambda h: h["score"])  # written when it was scored: the first best one
     assert json.loads((tmp_path / "whole" / "best" / "config.json").read_text())["kind"] == kind
     if best["step"] == 12:
-        assert load_file(tmp_path / "whole" / "best" / "model.safetensors").keys() == \
-            load_file(tmp_path / "whole" / "model.safetensors").keys()
-    TRAINERS[kind](target, data_dir, tmp_path / "split", steps=12, save_every=4, val=0.3, eval_every=4, stop_after=6)
-    resumed = TRAINERS[kind](target, data_dir, tmp_path / "split", steps=12, save_every=4, val=0.3, eval_every=4,
-                             resume=True)
+        assert (
+            load_file(tmp_path / "whole" / "best" / "model.safetensors").keys()
+            == load_file(tmp_path / "whole" / "model.safetensors").keys()
+        )
+    TRAINERS[kind](
+        target, data_dir, tmp_path / "split", steps=12, save_every=4, val=0.3, eval_every=4, stop_after=6
+    )
+    resumed = TRAINERS[kind](
+        target, data_dir, tmp_path / "split", steps=12, save_every=4, val=0.3, eval_every=4, resume=True
+    )
     assert resumed.losses == whole.losses
     assert json.loads((tmp_path / "split" / "losses.json").read_text())["val"] == saved
 
 
 def test_patience_ends_a_run_whose_held_out_score_stops_improving(target, data_dir, tmp_path):
     # lr 0: the score never improves on the first one, so two more evaluations end the run
-    result = medusa.train(target, data_dir, tmp_path / "m", lr=0.0, batch_tokens=64, vocab=300, steps=40, val=0.3,
-                          eval_every=2, patience=2)
+    result = medusa.train(
+        target,
+        data_dir,
+        tmp_path / "m",
+        lr=0.0,
+        batch_tokens=64,
+        vocab=300,
+        steps=40,
+        val=0.3,
+        eval_every=2,
+        patience=2,
+    )
     assert len(result.losses) == 6
     history = json.loads((tmp_path / "m" / "losses.json").read_text())["val"]
     assert [h["step"] for h in history] == [2, 4, 6] and len({h["score"] for h in history}) == 1
@@ -236,23 +274,99 @@ def test_resume_without_a_checkpoint_is_a_user_error(target, data_dir, tmp_path)
 
 def test_train_cli_data_then_medusa(tiny_model_dir, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "The quick brown fox"}) + "\n" + json.dumps({"prompt": "def f(n):"}))
+    prompts.write_text(
+        json.dumps({"prompt": "The quick brown fox"}) + "\n" + json.dumps({"prompt": "def f(n):"})
+    )
     args = ["--target", tiny_model_dir, "--device", "cpu"]
-    assert main(["train", "data", "--prompts", str(prompts), "--exclude", "", "--out", str(tmp_path / "d"),
-                 "--max-new-tokens", "16", *args]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "data",
+                "--prompts",
+                str(prompts),
+                "--exclude",
+                "",
+                "--out",
+                str(tmp_path / "d"),
+                "--max-new-tokens",
+                "16",
+                *args,
+            ]
+        )
+        == 0
+    )
     assert "2 sequences" in capsys.readouterr().out
-    assert main(["train", "medusa", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m"), "--steps", "3",
-                 "--vocab", "100", "--set", "num_heads=2", *args]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "medusa",
+                "--data",
+                str(tmp_path / "d"),
+                "--out",
+                str(tmp_path / "m"),
+                "--steps",
+                "3",
+                "--vocab",
+                "100",
+                "--set",
+                "num_heads=2",
+                *args,
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "m" / "config.json").read_text())["num_heads"] == 2
-    assert main(["generate", "hello", "--drafter", f"medusa:{tmp_path / 'm'}", "--max-new-tokens", "8", *args]) == 0
-    assert main(["train", "medusa", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m2"), *args]) == 2
+    assert (
+        main(["generate", "hello", "--drafter", f"medusa:{tmp_path / 'm'}", "--max-new-tokens", "8", *args])
+        == 0
+    )
+    assert (
+        main(["train", "medusa", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m2"), *args])
+        == 2
+    )
     capsys.readouterr()
-    assert main(["train", "eagle", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m3"), "--resume",
-                 "--target", str(tmp_path / "no-model")]) == 2  # refused before the target is even looked for
+    assert (
+        main(
+            [
+                "train",
+                "eagle",
+                "--data",
+                str(tmp_path / "d"),
+                "--out",
+                str(tmp_path / "m3"),
+                "--resume",
+                "--target",
+                str(tmp_path / "no-model"),
+            ]
+        )
+        == 2
+    )  # refused before the target is even looked for
     assert "no training state" in capsys.readouterr().err
-    assert main(["train", "eagle", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m4"), "--set", "topk=4",
-                 "--set", "ttt=3", "--target", str(tmp_path / "no-model")]) == 2  # a misspelt setting: refused first
-    assert "--set ttt: not a setting of `train eagle`" in capsys.readouterr().err and not (tmp_path / "m4").exists()
+    assert (
+        main(
+            [
+                "train",
+                "eagle",
+                "--data",
+                str(tmp_path / "d"),
+                "--out",
+                str(tmp_path / "m4"),
+                "--set",
+                "topk=4",
+                "--set",
+                "ttt=3",
+                "--target",
+                str(tmp_path / "no-model"),
+            ]
+        )
+        == 2
+    )  # a misspelt setting: refused first
+    assert (
+        "--set ttt: not a setting of `train eagle`" in capsys.readouterr().err
+        and not (tmp_path / "m4").exists()
+    )
 
 
 def test_a_lora_adapter_starts_as_the_base_and_merges_to_the_same_linear():
@@ -273,7 +387,9 @@ def test_a_lora_adapter_starts_as_the_base_and_merges_to_the_same_linear():
     adapted = model.q_proj(x)
     state = lora.merged_state_dict(model)
     assert sorted(state) == ["other.bias", "other.weight", "q_proj.bias", "q_proj.weight"]
-    torch.testing.assert_close(torch.nn.functional.linear(x, state["q_proj.weight"], state["q_proj.bias"]), adapted)
+    torch.testing.assert_close(
+        torch.nn.functional.linear(x, state["q_proj.weight"], state["q_proj.bias"]), adapted
+    )
     lora.merge(model)
     assert isinstance(model.q_proj, nn.Linear)
     torch.testing.assert_close(model.q_proj(x), adapted)
@@ -287,13 +403,28 @@ def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tm
     from specdecode.core.sampling import SamplingParams
 
     fresh = TRAINERS["draft"](target, data_dir, tmp_path / "base", steps=6)
-    result = draft.train(target, data_dir, tmp_path / "tuned", lr=1e-2, batch_tokens=128, vocab=300, window=64,
-                         steps=10, init=str(tmp_path / "base"), lora=2)
+    result = draft.train(
+        target,
+        data_dir,
+        tmp_path / "tuned",
+        lr=1e-2,
+        batch_tokens=128,
+        vocab=300,
+        window=64,
+        steps=10,
+        init=str(tmp_path / "base"),
+        lora=2,
+    )
     assert result.losses[0] < fresh.losses[0]  # the same first batch, scored by the trained checkpoint
-    base, tuned = load_file(tmp_path / "base" / "model.safetensors"), load_file(tmp_path / "tuned" / "model.safetensors")
+    base, tuned = (
+        load_file(tmp_path / "base" / "model.safetensors"),
+        load_file(tmp_path / "tuned" / "model.safetensors"),
+    )
     assert base.keys() == tuned.keys()  # adapters are merged: an ordinary draft checkpoint
     linears = [k for k in base if k.endswith("proj.weight")]
-    assert len(linears) == 7 and all(torch.equal(base[k], tuned[k]) for k in base if k not in linears)  # frozen
+    assert len(linears) == 7 and all(
+        torch.equal(base[k], tuned[k]) for k in base if k not in linears
+    )  # frozen
     for k in linears:  # each linear moved by a rank-2 update (plus bf16 rounding)
         s = torch.linalg.svdvals(tuned[k].float() - base[k].float())
         assert s[1] > 0 and s[2] < 0.05 * s[1]  # two directions, then only rounding noise
@@ -315,17 +446,38 @@ def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tm
 
 
 def test_the_recipe_script_trains_all_three_sharing_one_feature_store_and_skips_finished_ones(
-        tiny_model_dir, data_dir, tmp_path):
+    tiny_model_dir, data_dir, tmp_path
+):
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "train_drafters.sh"
-    env = {**os.environ, "EAGLE_STEPS": "2", "MEDUSA_STEPS": "2", "DRAFT_STEPS": "2", "AMP": "fp32",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    command = ["bash", str(script), str(data_dir), str(tmp_path / "out"), "--target", tiny_model_dir, "--device", "cpu",
-               "--threads", "1", "--batch-tokens", "64", "--vocab", "100"]
+    env = {
+        **os.environ,
+        "EAGLE_STEPS": "2",
+        "MEDUSA_STEPS": "2",
+        "DRAFT_STEPS": "2",
+        "AMP": "fp32",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    command = [
+        "bash",
+        str(script),
+        str(data_dir),
+        str(tmp_path / "out"),
+        "--target",
+        tiny_model_dir,
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--batch-tokens",
+        "64",
+        "--vocab",
+        "100",
+    ]
     first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     for kind in ("eagle", "medusa", "draft"):
@@ -336,14 +488,30 @@ def test_the_recipe_script_trains_all_three_sharing_one_feature_store_and_skips_
     assert again.returncode == 0 and again.stdout.count(": done (") == 3
 
 
-def test_a_bf16_feature_source_keeps_its_own_store_entries_and_serves_losslessly(tiny_model_dir, data_dir, tmp_path):
+def test_a_bf16_feature_source_keeps_its_own_store_entries_and_serves_losslessly(
+    tiny_model_dir, data_dir, tmp_path
+):
     from helpers import assert_lossless
     from specdecode import drafters
     from specdecode.backends import models
 
     store = tmp_path / "store"
-    common = ["--data", str(data_dir), "--features", str(store), "--target", tiny_model_dir, "--device", "cpu",
-              "--steps", "3", "--vocab", "300", "--set", "num_heads=2"]
+    common = [
+        "--data",
+        str(data_dir),
+        "--features",
+        str(store),
+        "--target",
+        tiny_model_dir,
+        "--device",
+        "cpu",
+        "--steps",
+        "3",
+        "--vocab",
+        "300",
+        "--set",
+        "num_heads=2",
+    ]
     assert main(["train", "medusa", *common, "--out", str(tmp_path / "fp32"), "--dtype", "fp32"]) == 0
     fp32_files = len(list(store.iterdir()))
     assert main(["train", "medusa", *common, "--out", str(tmp_path / "bf16"), "--dtype", "bf16"]) == 0

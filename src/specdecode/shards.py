@@ -68,10 +68,15 @@ def write(path: str | Path, seqs: list[Sequence], target: dict) -> None:
         raise UserError(f"token ids out of range for a shard (min {min(ids)}, max {max(ids)})")
     dtype = "uint16" if not ids or max(ids) < 2**16 else "uint32"
     body = zlib.compress(_pack(ids, dtype), 6)
-    header = json.dumps({
-        "target": target, "dtype": dtype, "crc32": zlib.crc32(body), "body_bytes": len(body),
-        "sequences": [[s.id, s.category, s.source, len(s.prompt_ids), len(s.response_ids)] for s in seqs],
-    }).encode()
+    header = json.dumps(
+        {
+            "target": target,
+            "dtype": dtype,
+            "crc32": zlib.crc32(body),
+            "body_bytes": len(body),
+            "sequences": [[s.id, s.category, s.source, len(s.prompt_ids), len(s.response_ids)] for s in seqs],
+        }
+    ).encode()
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(MAGIC + len(header).to_bytes(4, "little") + header + body)
@@ -97,14 +102,23 @@ def read(path: str | Path, target: dict | None = None) -> list[Sequence]:
     if len(body) != header["body_bytes"] or zlib.crc32(body) != header["crc32"]:
         raise UserError(f"shard {path}: truncated or corrupt (CRC mismatch)")
     if target is not None and header["target"] != target:
-        raise UserError(f"shard {path} holds responses of target {header['target'].get('name')!r} "
-                        f"(fingerprint {header['target'].get('fingerprint')}), not of {target.get('name')!r} "
-                        f"(fingerprint {target.get('fingerprint')})")
+        raise UserError(
+            f"shard {path} holds responses of target {header['target'].get('name')!r} "
+            f"(fingerprint {header['target'].get('fingerprint')}), not of {target.get('name')!r} "
+            f"(fingerprint {target.get('fingerprint')})"
+        )
     ids = _unpack(zlib.decompress(body), header["dtype"])
     seqs, at = [], 0
     for sid, category, source, n_prompt, n_response in header["sequences"]:
-        seqs.append(Sequence(sid, category, ids[at : at + n_prompt], ids[at + n_prompt : at + n_prompt + n_response],
-                             source))
+        seqs.append(
+            Sequence(
+                sid,
+                category,
+                ids[at : at + n_prompt],
+                ids[at + n_prompt : at + n_prompt + n_response],
+                source,
+            )
+        )
         at += n_prompt + n_response
     if at != len(ids):
         raise UserError(f"shard {path}: header and body disagree ({at} vs {len(ids)} ids)")

@@ -92,7 +92,9 @@ class BatchedLlama:
         m = len(indices)
         if indices != list(range(length, length + m)):
             idx = torch.tensor(indices, dtype=torch.long, device=self.device)
-            self.k_cache[:, slot, :, length : length + m] = self.k_cache[:, slot, :, idx]  # gather copies first
+            self.k_cache[:, slot, :, length : length + m] = self.k_cache[
+                :, slot, :, idx
+            ]  # gather copies first
             self.v_cache[:, slot, :, length : length + m] = self.v_cache[:, slot, :, idx]
         self.lengths[slot] = length + m
 
@@ -117,9 +119,15 @@ class BatchedLlama:
 
     def _ensure_capacity(self, needed: int) -> None:
         f = self.fast
-        self.k_cache, self.v_cache = grow_kv(self.k_cache, self.v_cache, needed, self.max_length,
-                                             (len(f.layers), self.slots, f.kv_heads, f.head_dim), self.dtype,
-                                             self.device)
+        self.k_cache, self.v_cache = grow_kv(
+            self.k_cache,
+            self.v_cache,
+            needed,
+            self.max_length,
+            (len(f.layers), self.slots, f.kv_heads, f.head_dim),
+            self.dtype,
+            self.device,
+        )
 
     @torch.inference_mode()
     def forward(self, rows: list[Row]) -> list[Output]:
@@ -143,7 +151,9 @@ class BatchedLlama:
         slot_of = slot_t[row_of]  # [N]
         # query t of row b (position start_b + t) sees keys 0..start_b + t of its own slot
         keys = torch.arange(l_max, device=dev)
-        mask = keys[None, None, :] <= (start_t[:, None] + torch.arange(s_max, device=dev)[None, :])[:, :, None]
+        mask = (
+            keys[None, None, :] <= (start_t[:, None] + torch.arange(s_max, device=dev)[None, :])[:, :, None]
+        )
         rotary = pos
         if any(r.tree_mask is not None for r in rows):
             rotary = pos.clone()
@@ -151,15 +161,21 @@ class BatchedLlama:
                 if r.tree_mask is not None:  # a tree's last t tokens see each other only as its mask says
                     rotary[o : o + n] = r.positions.to(dev)
                     mask[i, :n, end - r.tree_mask.shape[1] : end] = r.tree_mask.to(dev)
-        ropes = {kind: (cos[rotary], sin[rotary]) for kind, (cos, sin) in f.rope.items()}  # kind -> [N, d] each
+        ropes = {
+            kind: (cos[rotary], sin[rotary]) for kind, (cos, sin) in f.rope.items()
+        }  # kind -> [N, d] each
         masks = {None: mask[:, None]}  # window (None: whole context) -> [B, 1, S, L]
         windows = {layer.window for layer in f.layers if layer.window}
-        if windows:  # sliding-window layers (Gemma 3): the query at rotary position p sees no key before p - w + 1
+        if (
+            windows
+        ):  # sliding-window layers (Gemma 3): the query at rotary position p sees no key before p - w + 1
             qpos = torch.zeros(b, s_max, dtype=torch.long, device=dev)
             qpos[row_of, t_of] = rotary
             masks |= {w: (mask & (qpos[:, :, None] - keys[None, None, :] < w))[:, None] for w in windows}
-        groups = [_Group(idx, counts, ends, slot_ids, row_of, t_of, masks, dev)
-                  for idx in _attention_groups(counts, ends)]
+        groups = [
+            _Group(idx, counts, ends, slot_ids, row_of, t_of, masks, dev)
+            for idx in _attention_groups(counts, ends)
+        ]
         for g in groups:  # a lone prefill chunk (no tree) on the CPU: two flash calls instead of a masked one
             (r,) = g.rows if len(g.rows) == 1 else (None,)
             if r is not None and counts[r] > SHORT_ROW and rows[r].tree_mask is None and dev.type == "cpu":
@@ -176,15 +192,24 @@ class BatchedLlama:
             for g in groups:
                 if g.chunk is not None and layer.window is None:
                     slot, start, end = g.chunk
-                    attn = chunk_attention(q[g.tokens].transpose(0, 1), self.k_cache[i][slot, :, :end],
-                                           self.v_cache[i][slot, :, :end], start, f.qk_scale)  # [h, n, d]
+                    attn = chunk_attention(
+                        q[g.tokens].transpose(0, 1),
+                        self.k_cache[i][slot, :, :end],
+                        self.v_cache[i][slot, :, :end],
+                        start,
+                        f.qk_scale,
+                    )  # [h, n, d]
                     out[g.tokens] = attn.transpose(0, 1).reshape(-1, h * d)
                     continue
                 q_pad = q.new_zeros(len(g.rows), g.s, h, d)
                 q_pad[g.row_of, g.t_of] = q[g.tokens]
                 attn = F.scaled_dot_product_attention(
-                    q_pad.transpose(1, 2), self.k_cache[i][g.sel, :, : g.l], self.v_cache[i][g.sel, :, : g.l],
-                    attn_mask=g.masks[layer.window], enable_gqa=True, scale=f.qk_scale,
+                    q_pad.transpose(1, 2),
+                    self.k_cache[i][g.sel, :, : g.l],
+                    self.v_cache[i][g.sel, :, : g.l],
+                    attn_mask=g.masks[layer.window],
+                    enable_gqa=True,
+                    scale=f.qk_scale,
                 )  # [B_g, h, S_g, d]
                 out[g.tokens] = attn.transpose(1, 2)[g.row_of, g.t_of].reshape(-1, h * d)
             x = layer.finish(x, out, f.eps)
@@ -213,8 +238,9 @@ SHORT_ROW = 16  # rows of at most this many tokens (decoding, verification) shar
 SHORT_CONTEXT = 256  # ... when their contexts are alike (_attention_groups)
 
 
-def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
-                    scale: float | None = None) -> torch.Tensor:
+def chunk_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float | None = None
+) -> torch.Tensor:
     """Attention of a prefill chunk after `start` cached tokens (CPU): q [h, n, d] at positions
     start..start+n-1, k and v [kvh, start+n, d] -> [h, n, d]; each query sees every earlier key.
 
@@ -261,7 +287,9 @@ class _Group:
 
     def __init__(self, rows, counts, ends, slot_ids, row_of, t_of, masks, dev):
         self.rows, self.s, self.l = rows, max(counts[i] for i in rows), max(ends[i] for i in rows)
-        self.chunk: tuple[int, int, int] | None = None  # (slot, start, end): a lone prefill chunk (chunk_attention)
+        self.chunk: tuple[int, int, int] | None = (
+            None  # (slot, start, end): a lone prefill chunk (chunk_attention)
+        )
         local = torch.full((len(counts),), -1, dtype=torch.long)
         local[rows] = torch.arange(len(rows))
         local = local.to(dev)
@@ -296,5 +324,13 @@ class PerSlotLM:
         self.seqs[slot].keep(length, indices)
 
     def forward(self, rows: list[Row]) -> list[Output]:
-        return [self.seqs[r.slot].forward(r.tokens, num_logits=r.num_logits, layers=r.layers, positions=r.positions,
-                                          tree_mask=r.tree_mask) for r in rows]
+        return [
+            self.seqs[r.slot].forward(
+                r.tokens,
+                num_logits=r.num_logits,
+                layers=r.layers,
+                positions=r.positions,
+                tree_mask=r.tree_mask,
+            )
+            for r in rows
+        ]

@@ -43,7 +43,11 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight, self.bias, self.packed = weight, bias, None
         self.out_features = weight.shape[0]
-        if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        if (
+            weight.device.type == "cpu"
+            and weight.dtype == torch.float32
+            and torch.backends.mkldnn.is_available()
+        ):
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
                 self.weight = None  # the packed copy replaces it (for fused q|k|v, gate|up: frees the cat)
@@ -113,8 +117,16 @@ def pack_linears(module: nn.Module, ops=None) -> nn.Module:
 
 
 class Layer:
-    def __init__(self, hf_layer, linear, norm_dtype: torch.dtype, act=F.silu, norm_offset: float = 0.0,
-                 rope_kind: str = "full_attention", window: int | None = None):
+    def __init__(
+        self,
+        hf_layer,
+        linear,
+        norm_dtype: torch.dtype,
+        act=F.silu,
+        norm_offset: float = 0.0,
+        rope_kind: str = "full_attention",
+        window: int | None = None,
+    ):
         """linear: (weight, bias) -> a callable x -> x W^T + b (Linear or FusedLinear); act: the MLP's
         gate activation; norm_offset: 1 for Gemma's (1 + w) RMSNorm weights; rope_kind: which rotary
         table (Gemma 3: local or global); window: sliding-window layers see the last `window` positions."""
@@ -124,7 +136,9 @@ class Layer:
         # Gemma 3 norms the attention and MLP outputs too, and names its pre-MLP norm apart
         sandwich = hasattr(hf_layer, "pre_feedforward_layernorm")
         self.norm1 = weight(hf_layer.input_layernorm)
-        self.norm2 = weight(hf_layer.pre_feedforward_layernorm if sandwich else hf_layer.post_attention_layernorm)
+        self.norm2 = weight(
+            hf_layer.pre_feedforward_layernorm if sandwich else hf_layer.post_attention_layernorm
+        )
         self.post_attn_norm = weight(hf_layer.post_attention_layernorm) if sandwich else None
         self.post_mlp_norm = weight(hf_layer.post_feedforward_layernorm) if sandwich else None
         # Qwen3 and Gemma 3: each head's q and k RMS-normed before the rotary embedding
@@ -132,7 +146,8 @@ class Layer:
         if hasattr(attn, "qkv_proj"):  # Phi-3: q|k|v and gate|up already fused in the checkpoint
             mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             self.qkv, self.o, self.gate_up, self.down = (
-                quant.Int8Linears([m]) if quant.is_int8(m) else linear(m.weight, m.bias) for m in mods)
+                quant.Int8Linears([m]) if quant.is_int8(m) else linear(m.weight, m.bias) for m in mods
+            )
             return
         if quant.is_int8(attn.q_proj):  # quant.quantize ran on the HF model: call its int8 weights
             self.qkv = quant.Int8Linears([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -149,8 +164,9 @@ class Layer:
         self.gate_up = linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
         self.down = linear(mlp.down_proj.weight, None)
 
-    def attention_inputs(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
-                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def attention_inputs(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, hidden] rows (any sequences), cos/sin: [N, d] each row's rotary position
         -> q [N, heads, d], k and v [N, kv_heads, d], q and k rotated."""
         qkv = self.norm_qk(self.qkv(rms_norm(x, self.norm1, eps)), heads, kv_heads, eps)
@@ -202,8 +218,9 @@ def check_config(cfg, max_length: int | None) -> None:
         raise ValueError(f"FastLlama does not support model_type {cfg.model_type!r}")
     if getattr(cfg, "mlp_bias", False) or _activation(cfg) not in ACTIVATIONS:
         raise ValueError(f"FastLlama supports bias-free silu and gelu-tanh MLPs, not {cfg.model_type}'s")
-    if cfg.model_type in GEMMA and (getattr(cfg, "attn_logit_softcapping", None) or
-                                    getattr(cfg, "final_logit_softcapping", None)):
+    if cfg.model_type in GEMMA and (
+        getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "final_logit_softcapping", None)
+    ):
         raise ValueError("FastLlama has no logit soft-capping (Gemma 2 style)")
     window = getattr(cfg, "sliding_window", None)
     uses_window = getattr(cfg, "use_sliding_window", cfg.model_type == "mistral")
@@ -295,16 +312,33 @@ class FastLlama:
         self.final_norm = norm_weight(hf_model.model.norm, offset, self.dtype)
         kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
         with torch.no_grad():
-            self.layers = [Layer(layer, linear, self.dtype, ACTIVATIONS[_activation(cfg)], offset, kind,
-                                 cfg.sliding_window if kind == "sliding_attention" else None)
-                           for layer, kind in zip(hf_model.model.layers, kinds)]
+            self.layers = [
+                Layer(
+                    layer,
+                    linear,
+                    self.dtype,
+                    ACTIVATIONS[_activation(cfg)],
+                    offset,
+                    kind,
+                    cfg.sliding_window if kind == "sliding_attention" else None,
+                )
+                for layer, kind in zip(hf_model.model.layers, kinds)
+            ]
             # cos/sin for every position from HF's own rotary module (covers rope scaling variants;
             # Gemma 3 keeps one table per layer kind)
             positions = torch.arange(self.max_length, device=self.device)[None]
             probe = torch.empty(0, dtype=self.dtype, device=self.device)
-            self.rope = {kind: tuple(t[0] for t in (hf_model.model.rotary_emb(probe, positions, kind) if gemma else
-                                                    hf_model.model.rotary_emb(probe, positions)))
-                         for kind in set(kinds)}  # kind -> (cos, sin) [max_length, head_dim]
+            self.rope = {
+                kind: tuple(
+                    t[0]
+                    for t in (
+                        hf_model.model.rotary_emb(probe, positions, kind)
+                        if gemma
+                        else hf_model.model.rotary_emb(probe, positions)
+                    )
+                )
+                for kind in set(kinds)
+            }  # kind -> (cos, sin) [max_length, head_dim]
             self.cos, self.sin = self.rope.get("full_attention", next(iter(self.rope.values())))
         self.k_cache = self.v_cache = None
         self.reset()
@@ -316,20 +350,35 @@ class FastLlama:
         self.length = min(self.length, length)
 
     def _ensure_capacity(self, needed: int) -> None:
-        self.k_cache, self.v_cache = grow_kv(self.k_cache, self.v_cache, needed, self.max_length,
-                                             (len(self.layers), 1, self.kv_heads, self.head_dim), self.dtype,
-                                             self.device)
+        self.k_cache, self.v_cache = grow_kv(
+            self.k_cache,
+            self.v_cache,
+            needed,
+            self.max_length,
+            (len(self.layers), 1, self.kv_heads, self.head_dim),
+            self.dtype,
+            self.device,
+        )
 
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
         """tokens: [n] -> logits [n, V] float32 (last num_logits rows if > 0); appends to the cache."""
         return self.forward(tokens, num_logits=num_logits).logits
 
-    def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    def extend_tree(
+        self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor
+    ) -> torch.Tensor:
         return self.forward(tokens, positions=positions, tree_mask=tree_mask).logits
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, *, num_logits: int = 0, layers: tuple[int, ...] = (),
-                positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> Output:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        *,
+        num_logits: int = 0,
+        layers: tuple[int, ...] = (),
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+    ) -> Output:
         """As CausalLM.forward. tokens: [n] into cache slots length..length+n-1. A chain's query i
         (position start+i) sees keys 0..start+i; a tree's token i sits at rotary position
         positions[i] and attends to slot j of the last t slots where tree_mask[i, j], and to every
@@ -343,12 +392,20 @@ class FastLlama:
             mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)  # [n, start+n]
         else:
             # a fresh prefill is plain causal attention: SDPA's fused causal kernel, no [n, n] mask
-            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start) if n > 1 and start else None
+            mask = (
+                torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)
+                if n > 1 and start
+                else None
+            )
             positions = torch.arange(start, start + n, device=self.device)
         ropes = {kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self.rope.items()}
-        masks = {None: mask} | {w: _window(mask, positions, start + n, w) for w in {l.window for l in self.layers} if w}
+        masks = {None: mask} | {
+            w: _window(mask, positions, start + n, w) for w in {l.window for l in self.layers} if w
+        }
         ids = layer_ids(layers, len(self.layers))
-        forward = self._forward_fused if self.kernels is not None and n <= _FUSED_MAX_TOKENS else self._forward
+        forward = (
+            self._forward_fused if self.kernels is not None and n <= _FUSED_MAX_TOKENS else self._forward
+        )
         logits, captured = forward(tokens, ropes, masks, num_logits, set(ids))
         return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)
 
@@ -389,8 +446,13 @@ class FastLlama:
             self.k_cache[i, 0, :, start:end] = k.transpose(0, 1)
             self.v_cache[i, 0, :, start:end] = v.transpose(0, 1)
             attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end], attn_mask=mask,
-                is_causal=mask is None and n > 1, enable_gqa=True, scale=self.qk_scale,
+                q.transpose(0, 1)[None],
+                self.k_cache[i, :, :, :end],
+                self.v_cache[i, :, :, :end],
+                attn_mask=mask,
+                is_causal=mask is None and n > 1,
+                enable_gqa=True,
+                scale=self.qk_scale,
             )  # [1, h, n, d]
             x = layer.finish(x, attn[0].transpose(0, 1).reshape(n, h * d), self.eps)
             if i in capture:
@@ -398,7 +460,9 @@ class FastLlama:
         self.length = end
         x = rms_norm(x, self.final_norm, self.eps)
         if len(self.layers) - 1 in capture:
-            captured[len(self.layers) - 1] = x  # as HF's output_hidden_states: the last entry is after the norm
+            captured[len(self.layers) - 1] = (
+                x  # as HF's output_hidden_states: the last entry is after the norm
+            )
         if num_logits:
             x = x[-num_logits:]
         return self.lm_head(x).float(), captured
@@ -406,15 +470,26 @@ class FastLlama:
     def _forward_fused(self, tokens, ropes, masks, num_logits: int, capture: set[int]):
         """_forward with kernels.cpp between the matmuls: one call per group of small ops."""
         ops, n, start = self.kernels, tokens.shape[0], self.length
-        x = self.embed_tokens(tokens).float().contiguous()  # [n, hidden], the residual stream, updated in place
+        x = (
+            self.embed_tokens(tokens).float().contiguous()
+        )  # [n, hidden], the residual stream, updated in place
         xn = ops.add_rms_norm(x, None, self.layers[0].norm1, self.eps)
         norms = [layer.norm1 for layer in self.layers[1:]] + [self.final_norm]  # the norm after each layer
         ropes = {kind: (cos.contiguous(), sin.contiguous()) for kind, (cos, sin) in ropes.items()}
         captured = {}
         for i, layer in enumerate(self.layers):
             qkv = layer.norm_qk(layer.qkv(xn), self.heads, self.kv_heads, self.eps)
-            attn = ops.attention(qkv, self.k_cache[i, 0], self.v_cache[i, 0], *ropes[layer.rope_kind],
-                                 masks[layer.window], start, self.heads, self.kv_heads, self.qk_scale or 0.0)  # [n, h*d]
+            attn = ops.attention(
+                qkv,
+                self.k_cache[i, 0],
+                self.v_cache[i, 0],
+                *ropes[layer.rope_kind],
+                masks[layer.window],
+                start,
+                self.heads,
+                self.kv_heads,
+                self.qk_scale or 0.0,
+            )  # [n, h*d]
             o = layer.o(attn)
             if layer.post_attn_norm is not None:
                 o = ops.add_rms_norm(o, None, layer.post_attn_norm, self.eps)
@@ -432,5 +507,7 @@ class FastLlama:
                 captured[i] = x.clone()
         self.length = start + n
         if len(self.layers) - 1 in capture:
-            captured[len(self.layers) - 1] = xn  # as HF's output_hidden_states: the last entry is after the norm
+            captured[len(self.layers) - 1] = (
+                xn  # as HF's output_hidden_states: the last entry is after the norm
+            )
         return self.lm_head(xn[-num_logits:] if num_logits else xn).float(), captured

@@ -63,8 +63,9 @@ def concat(matrices: list[QuantMatrix]) -> QuantMatrix | None:
     """Row-wise concatenation (fused q|k|v, gate|up), or None when the layouts differ."""
     if len({m.kind for m in matrices}) != 1 or len({m.shape[1] for m in matrices}) != 1:
         return None
-    return QuantMatrix(matrices[0].kind, torch.cat([m.scales for m in matrices]),
-                       torch.cat([m.quants for m in matrices]))
+    return QuantMatrix(
+        matrices[0].kind, torch.cat([m.scales for m in matrices]), torch.cat([m.quants for m in matrices])
+    )
 
 
 def _f16(b: np.ndarray) -> torch.Tensor:  # [..., 2] uint8 -> [...] float32
@@ -73,7 +74,9 @@ def _f16(b: np.ndarray) -> torch.Tensor:  # [..., 2] uint8 -> [...] float32
 
 def _q4_0(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 18]: d, 16 bytes of nibbles
     d = _f16(blocks[..., 0:2])
-    return QuantMatrix("q4", torch.stack([d, -8 * d], -1), torch.from_numpy(blocks[..., 2:].reshape(len(blocks), -1)))
+    return QuantMatrix(
+        "q4", torch.stack([d, -8 * d], -1), torch.from_numpy(blocks[..., 2:].reshape(len(blocks), -1))
+    )
 
 
 def _q4_1(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 20]: d, m, 16 bytes of nibbles
@@ -83,7 +86,11 @@ def _q4_1(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 20]: d, m, 16 bytes of n
 
 def _q8_0(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 34]: d, 32 int8
     d = _f16(blocks[..., 0:2])
-    return QuantMatrix("q8", torch.stack([d, d], -1), torch.from_numpy(blocks[..., 2:].reshape(len(blocks), -1).view(np.int8)))
+    return QuantMatrix(
+        "q8",
+        torch.stack([d, d], -1),
+        torch.from_numpy(blocks[..., 2:].reshape(len(blocks), -1).view(np.int8)),
+    )
 
 
 def _q5_0(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 22]: d, 32 high bits, 16 bytes of low nibbles
@@ -91,7 +98,9 @@ def _q5_0(blocks: np.ndarray) -> QuantMatrix:  # [N, G, 22]: d, 32 high bits, 16
     high = np.unpackbits(np.ascontiguousarray(blocks[..., 2:6]), axis=-1, bitorder="little")  # [N, G, 32]
     low = np.concatenate([blocks[..., 6:] & 15, blocks[..., 6:] >> 4], axis=-1)  # weights 0..15, 16..31
     q = (low | (high << 4)).astype(np.int16) - 16
-    return QuantMatrix("q8", torch.stack([d, d], -1), torch.from_numpy(q.astype(np.int8).reshape(len(blocks), -1)))
+    return QuantMatrix(
+        "q8", torch.stack([d, d], -1), torch.from_numpy(q.astype(np.int8).reshape(len(blocks), -1))
+    )
 
 
 def _nibbles(v: np.ndarray) -> np.ndarray:
@@ -99,7 +108,9 @@ def _nibbles(v: np.ndarray) -> np.ndarray:
     return (v[..., :16] | (v[..., 16:] << 4)).astype(np.uint8)
 
 
-def _q4_k(blocks: np.ndarray) -> QuantMatrix:  # [N, S, 144] super-blocks of 256: d, dmin, 12 scale bytes, 128 qs
+def _q4_k(
+    blocks: np.ndarray,
+) -> QuantMatrix:  # [N, S, 144] super-blocks of 256: d, dmin, 12 scale bytes, 128 qs
     n, nsb = blocks.shape[:2]
     d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])  # [N, S]
     sb = blocks[..., 4:16].astype(np.int32)  # 8 six-bit scales and mins (ggml's get_scale_min_k4)
@@ -113,20 +124,30 @@ def _q4_k(blocks: np.ndarray) -> QuantMatrix:  # [N, S, 144] super-blocks of 256
     return QuantMatrix("q4", so, torch.from_numpy(_nibbles(q).reshape(n, -1)))
 
 
-def _q6_k(blocks: np.ndarray) -> QuantMatrix:  # [N, S, 210] super-blocks of 256: ql 128, qh 64, scales 16 int8, d
+def _q6_k(
+    blocks: np.ndarray,
+) -> QuantMatrix:  # [N, S, 210] super-blocks of 256: ql 128, qh 64, scales 16 int8, d
     n, nsb = blocks.shape[:2]
     ql = blocks[..., 0:128].reshape(n, nsb, 2, 64)
     qh = blocks[..., 128:192].reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
     low = np.stack([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=3)
     q = (low | ((qh & 3) << 4)).astype(np.int16) - 32  # [N, S, 2, 4, 32]: element 128 h + 32 t + l
-    sc = torch.from_numpy(blocks[..., 192:208].copy().view(np.int8).astype(np.float32))  # per 16 elements, in order
+    sc = torch.from_numpy(
+        blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
+    )  # per 16 elements, in order
     s = (_f16(blocks[..., 208:210])[..., None] * sc).reshape(n, nsb * 8, 2)
     return QuantMatrix("q8", s, torch.from_numpy(q.astype(np.int8).reshape(n, -1)))
 
 
 # GGML type name -> (bytes per block, weights per block, repack of [N, blocks, bytes])
-FORMATS = {"Q4_0": (18, 32, _q4_0), "Q4_1": (20, 32, _q4_1), "Q5_0": (22, 32, _q5_0), "Q8_0": (34, 32, _q8_0),
-           "Q4_K": (144, 256, _q4_k), "Q6_K": (210, 256, _q6_k)}
+FORMATS = {
+    "Q4_0": (18, 32, _q4_0),
+    "Q4_1": (20, 32, _q4_1),
+    "Q5_0": (22, 32, _q5_0),
+    "Q8_0": (34, 32, _q8_0),
+    "Q4_K": (144, 256, _q4_k),
+    "Q6_K": (210, 256, _q6_k),
+}
 
 
 def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix | torch.Tensor:
@@ -136,7 +157,9 @@ def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix
         size, per_block, fn = FORMATS[type_name]
         raw = np.ascontiguousarray(raw).reshape(raw.shape[0], -1)
         if raw.shape[1] % size:
-            raise UserError(f"GGUF tensor {name}: {raw.shape[1]} bytes per row is not a whole number of {type_name} blocks")
+            raise UserError(
+                f"GGUF tensor {name}: {raw.shape[1]} bytes per row is not a whole number of {type_name} blocks"
+            )
         return fn(raw.reshape(raw.shape[0], raw.shape[1] // size, size))
     from gguf import GGMLQuantizationType, quants
 
@@ -144,8 +167,10 @@ def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix
         qtype = GGMLQuantizationType[type_name]
         return torch.from_numpy(np.ascontiguousarray(quants.dequantize(raw, qtype), dtype=np.float32))
     except (KeyError, NotImplementedError) as e:
-        raise UserError(f"GGUF tensor {name} has type {type_name}, which neither specdecode's kernels nor the "
-                        f"gguf package can read") from e
+        raise UserError(
+            f"GGUF tensor {name} has type {type_name}, which neither specdecode's kernels nor the "
+            f"gguf package can read"
+        ) from e
 
 
 class QuantLinear:
@@ -159,8 +184,11 @@ class QuantLinear:
         instead of float32 x dequantized weights."""
         self.ops, self.parts = ops, []
         self.dequantizers = {"q4": ops.dequantize_q4, "q8": ops.dequantize_q8}
-        self.kernels = ({"q4": ops.linear_q4_i8, "q8": ops.linear_q8_i8} if int8_activations else
-                        {"q4": ops.linear_q4, "q8": ops.linear_q8})
+        self.kernels = (
+            {"q4": ops.linear_q4_i8, "q8": ops.linear_q8_i8}
+            if int8_activations
+            else {"q4": ops.linear_q4, "q8": ops.linear_q8}
+        )
         for m in matrices:
             if self.parts and isinstance(m, QuantMatrix) and isinstance(self.parts[-1], QuantMatrix):
                 joined = concat([self.parts[-1], m])
@@ -181,8 +209,14 @@ class QuantLinear:
         return out
 
     def _one(self, x: torch.Tensor, part) -> torch.Tensor:
-        if x.shape[0] > DENSE_ROWS:  # a long prefill or a big batch: the exact float32 weights into a dense GEMM
-            dense = part if isinstance(part, torch.Tensor) else self.dequantizers[part.kind](part.scales, part.quants)
+        if (
+            x.shape[0] > DENSE_ROWS
+        ):  # a long prefill or a big batch: the exact float32 weights into a dense GEMM
+            dense = (
+                part
+                if isinstance(part, torch.Tensor)
+                else self.dequantizers[part.kind](part.scales, part.quants)
+            )
             return torch.nn.functional.linear(x, dense)
         if isinstance(part, torch.Tensor):
             return self.ops.linear(x, part)
@@ -304,12 +338,21 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
     for i, layer in enumerate(model.layers):
         b = f"blk.{i}."
         fused = b + "attn_qkv.weight" in tensors  # Phi-3: q|k|v in one matrix, and gate|up in ffn_up
-        layer.qkv = linear([weight(b + "attn_qkv.weight")] if fused else
-                           [weight(b + "attn_q.weight", model.heads), weight(b + "attn_k.weight", model.kv_heads),
-                            weight(b + "attn_v.weight")])
+        layer.qkv = linear(
+            [weight(b + "attn_qkv.weight")]
+            if fused
+            else [
+                weight(b + "attn_q.weight", model.heads),
+                weight(b + "attn_k.weight", model.kv_heads),
+                weight(b + "attn_v.weight"),
+            ]
+        )
         layer.o = linear([weight(b + "attn_output.weight")])
-        layer.gate_up = linear([weight(b + "ffn_up.weight")] if b + "ffn_gate.weight" not in tensors else
-                               [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")])
+        layer.gate_up = linear(
+            [weight(b + "ffn_up.weight")]
+            if b + "ffn_gate.weight" not in tensors
+            else [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")]
+        )
         layer.down = linear([weight(b + "ffn_down.weight")])
     model.lm_head = linear([weight("output.weight" if "output.weight" in tensors else "token_embd.weight")])
     with torch.no_grad():  # the decoder's float32 linears are no longer read: free them
@@ -327,7 +370,12 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
             layer.qk_norms = tuple(w.clone() for w in layer.qk_norms)
     gc.collect()
     _trim_heap()
-    unsupported = sorted({t for t, _ in tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")})
+    unsupported = sorted(
+        {t for t, _ in tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")}
+    )
     if unsupported:
-        print(f"specdecode: GGUF types {', '.join(unsupported)} have no quantized kernel; "
-              f"their matrices run as float32", file=sys.stderr)
+        print(
+            f"specdecode: GGUF types {', '.join(unsupported)} have no quantized kernel; "
+            f"their matrices run as float32",
+            file=sys.stderr,
+        )

@@ -49,7 +49,11 @@ def load():
     """The compiled module (linear, add_rms_norm, silu_mul, attention), or None when it cannot be built."""
     from torch.utils import cpp_extension
 
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        b"".join(s.read_bytes() for s in SOURCES + HEADERS)
+        + torch.__version__.encode()
+        + _cpu_flags().encode()
+    ).hexdigest()[:12]
     build = cache_root() / key
     try:
         build.mkdir(parents=True, exist_ok=True)
@@ -62,6 +66,10 @@ def load():
             verbose=False,
         )
     except Exception as e:  # no compiler, no ninja, an unwritable cache, a failed build: eager ops still work
-        print(f"specdecode: fused CPU kernels unavailable, using eager ops ({type(e).__name__}: {e})".splitlines()[0],
-              file=sys.stderr)
+        print(
+            f"specdecode: fused CPU kernels unavailable, using eager ops ({type(e).__name__}: {e})".splitlines()[
+                0
+            ],
+            file=sys.stderr,
+        )
         return None

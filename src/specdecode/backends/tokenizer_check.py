@@ -69,7 +69,11 @@ class TokenizerReport:
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, inverted: the printable character that stands for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -108,7 +112,9 @@ def token_bytes(tok) -> dict[int, bytes]:
 
 def _ends(tok, text: str) -> set[int]:
     """Character offsets where tok's tokens of `text` end."""
-    return {end for _, end in tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]}
+    return {
+        end for _, end in tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    }
 
 
 def compare(tok_a, tok_b) -> TokenizerReport:
@@ -143,7 +149,10 @@ def compare(tok_a, tok_b) -> TokenizerReport:
             ends_a, ends_b = _ends(tok_a, text), _ends(tok_b, text)
             both, either = both + len(ends_a & ends_b), either + len(ends_a | ends_b)
             via_b = tok_b.decode(tok_b(text, add_special_tokens=False)["input_ids"])
-            trips += tok_a(via_b, add_special_tokens=False)["input_ids"] == tok_a(text, add_special_tokens=False)["input_ids"]
+            trips += (
+                tok_a(via_b, add_special_tokens=False)["input_ids"]
+                == tok_a(text, add_special_tokens=False)["input_ids"]
+            )
         report.boundary_agreement = both / max(either, 1)
         report.round_trips = trips / len(PROBES)
     return report

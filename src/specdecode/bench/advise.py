@@ -28,7 +28,7 @@ def _measure(target, runs: dict, ids_list, params, max_new_tokens) -> dict[str, 
     labels = list(runs)
     totals = {label: Stats() for label in labels}
     for i, ids in enumerate(ids_list):
-        for label in labels[i % len(labels):] + labels[: i % len(labels)]:
+        for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
             drafter, k = runs[label]
             r = generate(target, drafter, ids, k=FixedK(k), params=params, max_new_tokens=max_new_tokens)
             totals[label] = totals[label].merge(r.stats)
@@ -46,8 +46,10 @@ def predicted_speedup(stats: Stats, cost, k: int) -> float:
     steps = stats.steps
     at_least = [1.0] + [d / steps for d in stats.drafted_by_pos] + [0.0]  # P(D >= n), n = 0, 1, ...
     expected = 1 + sum(stats.accepted_by_pos[:k]) / steps
-    p_drafted = [at_least[min(n, len(at_least) - 1)] - (at_least[min(n + 1, len(at_least) - 1)] if n < k else 0.0)
-                 for n in range(k + 1)]
+    p_drafted = [
+        at_least[min(n, len(at_least) - 1)] - (at_least[min(n + 1, len(at_least) - 1)] if n < k else 0.0)
+        for n in range(k + 1)
+    ]
     return control.speedup(expected, p_drafted, cost)
 
 
@@ -78,33 +80,50 @@ def advise(
     routing: dict[str, Route] = {}
     for task, ids_list in sorted(by_task.items()):
         log(f"advise: task {task} ({len(ids_list)} prompts)")
-        full = _measure(target, {PLAIN: (none, plain_k), **{s: (built[s], k_max) for s in specs}}, ids_list, greedy,
-                        max_new_tokens)
+        full = _measure(
+            target,
+            {PLAIN: (none, plain_k), **{s: (built[s], k_max) for s in specs}},
+            ids_list,
+            greedy,
+            max_new_tokens,
+        )
         plain_tps = full[PLAIN].tokens_per_s
         rows, best = [], {}
         for s in specs:
             stats = full[s]
             k, predicted = max(((predicted_speedup(stats, cost[s], j), j) for j in range(k_max + 1)))[::-1]
             best[s] = k
-            rows.append({
-                "drafter": s, "alpha": round(stats.acceptance_rate, 4), "tau": round(stats.mean_accepted_length, 3),
-                "conditional_acceptance": [round(x, 3) for x in stats.conditional_acceptance],
-                "k_max": k_max, "measured_speedup_k_max": round(stats.tokens_per_s / plain_tps, 3),
-                "predicted_speedup_k_max": round(predicted_speedup(stats, cost[s], k_max), 3),
-                "best_k": k, "predicted_speedup_best_k": round(predicted, 3),
-            })
+            rows.append(
+                {
+                    "drafter": s,
+                    "alpha": round(stats.acceptance_rate, 4),
+                    "tau": round(stats.mean_accepted_length, 3),
+                    "conditional_acceptance": [round(x, 3) for x in stats.conditional_acceptance],
+                    "k_max": k_max,
+                    "measured_speedup_k_max": round(stats.tokens_per_s / plain_tps, 3),
+                    "predicted_speedup_k_max": round(predicted_speedup(stats, cost[s], k_max), 3),
+                    "best_k": k,
+                    "predicted_speedup_best_k": round(predicted, 3),
+                }
+            )
         second = {s: (built[s], best[s]) for s in specs if 0 < best[s] < k_max}
         if second:  # measure the recommended k too, against plain decoding in the same rounds
             again = _measure(target, {PLAIN: (none, plain_k), **second}, ids_list, greedy, max_new_tokens)
             for row in rows:
                 if row["drafter"] in second:
                     row["measured_speedup_best_k"] = round(
-                        again[row["drafter"]].tokens_per_s / again[PLAIN].tokens_per_s, 3)
+                        again[row["drafter"]].tokens_per_s / again[PLAIN].tokens_per_s, 3
+                    )
         for row in rows:
             if row["best_k"] == k_max:
                 row["measured_speedup_best_k"] = row["measured_speedup_k_max"]
-        viable = [r for r in rows if r["best_k"] > 0 and r["predicted_speedup_best_k"] > 1 + MARGIN
-                  and r.get("measured_speedup_best_k", 0) > 1.0]
+        viable = [
+            r
+            for r in rows
+            if r["best_k"] > 0
+            and r["predicted_speedup_best_k"] > 1 + MARGIN
+            and r.get("measured_speedup_best_k", 0) > 1.0
+        ]
         if viable:
             pick = max(viable, key=lambda r: r["measured_speedup_best_k"])
             routing[task] = Route(pick["drafter"], max(pick["best_k"], 1), True)
@@ -116,14 +135,30 @@ def advise(
         if viable and temperatures:
             for t in temperatures:
                 route = routing[task]
-                stats = _measure(target, {route.drafter: (built[route.drafter], route.k)}, ids_list,
-                                 SamplingParams(temperature=t), max_new_tokens)[route.drafter]
+                stats = _measure(
+                    target,
+                    {route.drafter: (built[route.drafter], route.k)},
+                    ids_list,
+                    SamplingParams(temperature=t),
+                    max_new_tokens,
+                )[route.drafter]
                 sweep[str(t)] = round(stats.acceptance_rate, 4)
-        report["tasks"][task] = {"prompts": len(ids_list), "plain_tokens_per_s": round(plain_tps, 2),
-                                 "drafters": rows, "advice": advice, "alpha_vs_temperature": sweep}
+        report["tasks"][task] = {
+            "prompts": len(ids_list),
+            "plain_tokens_per_s": round(plain_tps, 2),
+            "drafters": rows,
+            "advice": advice,
+            "alpha_vs_temperature": sweep,
+        }
     default = Route(specs[0], k_max, True) if specs else Route(PLAIN, 1, False)
-    config = SpecConfig(default=default, routing=routing, candidates=[PLAIN] + specs, costs=cost,
-                        target=target.name, dtype=ctx.dtype)
+    config = SpecConfig(
+        default=default,
+        routing=routing,
+        candidates=[PLAIN] + specs,
+        costs=cost,
+        target=target.name,
+        dtype=ctx.dtype,
+    )
     return config, report
 
 
@@ -135,8 +170,13 @@ def render(report: dict) -> str:
                 f"| {task} | {t['prompts']} | {r['drafter']} | {r['alpha']:.3f} | {r['tau']:.2f} | "
                 f"{r['k_max']} / best {r['best_k']} | {r['predicted_speedup_k_max']:.2f}× / "
                 f"{r['predicted_speedup_best_k']:.2f}× | {r['measured_speedup_k_max']:.2f}× / "
-                f"{r.get('measured_speedup_best_k', 0):.2f}× | {t['advice']} |")
+                f"{r.get('measured_speedup_best_k', 0):.2f}× | {t['advice']} |"
+            )
         if t["alpha_vs_temperature"]:
-            lines.append(f"|  |  | α vs temperature | " + ", ".join(
-                f"T={k}: {v:.3f}" for k, v in t["alpha_vs_temperature"].items()) + " |" + "  |" * 5)
+            lines.append(
+                f"|  |  | α vs temperature | "
+                + ", ".join(f"T={k}: {v:.3f}" for k, v in t["alpha_vs_temperature"].items())
+                + " |"
+                + "  |" * 5
+            )
     return "\n".join(lines)

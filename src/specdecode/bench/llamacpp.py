@@ -26,18 +26,33 @@ def _llama(path: Path, lookup: int | None):
     try:
         import llama_cpp
     except ImportError:
-        raise UserError("peer llamacpp needs llama-cpp-python: CMAKE_ARGS='-DGGML_NATIVE=ON' pip install "
-                        "llama-cpp-python (a ~12-minute source build on 2 cores)") from None
+        raise UserError(
+            "peer llamacpp needs llama-cpp-python: CMAKE_ARGS='-DGGML_NATIVE=ON' pip install "
+            "llama-cpp-python (a ~12-minute source build on 2 cores)"
+        ) from None
     draft = llama_cpp.llama_speculative.LlamaPromptLookupDecoding(num_pred_tokens=lookup) if lookup else None
     kwargs = {"use_extra_bufts": False}
     try:
-        return llama_cpp.Llama(model_path=str(path), n_ctx=4096, n_threads=torch.get_num_threads(),
-                               n_threads_batch=torch.get_num_threads(), logits_all=bool(lookup), draft_model=draft,
-                               verbose=False, **kwargs)
+        return llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=4096,
+            n_threads=torch.get_num_threads(),
+            n_threads_batch=torch.get_num_threads(),
+            logits_all=bool(lookup),
+            draft_model=draft,
+            verbose=False,
+            **kwargs,
+        )
     except TypeError:  # an older llama-cpp-python without use_extra_bufts
-        return llama_cpp.Llama(model_path=str(path), n_ctx=4096, n_threads=torch.get_num_threads(),
-                               n_threads_batch=torch.get_num_threads(), logits_all=bool(lookup), draft_model=draft,
-                               verbose=False)
+        return llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=4096,
+            n_threads=torch.get_num_threads(),
+            n_threads_batch=torch.get_num_threads(),
+            logits_all=bool(lookup),
+            draft_model=draft,
+            verbose=False,
+        )
 
 
 def runner(path: Path, lookup: int | None, eos_ids: set[int], tokenizer):
@@ -59,7 +74,11 @@ def runner(path: Path, lookup: int | None, eos_ids: set[int], tokenizer):
                 break
         wall = time.perf_counter() - start
         finish = "stop" if new and new[-1] in eos_ids else "length"
-        stats = Stats(prefills=1, new_tokens=len(new), wall_s=wall, ttft_s=(first or time.perf_counter()) - start)
-        return Result(tokenizer.decode(new, skip_special_tokens=True), new, stats, finish, prompt_tokens=len(ids))
+        stats = Stats(
+            prefills=1, new_tokens=len(new), wall_s=wall, ttft_s=(first or time.perf_counter()) - start
+        )
+        return Result(
+            tokenizer.decode(new, skip_special_tokens=True), new, stats, finish, prompt_tokens=len(ids)
+        )
 
     return run

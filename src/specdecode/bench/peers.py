@@ -47,26 +47,47 @@ class _FirstTokenClock:
 def _runner(loaded, **generate_kwargs) -> Peer:
     hf = loaded.model.hf
     if any(p.numel() == 0 for p in hf.parameters()):  # --dtype gguf released the float32 linears
-        raise UserError("Hugging Face peers run the float32 or bf16 model: use them with --dtype fp32 or bf16, "
-                        "not gguf (bench --dtype fp32,gguf runs peers once per dtype)")
+        raise UserError(
+            "Hugging Face peers run the float32 or bf16 model: use them with --dtype fp32 or bf16, "
+            "not gguf (bench --dtype fp32,gguf runs peers once per dtype)"
+        )
     eos = sorted(loaded.eos_ids)
 
     def run(ids: list[int], max_new_tokens: int, params: SamplingParams, seed: int) -> Result:
-        sampling = {"do_sample": False} if params.temperature == 0 else {
-            "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None}
+        sampling = (
+            {"do_sample": False}
+            if params.temperature == 0
+            else {
+                "do_sample": True,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k or None,
+            }
+        )
         torch.manual_seed(seed)
         clock = _FirstTokenClock()
         input_ids = torch.tensor([ids], device=hf.device)
         start = time.perf_counter()
         with torch.inference_mode():
-            out = hf.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                              eos_token_id=eos, pad_token_id=eos[0], streamer=clock, **sampling, **generate_kwargs)
+            out = hf.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
+                streamer=clock,
+                **sampling,
+                **generate_kwargs,
+            )
         wall = time.perf_counter() - start
-        new = out[0, len(ids):].tolist()
+        new = out[0, len(ids) :].tolist()
         finish = "stop" if new and new[-1] in eos else "length"
-        stats = Stats(prefills=1, new_tokens=len(new), wall_s=wall, ttft_s=(clock.first or time.perf_counter()) - start)
-        return Result(loaded.tokenizer.decode(new, skip_special_tokens=True), new, stats, finish,
-                      prompt_tokens=len(ids))
+        stats = Stats(
+            prefills=1, new_tokens=len(new), wall_s=wall, ttft_s=(clock.first or time.perf_counter()) - start
+        )
+        return Result(
+            loaded.tokenizer.decode(new, skip_special_tokens=True), new, stats, finish, prompt_tokens=len(ids)
+        )
 
     return run
 
@@ -92,7 +113,9 @@ def _assistant_spec(arg: str | None) -> str:
     spec = arg or "draft"
     parsed = parse(spec)
     if len(parsed.draft_models) != 1 or parsed.members:
-        raise UserError(f"peer 'hf-assist:{spec}': the assistant must be a draft model spec (draft or draft:...)")
+        raise UserError(
+            f"peer 'hf-assist:{spec}': the assistant must be a draft model spec (draft or draft:...)"
+        )
     return spec
 
 
@@ -102,7 +125,9 @@ def _assist(spec: str, loaded, ctx) -> Peer:
     drafter = drafters.build(spec, ctx)
     assistant = getattr(getattr(drafter, "model", None), "hf", None)
     if assistant is None:
-        raise UserError(f"peer 'hf-assist:{spec}': {spec} is not a single draft model transformers can assist with")
+        raise UserError(
+            f"peer 'hf-assist:{spec}': {spec} is not a single draft model transformers can assist with"
+        )
     return _runner(loaded, assistant_model=assistant)
 
 

@@ -23,10 +23,18 @@ def alpha_by_task(report: dict, ax) -> bool:
         return False
     width = 0.8 / len(series)
     for j, (dtype, label) in enumerate(series):
-        by_cat = {r["category"]: r["acceptance_rate"] for r in rows if (r["dtype"], r["drafter"]) == (dtype, label)}
-        ax.bar([i + j * width for i in range(len(categories))], [by_cat.get(c, 0) for c in categories], width,
-               label=f"{dtype} {label}")
-    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(categories))], categories, rotation=30)
+        by_cat = {
+            r["category"]: r["acceptance_rate"] for r in rows if (r["dtype"], r["drafter"]) == (dtype, label)
+        }
+        ax.bar(
+            [i + j * width for i in range(len(categories))],
+            [by_cat.get(c, 0) for c in categories],
+            width,
+            label=f"{dtype} {label}",
+        )
+    ax.set_xticks(
+        [i + width * (len(series) - 1) / 2 for i in range(len(categories))], categories, rotation=30
+    )
     ax.set(ylabel="acceptance rate α", title="α by task")
     ax.legend(fontsize="small")
     return True
@@ -59,7 +67,12 @@ def alpha_vs_temperature(report: dict, ax) -> bool:
     for dtype, by_label in sweep.items():
         for label, by_t in by_label.items():
             temps = sorted(by_t, key=float)
-            ax.plot([float(t) for t in temps], [by_t[t]["ALL"] for t in temps], marker="o", label=f"{dtype} {label}")
+            ax.plot(
+                [float(t) for t in temps],
+                [by_t[t]["ALL"] for t in temps],
+                marker="o",
+                label=f"{dtype} {label}",
+            )
     ax.set(xlabel="temperature", ylabel="acceptance rate α", title="α vs temperature")
     ax.legend(fontsize="small")
     return True
@@ -86,17 +99,30 @@ def overall(report: dict, ax) -> bool:
     colors = ["tab:orange" if r["peer"] else "tab:blue" for r in rows]
     ax.bar(range(len(rows)), [r["speedup_vs_best_plain"] for r in rows], color=colors)
     for x, r in enumerate(rows):
-        ax.text(x, r["speedup_vs_best_plain"], f"{r['identical_to_none'] * 100:.0f}%", ha="center", va="bottom",
-                fontsize="x-small")
+        ax.text(
+            x,
+            r["speedup_vs_best_plain"],
+            f"{r['identical_to_none'] * 100:.0f}%",
+            ha="center",
+            va="bottom",
+            fontsize="x-small",
+        )
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
-    ax.set(ylabel="speedup vs fastest plain decoding",
-           title="overall (orange: Hugging Face; label: identical-output share)")
+    ax.set(
+        ylabel="speedup vs fastest plain decoding",
+        title="overall (orange: Hugging Face; label: identical-output share)",
+    )
     return True
 
 
-PLOTS = {"alpha_by_task": alpha_by_task, "speedup_vs_k": speedup_vs_k, "alpha_vs_temperature": alpha_vs_temperature,
-         "ideal_vs_measured": ideal_vs_measured, "speedup_overall": overall}
+PLOTS = {
+    "alpha_by_task": alpha_by_task,
+    "speedup_vs_k": speedup_vs_k,
+    "alpha_vs_temperature": alpha_vs_temperature,
+    "ideal_vs_measured": ideal_vs_measured,
+    "speedup_overall": overall,
+}
 
 
 def write(report: dict, directory: str | Path) -> list[Path]:

@@ -78,8 +78,11 @@ def variants(drafter_specs: list[str], ks: list[int], adaptive: bool) -> list[tu
 def fork(drafter):
     """A learning drafter's own copy of what it learned (its suffix caches); composite members that learn
     nothing are shared, not copied (a head's prepacked weights cannot be)."""
-    shared = {id(m): m for m in getattr(drafter, "members", ())
-              if not isinstance(getattr(m, "cache", None), drafter_registry.SuffixCache)}
+    shared = {
+        id(m): m
+        for m in getattr(drafter, "members", ())
+        if not isinstance(getattr(m, "cache", None), drafter_registry.SuffixCache)
+    }
     return copy.deepcopy(drafter, shared)
 
 
@@ -88,7 +91,11 @@ def passes(prompts: list[Prompt], n: int) -> list[Prompt]:
     a drafter that learns from earlier responses (suffix) shows what the second pass gains."""
     if n == 1:
         return prompts
-    return [Prompt(p.prompt, f"{p.id}@{i}", f"pass{i}:{p.category}", p.task) for i in range(1, n + 1) for p in prompts]
+    return [
+        Prompt(p.prompt, f"{p.id}@{i}", f"pass{i}:{p.category}", p.task)
+        for i in range(1, n + 1)
+        for p in prompts
+    ]
 
 
 def run(
@@ -171,17 +178,32 @@ def _runners(loaded, ctx, runs, peer_specs, k_max, probe_ids, params, seed) -> d
     costs = _costs(loaded, by_spec, max([k_max if k is None else k for _, _, k in runs]), probe_ids, params)
     # label -> its drafter: a learning drafter (suffix) gets its own per variant, so that `suffix+adaptive`
     # never proposes from `suffix`'s answer to the same prompt
-    built = {label: fork(by_spec[spec]) if drafter_registry.parse(spec).learns else by_spec[spec]
-             for label, spec, _ in runs}
-    policy = {spec: _AdaptiveFactory(copy.deepcopy(costs[spec]), k_max, label) for label, spec, k in runs if k is None}
+    built = {
+        label: fork(by_spec[spec]) if drafter_registry.parse(spec).learns else by_spec[spec]
+        for label, spec, _ in runs
+    }
+    policy = {
+        spec: _AdaptiveFactory(copy.deepcopy(costs[spec]), k_max, label)
+        for label, spec, k in runs
+        if k is None
+    }
     fns = {}
     for label, spec, k in runs:
+
         def fn(ids, category, n, learn=True, sampling=params, label=label, spec=spec, k=k):
-            res = generate(loaded, built[label], ids, k=FixedK(k) if k is not None else policy[spec](category),
-                           params=sampling, max_new_tokens=n, seed=seed)
+            res = generate(
+                loaded,
+                built[label],
+                ids,
+                k=FixedK(k) if k is not None else policy[spec](category),
+                params=sampling,
+                max_new_tokens=n,
+                seed=seed,
+            )
             if k is None and learn:
                 policy[spec].state.observe(category, label, res.stats)
             return res
+
         fns[label] = fn
     for spec in peer_specs:
         peer = peers.build(spec, loaded, ctx)
@@ -215,8 +237,9 @@ def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) ->
         for t in temperatures:
             per_cat: dict[str, Stats] = defaultdict(Stats)
             for p in prompts:
-                st = fns[label](ids[p.id], p.category, max_new_tokens, learn=False,
-                                sampling=SamplingParams(temperature=t)).stats
+                st = fns[label](
+                    ids[p.id], p.category, max_new_tokens, learn=False, sampling=SamplingParams(temperature=t)
+                ).stats
                 per_cat[p.category] = per_cat[p.category].merge(st)
                 per_cat["ALL"] = per_cat["ALL"].merge(st)
             out[label][str(t)] = {c: round(st.acceptance_rate, 4) for c, st in per_cat.items()}
@@ -227,8 +250,11 @@ def _costs(loaded, built, k_max, ids, params) -> dict:
     """drafter spec -> its measured cost model (c, r(1..k_max)) on this target and dtype."""
     from specdecode.core.costs import measure
 
-    return {s: measure(loaded.model, d, k_max, ids, params) for s, d in built.items()
-            if drafter_registry.parse(s).speculates}
+    return {
+        s: measure(loaded.model, d, k_max, ids, params)
+        for s, d in built.items()
+        if drafter_registry.parse(s).speculates
+    }
 
 
 def ideal_speedup(stats: Stats, cost) -> float | None:
@@ -238,11 +264,15 @@ def ideal_speedup(stats: Stats, cost) -> float | None:
     if not stats.steps or stats.drafted != sum(stats.drafted_by_pos):
         return None
     by_pos = stats.drafted_by_pos + [0]
-    exactly = [stats.steps - (by_pos[0] if stats.drafted_by_pos else 0)] + [by_pos[n - 1] - by_pos[n] for n in range(1, len(by_pos))]
+    exactly = [stats.steps - (by_pos[0] if stats.drafted_by_pos else 0)] + [
+        by_pos[n - 1] - by_pos[n] for n in range(1, len(by_pos))
+    ]
     return speedup(stats.tokens_per_step, [count / stats.steps for count in exactly], cost)
 
 
-def report(prompts: list[Prompt], cells: dict, dtypes: list[str], labels: list[str], peer_labels=frozenset()) -> dict:
+def report(
+    prompts: list[Prompt], cells: dict, dtypes: list[str], labels: list[str], peer_labels=frozenset()
+) -> dict:
     """Rows per (dtype, label, category) and ALL; speedups are ratios of tokens/s over the same
     prompts in this run (per-prompt wall times: the median over repeats). Schema: docs/benchmarks.md."""
     categories = sorted({p.category for p in prompts}) + ["ALL"]
@@ -258,10 +288,15 @@ def report(prompts: list[Prompt], cells: dict, dtypes: list[str], labels: list[s
     best_plain = max(r["tokens_per_s"] for r in overall if r["drafter"] == PLAIN)
     for r in overall:
         r["speedup_vs_best_plain"] = round(r["tokens_per_s"] / best_plain, 3)
-        r["speedup_vs_peers"] = {q["dtype"] + " " + q["drafter"]: round(r["tokens_per_s"] / q["tokens_per_s"], 3)
-                                 for q in overall if q["peer"] and q["tokens_per_s"]}
-    costs = {dtype: {label: cells[(dtype, label)].cost.to_json() for label in labels if cells[(dtype, label)].cost}
-             for dtype in dtypes}
+        r["speedup_vs_peers"] = {
+            q["dtype"] + " " + q["drafter"]: round(r["tokens_per_s"] / q["tokens_per_s"], 3)
+            for q in overall
+            if q["peer"] and q["tokens_per_s"]
+        }
+    costs = {
+        dtype: {label: cells[(dtype, label)].cost.to_json() for label in labels if cells[(dtype, label)].cost}
+        for dtype in dtypes
+    }
     return {"rows": rows, "best_plain_tokens_per_s": best_plain, "costs": costs}
 
 
@@ -280,7 +315,11 @@ def _row(dtype: str, label: str, cat: str, ids: list[str], cell: Cell, base: Cel
     speedup = tps / (base_tokens / base_wall) if base_wall else None
     ideal = ideal_speedup(stats, cell.cost) if cell.cost else None
     return {
-        "dtype": dtype, "drafter": label, "category": cat, "prompts": len(ids), "peer": peer,
+        "dtype": dtype,
+        "drafter": label,
+        "category": cat,
+        "prompts": len(ids),
+        "peer": peer,
         "acceptance_rate": None if peer else round(stats.acceptance_rate, 4),
         "mean_accepted_length": None if peer else round(stats.mean_accepted_length, 4),
         "acceptance_by_position": None if peer else [round(x, 3) for x in stats.acceptance_by_position],
@@ -293,8 +332,13 @@ def _row(dtype: str, label: str, cat: str, ids: list[str], cell: Cell, base: Cel
         "identical_to_none": round(same / len(ids), 3),
         "ttft_ms": round(ttft * 1000, 1),
         "itl_ms": round((wall - ttft * len(ids)) / later * 1000, 2) if later > 0 else None,
-        "time_split_s": None if peer else {"draft": round(stats.draft_s, 3), "verify": round(stats.verify_s, 3),
-                                           "prefill": round(stats.prefill_s, 3)},
+        "time_split_s": None
+        if peer
+        else {
+            "draft": round(stats.draft_s, 3),
+            "verify": round(stats.verify_s, 3),
+            "prefill": round(stats.prefill_s, 3),
+        },
         "peak_rss_mb": round(cell.peak_rss / 2**20),
         "reruns_under_load": cell.reruns if cat == "ALL" else None,
     }
@@ -314,10 +358,17 @@ def table(report_: dict) -> str:
     lines.append("")
     lines.append(f"fastest plain decoding: {report_['best_plain_tokens_per_s']:.1f} tok/s")
     for r in overall:
-        vs_peers = "".join(f", {v:.2f}× vs {k}" for k, v in r["speedup_vs_peers"].items() if k != f"{r['dtype']} {r['drafter']}")
-        lines.append(f"{r['dtype']} {r['drafter']}: {r['speedup_vs_best_plain']:.2f}× vs fastest plain{vs_peers} "
-                     f"(identical to none in its dtype: {r['identical_to_none'] * 100:.0f}%; peak RSS {r['peak_rss_mb']} MB"
-                     + (f"; measured/ideal {r['measured_over_ideal']:.2f}" if r["measured_over_ideal"] else "") + ")")
+        vs_peers = "".join(
+            f", {v:.2f}× vs {k}"
+            for k, v in r["speedup_vs_peers"].items()
+            if k != f"{r['dtype']} {r['drafter']}"
+        )
+        lines.append(
+            f"{r['dtype']} {r['drafter']}: {r['speedup_vs_best_plain']:.2f}× vs fastest plain{vs_peers} "
+            f"(identical to none in its dtype: {r['identical_to_none'] * 100:.0f}%; peak RSS {r['peak_rss_mb']} MB"
+            + (f"; measured/ideal {r['measured_over_ideal']:.2f}" if r["measured_over_ideal"] else "")
+            + ")"
+        )
     return "\n".join(lines)
 
 

@@ -111,16 +111,24 @@ class BatchDecoder:
     def _prefill(self, chunks: list[tuple[Sequence, int]], rows: list[Row] = ()) -> list:
         """One batched forward over the next `n` prompt tokens of each (seq, n), after `rows` -> the
         outputs of `rows`. Prompt rows feed their features to drafters that read them."""
-        prompt_rows = [Row(seq.slot, torch.tensor(seq.prompt[seq.prefilled : seq.prefilled + n], dtype=torch.long), 1,
-                           feature_layers(seq.drafter)) for seq, n in chunks]
+        prompt_rows = [
+            Row(
+                seq.slot,
+                torch.tensor(seq.prompt[seq.prefilled : seq.prefilled + n], dtype=torch.long),
+                1,
+                feature_layers(seq.drafter),
+            )
+            for seq, n in chunks
+        ]
         outs = self.model.forward(list(rows) + prompt_rows) if rows or prompt_rows else []
-        for (seq, n), out in zip(chunks, outs[len(rows):]):
+        for (seq, n), out in zip(chunks, outs[len(rows) :]):
             seq.prefilled += n
             if out.features is not None:
                 seq.drafter.feed(out.features)
             if not seq.prefilling and self.prefix_cache is not None and not feature_layers(seq.drafter):
-                self.prefix_cache.store(seq.prompt[: seq.prefilled],
-                                        lambda a, b, slot=seq.slot: self.model.read_kv(slot, a, b))
+                self.prefix_cache.store(
+                    seq.prompt[: seq.prefilled], lambda a, b, slot=seq.slot: self.model.read_kv(slot, a, b)
+                )
         return outs[: len(rows)]
 
     def _reuse_prefix(self, seq: Sequence) -> None:
@@ -141,8 +149,12 @@ class BatchDecoder:
             self.free.sort(reverse=True)
             seq.slot = None
 
-    def step(self, seqs: list[Sequence], limit: Callable[[Sequence, int], int] | None = None,
-             prefill_budget: int = 512) -> list[Step]:
+    def step(
+        self,
+        seqs: list[Sequence],
+        limit: Callable[[Sequence, int], int] | None = None,
+        prefill_budget: int = 512,
+    ) -> list[Step]:
         """One speculative step of every sequence (all started, none finished) -> their Steps.
         limit(seq, k): the k to use when its policy asks for k (default: k). A sequence whose drafter
         or verification raises gets a Step with `error` set and is finished; the others go on.
@@ -169,7 +181,11 @@ class BatchDecoder:
                 k = seq.policy.next_k()
                 k = limit(seq, k) if limit is not None and k > 0 else k
                 budget = min(k, seq.max_new_tokens - seq.generated - 1)  # a step commits <= budget + 1
-                proposal = seq.drafter.propose(seq.context, budget, seq.params, seq.generator) if budget > 0 else None
+                proposal = (
+                    seq.drafter.propose(seq.context, budget, seq.params, seq.generator)
+                    if budget > 0
+                    else None
+                )
                 plans[i] = plan(seq.context[-1], proposal, budget, seq.policy.tree_nodes)
                 check_inputs(plans[i].tokens, self.model.vocab_size)  # a bad id must not reach the forward
             except Exception as e:  # noqa: BLE001 (one request's drafter must not fail the batch)
@@ -177,8 +193,14 @@ class BatchDecoder:
                 continue
             draft_s[i] = time.perf_counter() - t0
             bases[i] = self.model.length(seq.slot)
-            rows.append(Row(seq.slot, plans[i].tokens, layers=feature_layers(seq.drafter),
-                            **plans[i].tree_args(bases[i])))
+            rows.append(
+                Row(
+                    seq.slot,
+                    plans[i].tokens,
+                    layers=feature_layers(seq.drafter),
+                    **plans[i].tree_args(bases[i]),
+                )
+            )
         t0 = time.perf_counter()
         outs = iter(self._prefill(chunks, rows))
         forward_s = time.perf_counter() - t0
@@ -212,8 +234,15 @@ class BatchDecoder:
             seq.drafter.feed(out.features[checked.rows])
         new, seq.finished = commit(checked, seq.eos_ids, seq.max_new_tokens - seq.generated)
         seq.context.extend(new)
-        step = Step(new, checked.drafted, len(checked.accepted), draft_s, forward_s, finished=seq.finished,
-                    depth=checked.depth)
+        step = Step(
+            new,
+            checked.drafted,
+            len(checked.accepted),
+            draft_s,
+            forward_s,
+            finished=seq.finished,
+            depth=checked.depth,
+        )
         seq.policy.observe(step)
         return step
 

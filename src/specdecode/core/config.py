@@ -88,13 +88,15 @@ def load_config(path: str | Path) -> SpecConfig:
     except json.JSONDecodeError as e:
         raise UserError(f"config {path}: not valid JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(raw, dict) or raw.get("version") != 1:
-        raise UserError(f"config {path}: expected a JSON object with \"version\": 1")
+        raise UserError(f'config {path}: expected a JSON object with "version": 1')
     routing = raw.get("routing", {})
     if not isinstance(routing, dict):
         raise UserError(f"config {path}: 'routing' must map task labels to routes")
     bad = set(routing) - set(TASKS)
     if bad:
-        raise UserError(f"config {path}: unknown task label(s) {', '.join(sorted(bad))}; known: {', '.join(TASKS)}")
+        raise UserError(
+            f"config {path}: unknown task label(s) {', '.join(sorted(bad))}; known: {', '.join(TASKS)}"
+        )
     candidates = raw.get("candidates", ["none", "ngram"])
     if not isinstance(candidates, list) or not all(isinstance(c, str) for c in candidates):
         raise UserError(f"config {path}: 'candidates' must be a list of drafter names")

@@ -48,13 +48,19 @@ class CostModel:
     step_s: float = 0.0  # T(1), seconds of one plain decoding step (for reports)
 
     def to_json(self) -> dict:
-        return {"draft_cost": self.draft_cost, "verify_ratio": {str(k): v for k, v in self.verify_ratio.items()},
-                "step_s": self.step_s}
+        return {
+            "draft_cost": self.draft_cost,
+            "verify_ratio": {str(k): v for k, v in self.verify_ratio.items()},
+            "step_s": self.step_s,
+        }
 
     @classmethod
     def from_json(cls, obj: dict) -> "CostModel":
-        return cls(float(obj["draft_cost"]), {int(k): float(v) for k, v in obj["verify_ratio"].items()},
-                   float(obj.get("step_s", 0.0)))
+        return cls(
+            float(obj["draft_cost"]),
+            {int(k): float(v) for k, v in obj["verify_ratio"].items()},
+            float(obj.get("step_s", 0.0)),
+        )
 
     def r(self, k: int) -> float:
         if k <= 0:
@@ -89,7 +95,9 @@ def speedup(expected: float, p_drafted: list[float], cost: CostModel) -> float:
     return expected / sum(p * (n * cost.draft_cost + cost.r(n)) for n, p in enumerate(p_drafted))
 
 
-def predicted_speedup(accept: list[float], cost: CostModel, k: int, supply: list[float] | None = None) -> float:
+def predicted_speedup(
+    accept: list[float], cost: CostModel, k: int, supply: list[float] | None = None
+) -> float:
     """E(k) / cost(k) with per-position acceptance and (optionally) supply; supply None = always k drafts."""
     if k <= 0:
         return 1.0
@@ -104,7 +112,9 @@ def predicted_speedup(accept: list[float], cost: CostModel, k: int, supply: list
     return speedup(expected, exactly + [offered], cost)
 
 
-def best_k(profile: list[float], cost: CostModel, k_max: int, supply: list[float] | None = None) -> tuple[int, float]:
+def best_k(
+    profile: list[float], cost: CostModel, k_max: int, supply: list[float] | None = None
+) -> tuple[int, float]:
     """The k in 0..k_max maximising predicted speedup -> (k, predicted speedup)."""
     options = [(predicted_speedup(profile, cost, k, supply), -k) for k in range(k_max + 1)]
     speed, neg_k = max(options)
@@ -190,7 +200,9 @@ class AdaptiveK:
         self.trials, self.hits, self.asked, self.offered = ([0.0] * self.k_max for _ in range(4))
         self.backoff = self.min_backoff
 
-    def _shrunk(self, hits: list[float], trials: list[float], prior: list[float], first: float) -> list[float]:
+    def _shrunk(
+        self, hits: list[float], trials: list[float], prior: list[float], first: float
+    ) -> list[float]:
         out: list[float] = []
         for i in range(self.k_max):
             target = prior[i] if i < len(prior) else (out[-1] if out else first)

@@ -70,7 +70,9 @@ def decode(
 
         planned = plan(context[-1], proposal, budget, policy.tree_nodes)
         if planned.tree is not None and not hasattr(target, "keep"):
-            raise UserError(f"token trees need a target model that can verify them; {type(target).__name__} cannot")
+            raise UserError(
+                f"token trees need a target model that can verify them; {type(target).__name__} cannot"
+            )
         base = target.length
         out = target.forward(planned.tokens, layers=layers, **planned.tree_args(base))  # logits [1+n, V]
         checked = check(planned, out.logits, params, generator)
@@ -85,8 +87,16 @@ def decode(
         new, finished = commit(checked, eos_ids, max_new_tokens - generated)
         context.extend(new)
         generated += len(new)
-        step = Step(new, checked.drafted, len(checked.accepted), t1 - t0, time.perf_counter() - t1, prefill_s,
-                    finished, checked.depth)
+        step = Step(
+            new,
+            checked.drafted,
+            len(checked.accepted),
+            t1 - t0,
+            time.perf_counter() - t1,
+            prefill_s,
+            finished,
+            checked.depth,
+        )
         policy.observe(step)
         yield step
         prefill_s = 0.0

@@ -100,8 +100,16 @@ def generate(
     stream = TextStream(tok, stop, target.eos_ids)
     stats = Stats(prefills=1)
     start = time.perf_counter()
-    for step in decode(target.model, drafter, ids, k=k, params=params, max_new_tokens=max_new_tokens,
-                       eos_ids=target.eos_ids, generator=generator):
+    for step in decode(
+        target.model,
+        drafter,
+        ids,
+        k=k,
+        params=params,
+        max_new_tokens=max_new_tokens,
+        eos_ids=target.eos_ids,
+        generator=generator,
+    ):
         if not stream.tokens:
             stats.ttft_s = time.perf_counter() - start
         stats.observe(step.drafted, step.accepted, len(step.tokens), step.depth)

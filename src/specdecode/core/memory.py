@@ -44,13 +44,23 @@ class Estimate:
         return self.weights + self.packed_weights + self.kv_cache + self.activations
 
     def to_json(self) -> dict:
-        return {"weights": self.weights, "packed_weights": self.packed_weights, "kv_cache": self.kv_cache,
-                "activations": self.activations, "total": self.total}
+        return {
+            "weights": self.weights,
+            "packed_weights": self.packed_weights,
+            "kv_cache": self.kv_cache,
+            "activations": self.activations,
+            "total": self.total,
+        }
 
 
 def layer_linear_count(cfg) -> int:
     """Parameters of the decoder layers' linear layers (q, k, v, o, gate, up, down; biases included)."""
-    h, inter, heads, kvh = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    h, inter, heads, kvh = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+    )
     d = getattr(cfg, "head_dim", None) or h // heads
     attn = h * heads * d + 2 * h * kvh * d + heads * d * h
     if getattr(cfg, "attention_bias", False):
@@ -67,20 +77,32 @@ def param_count(cfg) -> tuple[int, int]:
     return total, linear + vocab * h  # the LM head is packed even when tied
 
 
-def estimate(cfg, *, dtype: str = "fp32", context: int = 2048, batch: int = 1, tokens_in_flight: int = 5,
-             fast_backend: bool = True, quant: str = "none") -> Estimate:
+def estimate(
+    cfg,
+    *,
+    dtype: str = "fp32",
+    context: int = 2048,
+    batch: int = 1,
+    tokens_in_flight: int = 5,
+    fast_backend: bool = True,
+    quant: str = "none",
+) -> Estimate:
     b = BYTES[dtype]
     total, linear = param_count(cfg)
     int8 = layer_linear_count(cfg) if quant == "int8" else 0
     heads, kvh, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
     d = getattr(cfg, "head_dim", None) or h // heads
-    positions = min(math.ceil((context + tokens_in_flight) / BLOCK) * BLOCK,
-                    max(getattr(cfg, "max_position_embeddings", context), context))
+    positions = min(
+        math.ceil((context + tokens_in_flight) / BLOCK) * BLOCK,
+        max(getattr(cfg, "max_position_embeddings", context), context),
+    )
     kv = 2 * cfg.num_hidden_layers * kvh * d * positions * batch * b
     per_token = (4 * h + 2 * (heads + 2 * kvh) * d + 3 * cfg.intermediate_size) * b
     verify_n, prefill_n = tokens_in_flight * batch, context * batch
-    act = max(prefill_n * (per_token + positions) + cfg.vocab_size * 4 * batch,
-              verify_n * (per_token + positions + cfg.vocab_size * 4))
+    act = max(
+        prefill_n * (per_token + positions) + cfg.vocab_size * 4 * batch,
+        verify_n * (per_token + positions + cfg.vocab_size * 4),
+    )
     packed = (linear - int8) * b if (fast_backend and dtype == "fp32") else 0
     return Estimate(round((total - int8) * b + int8 * INT8_WEIGHT_BYTES), packed, kv, act)
 
@@ -140,9 +162,19 @@ def draft_config(source: str | None, target_cfg):
     return models.load_config(source), False
 
 
-def report(target: str | None, drafter: str, *, dtype: str, context: int, batch: int, k: int,
-           backend: str = "auto", measure: bool = False, target_quant: str = "none",
-           drafter_quant: str = "none") -> dict:
+def report(
+    target: str | None,
+    drafter: str,
+    *,
+    dtype: str,
+    context: int,
+    batch: int,
+    k: int,
+    backend: str = "auto",
+    measure: bool = False,
+    target_quant: str = "none",
+    drafter_quant: str = "none",
+) -> dict:
     """Estimates for the target (verifying the spec's largest step: its tree nodes + 1 tokens), each
     draft model the spec loads (one token per forward, b per forward for a static tree) and trained heads."""
     import torch
@@ -156,11 +188,25 @@ def report(target: str | None, drafter: str, *, dtype: str, context: int, batch:
 
     def est(cfg, tokens, quant):
         fast = backend != "hf" and cfg.model_type in SUPPORTED
-        return estimate(cfg, dtype=dtype, context=context, batch=batch, tokens_in_flight=tokens,
-                        fast_backend=fast, quant=quant)
+        return estimate(
+            cfg,
+            dtype=dtype,
+            context=context,
+            batch=batch,
+            tokens_in_flight=tokens,
+            fast_backend=fast,
+            quant=quant,
+        )
 
-    out = {"dtype": dtype, "context": context, "batch": batch, "k": k, "drafter": str(spec),
-           "target_quant": target_quant, "drafter_quant": drafter_quant}
+    out = {
+        "dtype": dtype,
+        "context": context,
+        "batch": batch,
+        "k": k,
+        "drafter": str(spec),
+        "target_quant": target_quant,
+        "drafter_quant": drafter_quant,
+    }
     target_cfg = models.load_config(target)
     out["target"] = est(target_cfg, spec.tree_nodes(k) + 1, target_quant)
     parts = [out["target"]]
@@ -168,8 +214,12 @@ def report(target: str | None, drafter: str, *, dtype: str, context: int, batch:
         cfg, shared = draft_config(source, target_cfg)
         e = est(cfg, spec.option("b", 1), drafter_quant)
         if shared:  # the embedding (and tied head) are the target's own tensors
-            e = Estimate(e.weights - cfg.vocab_size * cfg.hidden_size * BYTES[dtype], e.packed_weights, e.kv_cache,
-                         e.activations)
+            e = Estimate(
+                e.weights - cfg.vocab_size * cfg.hidden_size * BYTES[dtype],
+                e.packed_weights,
+                e.kv_cache,
+                e.activations,
+            )
         out["draft" if i == 0 else f"draft{i + 1}"] = e
         parts.append(e)
     for i, member in enumerate(s for s in (spec, *spec.members) if s.info.uses_features):
@@ -180,14 +230,20 @@ def report(target: str | None, drafter: str, *, dtype: str, context: int, batch:
     if measure:
         if batch != 1:
             raise UserError("--measure runs one sequence; use --batch 1")
-        if spec.uses_features or not all(source and not distilled.is_checkpoint(source)
-                                         for source in spec.draft_models):
-            raise UserError(f"--measure loads the target and separate draft models (draft:<model>) only; "
-                            f"{spec} is built over the target")
+        if spec.uses_features or not all(
+            source and not distilled.is_checkpoint(source) for source in spec.draft_models
+        ):
+            raise UserError(
+                f"--measure loads the target and separate draft models (draft:<model>) only; "
+                f"{spec} is built over the target"
+            )
         before = current_rss_bytes()
         loaded = [models.load(target, dtype, "cpu", backend, target_quant)] + [
-            models.load(source, dtype, "cpu", backend, drafter_quant) for source in spec.draft_models]
-        for m, tokens in zip(loaded, [spec.tree_nodes(k) + 1] + [spec.option("b", 1)] * len(spec.draft_models)):
+            models.load(source, dtype, "cpu", backend, drafter_quant) for source in spec.draft_models
+        ]
+        for m, tokens in zip(
+            loaded, [spec.tree_nodes(k) + 1] + [spec.option("b", 1)] * len(spec.draft_models)
+        ):
             m.model.reset()
             fill = max(1, min(context, m.model.max_length) - tokens)
             m.model.extend(torch.randint(0, m.model.vocab_size, (fill,)), num_logits=1)
@@ -198,17 +254,23 @@ def report(target: str | None, drafter: str, *, dtype: str, context: int, batch:
 
 
 def render(rep: dict) -> str:
-    lines = [f"memory estimate ({rep['dtype']}, context {rep['context']}, batch {rep['batch']}, k {rep['k']}):"]
+    lines = [
+        f"memory estimate ({rep['dtype']}, context {rep['context']}, batch {rep['batch']}, k {rep['k']}):"
+    ]
     for name, e in rep.items():
         if not isinstance(e, Estimate):
             continue
         quant = rep["target_quant" if name == "target" else "drafter_quant"]
         name += " (int8 linears)" if quant == "int8" and not name.startswith("heads") else ""
-        lines.append(f"  {name}: weights {fmt(e.weights)} + prepacked {fmt(e.packed_weights)} + KV cache "
-                     f"{fmt(e.kv_cache)} + activations {fmt(e.activations)} = {fmt(e.total)}")
+        lines.append(
+            f"  {name}: weights {fmt(e.weights)} + prepacked {fmt(e.packed_weights)} + KV cache "
+            f"{fmt(e.kv_cache)} + activations {fmt(e.activations)} = {fmt(e.total)}"
+        )
     lines.append(f"  total estimate: {fmt(rep['total'])}")
     if "measured_resident" in rep:
         err = (rep["measured_resident"] - rep["total"]) / rep["total"] * 100
-        lines.append(f"  measured: resident growth {fmt(rep['measured_resident'])} ({err:+.0f}% vs estimate), "
-                     f"process peak {fmt(rep['measured_peak_process'])} (includes load-time copies and libraries)")
+        lines.append(
+            f"  measured: resident growth {fmt(rep['measured_resident'])} ({err:+.0f}% vs estimate), "
+            f"process peak {fmt(rep['measured_peak_process'])} (includes load-time copies and libraries)"
+        )
     return "\n".join(lines)

@@ -82,8 +82,19 @@ class Stats:
 
     def merge(self, other: "Stats") -> "Stats":
         out = Stats()
-        for name in ("drafted", "accepted", "steps", "drafts", "prefills", "new_tokens", "draft_s", "verify_s",
-                     "prefill_s", "wall_s", "ttft_s"):
+        for name in (
+            "drafted",
+            "accepted",
+            "steps",
+            "drafts",
+            "prefills",
+            "new_tokens",
+            "draft_s",
+            "verify_s",
+            "prefill_s",
+            "wall_s",
+            "ttft_s",
+        ):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         size = max(len(self.drafted_by_pos), len(other.drafted_by_pos))
         pad = lambda xs: xs + [0] * (size - len(xs))  # noqa: E731

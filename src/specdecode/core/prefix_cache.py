@@ -30,7 +30,9 @@ class PrefixCache:
         """Chain hashes of the full blocks of `tokens`."""
         out, prev = [], b""
         for i in range(len(tokens) // self.block):
-            prev = hashlib.sha256(prev + repr(tokens[i * self.block : (i + 1) * self.block]).encode()).digest()
+            prev = hashlib.sha256(
+                prev + repr(tokens[i * self.block : (i + 1) * self.block]).encode()
+            ).digest()
             out.append(prev)
         return out
 

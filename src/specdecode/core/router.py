@@ -20,8 +20,16 @@ PLAIN = "none"  # the route of plain decoding
 
 
 class Router:
-    def __init__(self, target: LoadedModel, config: SpecConfig, ctx: drafters.DrafterContext,
-                 state: TaskState | None = None, *, auto: bool = False, explore: int = 2):
+    def __init__(
+        self,
+        target: LoadedModel,
+        config: SpecConfig,
+        ctx: drafters.DrafterContext,
+        state: TaskState | None = None,
+        *,
+        auto: bool = False,
+        explore: int = 2,
+    ):
         self.target, self.config, self.ctx = target, config, ctx
         self.state = state or TaskState()
         self.auto, self.explore = auto, explore
@@ -80,6 +88,7 @@ class Router:
         elif not speculates:
             speedup = 1.0
         self.state.observe(task, route.drafter, s, speedup)
-        result.extra.update(task=task, drafter=route.drafter, k=route.k, adaptive=route.adaptive,
-                            realised_speedup=speedup)
+        result.extra.update(
+            task=task, drafter=route.drafter, k=route.k, adaptive=route.adaptive, realised_speedup=speedup
+        )
         return result

@@ -39,7 +39,9 @@ class Step:
     prefill_s: float = 0.0  # first step only: the prompt's prefill
     finished: bool = False  # EOS or max_new_tokens reached
     depth: int | None = None  # draft positions checked: = drafted for a chain, a tree's depth (None: unknown)
-    error: Exception | None = None  # the batched core: this sequence's row failed (drafter or verifier); it stops
+    error: Exception | None = (
+        None  # the batched core: this sequence's row failed (drafter or verifier); it stops
+    )
     prefilling: bool = False  # the batched core: the sequence was still prefilling its prompt (no tokens)
 
 
@@ -58,8 +60,9 @@ class Plan:
         return {"positions": self.tree.positions(base), "tree_mask": self.tree.mask()}
 
 
-def plan(last: int, proposal: Proposal | None, budget: int,
-         nodes: Callable[[list[float]], int] | None = None) -> Plan:
+def plan(
+    last: int, proposal: Proposal | None, budget: int, nodes: Callable[[list[float]], int] | None = None
+) -> Plan:
     """A proposal cut so that the step commits at most budget + 1 tokens: a chain to its first
     `budget` drafts, a tree to the nodes at most `budget` deep; a tree whose drafter ranks its nodes
     (proposal.confidence) then to the `nodes(confidence)` most confident ones (a policy's tree_nodes)."""
@@ -68,7 +71,9 @@ def plan(last: int, proposal: Proposal | None, budget: int,
     probs = proposal.probs
     if proposal.parents is None:
         draft = proposal.tokens[:budget]
-        return Plan(torch.cat([torch.tensor([last]), draft]), None, probs[: len(draft)] if probs is not None else None)
+        return Plan(
+            torch.cat([torch.tensor([last]), draft]), None, probs[: len(draft)] if probs is not None else None
+        )
     tree, confidence = proposal.tree(), proposal.confidence
     kept = tree.up_to_depth(budget)
     if len(kept) < len(tree):
@@ -101,7 +106,9 @@ class Checked:
         return base + 1, [base + 1 + i for i in self.path]
 
 
-def check(plan: Plan, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Checked:
+def check(
+    plan: Plan, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> Checked:
     """logits: [1 + n, V], the target's rows for plan.tokens -> the verdict (verify.py, tree_verify.py)."""
     if plan.tree is None:
         draft = plan.tokens[1:].to(logits.device)
@@ -116,7 +123,9 @@ def check(plan: Plan, logits: torch.Tensor, params: SamplingParams, generator: t
         verdict = verify_tree_greedy(tree, logits)
     else:
         verdict = verify_tree_rejection(tree, plan.probs, warp(logits, params), generator)
-    return Checked(verdict.path, [tree.tokens[i] for i in verdict.path], verdict.next_token, len(tree), tree.max_depth)
+    return Checked(
+        verdict.path, [tree.tokens[i] for i in verdict.path], verdict.next_token, len(tree), tree.max_depth
+    )
 
 
 def commit(checked: Checked, eos_ids: set[int] | frozenset[int], room: int) -> tuple[list[int], bool]:

@@ -48,8 +48,15 @@ def _ewma(old: float | None, new: float, w: float) -> float:
 class TaskState:
     """Keyed by "task|drafter". `observe` after each request; `save` persists."""
 
-    def __init__(self, path: str | Path | None = None, *, weight: float = 0.2, window: int = 20,
-                 baseline_n: int = 20, drift_drop: float = DRIFT_DROP):
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        weight: float = 0.2,
+        window: int = 20,
+        baseline_n: int = 20,
+        drift_drop: float = DRIFT_DROP,
+    ):
         self.path = Path(path) if path else None
         self.weight, self.window, self.baseline_n, self.drift_drop = weight, window, baseline_n, drift_drop
         self.records: dict[str, TaskRecord] = {}
@@ -81,18 +88,26 @@ class TaskState:
         size = max(len(rec.profile), len(conditional))
         rec.profile = [
             _ewma(rec.profile[i] if i < len(rec.profile) else None, conditional[i], self.weight)
-            if i < len(conditional) else rec.profile[i]
+            if i < len(conditional)
+            else rec.profile[i]
             for i in range(size)
         ]
-        rec.recent = (rec.recent + [alpha])[-self.window:]
+        rec.recent = (rec.recent + [alpha])[-self.window :]
         if rec.baseline_alpha is None and len(rec.recent) >= min(self.baseline_n, self.window):
             rec.baseline_alpha = sum(rec.recent) / len(rec.recent)
         elif rec.baseline_alpha is not None and len(rec.recent) == self.window:
             mean = sum(rec.recent) / len(rec.recent)
             if drifted(mean, rec.baseline_alpha, self.drift_drop):
                 rec.drift_alerts += 1
-                log.warning("acceptance drift on task %r with drafter %r: α %.3f over the last %d requests, "
-                            "baseline %.3f", task, drafter, mean, self.window, rec.baseline_alpha)
+                log.warning(
+                    "acceptance drift on task %r with drafter %r: α %.3f over the last %d requests, "
+                    "baseline %.3f",
+                    task,
+                    drafter,
+                    mean,
+                    self.window,
+                    rec.baseline_alpha,
+                )
                 rec.recent = []  # re-arm after a full new window
                 return True
         return False
@@ -101,9 +116,10 @@ class TaskState:
         if not self.path:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"version": 1, "records": {k: asdict(v) for k, v in self.records.items()}}, indent=1)
+        data = json.dumps(
+            {"version": 1, "records": {k: asdict(v) for k, v in self.records.items()}}, indent=1
+        )
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state-")
         with os.fdopen(fd, "w") as f:
             f.write(data)
         os.replace(tmp, self.path)
-

@@ -11,11 +11,17 @@ from collections.abc import Sequence
 
 
 class TextStream:
-    def __init__(self, tokenizer, stops: Sequence[str] = (), eos_ids: set[int] | frozenset[int] = frozenset()):
+    def __init__(
+        self, tokenizer, stops: Sequence[str] = (), eos_ids: set[int] | frozenset[int] = frozenset()
+    ):
         self.tokenizer, self.eos_ids = tokenizer, eos_ids
         self.stops = [s for s in stops if s]
-        self.hold = max((len(s) for s in self.stops), default=1) - 1  # a stop string's start may still be growing
-        self.tokens: list[int] = []  # the completion's tokens (after a stop string: only those needed for the text)
+        self.hold = (
+            max((len(s) for s in self.stops), default=1) - 1
+        )  # a stop string's start may still be growing
+        self.tokens: list[
+            int
+        ] = []  # the completion's tokens (after a stop string: only those needed for the text)
         self.text = ""  # the completion's text so far, cut before a stop string
         self.streamed = 0  # characters of `text` handed out by push()
         self.finish_reason: str | None = None  # set when done: "stop" (EOS or stop string) or "length"

@@ -69,7 +69,9 @@ def verify_tree_rejection(
     siblings, or None (all nodes deterministic: one-hot); target_probs p: [N+1, V] (+1 layout).
     Consumes one uniform per child tried and one categorical draw at the end. A child whose q is 0
     is never accepted."""
-    check_inputs(torch.as_tensor(tree.tokens, dtype=torch.long), target_probs.shape[-1], draft_probs, target_probs)
+    check_inputs(
+        torch.as_tensor(tree.tokens, dtype=torch.long), target_probs.shape[-1], draft_probs, target_probs
+    )
     path, node = [], -1
     while True:
         residual = target_probs[node + 1]

@@ -29,7 +29,9 @@ def check_inputs(draft: torch.Tensor, vocab_size: int, *probs: torch.Tensor | No
         raise ValueError(f"draft token id out of range [0, {vocab_size}): {draft.tolist()}")
     for t in probs:
         if t is not None and not (torch.isfinite(t).all() and (t >= 0).all()):
-            raise ValueError("probabilities must be finite and non-negative (got NaN, inf or a negative value)")
+            raise ValueError(
+                "probabilities must be finite and non-negative (got NaN, inf or a negative value)"
+            )
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ def check_spec(spec: str) -> str:
 
 # -- none ------------------------------------------------------------------------------------------
 
+
 def _parse_none(arg: str | None) -> Spec:
     if arg:
         raise UserError(f"drafter none takes no argument, got {arg!r}")
@@ -65,6 +66,7 @@ def _parse_none(arg: str | None) -> Spec:
 
 
 # -- ngram -----------------------------------------------------------------------------------------
+
 
 def _parse_ngram(arg: str | None) -> Spec:
     """`ngram[:N|:MIN-MAX][:b=B]`."""
@@ -96,13 +98,16 @@ def _build_ngram(spec: Spec, ctx) -> Drafter:
 
 # -- draft -----------------------------------------------------------------------------------------
 
+
 def _parse_draft(arg: str | None) -> Spec:
     if arg is None:
         return Spec("draft")  # the shipped distilled draft
     options, path = tree_options(arg, "draft")
     if not path:
-        raise UserError("the draft drafter needs a model: --drafter draft:<path or hub id> "
-                        "(or `draft` for the shipped one)")
+        raise UserError(
+            "the draft drafter needs a model: --drafter draft:<path or hub id> "
+            "(or `draft` for the shipped one)"
+        )
     return Spec("draft", options, path)
 
 
@@ -117,14 +122,24 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
     if distilled.is_checkpoint(spec.arg):
         model = distilled.load(spec.arg, ctx)
     else:
-        dtype = "fp32" if ctx.dtype in models.QUANTIZED and not models.is_gguf(spec.arg) else ctx.dtype  # a HF draft beside a GGUF target
+        dtype = (
+            "fp32" if ctx.dtype in models.QUANTIZED and not models.is_gguf(spec.arg) else ctx.dtype
+        )  # a HF draft beside a GGUF target
         draft = models.load(spec.arg, dtype, ctx.device, ctx.backend, ctx.quant)
         if not compare(ctx.target.tokenizer, draft.tokenizer).compatible:
             if spec.options:
-                raise UserError(f"draft model {spec.arg} has another tokenizer than the target; token trees (b=, "
-                                "nodes=) need the same one: cross-vocabulary drafting proposes chains")
-            return CrossVocabDrafter(draft.model, draft.tokenizer, ctx.target.tokenizer, vocab, draft.eos_ids,
-                                     ctx.target.tokenizer.eos_token_id)
+                raise UserError(
+                    f"draft model {spec.arg} has another tokenizer than the target; token trees (b=, "
+                    "nodes=) need the same one: cross-vocabulary drafting proposes chains"
+                )
+            return CrossVocabDrafter(
+                draft.model,
+                draft.tokenizer,
+                ctx.target.tokenizer,
+                vocab,
+                draft.eos_ids,
+                ctx.target.tokenizer.eos_token_id,
+            )
         model = draft.model
     if spec.option("b") is not None:
         return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"))
@@ -132,6 +147,7 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
 
 
 # -- medusa, eagle ---------------------------------------------------------------------------------
+
 
 def _parse_heads(kind: str):
     def parse_heads(arg: str | None) -> Spec:
@@ -148,8 +164,15 @@ def _build_heads(spec: Spec, ctx: DrafterContext) -> Drafter:
 
 # -- suffix ----------------------------------------------------------------------------------------
 
-_SUFFIX_KEYS = {"max_tree_depth": int, "max_cached_requests": int, "max_spec_factor": float, "min_token_prob": float,
-                "tree": int, "b": int, "min_match": int}
+_SUFFIX_KEYS = {
+    "max_tree_depth": int,
+    "max_cached_requests": int,
+    "max_spec_factor": float,
+    "min_token_prob": float,
+    "tree": int,
+    "b": int,
+    "min_match": int,
+}
 
 
 def _parse_suffix(arg: str | None) -> Spec:
@@ -168,11 +191,19 @@ def _parse_suffix(arg: str | None) -> Spec:
         except ValueError:
             raise UserError(f"suffix option {key.strip()} needs a number, got {value!r}") from None
     if not 2 <= values["max_tree_depth"] <= 64 or values["max_cached_requests"] < 0 or values["b"] < 1:
-        raise UserError(f"suffix needs 2 <= max_tree_depth <= 64, max_cached_requests >= 0 and b >= 1: {arg!r}")
+        raise UserError(
+            f"suffix needs 2 <= max_tree_depth <= 64, max_cached_requests >= 0 and b >= 1: {arg!r}"
+        )
     if values["min_match"] < 1:
         raise UserError(f"suffix needs min_match >= 1: {arg!r}")
-    if not values["max_spec_factor"] > 0 or not 0 <= values["min_token_prob"] <= 1 or values["tree"] not in (0, 1):
-        raise UserError(f"suffix needs max_spec_factor > 0, 0 <= min_token_prob <= 1 and tree 0 or 1: {arg!r}")
+    if (
+        not values["max_spec_factor"] > 0
+        or not 0 <= values["min_token_prob"] <= 1
+        or values["tree"] not in (0, 1)
+    ):
+        raise UserError(
+            f"suffix needs max_spec_factor > 0, 0 <= min_token_prob <= 1 and tree 0 or 1: {arg!r}"
+        )
     return Spec("suffix", tuple(values.items()), corpus)
 
 
@@ -185,8 +216,16 @@ def _build_suffix(spec: Spec, ctx) -> Drafter:
     o = dict(spec.options)
     cache = SuffixCache(o["max_tree_depth"], o["max_cached_requests"])
     corpus = Corpus(read_responses(spec.arg, ctx.target.tokenizer), o["max_tree_depth"]) if spec.arg else None
-    return SuffixDrafter(cache, o["max_tree_depth"], o["max_spec_factor"], o["min_token_prob"], bool(o["tree"]), o["b"],
-                         o["min_match"], corpus)
+    return SuffixDrafter(
+        cache,
+        o["max_tree_depth"],
+        o["max_spec_factor"],
+        o["min_token_prob"],
+        bool(o["tree"]),
+        o["b"],
+        o["min_match"],
+        corpus,
+    )
 
 
 # -- ensemble, fallback ----------------------------------------------------------------------------
@@ -218,8 +257,10 @@ def _parse_members(kind: str):
             else:
                 pieces.append(piece)
         if len(pieces) < 2 or not all(p.strip() for p in pieces):
-            raise UserError(f"{kind} needs two or more drafters joined by '+', e.g. {kind}:ngram+draft:<model>; "
-                            f"got {arg!r}")
+            raise UserError(
+                f"{kind} needs two or more drafters joined by '+', e.g. {kind}:ngram+draft:<model>; "
+                f"got {arg!r}"
+            )
         return Spec(kind, members=tuple(_member(p.strip(), kind) for p in pieces))
 
     return parse_members
@@ -227,7 +268,9 @@ def _parse_members(kind: str):
 
 def _build_members(composite):
     def build_members(spec: Spec, ctx: DrafterContext) -> Drafter:
-        return composite([build(replace(m, cap=None), ctx) for m in spec.members], [m.cap for m in spec.members])
+        return composite(
+            [build(replace(m, cap=None), ctx) for m in spec.members], [m.cap for m in spec.members]
+        )
 
     return build_members
 
@@ -236,23 +279,75 @@ def _format_members(spec: Spec) -> str:
     return f"{spec.kind}:" + "+".join(map(str, spec.members))
 
 
-register(Kind("none", _parse_none, lambda spec, ctx: NoDrafter(), weightless=True, speculates=False,
-              trees=lambda spec: False, tree_nodes=lambda spec, k: 0))
+register(
+    Kind(
+        "none",
+        _parse_none,
+        lambda spec, ctx: NoDrafter(),
+        weightless=True,
+        speculates=False,
+        trees=lambda spec: False,
+        tree_nodes=lambda spec, k: 0,
+    )
+)
 register(Kind("ngram", _parse_ngram, _build_ngram, weightless=True, format=_format_ngram))
 register(Kind("draft", _parse_draft, _build_draft, draft_models=lambda spec: (spec.arg,)))
-register(Kind("ensemble", _parse_members("ensemble"), _build_members(EnsembleDrafter), weightless=True,
-              trees=lambda spec: True, tree_nodes=lambda spec, k: sum(m.tree_nodes(m.k(k)) for m in spec.members),
-              format=_format_members))
-register(Kind("fallback", _parse_members("fallback"), _build_members(FallbackDrafter), weightless=True,
-              trees=lambda spec: any(m.trees for m in spec.members),
-              tree_nodes=lambda spec, k: max(m.tree_nodes(m.k(k)) for m in spec.members), format=_format_members))
+register(
+    Kind(
+        "ensemble",
+        _parse_members("ensemble"),
+        _build_members(EnsembleDrafter),
+        weightless=True,
+        trees=lambda spec: True,
+        tree_nodes=lambda spec, k: sum(m.tree_nodes(m.k(k)) for m in spec.members),
+        format=_format_members,
+    )
+)
+register(
+    Kind(
+        "fallback",
+        _parse_members("fallback"),
+        _build_members(FallbackDrafter),
+        weightless=True,
+        trees=lambda spec: any(m.trees for m in spec.members),
+        tree_nodes=lambda spec, k: max(m.tree_nodes(m.k(k)) for m in spec.members),
+        format=_format_members,
+    )
+)
 register(Kind("medusa", _parse_heads("medusa"), _build_heads, uses_features=True))
 register(Kind("eagle", _parse_heads("eagle"), _build_heads, uses_features=True))
-register(Kind("suffix", _parse_suffix, _build_suffix, weightless=True, learns=True, format=_format_suffix,
-              trees=lambda spec: spec.option("tree") == 1,
-              tree_nodes=lambda spec, k: min(k, spec.option("max_tree_depth"))))
+register(
+    Kind(
+        "suffix",
+        _parse_suffix,
+        _build_suffix,
+        weightless=True,
+        learns=True,
+        format=_format_suffix,
+        trees=lambda spec: spec.option("tree") == 1,
+        tree_nodes=lambda spec, k: min(k, spec.option("max_tree_depth")),
+    )
+)
 
 
-__all__ = ["CrossVocabDrafter", "Drafter", "DrafterContext", "DraftModelDrafter", "DraftTreeDrafter", "EnsembleDrafter",
-           "FallbackDrafter", "KINDS", "Kind", "NgramDrafter", "NoDrafter", "Proposal", "Spec", "SuffixCache",
-           "SuffixDrafter", "build", "canonical", "check_spec", "parse"]
+__all__ = [
+    "CrossVocabDrafter",
+    "Drafter",
+    "DrafterContext",
+    "DraftModelDrafter",
+    "DraftTreeDrafter",
+    "EnsembleDrafter",
+    "FallbackDrafter",
+    "KINDS",
+    "Kind",
+    "NgramDrafter",
+    "NoDrafter",
+    "Proposal",
+    "Spec",
+    "SuffixCache",
+    "SuffixDrafter",
+    "build",
+    "canonical",
+    "check_spec",
+    "parse",
+]

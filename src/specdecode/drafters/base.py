@@ -32,8 +32,9 @@ class Proposal:
         return cls(torch.empty(0, dtype=torch.long))
 
     @classmethod
-    def of_tree(cls, tree: Tree, probs: torch.Tensor | None = None,
-                confidence: list[float] | None = None) -> "Proposal":
+    def of_tree(
+        cls, tree: Tree, probs: torch.Tensor | None = None, confidence: list[float] | None = None
+    ) -> "Proposal":
         """A tree proposal; a tree that is a chain becomes a chain proposal (the decoder's plain path)."""
         parents = None if tree.is_chain else list(tree.parents)
         return cls(torch.tensor(tree.tokens, dtype=torch.long), probs, parents, confidence)

@@ -31,12 +31,16 @@ from specdecode.backends.tokenizer_check import token_bytes
 WINDOW = 32  # committed tokens re-encoded together with new text, so that the boundary tokenizes right
 
 
-def intersection(draft_tok, target_tok, draft_vocab_size: int, draft_eos: set[int], target_eos: int | None) -> torch.Tensor:
+def intersection(
+    draft_tok, target_tok, draft_vocab_size: int, draft_eos: set[int], target_eos: int | None
+) -> torch.Tensor:
     """-> [draft_vocab_size] long: the target id whose text equals draft token i's, -1 where none;
     the draft's end-of-sequence ids map to target_eos. Where the target has several tokens for the
     same bytes (a byte-fallback <0xNN> and a plain piece), the plain piece is taken."""
-    plain_last = sorted(token_bytes(target_tok).items(),
-                        key=lambda item: not target_tok.convert_ids_to_tokens(item[0]).startswith("<0x"))
+    plain_last = sorted(
+        token_bytes(target_tok).items(),
+        key=lambda item: not target_tok.convert_ids_to_tokens(item[0]).startswith("<0x"),
+    )
     by_bytes = {b: i for i, b in plain_last}
     out = torch.full((draft_vocab_size,), -1, dtype=torch.long)
     for i, b in token_bytes(draft_tok).items():
@@ -48,12 +52,21 @@ def intersection(draft_tok, target_tok, draft_vocab_size: int, draft_eos: set[in
 
 
 class CrossVocabDrafter(DraftLM):
-    def __init__(self, model: CausalLM, draft_tok, target_tok, target_vocab_size: int,
-                 draft_eos: set[int], target_eos: int | None):
+    def __init__(
+        self,
+        model: CausalLM,
+        draft_tok,
+        target_tok,
+        target_vocab_size: int,
+        draft_eos: set[int],
+        target_eos: int | None,
+    ):
         super().__init__(model, target_vocab_size)
         self.dtok, self.ttok = draft_tok, target_tok
         self.draft_eos, self.target_eos = draft_eos, target_eos
-        self.to_target = intersection(draft_tok, target_tok, model.vocab_size, draft_eos, target_eos).to(model.device)
+        self.to_target = intersection(draft_tok, target_tok, model.vocab_size, draft_eos, target_eos).to(
+            model.device
+        )
         self.outside = self.to_target < 0  # [V_draft] tokens TLI may not draft
         self.shared = (~self.outside).nonzero().flatten()  # [S] draft ids in the intersection
         self.prompt_len, self.prompt_ids = 0, []
@@ -65,7 +78,7 @@ class CrossVocabDrafter(DraftLM):
 
     def _draft_ids(self, context: list[int]) -> list[int]:
         """The committed context (target ids) in the draft's tokens."""
-        generated = self.ttok.decode(context[self.prompt_len:])
+        generated = self.ttok.decode(context[self.prompt_len :])
         return self.prompt_ids + self.dtok(generated, add_special_tokens=False)["input_ids"]
 
     def _step(self, token: int) -> torch.Tensor:
@@ -89,10 +102,12 @@ class CrossVocabDrafter(DraftLM):
         for _ in range(2 * k + 4):  # draft tokens per step, whatever their text holds
             token = int(logits.argmax())
             if token in self.draft_eos and self.target_eos is not None:
-                return _chain((proposal + [self.target_eos])[:k])  # the text is complete: every token is final
+                return _chain(
+                    (proposal + [self.target_eos])[:k]
+                )  # the text is complete: every token is final
             new.append(token)
             full = self.dtok.decode(ids[-WINDOW:] + new)
-            text = (full[len(base):] if full.startswith(base) else self.dtok.decode(new)).rstrip("\ufffd")
+            text = (full[len(base) :] if full.startswith(base) else self.dtok.decode(new)).rstrip("\ufffd")
             proposal = self._target_ids(tail, tail_text, text)
             if len(proposal) > k:
                 break
@@ -105,7 +120,7 @@ class CrossVocabDrafter(DraftLM):
         from its own encoding, or a token would span the boundary), the encoding of text alone."""
         ids = self.ttok(tail_text + text, add_special_tokens=False)["input_ids"]
         if ids[: len(tail)] == tail:
-            return ids[len(tail):]
+            return ids[len(tail) :]
         return self.ttok(text, add_special_tokens=False)["input_ids"]
 
     def _tli(self, logits: torch.Tensor, k: int, params: SamplingParams, generator) -> Proposal:

@@ -41,8 +41,13 @@ class DraftTreeDrafter(DraftLM):
         try:
             if self.nodes is None:
                 return grow.static(root, k, self.branches, generator)
-            tree, confidence = grow.dynamic(draft_dist(root, params).log(), k, self.branches, self.nodes,
-                                            lambda frontier: draft_dist(grow.feed(frontier), params).log())
+            tree, confidence = grow.dynamic(
+                draft_dist(root, params).log(),
+                k,
+                self.branches,
+                self.nodes,
+                lambda frontier: draft_dist(grow.feed(frontier), params).log(),
+            )
             return Proposal.of_tree(tree, confidence=confidence)
         finally:
             self.model.truncate(len(context))  # keep only the committed context cached
@@ -74,9 +79,12 @@ class _Growth(Growth):
             # distributed as successive draws; sibling j then carries q minus siblings < j, renormalised.
             first = torch.multinomial(q, b, replacement=False, generator=generator).tolist()
             earlier = torch.ones(b, q.shape[0]).index_put_(
-                (torch.tensor([j for j in range(b) for _ in range(j)], dtype=torch.long),
-                 torch.tensor([first[i] for j in range(b) for i in range(j)], dtype=torch.long)),
-                torch.tensor(0.0))  # [b, V]: row j is 0 at the tokens of siblings < j
+                (
+                    torch.tensor([j for j in range(b) for _ in range(j)], dtype=torch.long),
+                    torch.tensor([first[i] for j in range(b) for i in range(j)], dtype=torch.long),
+                ),
+                torch.tensor(0.0),
+            )  # [b, V]: row j is 0 at the tokens of siblings < j
             rows = q * earlier
             probs = [rows / rows.sum(-1, keepdim=True)]
         else:

@@ -51,12 +51,22 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class EagleHead(nn.Module):
-    def __init__(self, hidden: int, fused: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
-                 eps: float = 1e-5):
+    def __init__(
+        self,
+        hidden: int,
+        fused: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        intermediate: int,
+        eps: float = 1e-5,
+    ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
         self.fuse = nn.Linear(fused, hidden, bias=False)
-        self.norm_emb, self.norm_feat, self.norm_mlp, self.norm_out = (nn.Parameter(torch.ones(hidden)) for _ in range(4))
+        self.norm_emb, self.norm_feat, self.norm_mlp, self.norm_out = (
+            nn.Parameter(torch.ones(hidden)) for _ in range(4)
+        )
         self.qkv = nn.Linear(2 * hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
         self.o = nn.Linear(heads * head_dim, hidden, bias=False)
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
@@ -97,7 +107,9 @@ class EagleHead(nn.Module):
             prefix = torch.ones(m, start + m - tree_mask.shape[1], dtype=torch.bool, device=emb.device)
             mask = torch.cat([prefix, tree_mask.to(emb.device)], 1)
         else:
-            mask = torch.ones(m, start + m, dtype=torch.bool, device=emb.device).tril(start) if m > 1 else None
+            mask = (
+                torch.ones(m, start + m, dtype=torch.bool, device=emb.device).tril(start) if m > 1 else None
+            )
         attn = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
         return self._finish(feat[None], attn)[0]
 
@@ -110,14 +122,16 @@ class EagleHead(nn.Module):
         g = self.fuse(fused)
         outs, keys, values = [], [], []
         t, groups = emb.shape[1], self.heads // self.kv_heads
-        scale = self.head_dim ** -0.5
+        scale = self.head_dim**-0.5
         for s in range(steps):
             feat = g if s == 0 else F.pad(outs[-1][:, :-1], (0, 0, 1, 0))
             q, k, v = self._qkv(emb, feat, cos, sin)
             keys.append(k.repeat_interleave(groups, 1))
             values.append(v.repeat_interleave(groups, 1))
             causal = torch.ones(t, t, dtype=torch.bool, device=emb.device).tril(-s)
-            scores = [(q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]  # [B, h, T, T]
+            scores = [
+                (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
+            ]  # [B, h, T, T]
             rows = torch.arange(t, device=emb.device)
             for r in range(1, s + 1):
                 shift = s - r  # key of step r sits `shift` rows before the query's row
@@ -157,8 +171,15 @@ class KVCache:
 class EagleDrafter:
     name = "eagle"
 
-    def __init__(self, head: EagleHead, token_map: torch.Tensor, target, layer_ids: tuple[int, ...],
-                 branches: int = 1, nodes: int | None = None):
+    def __init__(
+        self,
+        head: EagleHead,
+        token_map: torch.Tensor,
+        target,
+        layer_ids: tuple[int, ...],
+        branches: int = 1,
+        nodes: int | None = None,
+    ):
         """target: the target's CausalLM; the decoder feeds this drafter the rows of its layers
         `layer_ids` (self.layers). branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
         self.head = pack_linears(head.eval(), kernels(target))
@@ -171,7 +192,9 @@ class EagleDrafter:
         self.cos, self.sin = rope_tables(target.hf, target.max_length + 64)
 
     def begin(self, prompt):
-        self.cache = KVCache(self.head.kv_heads, self.head.head_dim, self.target.device)  # a copy's own (server)
+        self.cache = KVCache(
+            self.head.kv_heads, self.head.head_dim, self.target.device
+        )  # a copy's own (server)
         self.fed = 0  # positions whose target features the head's cache holds
         self.root = None  # the head's output [1, H] at the last fed position: the first draft's input
         self.pending: list[torch.Tensor] = []  # target features [n, F] of positions fed.. (not yet fed)
@@ -186,10 +209,14 @@ class EagleDrafter:
         if self.pending:
             feats = torch.cat(self.pending)
             if self.fed + len(feats) != len(context) - 1:  # the decoder always keeps them in step
-                raise RuntimeError(f"eagle: features for {self.fed + len(feats)} positions, context {len(context)}")
+                raise RuntimeError(
+                    f"eagle: features for {self.fed + len(feats)} positions, context {len(context)}"
+                )
             self.cache.length = self.fed  # drop the previous step's drafted positions
             tokens = torch.tensor(context[self.fed + 1 :], device=self.embed.device)
-            o = self.head.step(F.embedding(tokens, self.embed).float(), self.head.fuse(feats), self.cache, self.cos, self.sin)
+            o = self.head.step(
+                F.embedding(tokens, self.embed).float(), self.head.fuse(feats), self.cache, self.cos, self.sin
+            )
             self.fed, self.pending, self.root = len(context) - 1, [], o[-1:]
         elif self.root is None or self.fed != len(context) - 1:
             return False  # no target features for this context yet
@@ -223,16 +250,21 @@ class EagleDrafter:
 
         def children_logq(frontier: list[int]) -> torch.Tensor:
             mask = growth.feed_mask(frontier)
-            positions = torch.tensor([self.fed - 1 + growth.depth[n] for n in frontier], device=self.cos.device)
+            positions = torch.tensor(
+                [self.fed - 1 + growth.depth[n] for n in frontier], device=self.cos.device
+            )
             emb = F.embedding(self.token_map[[growth.tokens[n] for n in frontier]], self.embed).float()
             feat = torch.cat([outputs[growth.parents[n]] for n in frontier])
             o = self.head.step(emb, feat, self.cache, self.cos, self.sin, positions, mask)  # [F, H]
             outputs.update((n, o[i : i + 1]) for i, n in enumerate(frontier))
             return logq(o)
 
-        tree, confidence = growth.dynamic(logq(self.root)[0], k, self.branches, self.nodes or self.branches * k,
-                                          children_logq)
-        return Proposal.of_tree(Tree(self.token_map[tree.tokens].tolist(), tree.parents), confidence=confidence)
+        tree, confidence = growth.dynamic(
+            logq(self.root)[0], k, self.branches, self.nodes or self.branches * k, children_logq
+        )
+        return Proposal.of_tree(
+            Tree(self.token_map[tree.tokens].tolist(), tree.parents), confidence=confidence
+        )
 
     def propose(self, context, k, params: SamplingParams, generator):
         if self.branches > 1:
@@ -257,8 +289,15 @@ class EagleDrafter:
 
 
 def head_from_config(config: dict) -> EagleHead:
-    return EagleHead(config["hidden"], config["hidden"] * len(config["layers"]), config["heads"],
-                     config["kv_heads"], config["head_dim"], config["intermediate"], config["eps"])
+    return EagleHead(
+        config["hidden"],
+        config["hidden"] * len(config["layers"]),
+        config["heads"],
+        config["kv_heads"],
+        config["head_dim"],
+        config["intermediate"],
+        config["eps"],
+    )
 
 
 def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) -> EagleDrafter:
@@ -268,5 +307,11 @@ def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) 
     tensors, config = checkpoint.load(spec, "eagle", loaded)
     head = head_from_config(config)
     head.load_state_dict({k: v.float() for k, v in tensors.items() if k != "token_map"})
-    return EagleDrafter(head.to(loaded.model.device), tensors["token_map"].long(), loaded.model, tuple(config["layers"]),
-                        branches, nodes)
+    return EagleDrafter(
+        head.to(loaded.model.device),
+        tensors["token_map"].long(),
+        loaded.model,
+        tuple(config["layers"]),
+        branches,
+        nodes,
+    )

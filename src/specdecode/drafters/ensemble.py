@@ -30,7 +30,9 @@ class EnsembleDrafter:
             member.begin(prompt)
 
     def propose(self, context, k, params, generator):
-        proposals = [m.propose(context, min(k, cap or k), params, generator) for m, cap in zip(self.members, self.caps)]
+        proposals = [
+            m.propose(context, min(k, cap or k), params, generator) for m, cap in zip(self.members, self.caps)
+        ]
         proposals = [p for p in proposals if p.tokens.numel()]
         if not proposals:
             return Proposal.empty()

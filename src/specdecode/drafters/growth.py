@@ -67,8 +67,14 @@ class Growth:
             self.slots[node] = len(self.slots)
         return mask
 
-    def dynamic(self, root_logq: torch.Tensor, k: int, b: int, budget: int,
-                children_logq: Callable[[list[int]], torch.Tensor]) -> tuple[Tree, list[float]]:
+    def dynamic(
+        self,
+        root_logq: torch.Tensor,
+        k: int,
+        b: int,
+        budget: int,
+        children_logq: Callable[[list[int]], torch.Tensor],
+    ) -> tuple[Tree, list[float]]:
         """root_logq: [V] draft log-probabilities after the last committed token; children_logq
         (frontier nodes) -> [F, V] after each of them. Grows k levels -> (the best `budget` nodes,
         [budget] each kept node's path probability under the draft)."""
@@ -76,9 +82,11 @@ class Growth:
         def expand(parent: int, logq: torch.Tensor) -> list[int]:
             top = logq.topk(min(b, logq.shape[-1]))
             base = self.scores[parent] if parent >= 0 else 0.0
-            return [self.add(parent, x, base + value)
-                    for value, x in zip(top.values.tolist(), top.indices.tolist())
-                    if value > float("-inf")]  # never a token outside the draft's support
+            return [
+                self.add(parent, x, base + value)
+                for value, x in zip(top.values.tolist(), top.indices.tolist())
+                if value > float("-inf")
+            ]  # never a token outside the draft's support
 
         level = expand(-1, root_logq)
         for _ in range(1, k):

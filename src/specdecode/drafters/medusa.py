@@ -51,8 +51,9 @@ class MedusaDrafter:
     name = "medusa"
     layers = (-1,)  # the target's final hidden state (after the norm), fed to `feed`
 
-    def __init__(self, heads: MedusaHeads, token_map: torch.Tensor, target, branches: int = 1,
-                 nodes: int | None = None):
+    def __init__(
+        self, heads: MedusaHeads, token_map: torch.Tensor, target, branches: int = 1, nodes: int | None = None
+    ):
         """target: the target's CausalLM (its LM head, device and vocabulary);
         branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
         self.heads = heads.eval()
@@ -85,9 +86,15 @@ class MedusaDrafter:
             logq = draft_dist(logits, params).log()  # [k', Vd]
             growth = Growth()
             tree, confidence = growth.dynamic(
-                logq[0], len(logq), self.branches, self.nodes or self.branches * len(logq),
-                lambda frontier: logq[growth.depth[frontier[0]]].expand(len(frontier), -1))
-            return Proposal.of_tree(Tree(self.token_map[tree.tokens].tolist(), tree.parents), confidence=confidence)
+                logq[0],
+                len(logq),
+                self.branches,
+                self.nodes or self.branches * len(logq),
+                lambda frontier: logq[growth.depth[frontier[0]]].expand(len(frontier), -1),
+            )
+            return Proposal.of_tree(
+                Tree(self.token_map[tree.tokens].tolist(), tree.parents), confidence=confidence
+            )
         if params.greedy:
             return Proposal(self.token_map[logits.argmax(-1)].cpu())
         q = warp(logits, params)  # [k, Vd]
@@ -105,4 +112,6 @@ def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) 
     tensors, config = checkpoint.load(spec, "medusa", loaded)
     heads = MedusaHeads(config["hidden"], config["num_heads"])
     heads.load_state_dict({"weight": tensors["weight"].float(), "bias": tensors["bias"].float()})
-    return MedusaDrafter(heads.to(loaded.model.device), tensors["token_map"].long(), loaded.model, branches, nodes)
+    return MedusaDrafter(
+        heads.to(loaded.model.device), tensors["token_map"].long(), loaded.model, branches, nodes
+    )

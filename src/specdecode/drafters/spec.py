@@ -105,7 +105,9 @@ class Kind:
     weightless: bool = False
     speculates: bool = True
     uses_features: bool = False
-    learns: bool = False  # proposals depend on earlier requests' responses (a benchmark must not replay to it)
+    learns: bool = (
+        False  # proposals depend on earlier requests' responses (a benchmark must not replay to it)
+    )
     trees: Callable[[Spec], bool] = _tree_option
     tree_nodes: Callable[[Spec, int], int] = _tree_nodes
     draft_models: Callable[[Spec], tuple[str | None, ...]] = field(default=lambda spec: ())

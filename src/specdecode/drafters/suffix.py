@@ -33,8 +33,15 @@ from specdecode.drafters.base import Proposal
 from specdecode.drafters.suffix_tree import SuffixTrie, grow
 from specdecode.errors import UserError
 
-DEFAULTS = {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_factor": 1.0, "min_token_prob": 0.1,
-            "tree": 1, "b": 4, "min_match": 2}
+DEFAULTS = {
+    "max_tree_depth": 24,
+    "max_cached_requests": 10000,
+    "max_spec_factor": 1.0,
+    "min_token_prob": 0.1,
+    "tree": 1,
+    "b": 4,
+    "min_match": 2,
+}
 
 
 class SuffixCache:
@@ -85,9 +92,17 @@ class Corpus:
 class SuffixDrafter:
     name = "suffix"
 
-    def __init__(self, cache: SuffixCache | None = None, max_tree_depth: int = 24, max_spec_factor: float = 1.0,
-                 min_token_prob: float = 0.1, tree: bool = True, branches: int = 4, min_match: int = 2,
-                 corpus: Corpus | None = None):
+    def __init__(
+        self,
+        cache: SuffixCache | None = None,
+        max_tree_depth: int = 24,
+        max_spec_factor: float = 1.0,
+        min_token_prob: float = 0.1,
+        tree: bool = True,
+        branches: int = 4,
+        min_match: int = 2,
+        corpus: Corpus | None = None,
+    ):
         self.cache = cache if cache is not None else SuffixCache(max_tree_depth)
         self.corpus = corpus
         self.depth, self.factor, self.min_prob = max_tree_depth, max_spec_factor, min_token_prob
@@ -104,7 +119,9 @@ class SuffixDrafter:
         self.key = self.cache.new_key()
         self.seen = self.prompt_len = len(prompt)
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
         """context: every committed token -> up to k tokens (a tree: nodes at most k deep)."""
         if self.local is None:
             self.begin(context)

@@ -69,10 +69,16 @@ def _none(spec, k, ctx) -> RouteExport:
 def _ngram(spec, k, ctx) -> RouteExport:
     notes = []
     if spec.trees:
-        notes.append(f"ngram b={spec.option('b')} proposes token trees; vLLM's ngram proposer drafts one chain, "
-                     "so the export drafts the longest, most recent match only (b=1)")
-    cfg = {"method": "ngram", "num_speculative_tokens": k,
-           "prompt_lookup_min": spec.option("min_n"), "prompt_lookup_max": spec.option("max_n")}
+        notes.append(
+            f"ngram b={spec.option('b')} proposes token trees; vLLM's ngram proposer drafts one chain, "
+            "so the export drafts the longest, most recent match only (b=1)"
+        )
+    cfg = {
+        "method": "ngram",
+        "num_speculative_tokens": k,
+        "prompt_lookup_min": spec.option("min_n"),
+        "prompt_lookup_max": spec.option("max_n"),
+    }
     return RouteExport(cfg, notes)
 
 
@@ -83,23 +89,34 @@ def _suffix(spec, k, ctx) -> RouteExport:
     if o["tree"] == 1:
         notes.append("suffix tree=1 verifies token trees; vLLM's suffix proposer drafts one chain per step")
     if o["min_match"] != 1:
-        notes.append(f"suffix min_match={o['min_match']} has no vLLM setting: vLLM also proposes after one-token matches")
+        notes.append(
+            f"suffix min_match={o['min_match']} has no vLLM setting: vLLM also proposes after one-token matches"
+        )
     if spec.arg:
-        notes.append(f"the corpus {spec.arg} has no vLLM setting: vLLM's suffix cache starts empty and learns from "
-                     "the server's own responses")
-    cfg = {"method": "suffix", "num_speculative_tokens": min(k, o["max_tree_depth"]),
-           "suffix_decoding_max_tree_depth": o["max_tree_depth"],
-           "suffix_decoding_max_cached_requests": o["max_cached_requests"],
-           "suffix_decoding_max_spec_factor": o["max_spec_factor"],
-           "suffix_decoding_min_token_prob": o["min_token_prob"]}
+        notes.append(
+            f"the corpus {spec.arg} has no vLLM setting: vLLM's suffix cache starts empty and learns from "
+            "the server's own responses"
+        )
+    cfg = {
+        "method": "suffix",
+        "num_speculative_tokens": min(k, o["max_tree_depth"]),
+        "suffix_decoding_max_tree_depth": o["max_tree_depth"],
+        "suffix_decoding_max_cached_requests": o["max_cached_requests"],
+        "suffix_decoding_max_spec_factor": o["max_spec_factor"],
+        "suffix_decoding_min_token_prob": o["min_token_prob"],
+    }
     return RouteExport(cfg, notes)
 
 
-_DRAFT_MODEL_NOTE = ("method draft_model needs a vLLM whose V1 engine has the draft-model proposer (vLLM PR "
-                     "#24322); v0.11.0 rejects it with NotImplementedError")
+_DRAFT_MODEL_NOTE = (
+    "method draft_model needs a vLLM whose V1 engine has the draft-model proposer (vLLM PR "
+    "#24322); v0.11.0 rejects it with NotImplementedError"
+)
 
 
-def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k: str | None = None) -> Callable:
+def _trained(
+    kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k: str | None = None
+) -> Callable:
     """Exporter of our trained checkpoints: convert(tensors, config, loaded target) -> (tensors, config.json).
     max_k: the exported config.json key that bounds num_speculative_tokens (medusa: num_heads, since vLLM
     builds num_speculative_tokens heads and can load only the trained ones)."""
@@ -108,8 +125,14 @@ def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k
         from specdecode.backends import checkpoint
 
         arg = spec.arg
-        tree_notes = [f"{kind} options {dict(spec.options)} make token trees; the export drafts one chain (vLLM's "
-                      "default proposer for this method)"] if spec.options else []
+        tree_notes = (
+            [
+                f"{kind} options {dict(spec.options)} make token trees; the export drafts one chain (vLLM's "
+                "default proposer for this method)"
+            ]
+            if spec.options
+            else []
+        )
 
         def write(path: Path) -> None:
             tensors, config = checkpoint.load(arg, kind, ctx.target)
@@ -119,7 +142,9 @@ def _trained(kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k
         out = list(notes) + tree_notes
         bound = json.loads((path / "config.json").read_text())[max_k] if max_k else k
         if k > bound:
-            out.append(f"the {kind} checkpoint has {max_k}={bound}: num_speculative_tokens={bound}, not k={k}")
+            out.append(
+                f"the {kind} checkpoint has {max_k}={bound}: num_speculative_tokens={bound}, not k={k}"
+            )
             k = bound
         return RouteExport({"method": method, "model": str(path), "num_speculative_tokens": k}, out)
 
@@ -138,17 +163,27 @@ def _embedding(loaded):
     return loaded.model.hf.get_input_embeddings().weight
 
 
-_medusa = _trained("medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads")
-_eagle = _trained("eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded)))
-_distilled = _trained("draft", "draft_model", lambda t, c, loaded: ckpt.draft(t, c, _embedding(loaded), _lm_head(loaded), _hf_config(loaded)),
-                      notes=(_DRAFT_MODEL_NOTE,))
+_medusa = _trained(
+    "medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads"
+)
+_eagle = _trained(
+    "eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded))
+)
+_distilled = _trained(
+    "draft",
+    "draft_model",
+    lambda t, c, loaded: ckpt.draft(t, c, _embedding(loaded), _lm_head(loaded), _hf_config(loaded)),
+    notes=(_DRAFT_MODEL_NOTE,),
+)
 
 
 def _draft(spec, k, ctx) -> RouteExport:
     from specdecode.backends import models
     from specdecode.drafters import distilled
 
-    if distilled.is_checkpoint(spec.arg):  # the shipped distilled draft, or a `specdecode train draft` checkpoint
+    if distilled.is_checkpoint(
+        spec.arg
+    ):  # the shipped distilled draft, or a `specdecode train draft` checkpoint
         return _distilled(spec, k, ctx)
     options = dict(spec.options)
     where = models.local_path(spec.arg)  # a .gguf draft becomes a model directory (dequantized once)
@@ -165,8 +200,14 @@ def _composite(spec, k, ctx) -> RouteExport:
 
 # one exporter per drafter kind (tests check that every registered kind has one)
 EXPORTERS: dict[str, Callable[[Spec, int, Context], RouteExport]] = {
-    "none": _none, "ngram": _ngram, "draft": _draft, "medusa": _medusa, "eagle": _eagle, "ensemble": _composite,
-    "fallback": _composite, "suffix": _suffix,
+    "none": _none,
+    "ngram": _ngram,
+    "draft": _draft,
+    "medusa": _medusa,
+    "eagle": _eagle,
+    "ensemble": _composite,
+    "fallback": _composite,
+    "suffix": _suffix,
 }
 
 
@@ -176,8 +217,10 @@ def export_route(route: Route, ctx: Context, where: str) -> RouteExport:
         raise UserError(f"{where}: no vLLM export for drafter {route.drafter!r}")
     result = EXPORTERS[spec.kind](spec, route.k, ctx)
     if route.adaptive and result.speculative_config:
-        result.notes.append(f"adaptive k (0..{route.k} per step from live α and measured costs) has no vLLM "
-                            f"equivalent: fixed num_speculative_tokens={result.speculative_config['num_speculative_tokens']}")
+        result.notes.append(
+            f"adaptive k (0..{route.k} per step from live α and measured costs) has no vLLM "
+            f"equivalent: fixed num_speculative_tokens={result.speculative_config['num_speculative_tokens']}"
+        )
     result.notes = [f"{where}: {note}" for note in result.notes]
     return result
 
@@ -196,8 +239,17 @@ class ServeOptions:
 
 
 def serve_command(opts: ServeOptions, speculative_config: dict | None) -> list[str]:
-    argv = ["vllm", "serve", opts.target, "--port", str(opts.port), "--dtype", opts.dtype,
-            "--tensor-parallel-size", str(opts.tensor_parallel_size)]
+    argv = [
+        "vllm",
+        "serve",
+        opts.target,
+        "--port",
+        str(opts.port),
+        "--dtype",
+        opts.dtype,
+        "--tensor-parallel-size",
+        str(opts.tensor_parallel_size),
+    ]
     if opts.served_model_name:
         argv += ["--served-model-name", opts.served_model_name]
     if opts.max_model_len:
@@ -221,9 +273,17 @@ class Export:
     memory: dict | None = None  # vllm_memory.estimate, per GPU
 
     def to_json(self) -> dict:
-        return {"vllm_version": VLLM_VERSION, "command": self.command, "command_line": shlex.join(self.command),
-                "speculative_config": self.speculative_config, "routes": self.routes, "notes": self.notes,
-                "checkpoints": self.checkpoints, "memory": self.memory, "sources": "tests/fixtures/vllm/*.json in the specdecode repository"}
+        return {
+            "vllm_version": VLLM_VERSION,
+            "command": self.command,
+            "command_line": shlex.join(self.command),
+            "speculative_config": self.speculative_config,
+            "routes": self.routes,
+            "notes": self.notes,
+            "checkpoints": self.checkpoints,
+            "memory": self.memory,
+            "sources": "tests/fixtures/vllm/*.json in the specdecode repository",
+        }
 
 
 def _with_draft_tp(cfg: dict | None, draft_tp: int | None) -> dict | None:
@@ -235,26 +295,40 @@ def _with_draft_tp(cfg: dict | None, draft_tp: int | None) -> dict | None:
 def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
     default = export_route(config.default, ctx, "default")
     spec_cfg = _with_draft_tp(default.speculative_config, opts.draft_tensor_parallel_size)
-    notes = [f"targets vLLM {VLLM_VERSION}; paths are absolute: run the command where {ctx.out.resolve()} is "
-             "(or copy it and edit the paths)", *default.notes,
-             "per-request control: the 'speculative' (drafter, k) and 'task' fields of specdecode serve requests have "
-             "no vLLM equivalent; vLLM applies its one speculative config to every request"]
+    notes = [
+        f"targets vLLM {VLLM_VERSION}; paths are absolute: run the command where {ctx.out.resolve()} is "
+        "(or copy it and edit the paths)",
+        *default.notes,
+        "per-request control: the 'speculative' (drafter, k) and 'task' fields of specdecode serve requests have "
+        "no vLLM equivalent; vLLM applies its one speculative config to every request",
+    ]
     routes, differing = {}, []
     for task, route in config.routing.items():
         r = export_route(route, ctx, f"routing.{task}")
         cfg = _with_draft_tp(r.speculative_config, opts.draft_tensor_parallel_size)
-        routes[task] = {"drafter": route.drafter, "k": route.k, "speculative_config": cfg,
-                        "command": serve_command(opts, cfg)}
+        routes[task] = {
+            "drafter": route.drafter,
+            "k": route.k,
+            "speculative_config": cfg,
+            "command": serve_command(opts, cfg),
+        }
         notes += r.notes
         if cfg != spec_cfg:
             differing.append(f"{task} -> {route.drafter} k={route.k}")
     if differing:
-        notes.append("per-task routing: vLLM applies one speculative config to all requests; this export serves the "
-                     f"default route ({config.default.drafter}, k={config.default.k}) and loses: {'; '.join(differing)}. "
-                     "To keep it, run one deployment per route (commands in export.json, 'routes') behind a router "
-                     "that sends each task to its deployment")
-    return Export(serve_command(opts, spec_cfg), spec_cfg, routes, notes,
-                  {spec: str(path) for spec, path in ctx.written.items()})
+        notes.append(
+            "per-task routing: vLLM applies one speculative config to all requests; this export serves the "
+            f"default route ({config.default.drafter}, k={config.default.k}) and loses: {'; '.join(differing)}. "
+            "To keep it, run one deployment per route (commands in export.json, 'routes') behind a router "
+            "that sends each task to its deployment"
+        )
+    return Export(
+        serve_command(opts, spec_cfg),
+        spec_cfg,
+        routes,
+        notes,
+        {spec: str(path) for spec, path in ctx.written.items()},
+    )
 
 
 def write(result: Export, out: Path) -> None:
@@ -265,7 +339,9 @@ def write(result: Export, out: Path) -> None:
         (out / "speculative_config.json").write_text(json.dumps(result.speculative_config, indent=1) + "\n")
     script = out / "serve.sh"
     notes = "".join(f"# - {note}\n" for note in result.notes)
-    script.write_text(f"#!/usr/bin/env bash\n# written by specdecode export vllm, for vLLM {VLLM_VERSION}\n{notes}"
-                      f"exec {shlex.join(result.command)} \"$@\"\n")
+    script.write_text(
+        f"#!/usr/bin/env bash\n# written by specdecode export vllm, for vLLM {VLLM_VERSION}\n{notes}"
+        f'exec {shlex.join(result.command)} "$@"\n'
+    )
     script.chmod(0o755)
     (out / "export.json").write_text(json.dumps(result.to_json(), indent=1, ensure_ascii=False) + "\n")

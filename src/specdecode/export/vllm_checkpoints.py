@@ -54,8 +54,11 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
 
 def _check_token_map(token_map: torch.Tensor, vocab_size: int, what: str) -> torch.Tensor:
     token_map = token_map.long().cpu()
-    if token_map.numel() and (int(token_map.min()) < 0 or int(token_map.max()) >= vocab_size
-                              or token_map.unique().numel() != token_map.numel()):
+    if token_map.numel() and (
+        int(token_map.min()) < 0
+        or int(token_map.max()) >= vocab_size
+        or token_map.unique().numel() != token_map.numel()
+    ):
         raise UserError(f"{what}: the token map is not a set of distinct target token ids")
     return token_map
 
@@ -71,10 +74,19 @@ def medusa(tensors: dict, config: dict, lm_head: torch.Tensor) -> tuple[dict, di
         out[f"blocks.{i}.layers.0.bias"] = _bf16(bias[i])  # [H]
     out["lm_heads.0.weight"] = _bf16(lm_head[token_map])  # [Vd, H], shared by all heads
     out["token_map"] = token_map.clone()
-    cfg = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": hidden,
-           "vocab_size": vocab_size, "num_heads": int(weight.shape[0]), "num_hidden_layers": 1,
-           "truncated_vocab_size": int(token_map.numel()), "medusa_fc_bias": True, "original_lm_head": True,
-           "torch_dtype": "bfloat16", "specdecode": {**EXPORT_INFO, "target": config.get("target")}}
+    cfg = {
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": hidden,
+        "vocab_size": vocab_size,
+        "num_heads": int(weight.shape[0]),
+        "num_hidden_layers": 1,
+        "truncated_vocab_size": int(token_map.numel()),
+        "medusa_fc_bias": True,
+        "original_lm_head": True,
+        "torch_dtype": "bfloat16",
+        "specdecode": {**EXPORT_INFO, "target": config.get("target")},
+    }
     return out, cfg
 
 
@@ -82,17 +94,25 @@ def eagle3(tensors: dict, config: dict, lm_head: torch.Tensor, target_cfg: dict)
     """tensors: our EagleHead state (fuse, qkv, o, gate_up, down, norm_*) + token_map [Vd]."""
     layers, num_layers = list(config["layers"]), target_cfg["num_hidden_layers"]
     if len(layers) != 3:
-        raise UserError(f"the eagle head fuses {len(layers)} target layers {layers}; vLLM's EAGLE-3 "
-                        "(llama_eagle3.py) fuses exactly 3 (fc: 3·hidden -> hidden). Retrain with "
-                        "`specdecode train eagle --set layers=A,B,C`")
+        raise UserError(
+            f"the eagle head fuses {len(layers)} target layers {layers}; vLLM's EAGLE-3 "
+            "(llama_eagle3.py) fuses exactly 3 (fc: 3·hidden -> hidden). Retrain with "
+            "`specdecode train eagle --set layers=A,B,C`"
+        )
     if layers != sorted(set(layers)):
-        raise UserError(f"the eagle head's layers {layers} are not increasing; vLLM concatenates them in layer order")
+        raise UserError(
+            f"the eagle head's layers {layers} are not increasing; vLLM concatenates them in layer order"
+        )
     if layers[-1] >= num_layers - 1:
-        raise UserError(f"the eagle head reads the target's last layer ({layers[-1]}), which specdecode captures "
-                        "after the final norm; vLLM's aux hidden states are the residual stream before a layer, "
-                        "so it cannot feed that feature. Retrain with layers below the last")
+        raise UserError(
+            f"the eagle head reads the target's last layer ({layers[-1]}), which specdecode captures "
+            "after the final norm; vLLM's aux hidden states are the residual stream before a layer, "
+            "so it cannot feed that feature. Retrain with layers below the last"
+        )
     model_type = str(target_cfg.get("model_type", ""))
-    if not any(family in model_type for family in ("llama", "qwen", "mistral")):  # vLLM runs Mistral as its Llama
+    if not any(
+        family in model_type for family in ("llama", "qwen", "mistral")
+    ):  # vLLM runs Mistral as its Llama
         raise UserError(f"vLLM runs EAGLE-3 heads only on llama, mistral or qwen targets, not {model_type!r}")
     vocab_size, hidden = lm_head.shape
     h, kvh, d = config["heads"], config["kv_heads"], config["head_dim"]
@@ -105,10 +125,13 @@ def eagle3(tensors: dict, config: dict, lm_head: torch.Tensor, target_cfg: dict)
         "fc.weight": tensors["fuse.weight"],  # [H, 3H]
         "midlayer.input_layernorm.weight": tensors["norm_emb"],
         "midlayer.hidden_norm.weight": tensors["norm_feat"],
-        "midlayer.self_attn.q_proj.weight": q, "midlayer.self_attn.k_proj.weight": k,
-        "midlayer.self_attn.v_proj.weight": v, "midlayer.self_attn.o_proj.weight": tensors["o.weight"],
+        "midlayer.self_attn.q_proj.weight": q,
+        "midlayer.self_attn.k_proj.weight": k,
+        "midlayer.self_attn.v_proj.weight": v,
+        "midlayer.self_attn.o_proj.weight": tensors["o.weight"],
         "midlayer.post_attention_layernorm.weight": tensors["norm_mlp"],
-        "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
+        "midlayer.mlp.gate_proj.weight": gate,
+        "midlayer.mlp.up_proj.weight": up,
         "midlayer.mlp.down_proj.weight": tensors["down.weight"],
         "norm.weight": tensors["norm_out"],
         "lm_head.weight": lm_head[token_map],  # [Vd, H]
@@ -117,19 +140,37 @@ def eagle3(tensors: dict, config: dict, lm_head: torch.Tensor, target_cfg: dict)
     out["d2t"] = token_map - torch.arange(token_map.numel())  # target id = draft id + d2t[draft id]
     out["t2d"] = t2d
     aux = [layer + 1 for layer in layers]  # vLLM id j = the output of layer j - 1
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
-           "intermediate_size": config["intermediate"], "num_attention_heads": h, "num_key_value_heads": kvh,
-           "head_dim": d, "num_hidden_layers": 1, "rms_norm_eps": config["eps"], "hidden_act": "silu",
-           "vocab_size": vocab_size, "draft_vocab_size": int(token_map.numel()), "target_hidden_size": hidden,
-           "max_position_embeddings": target_cfg["max_position_embeddings"], **rope_fields(target_cfg),
-           "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "norm_before_residual": False,
-           "eagle_aux_hidden_state_layer_ids": aux,
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
-           "torch_dtype": "bfloat16", "specdecode": {**EXPORT_INFO, "target": config.get("target"), "layers": layers}}
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": config["intermediate"],
+        "num_attention_heads": h,
+        "num_key_value_heads": kvh,
+        "head_dim": d,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": config["eps"],
+        "hidden_act": "silu",
+        "vocab_size": vocab_size,
+        "draft_vocab_size": int(token_map.numel()),
+        "target_hidden_size": hidden,
+        "max_position_embeddings": target_cfg["max_position_embeddings"],
+        **rope_fields(target_cfg),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": aux,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+        "torch_dtype": "bfloat16",
+        "specdecode": {**EXPORT_INFO, "target": config.get("target"), "layers": layers},
+    }
     return out, cfg
 
 
-def draft(tensors: dict, config: dict, embedding: torch.Tensor, lm_head: torch.Tensor, target_cfg: dict) -> tuple[dict, dict]:
+def draft(
+    tensors: dict, config: dict, embedding: torch.Tensor, lm_head: torch.Tensor, target_cfg: dict
+) -> tuple[dict, dict]:
     """tensors: layers.{i}.* and norm.weight of a distilled draft (the target's own architecture);
     embedding, lm_head: the target's [V, H] (one matrix when it ties them)."""
     out = {"model.embed_tokens.weight": _bf16(embedding)}
@@ -139,9 +180,15 @@ def draft(tensors: dict, config: dict, embedding: torch.Tensor, lm_head: torch.T
     out.update({f"model.{name}": _bf16(t) for name, t in tensors.items()})
     n = config["num_layers"]
     cfg = {k: v for k, v in target_cfg.items() if not k.startswith("_")}
-    cfg.update(architectures=target_cfg.get("architectures") or ["LlamaForCausalLM"], num_hidden_layers=n,
-               tie_word_embeddings=tied, torch_dtype="bfloat16", dtype="bfloat16", **rope_fields(target_cfg),
-               specdecode={**EXPORT_INFO, "target": config.get("target")})
+    cfg.update(
+        architectures=target_cfg.get("architectures") or ["LlamaForCausalLM"],
+        num_hidden_layers=n,
+        tie_word_embeddings=tied,
+        torch_dtype="bfloat16",
+        dtype="bfloat16",
+        **rope_fields(target_cfg),
+        specdecode={**EXPORT_INFO, "target": config.get("target")},
+    )
     if isinstance(cfg.get("layer_types"), list):
         cfg["layer_types"] = cfg["layer_types"][:n]
     return out, cfg
@@ -154,5 +201,9 @@ def save(directory: Path, tensors: dict, config: dict) -> None:
     from specdecode.backends.checkpoint import write_atomic
 
     tensors = {k: v.contiguous() for k, v in tensors.items()}
-    write_atomic(directory / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    write_atomic(directory / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=1) + "\n"))
+    write_atomic(
+        directory / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})
+    )
+    write_atomic(
+        directory / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=1) + "\n")
+    )

@@ -80,8 +80,16 @@ DRAFTERS = {"medusa": _head(with_kv=False), "eagle3": _head(with_kv=True), "draf
 NO_DRAFTER = Shape(0, 0, 1, 0)  # ngram, or plain decoding
 
 
-def estimate(target_cfg, speculative_config: dict | None, *, tp: int, dtype: str, gpu_gib: float,
-             utilization: float, max_model_len: int | None) -> dict:
+def estimate(
+    target_cfg,
+    speculative_config: dict | None,
+    *,
+    tp: int,
+    dtype: str,
+    gpu_gib: float,
+    utilization: float,
+    max_model_len: int | None,
+) -> dict:
     """The deployment's memory per GPU (bytes) and its KV capacity (tokens, and sequences of max_model_len)."""
     nbytes, target = BYTES[dtype], Shape.of(target_cfg)
     method = (speculative_config or {}).get("method")
@@ -92,23 +100,39 @@ def estimate(target_cfg, speculative_config: dict | None, *, tp: int, dtype: str
     free = utilization * gpu_gib * GIB - weights - drafter_weights
     tokens = max(0, int(free // (kv_target + kv_drafter)))
     max_len = max_model_len or getattr(target_cfg, "max_position_embeddings", None)
-    return {"per_gpu": True, "tensor_parallel_size": tp, "dtype": dtype, "gpu_memory_gib": gpu_gib,
-            "gpu_memory_utilization": utilization, "target_weights": weights, "drafter_weights": drafter_weights,
-            "kv_cache_per_token": {"target": kv_target, "drafter": kv_drafter},
-            "kv_cache_tokens": tokens, "max_model_len": max_len,
-            "sequences_at_max_model_len": tokens // max_len if max_len else None, "fits": free > 0,
-            "not_modelled": "activations, sampler and CUDA graphs (vLLM's profiling run): the capacity is an upper bound"}
+    return {
+        "per_gpu": True,
+        "tensor_parallel_size": tp,
+        "dtype": dtype,
+        "gpu_memory_gib": gpu_gib,
+        "gpu_memory_utilization": utilization,
+        "target_weights": weights,
+        "drafter_weights": drafter_weights,
+        "kv_cache_per_token": {"target": kv_target, "drafter": kv_drafter},
+        "kv_cache_tokens": tokens,
+        "max_model_len": max_len,
+        "sequences_at_max_model_len": tokens // max_len if max_len else None,
+        "fits": free > 0,
+        "not_modelled": "activations, sampler and CUDA graphs (vLLM's profiling run): the capacity is an upper bound",
+    }
 
 
 def render(mem: dict) -> str:
     kv = mem["kv_cache_per_token"]
-    line = (f"memory per GPU (tp={mem['tensor_parallel_size']}, {mem['dtype']}): target weights "
-            f"{fmt(mem['target_weights'])}, drafter weights {fmt(mem['drafter_weights'])}, KV cache "
-            f"{(kv['target'] + kv['drafter']) / 1024:.1f} KiB/token (drafter {kv['drafter'] / 1024:.1f}); ")
+    line = (
+        f"memory per GPU (tp={mem['tensor_parallel_size']}, {mem['dtype']}): target weights "
+        f"{fmt(mem['target_weights'])}, drafter weights {fmt(mem['drafter_weights'])}, KV cache "
+        f"{(kv['target'] + kv['drafter']) / 1024:.1f} KiB/token (drafter {kv['drafter'] / 1024:.1f}); "
+    )
     if not mem["fits"]:
-        return line + (f"the weights do not fit in {mem['gpu_memory_utilization']} x {mem['gpu_memory_gib']} GiB: "
-                       "raise --tensor-parallel-size")
+        return line + (
+            f"the weights do not fit in {mem['gpu_memory_utilization']} x {mem['gpu_memory_gib']} GiB: "
+            "raise --tensor-parallel-size"
+        )
     seqs = mem["sequences_at_max_model_len"]
-    return line + (f"at {mem['gpu_memory_utilization']} x {mem['gpu_memory_gib']} GiB at most {mem['kv_cache_tokens']:,} "
-                   "tokens of KV cache" + (f" ({seqs} sequences of {mem['max_model_len']})" if seqs is not None else "")
-                   + ", before activations and CUDA graphs")
+    return line + (
+        f"at {mem['gpu_memory_utilization']} x {mem['gpu_memory_gib']} GiB at most {mem['kv_cache_tokens']:,} "
+        "tokens of KV cache"
+        + (f" ({seqs} sequences of {mem['max_model_len']})" if seqs is not None else "")
+        + ", before activations and CUDA graphs"
+    )

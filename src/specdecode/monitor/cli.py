@@ -15,18 +15,34 @@ from specdecode.core.taskstate import DRIFT_DROP
 
 
 def add_parser(sub) -> None:
-    m = sub.add_parser("monitor", help="α, τ and per-position acceptance of a vLLM or specdecode server's /metrics")
-    m.add_argument("source", help="http://host:port/metrics (or host:port), a file:// URL or a file of metrics text")
+    m = sub.add_parser(
+        "monitor", help="α, τ and per-position acceptance of a vLLM or specdecode server's /metrics"
+    )
+    m.add_argument(
+        "source", help="http://host:port/metrics (or host:port), a file:// URL or a file of metrics text"
+    )
     m.add_argument("--interval", type=float, default=5.0, help="seconds between scrapes")
     m.add_argument("--window", type=float, default=60.0, help="sliding window in seconds")
-    m.add_argument("--json", action="store_true", help="print one JSON object per scrape instead of the live view")
+    m.add_argument(
+        "--json", action="store_true", help="print one JSON object per scrape instead of the live view"
+    )
     m.add_argument("--once", action="store_true", help="scrape once and report the counters' totals")
     m.add_argument("--count", type=int, default=None, help="stop after this many scrapes")
-    m.add_argument("--by", help="also report per value of this label (specdecode: task, drafter; vLLM: engine)")
-    m.add_argument("--drift-drop", type=float, default=DRIFT_DROP,
-                   help="alert when windowed α falls this fraction below the baseline")
-    m.add_argument("--baseline-alpha", type=float, default=None, help="baseline α (default: the first full window's)")
-    m.add_argument("--min-draft-tokens", type=float, default=50, help="windows with fewer draft tokens raise no alert")
+    m.add_argument(
+        "--by", help="also report per value of this label (specdecode: task, drafter; vLLM: engine)"
+    )
+    m.add_argument(
+        "--drift-drop",
+        type=float,
+        default=DRIFT_DROP,
+        help="alert when windowed α falls this fraction below the baseline",
+    )
+    m.add_argument(
+        "--baseline-alpha", type=float, default=None, help="baseline α (default: the first full window's)"
+    )
+    m.add_argument(
+        "--min-draft-tokens", type=float, default=50, help="windows with fewer draft tokens raise no alert"
+    )
     m.add_argument("--timeout", type=float, default=5.0, help="seconds per scrape")
     m.set_defaults(run=run)
 
@@ -55,8 +71,10 @@ def run(args: argparse.Namespace) -> None:
     tracker = Tracker(args.window, args.drift_drop, args.baseline_alpha, args.min_draft_tokens, args.by)
     first = scrape(tracker, args.source, args.timeout)  # an unreachable source is a user error up front
     if first.prefix is None and count == 1:
-        raise UserError(f"no spec_decode counters at {args.source} (vllm:spec_decode_* or specdecode:spec_decode_*); "
-                        "is speculative decoding enabled?")
+        raise UserError(
+            f"no spec_decode counters at {args.source} (vllm:spec_decode_* or specdecode:spec_decode_*); "
+            "is speculative decoding enabled?"
+        )
     if args.json:
         _print_json(tracker, args, first, count)
     else:
@@ -78,7 +96,11 @@ def _scrapes(tracker: Tracker, args, count: int | None):
 def _print_json(tracker, args, first, count) -> None:
     print(json.dumps(to_json(first, args.source)), flush=True)
     for snap, error in _scrapes(tracker, args, count):
-        obj = to_json(snap, args.source) if snap else {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "error": error}
+        obj = (
+            to_json(snap, args.source)
+            if snap
+            else {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "error": error}
+        )
         print(json.dumps(obj), flush=True)
 
 

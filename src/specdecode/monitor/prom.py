@@ -78,7 +78,7 @@ def parse(text: str) -> list[Sample]:
 def fetch(source: str, timeout: float = 5.0) -> str:
     """An http(s) URL (a bare host:port gets http:// and /metrics), a file:// URL or a file path -> text."""
     if source.startswith("file://"):
-        source = source[len("file://"):]
+        source = source[len("file://") :]
     elif not source.startswith(("http://", "https://")) and not Path(source).exists():
         if ":" in source and "/" not in source:  # host:port
             source = f"http://{source}/metrics"

@@ -48,15 +48,23 @@ class Counts:
             pos = int(labels.get("position", 0))
             self.per_pos[pos] = self.per_pos.get(pos, 0.0) + value
         else:
-            name = {"num_drafts": "drafts", "num_draft_tokens": "draft_tokens", "num_accepted_tokens": "accepted"}[family]
+            name = {
+                "num_drafts": "drafts",
+                "num_draft_tokens": "draft_tokens",
+                "num_accepted_tokens": "accepted",
+            }[family]
             setattr(self, name, getattr(self, name) + value)
 
     def __add__(self, other: "Counts") -> "Counts":
         per_pos = dict(self.per_pos)
         for pos, v in other.per_pos.items():
             per_pos[pos] = per_pos.get(pos, 0.0) + v
-        return Counts(self.drafts + other.drafts, self.draft_tokens + other.draft_tokens,
-                      self.accepted + other.accepted, per_pos)
+        return Counts(
+            self.drafts + other.drafts,
+            self.draft_tokens + other.draft_tokens,
+            self.accepted + other.accepted,
+            per_pos,
+        )
 
     @property
     def alpha(self) -> float | None:
@@ -73,9 +81,14 @@ class Counts:
 
     def to_json(self) -> dict:
         r = lambda x: None if x is None else round(x, 4)  # noqa: E731
-        return {"num_drafts": self.drafts, "num_draft_tokens": self.draft_tokens,
-                "num_accepted_tokens": self.accepted, "acceptance_rate": r(self.alpha),
-                "mean_acceptance_length": r(self.tau), "acceptance_by_position": [r(x) for x in self.by_position]}
+        return {
+            "num_drafts": self.drafts,
+            "num_draft_tokens": self.draft_tokens,
+            "num_accepted_tokens": self.accepted,
+            "acceptance_rate": r(self.alpha),
+            "mean_acceptance_length": r(self.tau),
+            "acceptance_by_position": [r(x) for x in self.by_position],
+        }
 
 
 def spec_series(samples) -> tuple[str | None, dict[SeriesKey, float]]:
@@ -85,7 +98,7 @@ def spec_series(samples) -> tuple[str | None, dict[SeriesKey, float]]:
         for prefix in PREFIXES:
             if not s.name.startswith(prefix + "spec_decode_") or s.name.endswith("_created"):
                 continue
-            family = s.name[len(prefix + "spec_decode_"):].removesuffix("_total")
+            family = s.name[len(prefix + "spec_decode_") :].removesuffix("_total")
             if family in FAMILIES:
                 found.setdefault(prefix, {}).setdefault((family, s.labels), s.value)
     prefix = next((p for p in PREFIXES if p in found), None)
@@ -129,9 +142,20 @@ class _Group:
 
 
 class Tracker:
-    def __init__(self, window_s: float = 60.0, drift_drop: float = DRIFT_DROP, baseline_alpha: float | None = None,
-                 min_draft_tokens: float = 50, by: str | None = None):
-        self.window_s, self.drift_drop, self.min_draft_tokens, self.by = window_s, drift_drop, min_draft_tokens, by
+    def __init__(
+        self,
+        window_s: float = 60.0,
+        drift_drop: float = DRIFT_DROP,
+        baseline_alpha: float | None = None,
+        min_draft_tokens: float = 50,
+        by: str | None = None,
+    ):
+        self.window_s, self.drift_drop, self.min_draft_tokens, self.by = (
+            window_s,
+            drift_drop,
+            min_draft_tokens,
+            by,
+        )
         self.fixed_baseline = baseline_alpha
         self.last: dict[SeriesKey, float] | None = None
         self.started = self.prev_t = None
@@ -142,7 +166,9 @@ class Tracker:
         out, reset = {}, False
         for key, value in series.items():
             old = self.last.get(key)
-            if old is None or value < old:  # new series (started at 0), or reset: the new value is the increase
+            if (
+                old is None or value < old
+            ):  # new series (started at 0), or reset: the new value is the increase
                 reset |= old is not None
                 out[key] = value
             else:
@@ -157,7 +183,9 @@ class Tracker:
         if self.started is None:
             self.started = t
         views = {}
-        for name in sorted(set(totals) | set(self.groups) | set(increases or {}), key=lambda g: (g != ALL, g)):
+        for name in sorted(
+            set(totals) | set(self.groups) | set(increases or {}), key=lambda g: (g != ALL, g)
+        ):
             group = self.groups.setdefault(name, _Group(baseline=self.fixed_baseline))
             if increases is not None:
                 group.entries.append((self.prev_t, t, increases.get(name, Counts())))
@@ -176,9 +204,16 @@ class Tracker:
         enough = window.draft_tokens >= self.min_draft_tokens
         if group.baseline is None and enough and t - self.started >= self.window_s - 1e-9:
             group.baseline = window.alpha
-        alert = bool(enough and group.baseline is not None and drifted(window.alpha, group.baseline, self.drift_drop))
+        alert = bool(
+            enough and group.baseline is not None and drifted(window.alpha, group.baseline, self.drift_drop)
+        )
         if alert and not group.alert:
-            log.warning("acceptance drift (%s): α %.3f over the last %.0f s, baseline %.3f",
-                        name, window.alpha, self.window_s, group.baseline)
+            log.warning(
+                "acceptance drift (%s): α %.3f over the last %.0f s, baseline %.3f",
+                name,
+                window.alpha,
+                self.window_s,
+                group.baseline,
+            )
         group.alert = alert
         return GroupView(total, window, group.baseline, alert)

@@ -1,14 +1,14 @@
 """`specdecode serve`: an OpenAI-compatible server with batched speculative decoding.
 
-  backends/batch_model.py        many sequences in one target forward (ragged rows, per-slot KV)
-  core/batch_decoder.py          the decoding step for many sequences (core/step.py, shared with decoder.py)
-  engine.py                      continuous batching scheduler around it: queue, admit, k under load, deliver
-  load.py                        measured verify cost at each batch size -> k under load
-  drafting.py                    one drafter object per request
-  suffix_cache.py                suffix decoding's response caches: scopes, persistence, warming
-  lifecycle.py                   shutdown: drain, then fail what still runs (error event + [DONE], 503)
-  metrics.py                     Prometheus counters/gauges/histograms, defined once; /stats view
-  schemas.py, app.py             pydantic bodies, routes, SSE streaming, auth, limits, errors
+backends/batch_model.py        many sequences in one target forward (ragged rows, per-slot KV)
+core/batch_decoder.py          the decoding step for many sequences (core/step.py, shared with decoder.py)
+engine.py                      continuous batching scheduler around it: queue, admit, k under load, deliver
+load.py                        measured verify cost at each batch size -> k under load
+drafting.py                    one drafter object per request
+suffix_cache.py                suffix decoding's response caches: scopes, persistence, warming
+lifecycle.py                   shutdown: drain, then fail what still runs (error event + [DONE], 503)
+metrics.py                     Prometheus counters/gauges/histograms, defined once; /stats view
+schemas.py, app.py             pydantic bodies, routes, SSE streaming, auth, limits, errors
 """
 
 from __future__ import annotations
@@ -25,11 +25,24 @@ from specdecode.server.metrics import ServerMetrics
 from specdecode.server.suffix_cache import SuffixCaches
 
 
-def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, max_batch: int = 8,
-                 queue_size: int = 64, load_control: bool = True, dtype: str = "fp32", device: str | None = None,
-                 backend: str = "auto", drafter_quant: str = "none", threads: int | None = None,
-                 suffix_caches: SuffixCaches | None = None, prefill_budget: int = 128,
-                 prefix_cache_mb: int = 256, kv_reserve: int = 0) -> Engine:
+def build_engine(
+    target: LoadedModel,
+    routes: SpecConfig,
+    *,
+    model_name: str,
+    max_batch: int = 8,
+    queue_size: int = 64,
+    load_control: bool = True,
+    dtype: str = "fp32",
+    device: str | None = None,
+    backend: str = "auto",
+    drafter_quant: str = "none",
+    threads: int | None = None,
+    suffix_caches: SuffixCaches | None = None,
+    prefill_budget: int = 128,
+    prefix_cache_mb: int = 256,
+    kv_reserve: int = 0,
+) -> Engine:
     """Everything the server runs on: batched target (its KV cache sized for `kv_reserve` positions
     per slot now, else grown on demand), drafters (model drafters loaded now), the measured batch
     costs (when load_control) and the metrics."""
@@ -37,13 +50,23 @@ def build_engine(target: LoadedModel, routes: SpecConfig, *, model_name: str, ma
     if kv_reserve and hasattr(model, "reserve"):
         model.reserve(kv_reserve)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
-    pool = DrafterPool(drafters.DrafterContext(target, dtype, device, backend, drafter_quant), sorted(specs),
-                       suffix_caches)
+    pool = DrafterPool(
+        drafters.DrafterContext(target, dtype, device, backend, drafter_quant), sorted(specs), suffix_caches
+    )
     k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
     costs = measure(model, max_batch, min(k_max, 8)) if load_control else None
-    return Engine(model, target.tokenizer, target.eos_ids, pool, ServerMetrics(model_name),
-                  queue_size=queue_size, costs=costs, threads=threads, prefill_budget=prefill_budget,
-                  prefix_cache=PrefixCache(max_bytes=prefix_cache_mb << 20) if prefix_cache_mb > 0 else None)
+    return Engine(
+        model,
+        target.tokenizer,
+        target.eos_ids,
+        pool,
+        ServerMetrics(model_name),
+        queue_size=queue_size,
+        costs=costs,
+        threads=threads,
+        prefill_budget=prefill_budget,
+        prefix_cache=PrefixCache(max_bytes=prefix_cache_mb << 20) if prefix_cache_mb > 0 else None,
+    )
 
 
 def default_routes(drafter: str, k: int, adaptive: bool) -> SpecConfig:

@@ -71,29 +71,51 @@ class CompletionFormat:
         return []
 
     def chunk(self, text: str, finish_reason: str | None = None) -> dict:
-        return self._wrap(self.chunk_object, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}])
+        return self._wrap(
+            self.chunk_object, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
+        )
 
     def usage_chunk(self, usage: dict) -> dict:
         return self._wrap(self.chunk_object, [], usage)
 
     def full(self, text: str, finish_reason: str, usage: dict) -> dict:
-        return self._wrap(self.object, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}], usage)
+        return self._wrap(
+            self.object, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}], usage
+        )
 
 
 class ChatFormat(CompletionFormat):
     object, chunk_object, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
     def opening(self) -> list[dict]:
-        return [self._wrap(self.chunk_object, [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                "logprobs": None, "finish_reason": None}])]
+        return [
+            self._wrap(
+                self.chunk_object,
+                [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            )
+        ]
 
     def chunk(self, text: str, finish_reason: str | None = None) -> dict:
         delta = {"content": text} if text else {}
-        return self._wrap(self.chunk_object, [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+        return self._wrap(
+            self.chunk_object,
+            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        )
 
     def full(self, text: str, finish_reason: str, usage: dict) -> dict:
         message = {"role": "assistant", "content": text}
-        return self._wrap(self.object, [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}], usage)
+        return self._wrap(
+            self.object,
+            [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+            usage,
+        )
 
 
 def _sse(obj: dict | str) -> bytes:
@@ -119,14 +141,24 @@ class Guard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         if self.key and scope["path"].startswith(self.PROTECTED) and not self._authorized(headers):
-            resp = error_response(401, "missing or invalid API key (Authorization: Bearer <key>)",
-                                  "authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            resp = error_response(
+                401,
+                "missing or invalid API key (Authorization: Bearer <key>)",
+                "authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
             return await resp(scope, receive, send)
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_body:
             status = 413 if length.isdigit() else 400
-            resp = error_response(status, f"request body larger than {self.max_body} bytes" if status == 413
-                                  else "invalid Content-Length", "invalid_request_error")
+            resp = error_response(
+                status,
+                f"request body larger than {self.max_body} bytes"
+                if status == 413
+                else "invalid Content-Length",
+                "invalid_request_error",
+            )
             return await resp(scope, receive, send)
         seen = 0
 
@@ -161,20 +193,30 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
     async def _invalid(request, exc: RequestValidationError):
         errors = exc.errors()
         # a union (content: str | list of parts) reports each member; our own checks say the most
-        first = next((e for e in errors if not e.get("type", "").endswith("_type")), errors[0] if errors else
-                     {"loc": (), "msg": "invalid request"})
+        first = next(
+            (e for e in errors if not e.get("type", "").endswith("_type")),
+            errors[0] if errors else {"loc": (), "msg": "invalid request"},
+        )
         if first.get("type") == "json_invalid":  # loc is (body, character offset): not a parameter
             where = first.get("loc", ("", "?"))[-1]
-            return error_response(400, f"the body is not valid JSON (at character {where}): "
-                                       f"{first.get('ctx', {}).get('error', first.get('msg'))}", "invalid_request_error")
+            return error_response(
+                400,
+                f"the body is not valid JSON (at character {where}): "
+                f"{first.get('ctx', {}).get('error', first.get('msg'))}",
+                "invalid_request_error",
+            )
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         param = ".".join(loc) or None
-        return error_response(400, f"{param + ': ' if param else ''}{first.get('msg')}", "invalid_request_error", param)
+        return error_response(
+            400, f"{param + ': ' if param else ''}{first.get('msg')}", "invalid_request_error", param
+        )
 
     @app.exception_handler(HTTPException)
     async def _http(request, exc: HTTPException):
         kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}
-        return error_response(exc.status_code, str(exc.detail), kind.get(exc.status_code, "invalid_request_error"))
+        return error_response(
+            exc.status_code, str(exc.detail), kind.get(exc.status_code, "invalid_request_error")
+        )
 
     @app.exception_handler(ApiError)
     async def _api(request, exc: ApiError):
@@ -187,8 +229,13 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
 
     def build(req, ids: list[int], task_text: str) -> eng.Request:
         if req.model is not None and req.model != opts.model_name:
-            raise ApiError(404, f"model {req.model!r} not found; this server serves {opts.model_name!r}",
-                           "not_found_error", "model", "model_not_found")
+            raise ApiError(
+                404,
+                f"model {req.model!r} not found; this server serves {opts.model_name!r}",
+                "not_found_error",
+                "model",
+                "model_not_found",
+            )
         if not ids:
             raise ApiError(400, "prompt is empty after tokenization", param="prompt")
         if any(not 0 <= t < vocab for t in ids):
@@ -198,8 +245,13 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
         if max_tokens is None:
             max_tokens = 16 if isinstance(req, CompletionRequest) else room
         if max_tokens < 1 or len(ids) + max_tokens > context:
-            raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
-                                f"context of {context} tokens", param="max_tokens", code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+                f"context of {context} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         task = req.task or classify(task_text)
         route = resolve_route(req.speculative, task, opts.routes)
         try:
@@ -208,8 +260,19 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
         except UserError as e:
             raise ApiError(400, str(e), param="speculative.drafter") from None
         drafter = canonical(route.drafter)  # one spelling per drafter: metric labels, stats keys, templates
-        return eng.Request(ids, params, max_tokens, tuple(req.stop or ()), req.seed, drafter, route.k,
-                           route.adaptive, task, req.ignore_eos, opts.timeout_s)
+        return eng.Request(
+            ids,
+            params,
+            max_tokens,
+            tuple(req.stop or ()),
+            req.seed,
+            drafter,
+            route.k,
+            route.adaptive,
+            task,
+            req.ignore_eos,
+            opts.timeout_s,
+        )
 
     async def run(request: Request, req, ids: list[int], task_text: str, fmt: CompletionFormat):
         engine_req = build(req, ids, task_text)
@@ -227,13 +290,18 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
             seq = engine.submit(engine_req, sink)
         except eng.QueueFull as e:
             engine.metrics.rejected.labels(engine.metrics.model_name, "queue_full").inc()
-            raise ApiError(429, str(e), "rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"}) from None
+            raise ApiError(
+                429, str(e), "rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"}
+            ) from None
         except eng.ShuttingDown as e:
             raise ApiError(503, str(e), "service_unavailable") from None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_stream(seq, queue, fmt, include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                _stream(seq, queue, fmt, include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         return await _collect(request, seq, queue, fmt)
 
     async def _stream(seq, queue, fmt: CompletionFormat, include_usage: bool):
@@ -252,7 +320,9 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
                     if include_usage:
                         yield _sse(fmt.usage_chunk(event.usage.to_json()))
                 else:
-                    yield _sse({"error": {"message": event.message, "type": event.type, "param": None, "code": None}})
+                    yield _sse(
+                        {"error": {"message": event.message, "type": event.type, "param": None, "code": None}}
+                    )
                 yield _sse("[DONE]")
                 return
         finally:
@@ -301,12 +371,24 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
             raise ApiError(400, f"chat template failed: {e}", param="messages") from None
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         users = [m["content"] for m in messages if m["role"] == "user"]
-        return await run(request, req, ids, users[-1] if users else messages[-1]["content"], ChatFormat(opts.model_name))
+        return await run(
+            request, req, ids, users[-1] if users else messages[-1]["content"], ChatFormat(opts.model_name)
+        )
 
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [{"id": opts.model_name, "object": "model", "created": 0,
-                                            "owned_by": "specdecode", "max_model_len": context}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": opts.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "specdecode",
+                    "max_model_len": context,
+                }
+            ],
+        }
 
     @app.get("/health")
     async def health():
@@ -314,7 +396,9 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
 
     @app.get("/metrics")
     async def metrics():
-        return Response(engine.metrics.prometheus_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(
+            engine.metrics.prometheus_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     @app.get("/stats")
     async def stats():

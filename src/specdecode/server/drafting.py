@@ -16,6 +16,7 @@ from specdecode.core.batch_decoder import per_sequence
 from specdecode.errors import UserError
 from specdecode.server.suffix_cache import SuffixCaches
 
+
 def check_servable(text: str) -> drafters.Spec:
     """Parse a drafter spec before anything is loaded (a malformed one is a clear error). Every
     drafter kind is servable: the batched core verifies token trees and hands feature drafters their rows."""
@@ -36,7 +37,9 @@ def _on_demand() -> list[str]:
 
 
 class DrafterPool:
-    def __init__(self, ctx: drafters.DrafterContext, preload: Iterable[str] = (), caches: SuffixCaches | None = None):
+    def __init__(
+        self, ctx: drafters.DrafterContext, preload: Iterable[str] = (), caches: SuffixCaches | None = None
+    ):
         self.ctx = ctx
         self.caches = caches or SuffixCaches()
         self.templates: dict[str, drafters.Drafter] = {}
@@ -50,8 +53,10 @@ class DrafterPool:
         with self.lock:
             if key not in self.templates:
                 if not spec.weightless and not allow_load:
-                    raise UserError(f"drafter {text!r} is not loaded on this server; "
-                                    f"available: {', '.join(self.available())}")
+                    raise UserError(
+                        f"drafter {text!r} is not loaded on this server; "
+                        f"available: {', '.join(self.available())}"
+                    )
                 self.templates[key] = drafters.build(spec, self.ctx)
             return self.templates[key]
 
@@ -63,4 +68,3 @@ class DrafterPool:
         drafter = per_sequence(self.template(spec))
         self.caches.attach(drafter, str(drafters.parse(spec)), scope)
         return drafter
-

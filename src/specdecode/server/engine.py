@@ -75,8 +75,12 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "speculative": {
-                "drafter": self.drafter, "task": self.task, "k": self.k, "num_drafts": self.num_drafts,
-                "num_draft_tokens": self.num_draft_tokens, "num_accepted_tokens": self.num_accepted_tokens,
+                "drafter": self.drafter,
+                "task": self.task,
+                "k": self.k,
+                "num_drafts": self.num_drafts,
+                "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens,
             },
         }
 
@@ -137,14 +141,27 @@ class Sequence:
 
 
 class Engine:
-    def __init__(self, model: BatchLM, tokenizer, eos_ids: set[int], pool: DrafterPool, metrics: ServerMetrics,
-                 *, queue_size: int = 64, costs: BatchCosts | None = None, threads: int | None = None,
-                 prefill_budget: int = 128, prefix_cache: PrefixCache | None = None):
+    def __init__(
+        self,
+        model: BatchLM,
+        tokenizer,
+        eos_ids: set[int],
+        pool: DrafterPool,
+        metrics: ServerMetrics,
+        *,
+        queue_size: int = 64,
+        costs: BatchCosts | None = None,
+        threads: int | None = None,
+        prefill_budget: int = 128,
+        prefix_cache: PrefixCache | None = None,
+    ):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)
         self.core = BatchDecoder(model, prefix_cache)
         self.pool, self.metrics, self.costs = pool, metrics, costs
         self.queue_size = queue_size
-        self.prefill_budget = prefill_budget  # prompt tokens per step: long prompts go in chunks between steps
+        self.prefill_budget = (
+            prefill_budget  # prompt tokens per step: long prompts go in chunks between steps
+        )
         self.threads = threads or torch.get_num_threads()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -164,11 +181,26 @@ class Engine:
 
     def submit(self, request: Request, sink: Callable[[Event], None]) -> Sequence:
         eos = frozenset() if request.ignore_eos else frozenset(self.eos_ids)
-        generator = torch.Generator().manual_seed(request.seed if request.seed is not None else secrets.randbits(63))
-        dec = batch_decoder.Sequence(request.prompt, self.pool.instance(request.drafter, request.scope),
-                                     self._policy(request),
-                                     request.params, generator, request.max_tokens, eos)
-        seq = Sequence(next(self.ids), request, sink, dec, time.perf_counter(), TextStream(self.tokenizer, request.stop, eos))
+        generator = torch.Generator().manual_seed(
+            request.seed if request.seed is not None else secrets.randbits(63)
+        )
+        dec = batch_decoder.Sequence(
+            request.prompt,
+            self.pool.instance(request.drafter, request.scope),
+            self._policy(request),
+            request.params,
+            generator,
+            request.max_tokens,
+            eos,
+        )
+        seq = Sequence(
+            next(self.ids),
+            request,
+            sink,
+            dec,
+            time.perf_counter(),
+            TextStream(self.tokenizer, request.stop, eos),
+        )
         with self.cv:
             if self.stopping:
                 raise ShuttingDown("the server is shutting down")
@@ -207,10 +239,15 @@ class Engine:
             # a seeded request keeps a fixed k: adaptive k follows measured timings and other requests'
             # acceptance, and a different k consumes its generator differently (not reproducible)
             return FixedK(spec.k(request.k))
-        cost = self.costs.cost(1, self.draft_s_per_token.get(request.drafter, 0.0), request.k) if self.costs \
+        cost = (
+            self.costs.cost(1, self.draft_s_per_token.get(request.drafter, 0.0), request.k)
+            if self.costs
             else CostModel(0.0, {})
+        )
         known = self.spec_stats.get(request.drafter)
-        return adaptive_k(cost, request.k, known.conditional_acceptance if known and known.drafted >= 32 else None)
+        return adaptive_k(
+            cost, request.k, known.conditional_acceptance if known and known.drafted >= 32 else None
+        )
 
     def _gauges(self) -> None:
         self.metrics.set_queue(len(self.running), len(self.waiting))
@@ -254,7 +291,11 @@ class Engine:
             if seq.cancelled:
                 self._finish(seq, "abort", Done("abort", self._usage(seq)))
             elif seq.deadline is not None and now > seq.deadline:
-                self._finish(seq, "timeout", Failed(408, "timeout", f"request timed out after {seq.request.timeout_s} s"))
+                self._finish(
+                    seq,
+                    "timeout",
+                    Failed(408, "timeout", f"request timed out after {seq.request.timeout_s} s"),
+                )
 
     def _finish(self, seq: Sequence, reason: str, event: Event) -> None:
         if seq in self.waiting:
@@ -271,7 +312,9 @@ class Engine:
             self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(len(seq.request.prompt))
         cache = self.core.prefix_cache
         before = (cache.queries, cache.hits) if cache else (0, 0)
-        prefill_s = self.core.start([seq.dec for seq in admitted], chunked=True)  # prompts go in with the steps
+        prefill_s = self.core.start(
+            [seq.dec for seq in admitted], chunked=True
+        )  # prompts go in with the steps
         if cache:
             self.metrics.observe_prefix(cache.queries - before[0], cache.hits - before[1])
         for seq in admitted:
@@ -284,15 +327,22 @@ class Engine:
         if seq.request.seed is not None:
             return k  # load control leaves a seeded request's k alone: same text alone and in a full batch
         if self.costs is not None and known is not None and known.drafted >= 32:
-            k = min(k, self.costs.cap(len(self.running), known.conditional_acceptance, k,
-                                      self.draft_s_per_token.get(spec, 0.0)))
+            k = min(
+                k,
+                self.costs.cap(
+                    len(self.running), known.conditional_acceptance, k, self.draft_s_per_token.get(spec, 0.0)
+                ),
+            )
         return k
 
     def _step(self) -> None:
         active = list(self.running)
         of = {seq.dec: seq for seq in active}
-        steps = self.core.step([seq.dec for seq in active], lambda dec, k: self._limit(of[dec], k),
-                               prefill_budget=self.prefill_budget)
+        steps = self.core.step(
+            [seq.dec for seq in active],
+            lambda dec, k: self._limit(of[dec], k),
+            prefill_budget=self.prefill_budget,
+        )
         decoded = [step for step in steps if step.error is None and not step.prefilling]
         if self.costs is not None and decoded and len(decoded) == len(steps):  # a step without prefill rows
             tokens = sum(step.drafted + 1 for step in decoded)
@@ -326,10 +376,20 @@ class Engine:
             self.draft_s_per_token[spec] = per_token if old is None else 0.9 * old + 0.1 * per_token
         self.metrics.observe_step(seq.request.task, spec, step.drafted, step.accepted, len(step.tokens))
         first = seq.last_delivery is None
-        self.metrics.observe_delivery(now - (seq.arrival if first else seq.last_delivery), len(step.tokens), first)
+        self.metrics.observe_delivery(
+            now - (seq.arrival if first else seq.last_delivery), len(step.tokens), first
+        )
         seq.last_delivery = now
 
     def _usage(self, seq: Sequence) -> Usage:
         r = seq.request
-        return Usage(len(r.prompt), len(seq.out), r.drafter, r.task, r.k, seq.num_drafts,
-                     seq.stats.drafted, seq.stats.accepted)
+        return Usage(
+            len(r.prompt),
+            len(seq.out),
+            r.drafter,
+            r.task,
+            r.k,
+            seq.num_drafts,
+            seq.stats.drafted,
+            seq.stats.accepted,
+        )

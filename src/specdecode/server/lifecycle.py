@@ -23,7 +23,9 @@ class Server(uvicorn.Server):
 
     async def shutdown(self, sockets=None) -> None:
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(self.drain_s, lambda: threading.Thread(target=self.engine.stop, daemon=True).start())
+        timer = loop.call_later(
+            self.drain_s, lambda: threading.Thread(target=self.engine.stop, daemon=True).start()
+        )
         try:
             await super().shutdown(sockets)
         finally:

@@ -19,7 +19,26 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from specdecode.core import metrics
 
 PREFIX = "specdecode:"
-_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LATENCY = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 _TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 MAX_DRAFTER_LABELS = 16  # distinct drafter label values; later ones are counted as "other"
 
@@ -46,37 +65,102 @@ class ServerMetrics:
         self.model_name = model_name
         self.drafter_label = BoundedLabels()
         spec = ["model_name", "task", "drafter"]
-        self.drafts = Counter(PREFIX + "spec_decode_num_drafts", "Verify steps with at least one draft token", spec, registry=r)
-        self.draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed", spec, registry=r)
-        self.accepted = Counter(PREFIX + "spec_decode_num_accepted_tokens", "Draft tokens accepted", spec, registry=r)
-        self.accepted_per_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-                                        "Accepted draft tokens by draft position (0-based)", spec + ["position"], registry=r)
-        self.steps = Counter(PREFIX + "spec_decode_num_steps", "Verify steps, with or without drafts (a step without "
-                             "drafts is plain decoding: fallback or k = 0)", spec, registry=r)
-        self.rejected = Counter(PREFIX + "num_requests_rejected", "Requests refused before decoding (queue full)",
-                                ["model_name", "reason"], registry=r)
-        self.prefix_queries = Counter(PREFIX + "prefix_cache_queries", "Prompt KV blocks looked up in the prefix cache",
-                                      ["model_name"], registry=r)
-        self.prefix_hits = Counter(PREFIX + "prefix_cache_hits", "Prompt KV blocks found in the prefix cache",
-                                   ["model_name"], registry=r)
-        self.running = Gauge(PREFIX + "num_requests_running", "Requests holding a batch slot", ["model_name"], registry=r)
-        self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests queued for a slot", ["model_name"], registry=r)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefilled prompt tokens", ["model_name"], registry=r)
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens", ["model_name"], registry=r)
-        self.finished = Counter(PREFIX + "request_success", "Finished requests by reason", ["model_name", "finished_reason"], registry=r)
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Arrival to first token", ["model_name"],
-                              buckets=_LATENCY, registry=r)
-        self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
-                             "Gap between deliveries divided by the tokens delivered, once per token",
-                             ["model_name"], buckets=_LATENCY, registry=r)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to finish", ["model_name"],
-                             buckets=_LATENCY, registry=r)
-        self.tokens_per_forward = Histogram(PREFIX + "tokens_per_forward",
-                                            "Tokens a request commits per target forward (accepted + 1)",
-                                            ["model_name"], buckets=_TOKENS, registry=r)
-        self.batch_size = Histogram(PREFIX + "batch_size", "Requests verified per batched target forward",
-                                    ["model_name"], buckets=_TOKENS, registry=r)
-        self.rejected.labels(model_name, "queue_full")  # exported at 0 from the start, so rate() sees the first
+        self.drafts = Counter(
+            PREFIX + "spec_decode_num_drafts", "Verify steps with at least one draft token", spec, registry=r
+        )
+        self.draft_tokens = Counter(
+            PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed", spec, registry=r
+        )
+        self.accepted = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens", "Draft tokens accepted", spec, registry=r
+        )
+        self.accepted_per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by draft position (0-based)",
+            spec + ["position"],
+            registry=r,
+        )
+        self.steps = Counter(
+            PREFIX + "spec_decode_num_steps",
+            "Verify steps, with or without drafts (a step without "
+            "drafts is plain decoding: fallback or k = 0)",
+            spec,
+            registry=r,
+        )
+        self.rejected = Counter(
+            PREFIX + "num_requests_rejected",
+            "Requests refused before decoding (queue full)",
+            ["model_name", "reason"],
+            registry=r,
+        )
+        self.prefix_queries = Counter(
+            PREFIX + "prefix_cache_queries",
+            "Prompt KV blocks looked up in the prefix cache",
+            ["model_name"],
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            PREFIX + "prefix_cache_hits",
+            "Prompt KV blocks found in the prefix cache",
+            ["model_name"],
+            registry=r,
+        )
+        self.running = Gauge(
+            PREFIX + "num_requests_running", "Requests holding a batch slot", ["model_name"], registry=r
+        )
+        self.waiting = Gauge(
+            PREFIX + "num_requests_waiting", "Requests queued for a slot", ["model_name"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prefilled prompt tokens", ["model_name"], registry=r
+        )
+        self.generation_tokens = Counter(
+            PREFIX + "generation_tokens", "Generated tokens", ["model_name"], registry=r
+        )
+        self.finished = Counter(
+            PREFIX + "request_success",
+            "Finished requests by reason",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Arrival to first token",
+            ["model_name"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Gap between deliveries divided by the tokens delivered, once per token",
+            ["model_name"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "Arrival to finish",
+            ["model_name"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.tokens_per_forward = Histogram(
+            PREFIX + "tokens_per_forward",
+            "Tokens a request commits per target forward (accepted + 1)",
+            ["model_name"],
+            buckets=_TOKENS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            PREFIX + "batch_size",
+            "Requests verified per batched target forward",
+            ["model_name"],
+            buckets=_TOKENS,
+            registry=r,
+        )
+        self.rejected.labels(
+            model_name, "queue_full"
+        )  # exported at 0 from the start, so rate() sees the first
         self.observe_prefix(0, 0)
         self.set_queue(0, 0)
 
@@ -136,7 +220,10 @@ class ServerMetrics:
             "spec_decode": total.to_json(),
             "per_task": {t: v.to_json() for t, v in sorted(by_task.items())},
             "per_drafter": {d: v.to_json() for d, v in sorted(by_drafter.items())},
-            "requests": {"running": _gauge(self.running, self.model_name), "waiting": _gauge(self.waiting, self.model_name)},
+            "requests": {
+                "running": _gauge(self.running, self.model_name),
+                "waiting": _gauge(self.waiting, self.model_name),
+            },
         }
 
 
@@ -159,7 +246,10 @@ class _Tally:
         v = self.values
         drafts, drafted, accepted = v["num_drafts"], v["num_draft_tokens"], v["num_accepted_tokens"]
         size = max(self.per_pos, default=-1) + 1
-        alpha, tau = metrics.acceptance_rate(accepted, drafted), metrics.mean_acceptance_length(accepted, drafts)
+        alpha, tau = (
+            metrics.acceptance_rate(accepted, drafted),
+            metrics.mean_acceptance_length(accepted, drafts),
+        )
         return {
             **v,
             "acceptance_rate": None if alpha is None else round(alpha, 4),

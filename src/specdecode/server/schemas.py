@@ -19,8 +19,15 @@ MAX_STOPS = 16
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers
@@ -33,8 +40,14 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, type: str, param: str | None = None, code: str | None = None,
-                   headers: dict | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    type: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict | None = None,
+) -> JSONResponse:
     return JSONResponse(error_body(message, type, param, code), status_code=status, headers=headers)
 
 
@@ -103,7 +116,8 @@ class _Common(_Strict):
 
 class CompletionRequest(_Common):
     prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] = Field(
-        ..., description="text, token ids, or a list of one text")
+        ..., description="text, token ids, or a list of one text"
+    )
     echo: Literal[False] = False
 
     @field_validator("prompt")

@@ -33,7 +33,9 @@ class SuffixCaches:
             raise UserError(f"--suffix-scope must be one of {', '.join(SCOPES)}, got {scope!r}")
         self.scope, self.path, self.warm = scope, Path(path) if path else None, list(warm)
         self.caches: dict[tuple[str, str], SuffixCache] = {}
-        self.saved: dict[tuple[str, str], list[list[int]]] = self._load() if self.path and self.path.exists() else {}
+        self.saved: dict[tuple[str, str], list[list[int]]] = (
+            self._load() if self.path and self.path.exists() else {}
+        )
 
     def scope_key(self, authorization: str | None, user: str | None) -> str:
         """The scope a request's suffix cache belongs to."""
@@ -60,10 +62,14 @@ class SuffixCaches:
     def save(self) -> None:
         if self.path is None:
             return
-        entries = [{"spec": spec, "scope": scope, "responses": cache.responses()}
-                   for (spec, scope), cache in self.caches.items()]
-        entries += [{"spec": spec, "scope": scope, "responses": responses}  # loaded, not used this run
-                    for (spec, scope), responses in self.saved.items()]
+        entries = [
+            {"spec": spec, "scope": scope, "responses": cache.responses()}
+            for (spec, scope), cache in self.caches.items()
+        ]
+        entries += [
+            {"spec": spec, "scope": scope, "responses": responses}  # loaded, not used this run
+            for (spec, scope), responses in self.saved.items()
+        ]
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps({"format": FORMAT, "caches": entries}))
         os.replace(tmp, self.path)
@@ -76,10 +82,14 @@ class SuffixCaches:
             out = {}
             for entry in data["caches"]:
                 responses = entry["responses"]
-                if not all(isinstance(r, list) and all(isinstance(t, int) and t >= 0 for t in r) for r in responses):
+                if not all(
+                    isinstance(r, list) and all(isinstance(t, int) and t >= 0 for t in r) for r in responses
+                ):
                     raise ValueError("responses must be lists of token ids")
                 out[(str(entry["spec"]), str(entry["scope"]))] = responses
             return out
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise UserError(f"suffix cache {self.path} cannot be read ({e}); it was left as it is: fix or move "
-                            "it, or start without --suffix-cache") from None
+            raise UserError(
+                f"suffix cache {self.path} cannot be read ({e}); it was left as it is: fix or move "
+                "it, or start without --suffix-cache"
+            ) from None

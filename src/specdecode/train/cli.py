@@ -16,31 +16,54 @@ def add_parser(sub, model_args, setup) -> None:
     tsub = t.add_subparsers(dest="what", required=True)
 
     d = tsub.add_parser("data", help="generate the target's responses to prompt sets (token ids)")
-    d.add_argument("--prompts", default="mtbench,humaneval,summaries",
-                   help="comma list of built-in sets (mtbench, mtbench2, humaneval, summaries, mixed, bfclall, "
-                        "reasoning:N, ...) or JSONL files ({'prompt', optional 'response'} per line)")
+    d.add_argument(
+        "--prompts",
+        default="mtbench,humaneval,summaries",
+        help="comma list of built-in sets (mtbench, mtbench2, humaneval, summaries, mixed, bfclall, "
+        "reasoning:N, ...) or JSONL files ({'prompt', optional 'response'} per line)",
+    )
     d.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="prompt sets to hold out (benchmark prompts)")
     d.add_argument("--out", required=True, help="data directory (appended to; rerun to resume)")
     d.add_argument("--shard-size", type=int, default=256, help="sequences per shard file")
     d.add_argument("--flush-minutes", type=float, default=10.0, help="write a shard at least this often")
     d.add_argument("--max-prompt-tokens", type=int, default=None, help="skip prompts longer than this")
-    d.add_argument("--merge", nargs="+", default=None, metavar="DIR",
-                   help="instead of generating: join these data directories' shards into --out (dedup by id)")
-    d.add_argument("--max-tokens", type=int, default=None, metavar="N",
-                   help="with --merge: stop after N response tokens (the sources' order: a data-scaling subset)")
-    d.add_argument("--part", default=None, metavar="I/N",
-                   help="answer only worker I's share of N (parallel workers, one core each, may share --out)")
+    d.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="instead of generating: join these data directories' shards into --out (dedup by id)",
+    )
+    d.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --merge: stop after N response tokens (the sources' order: a data-scaling subset)",
+    )
+    d.add_argument(
+        "--part",
+        default=None,
+        metavar="I/N",
+        help="answer only worker I's share of N (parallel workers, one core each, may share --out)",
+    )
     d.add_argument("--max-new-tokens", type=int, default=256)
     d.add_argument("--minutes", type=float, default=None, help="stop starting new prompts after this long")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--drafter", default="ngram", help="speeds generation up; greedy output is unchanged")
-    d.add_argument("--batch", type=int, default=1,
-                   help="prompts decoded together (continuous batching); more tokens per CPU-second")
+    d.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="prompts decoded together (continuous batching); more tokens per CPU-second",
+    )
     model_args(d)
     d.set_defaults(run=cmd_data, setup=setup, exact_auto=True)
 
-    q = tsub.add_parser("prompts", help="chat prompts written by the target itself (Magpie), as JSONL for `train data`")
+    q = tsub.add_parser(
+        "prompts", help="chat prompts written by the target itself (Magpie), as JSONL for `train data`"
+    )
     q.add_argument("--out", required=True, help="JSONL file (appended to; rerun to resume)")
     q.add_argument("--count", type=int, required=True, help="prompts the file should hold")
     q.add_argument("--seed", type=int, default=0)
@@ -51,39 +74,72 @@ def add_parser(sub, model_args, setup) -> None:
     model_args(q)
     q.set_defaults(run=cmd_prompts, setup=setup, exact_auto=True)
 
-    for name, helptext in (("medusa", "Medusa heads on the target's last hidden state"),
-                           ("eagle", "an EAGLE-3-style feature-level draft head"),
-                           ("draft", "a small draft model distilled from the target")):
+    for name, helptext in (
+        ("medusa", "Medusa heads on the target's last hidden state"),
+        ("eagle", "an EAGLE-3-style feature-level draft head"),
+        ("draft", "a small draft model distilled from the target"),
+    ):
         p = tsub.add_parser(name, help=helptext)
         p.add_argument("--data", required=True, help="directory written by `train data`")
         p.add_argument("--out", required=True, help="checkpoint directory")
-        p.add_argument("--features", default=None, metavar="DIR",
-                       help="the target-feature store, shareable across data sets and trainers (default: "
-                            "DATA/features); holds only what was computed, per sequence")
-        p.add_argument("--amp", choices=["fp32", "bf16"], default="fp32",
-                       help="bf16: the forward under bfloat16 autocast, ~2x faster on CPUs with bf16 dot "
-                            "products (AVX512-BF16, AMX); fp32 master weights either way")
+        p.add_argument(
+            "--features",
+            default=None,
+            metavar="DIR",
+            help="the target-feature store, shareable across data sets and trainers (default: "
+            "DATA/features); holds only what was computed, per sequence",
+        )
+        p.add_argument(
+            "--amp",
+            choices=["fp32", "bf16"],
+            default="fp32",
+            help="bf16: the forward under bfloat16 autocast, ~2x faster on CPUs with bf16 dot "
+            "products (AVX512-BF16, AMX); fp32 master weights either way",
+        )
         p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: per trainer)")
         p.add_argument("--lr", type=float, default=None)
         p.add_argument("--batch-tokens", type=int, default=None, help="tokens per optimizer step")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
         p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
-        p.add_argument("--val", type=float, default=0.0, metavar="FRACTION",
-                       help="hold out this fraction of the sequences (by id) and score the drafter there "
-                            "(teacher-forced top-1 agreement per position); the best is written to OUT/best")
+        p.add_argument(
+            "--val",
+            type=float,
+            default=0.0,
+            metavar="FRACTION",
+            help="hold out this fraction of the sequences (by id) and score the drafter there "
+            "(teacher-forced top-1 agreement per position); the best is written to OUT/best",
+        )
         p.add_argument("--eval-every", type=int, default=200, help="with --val: score every N steps")
-        p.add_argument("--patience", type=int, default=0,
-                       help="with --val: stop after N scores without a better one (0: run every step)")
+        p.add_argument(
+            "--patience",
+            type=int,
+            default=0,
+            help="with --val: stop after N scores without a better one (0: run every step)",
+        )
         p.add_argument("--vocab", type=int, default=None, help="draft vocabulary size (most frequent tokens)")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="a trainer hyperparameter (see docs/drafters.md), repeatable")
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a trainer hyperparameter (see docs/drafters.md), repeatable",
+        )
         if name in ("draft", "eagle"):
-            p.add_argument("--init", default=None, help=f"train this {name} checkpoint further (a directory, or "
-                           "'shipped') on --data instead of starting from target layers")
+            p.add_argument(
+                "--init",
+                default=None,
+                help=f"train this {name} checkpoint further (a directory, or "
+                "'shipped') on --data instead of starting from target layers",
+            )
         if name == "draft":
-            p.add_argument("--lora", type=int, default=None, metavar="RANK",
-                           help="train only rank-RANK LoRA adapters (merged into the weights at export)")
+            p.add_argument(
+                "--lora",
+                type=int,
+                default=None,
+                metavar="RANK",
+                help="train only rank-RANK LoRA adapters (merged into the weights at export)",
+            )
         model_args(p, dtype="fp32")
         p.set_defaults(run=cmd_train, trainer=name, setup=setup)
 
@@ -110,14 +166,21 @@ def _feature_source(args, loaded):
     return features.Source(model, args.dtype, kernels.DENSE_ROWS if args.dtype == "gguf" else None)
 
 
-
 def cmd_prompts(args) -> None:
     from specdecode.train import prompts
 
     args.setup(args)
     loaded = _load_target(args, generate_only=True)
-    rows = prompts.write_prompts(loaded, args.out, args.count, seed=args.seed, temperature=args.temperature,
-                                 top_p=args.top_p, max_tokens=args.max_tokens, min_words=args.min_words)
+    rows = prompts.write_prompts(
+        loaded,
+        args.out,
+        args.count,
+        seed=args.seed,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        min_words=args.min_words,
+    )
     print(f"{len(rows)} prompts in {args.out}")
 
 
@@ -139,13 +202,31 @@ def cmd_data(args) -> None:
     args.setup(args)
     loaded = _load_target(args, generate_only=True)
     context = drafters.DrafterContext(loaded, "fp32", args.device, args.backend)
-    meta = {"target": checkpoint.describe(loaded), "prompts": args.prompts, "exclude": args.exclude,
-            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
-    seqs = data.generate_data(loaded, prompts, args.out, drafter=args.drafter, context=context,
-                              params=SamplingParams(args.temperature), max_new_tokens=args.max_new_tokens,
-                              minutes=args.minutes, seed=args.seed, batch=args.batch, meta=meta,
-                              shard_size=args.shard_size, flush_minutes=args.flush_minutes,
-                              max_prompt_tokens=args.max_prompt_tokens, tag=tag)
+    meta = {
+        "target": checkpoint.describe(loaded),
+        "prompts": args.prompts,
+        "exclude": args.exclude,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+    }
+    seqs = data.generate_data(
+        loaded,
+        prompts,
+        args.out,
+        drafter=args.drafter,
+        context=context,
+        params=SamplingParams(args.temperature),
+        max_new_tokens=args.max_new_tokens,
+        minutes=args.minutes,
+        seed=args.seed,
+        batch=args.batch,
+        meta=meta,
+        shard_size=args.shard_size,
+        flush_minutes=args.flush_minutes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        tag=tag,
+    )
     print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
 
 
@@ -173,22 +254,49 @@ def cmd_train(args) -> None:
 
     trainer = importlib.import_module(f"specdecode.train.{args.trainer}")
     overrides = _overrides(args.set)
-    known = {name for name, p in inspect.signature(trainer.train).parameters.items()
-             if p.kind is p.KEYWORD_ONLY} - {"features_dir", "source"}  # those are --features and --dtype
+    known = {
+        name for name, p in inspect.signature(trainer.train).parameters.items() if p.kind is p.KEYWORD_ONLY
+    } - {"features_dir", "source"}  # those are --features and --dtype
     if unknown := sorted(set(overrides) - known):
-        raise UserError(f"--set {', '.join(unknown)}: not a setting of `train {args.trainer}` "
-                        f"(its settings: {', '.join(sorted(known))})")
+        raise UserError(
+            f"--set {', '.join(unknown)}: not a setting of `train {args.trainer}` "
+            f"(its settings: {', '.join(sorted(known))})"
+        )
     if args.resume:
         loop.check_resumable(args.out)  # before loading the target and its feature pass
     if args.dtype not in TRAIN_DTYPES:  # before loading anything
-        raise UserError(f"training learns from the target in {', '.join(TRAIN_DTYPES)} (--dtype {args.dtype} given)")
+        raise UserError(
+            f"training learns from the target in {', '.join(TRAIN_DTYPES)} (--dtype {args.dtype} given)"
+        )
     args.setup(args)
     loaded = _load_target(args)
     source = _feature_source(args, loaded)
-    opts = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens,
-                                   vocab=args.vocab, init=getattr(args, "init", None),
-                                   lora=getattr(args, "lora", None)).items() if v is not None}
-    result = trainer.train(loaded, args.data, args.out, features_dir=args.features, source=source, amp=args.amp,
-                           seed=args.seed, resume=args.resume, save_every=args.save_every, val=args.val,
-                           eval_every=args.eval_every, patience=args.patience, **opts, **overrides)
+    opts = {
+        k: v
+        for k, v in dict(
+            steps=args.steps,
+            lr=args.lr,
+            batch_tokens=args.batch_tokens,
+            vocab=args.vocab,
+            init=getattr(args, "init", None),
+            lora=getattr(args, "lora", None),
+        ).items()
+        if v is not None
+    }
+    result = trainer.train(
+        loaded,
+        args.data,
+        args.out,
+        features_dir=args.features,
+        source=source,
+        amp=args.amp,
+        seed=args.seed,
+        resume=args.resume,
+        save_every=args.save_every,
+        val=args.val,
+        eval_every=args.eval_every,
+        patience=args.patience,
+        **opts,
+        **overrides,
+    )
     print(result.summary())

@@ -33,8 +33,11 @@ def _given_responses(spec: str) -> dict[str, str]:
     path = Path(spec)
     if not path.is_file():
         return {}
-    return {str(obj.get("id", lineno)): obj["response"] for lineno, obj in jsonl_rows(path, "prompt file")
-            if isinstance(obj.get("response"), str)}
+    return {
+        str(obj.get("id", lineno)): obj["response"]
+        for lineno, obj in jsonl_rows(path, "prompt file")
+        if isinstance(obj.get("response"), str)
+    }
 
 
 def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | None]]:
@@ -50,7 +53,9 @@ def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | N
             key = f"{spec}/{p.id}" if given else p.id
             if p.id not in dropped and key not in seen:
                 seen.add(key)
-                by_cat.setdefault(p.category, []).append((Prompt(p.prompt, key, p.category, p.task), given.get(p.id)))
+                by_cat.setdefault(p.category, []).append(
+                    (Prompt(p.prompt, key, p.category, p.task), given.get(p.id))
+                )
     if not seen:
         raise UserError(f"no prompts left in {specs!r} after excluding {exclude!r}")
     queues = list(by_cat.values())
@@ -85,8 +90,10 @@ def split(seqs: list[Sequence], fraction: float) -> tuple[list[int], list[int]]:
     held = [zlib.crc32(s.id.encode()) < fraction * 2**32 for s in seqs]
     train, val = [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h]
     if fraction and (not val or not train):
-        raise UserError(f"--val {fraction}: {len(val)} held-out and {len(train)} training sequences of "
-                        f"{len(seqs)} (a larger data set or another fraction is needed)")
+        raise UserError(
+            f"--val {fraction}: {len(val)} held-out and {len(train)} training sequences of "
+            f"{len(seqs)} (a larger data set or another fraction is needed)"
+        )
     return train, val
 
 
@@ -106,7 +113,13 @@ class ShardWriter:
     """Buffers finished sequences and writes them as a shard every `size` sequences or `minutes`."""
 
     def __init__(self, directory: Path, target: dict, size: int = 256, minutes: float = 10.0, tag: str = ""):
-        self.directory, self.target, self.size, self.seconds, self.tag = directory, target, size, 60 * minutes, tag
+        self.directory, self.target, self.size, self.seconds, self.tag = (
+            directory,
+            target,
+            size,
+            60 * minutes,
+            tag,
+        )
         self.buffer: list[Sequence] = []
         self.last = time.monotonic()
         self.written = 0
@@ -124,8 +137,9 @@ class ShardWriter:
         self.last = time.monotonic()
 
 
-def merge(sources: list[str | Path], out: str | Path, shard_size: int = 1024,
-          max_tokens: int | None = None) -> list[Sequence]:
+def merge(
+    sources: list[str | Path], out: str | Path, shard_size: int = 1024, max_tokens: int | None = None
+) -> list[Sequence]:
     """Join data directories into `out` (new, or holding shards of the same target): sequences
     deduplicated by id (the first copy kept), written as shards of `shard_size`; with max_tokens, only
     the first sequences (in the sources' order, which interleaves the prompt sets) up to that many
@@ -133,7 +147,9 @@ def merge(sources: list[str | Path], out: str | Path, shard_size: int = 1024,
     if max_tokens is not None and max_tokens < 1:
         raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
     out = Path(out)
-    targets = {json.dumps(shards.target_of(p), sort_keys=True) for d in [*sources, out] for p in shards.paths(d)}
+    targets = {
+        json.dumps(shards.target_of(p), sort_keys=True) for d in [*sources, out] for p in shards.paths(d)
+    }
     if len(targets) > 1:
         raise UserError(f"cannot merge responses of different targets: {sorted(targets)}")
     existing = read(out) if shards.paths(out) else []
@@ -158,10 +174,25 @@ def merge(sources: list[str | Path], out: str | Path, shard_size: int = 1024,
     return read(out)
 
 
-def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | Path, *, drafter: str = "ngram",
-                  context=None, k: int = 4, params=None, max_new_tokens: int = 256, minutes: float | None = None,
-                  seed: int = 0, batch: int = 1, meta: dict | None = None, shard_size: int = 256,
-                  flush_minutes: float = 10.0, max_prompt_tokens: int | None = None, tag: str = "") -> list[Sequence]:
+def generate_data(
+    loaded,
+    prompts: list[tuple[Prompt, str | None]],
+    out: str | Path,
+    *,
+    drafter: str = "ngram",
+    context=None,
+    k: int = 4,
+    params=None,
+    max_new_tokens: int = 256,
+    minutes: float | None = None,
+    seed: int = 0,
+    batch: int = 1,
+    meta: dict | None = None,
+    shard_size: int = 256,
+    flush_minutes: float = 10.0,
+    max_prompt_tokens: int | None = None,
+    tag: str = "",
+) -> list[Sequence]:
     """Generate the target's responses for every prompt whose id is not yet in `out`, writing shards
     as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec (context: how to
     build it); batch > 1 decodes that many prompts at once through the batched core (same greedy
@@ -178,14 +209,26 @@ def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | P
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     target = checkpoint.describe(loaded)
-    done = {s.id: s for s in read(out, target)} if shards.paths(out) or (out / "sequences.jsonl").exists() else {}
+    done = (
+        {s.id: s for s in read(out, target)}
+        if shards.paths(out) or (out / "sequences.jsonl").exists()
+        else {}
+    )
     if not (out / "meta.json").exists():
         (out / "meta.json").write_text(json.dumps(meta or {}, indent=1))
     by_id = {p.id: p for p, _ in prompts}
     writer = ShardWriter(out, target, shard_size, flush_minutes, tag)
     deadline = time.monotonic() + 60 * minutes if minutes else None
-    options = dict(drafter=drafter, context=context or DrafterContext(loaded), k=k, params=params or SamplingParams(),
-                   max_new_tokens=max_new_tokens, seed=seed, deadline=deadline, batch=batch)
+    options = dict(
+        drafter=drafter,
+        context=context or DrafterContext(loaded),
+        k=k,
+        params=params or SamplingParams(),
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        deadline=deadline,
+        batch=batch,
+    )
     previous = signal.signal(signal.SIGTERM, _stop)
     skipped = 0
     try:
@@ -208,7 +251,9 @@ def generate_data(loaded, prompts: list[tuple[Prompt, str | None]], out: str | P
 
 
 def _stop(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through generate_data's finally: the buffer is written
+    raise KeyboardInterrupt(
+        f"signal {signum}"
+    )  # unwinds through generate_data's finally: the buffer is written
 
 
 def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str, Sequence]) -> list[int]:
@@ -218,8 +263,11 @@ def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str,
     if prompt.parent is None:
         return encode_prompt(tokenizer, prompt.prompt, None)
     answer = tokenizer.decode(done[prompt.parent].response_ids, skip_special_tokens=True)
-    messages = [{"role": "user", "content": by_id[prompt.parent].prompt}, {"role": "assistant", "content": answer},
-                {"role": "user", "content": prompt.prompt}]
+    messages = [
+        {"role": "user", "content": by_id[prompt.parent].prompt},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": prompt.prompt},
+    ]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -231,8 +279,11 @@ def _responses(loaded, encoded, options):
     tok, eos = loaded.tokenizer, loaded.eos_ids
     generated = [(p, ids) for p, ids, given in encoded if given is None]
     respond = _respond_one_by_one if options["batch"] == 1 else _respond_batched
-    given = ((p, ids, tok(text, add_special_tokens=False)["input_ids"] + sorted(eos)[:1], "given")
-             for p, ids, text in encoded if text is not None)
+    given = (
+        (p, ids, tok(text, add_special_tokens=False)["input_ids"] + sorted(eos)[:1], "given")
+        for p, ids, text in encoded
+        if text is not None
+    )
     replies = ((p, ids, r, "target") for p, ids, r in respond(loaded, generated, **options))
     new_tokens, t0 = 0, time.monotonic()
     with tqdm(total=len(encoded), desc="train data", unit="prompt") as bar:
@@ -249,7 +300,9 @@ def _seed(seed: int, prompt: Prompt) -> int:
     return seed + zlib.crc32(prompt.id.encode())
 
 
-def _respond_one_by_one(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch):
+def _respond_one_by_one(
+    loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch
+):
     """(prompt, ids) -> yields (prompt, ids, response ids) in order, one generate() each."""
     from specdecode import drafters
     from specdecode.core.generation import generate
@@ -258,7 +311,9 @@ def _respond_one_by_one(loaded, prompts, *, drafter, context, k, params, max_new
     for p, ids in prompts:
         if deadline and time.monotonic() > deadline:
             return
-        result = generate(loaded, draft, ids, k=k, params=params, max_new_tokens=max_new_tokens, seed=_seed(seed, p))
+        result = generate(
+            loaded, draft, ids, k=k, params=params, max_new_tokens=max_new_tokens, seed=_seed(seed, p)
+        )
         yield p, ids, result.token_ids
 
 
@@ -278,8 +333,15 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
         admitted = []
         while pending and len(admitted) < len(core.free) and not (deadline and time.monotonic() > deadline):
             p, ids = pending.pop()
-            seq = Sequence(ids, per_sequence(template), FixedK(k), params, torch.Generator().manual_seed(_seed(seed, p)),
-                           max_new_tokens, loaded.eos_ids)
+            seq = Sequence(
+                ids,
+                per_sequence(template),
+                FixedK(k),
+                params,
+                torch.Generator().manual_seed(_seed(seed, p)),
+                max_new_tokens,
+                loaded.eos_ids,
+            )
             running[seq] = p
             admitted.append(seq)
         if admitted:
@@ -291,7 +353,7 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
         for seq in seqs:
             if seq.finished:
                 core.release(seq)
-                yield running.pop(seq), seq.prompt, seq.context[len(seq.prompt):]
+                yield running.pop(seq), seq.prompt, seq.context[len(seq.prompt) :]
 
 
 def token_map(seqs: list[Sequence], vocab_size: int, size: int) -> "torch.Tensor":
@@ -303,7 +365,15 @@ def token_map(seqs: list[Sequence], vocab_size: int, size: int) -> "torch.Tensor
     size = min(size, vocab_size)
     counts = torch.zeros(vocab_size, dtype=torch.float64)
     for s in seqs:
-        counts.index_add_(0, torch.tensor(s.response_ids, dtype=torch.long), torch.ones(len(s.response_ids), dtype=torch.float64))
-        counts.index_add_(0, torch.tensor(s.prompt_ids, dtype=torch.long), torch.full((len(s.prompt_ids),), 1e-3, dtype=torch.float64))
+        counts.index_add_(
+            0,
+            torch.tensor(s.response_ids, dtype=torch.long),
+            torch.ones(len(s.response_ids), dtype=torch.float64),
+        )
+        counts.index_add_(
+            0,
+            torch.tensor(s.prompt_ids, dtype=torch.long),
+            torch.full((len(s.prompt_ids),), 1e-3, dtype=torch.float64),
+        )
     score = counts - torch.arange(vocab_size, dtype=torch.float64) * 1e-9  # ties: lower id first
     return score.topk(size).indices.sort().values

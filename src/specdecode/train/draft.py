@@ -21,11 +21,31 @@ from specdecode.drafters.distilled import build_model
 from specdecode.train import data, features, lora as lora_lib, loop
 
 
-def train(loaded, data_dir, out, *, features_dir=None, source: features.Source | None = None, seed: int = 0,
-          resume: bool = False, save_every: int = 50, stop_after: int | None = None, amp: str = "fp32",
-          layers: int = 1, vocab: int = 4096, steps: int = 150, lr: float = 5e-4, batch_tokens: int = 768,
-          window: int = 384, init: str = "", lora: int = 0, lora_alpha: float = 0.0, val: float = 0.0,
-          eval_every: int = 200, patience: int = 0) -> loop.TrainResult:
+def train(
+    loaded,
+    data_dir,
+    out,
+    *,
+    features_dir=None,
+    source: features.Source | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    save_every: int = 50,
+    stop_after: int | None = None,
+    amp: str = "fp32",
+    layers: int = 1,
+    vocab: int = 4096,
+    steps: int = 150,
+    lr: float = 5e-4,
+    batch_tokens: int = 768,
+    window: int = 384,
+    init: str = "",
+    lora: int = 0,
+    lora_alpha: float = 0.0,
+    val: float = 0.0,
+    eval_every: int = 200,
+    patience: int = 0,
+) -> loop.TrainResult:
     """val: hold out this fraction of the sequences (data.split) and score the draft's top-1 agreement
     with the target's next token there."""
     torch.manual_seed(seed)
@@ -71,20 +91,51 @@ def train(loaded, data_dir, out, *, features_dir=None, source: features.Source |
     loss_fn, evaluate = loop.sequence_steps(forward, train_ids, val_ids, per_batch, seed, "top1")
 
     def export(module, directory):
-        tensors = {k: v.to(torch.bfloat16) for k, v in lora_lib.merged_state_dict(module.model).items()
-                   if k != "embed_tokens.weight"}
-        config = {"kind": "draft", "target": target, "num_layers": layers, "init_layers": picks,
-                  "train": {"steps": steps, "lr": lr, "amp": amp, "features": source.dtype,
-                            "batch_tokens": batch_tokens, "window": window, "vocab": len(token_map), "seed": seed,
-                            "sequences": len(train_ids),
-                            "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
-                            "val": val, "val_sequences": len(val_ids),
-                            "init": init or None, "lora": lora or None}}
+        tensors = {
+            k: v.to(torch.bfloat16)
+            for k, v in lora_lib.merged_state_dict(module.model).items()
+            if k != "embed_tokens.weight"
+        }
+        config = {
+            "kind": "draft",
+            "target": target,
+            "num_layers": layers,
+            "init_layers": picks,
+            "train": {
+                "steps": steps,
+                "lr": lr,
+                "amp": amp,
+                "features": source.dtype,
+                "batch_tokens": batch_tokens,
+                "window": window,
+                "vocab": len(token_map),
+                "seed": seed,
+                "sequences": len(train_ids),
+                "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
+                "val": val,
+                "val_sequences": len(val_ids),
+                "init": init or None,
+                "lora": lora or None,
+            },
+        }
         checkpoint.save(directory, tensors, config)
 
-    result = loop.run(model, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
-                      stop_after=stop_after, desc="draft", amp=amp, evaluate=evaluate if val_ids else None,
-                      eval_every=eval_every, patience=patience)
+    result = loop.run(
+        model,
+        loss_fn,
+        export,
+        out=out,
+        steps=steps,
+        lr=lr,
+        resume=resume,
+        save_every=save_every,
+        stop_after=stop_after,
+        desc="draft",
+        amp=amp,
+        evaluate=evaluate if val_ids else None,
+        eval_every=eval_every,
+        patience=patience,
+    )
     lora_lib.merge(model)
     hf_dir = result.out / "hf"  # a complete HF model directory (with the embedding): --drafter draft:DIR/hf
     model.save_pretrained(hf_dir)

@@ -37,18 +37,42 @@ def _init_from_target(head: EagleHead, hf_model) -> None:
     pre_mlp = getattr(last, "pre_feedforward_layernorm", None) or last.post_attention_layernorm
     with torch.no_grad():
         head.o.weight.copy_(last.self_attn.o_proj.weight)
-        head.gate_up.weight.copy_(mlp.gate_up_proj.weight if hasattr(mlp, "gate_up_proj")
-                                  else torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        head.gate_up.weight.copy_(
+            mlp.gate_up_proj.weight
+            if hasattr(mlp, "gate_up_proj")
+            else torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        )
         head.down.weight.copy_(mlp.down_proj.weight)
         head.norm_mlp.copy_(norm_weight(pre_mlp, offset, torch.float32))
         head.norm_out.copy_(norm_weight(hf_model.model.norm, offset, torch.float32))
 
 
-def train(loaded, data_dir, out, *, features_dir=None, source: features.Source | None = None, seed: int = 0,
-          resume: bool = False, save_every: int = 50, stop_after: int | None = None, amp: str = "fp32",
-          vocab: int = 8192, steps: int = 200, lr: float = 1e-3, batch_tokens: int = 1024, window: int = 384,
-          ttt_steps: int = 2, layers: str = "", topk: int = 0, topk_weight: float = 1.0, init: str = "",
-          val: float = 0.0, eval_every: int = 200, patience: int = 0) -> loop.TrainResult:
+def train(
+    loaded,
+    data_dir,
+    out,
+    *,
+    features_dir=None,
+    source: features.Source | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    save_every: int = 50,
+    stop_after: int | None = None,
+    amp: str = "fp32",
+    vocab: int = 8192,
+    steps: int = 200,
+    lr: float = 1e-3,
+    batch_tokens: int = 1024,
+    window: int = 384,
+    ttt_steps: int = 2,
+    layers: str = "",
+    topk: int = 0,
+    topk_weight: float = 1.0,
+    init: str = "",
+    val: float = 0.0,
+    eval_every: int = 200,
+    patience: int = 0,
+) -> loop.TrainResult:
     """init: start from this EAGLE checkpoint (a directory, or "shipped") instead of the target's last
     layer, e.g. to train a head further on more data; the head's weights do not depend on the draft
     vocabulary (its LM head is the target's), so the new data's token map is used. val: hold out this
@@ -57,12 +81,16 @@ def train(loaded, data_dir, out, *, features_dir=None, source: features.Source |
     torch.manual_seed(seed)
     hf = loaded.model.hf
     cfg = hf.config
-    init_tensors, init_config = (checkpoint.load(None if init == "shipped" else init, "eagle", loaded) if init
-                                 else ({}, {}))
+    init_tensors, init_config = (
+        checkpoint.load(None if init == "shipped" else init, "eagle", loaded) if init else ({}, {})
+    )
     layer_ids = tuple(int(x) for x in str(layers).split(",") if x != "") or (
-        tuple(init_config["layers"]) if init else default_layers(cfg.num_hidden_layers))
+        tuple(init_config["layers"]) if init else default_layers(cfg.num_hidden_layers)
+    )
     if init and list(layer_ids) != init_config["layers"]:
-        raise UserError(f"--init {init}: that head fuses layers {init_config['layers']}, not {list(layer_ids)}")
+        raise UserError(
+            f"--init {init}: that head fuses layers {init_config['layers']}, not {list(layer_ids)}"
+        )
     seqs = data.read(data_dir)
     target = checkpoint.describe(loaded)
     source = source or features.Source(loaded.model)
@@ -73,14 +101,35 @@ def train(loaded, data_dir, out, *, features_dir=None, source: features.Source |
     lm_head = hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
     embed = hf.get_input_embeddings().weight.detach().float().cpu()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    config = {"kind": "eagle", "target": target, "hidden": cfg.hidden_size, "layers": list(layer_ids),
-              "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": head_dim,
-              "intermediate": cfg.intermediate_size, "eps": cfg.rms_norm_eps, "vocab": len(token_map),
-              "train": {"steps": steps, "lr": lr, "amp": amp, "features": source.dtype, "batch_tokens": batch_tokens,
-                        "window": window, "ttt_steps": ttt_steps, "topk": topk, "topk_weight": topk_weight,
-                        "seed": seed, "init": init or None, "sequences": len(train_ids),
-                        "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
-                        "val": val, "val_sequences": len(val_ids)}}
+    config = {
+        "kind": "eagle",
+        "target": target,
+        "hidden": cfg.hidden_size,
+        "layers": list(layer_ids),
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "head_dim": head_dim,
+        "intermediate": cfg.intermediate_size,
+        "eps": cfg.rms_norm_eps,
+        "vocab": len(token_map),
+        "train": {
+            "steps": steps,
+            "lr": lr,
+            "amp": amp,
+            "features": source.dtype,
+            "batch_tokens": batch_tokens,
+            "window": window,
+            "ttt_steps": ttt_steps,
+            "topk": topk,
+            "topk_weight": topk_weight,
+            "seed": seed,
+            "init": init or None,
+            "sequences": len(train_ids),
+            "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
+            "val": val,
+            "val_sequences": len(val_ids),
+        },
+    }
     head = head_from_config(config)
     if init:
         head.load_state_dict({k: v.float() for k, v in init_tensors.items() if k != "token_map"})
@@ -119,7 +168,9 @@ def train(loaded, data_dir, out, *, features_dir=None, source: features.Source |
         losses, metrics, counts = [], {}, []
         for s, o in enumerate(outs):
             student = module.logits(o[mask], partial(F.linear, weight=lm_head))  # [n, Vd]
-            loss, agree = loop.kl_loss(student, teacher, row >= s, topk, topk_weight)  # step s has no draft at rows < s
+            loss, agree = loop.kl_loss(
+                student, teacher, row >= s, topk, topk_weight
+            )  # step s has no draft at rows < s
             losses.append(loss)
             metrics[f"top1_{s}"] = float(agree)
             counts.append(int((row >= s).sum()))
@@ -131,6 +182,19 @@ def train(loaded, data_dir, out, *, features_dir=None, source: features.Source |
         tensors = {k: v.to(torch.bfloat16) for k, v in module.state_dict().items()}
         checkpoint.save(directory, {**tensors, "token_map": token_map}, config)
 
-    return loop.run(head, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
-                    stop_after=stop_after, desc="eagle", amp=amp, evaluate=evaluate if val_ids else None,
-                    eval_every=eval_every, patience=patience)
+    return loop.run(
+        head,
+        loss_fn,
+        export,
+        out=out,
+        steps=steps,
+        lr=lr,
+        resume=resume,
+        save_every=save_every,
+        stop_after=stop_after,
+        desc="eagle",
+        amp=amp,
+        evaluate=evaluate if val_ids else None,
+        eval_every=eval_every,
+        patience=patience,
+    )

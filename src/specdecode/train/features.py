@@ -27,7 +27,9 @@ class Features:
     tokens: list[torch.Tensor]  # per sequence [n] token ids
     start: list[int]  # per sequence: index of the first response token (= prompt length)
     hidden: list[torch.Tensor]  # per sequence [n, H] final hidden (after the norm)
-    layers: list[torch.Tensor]  # per sequence [n, len(layer ids) * H] bf16 captured layer outputs, concatenated
+    layers: list[
+        torch.Tensor
+    ]  # per sequence [n, len(layer ids) * H] bf16 captured layer outputs, concatenated
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Source:
     decoding does: a target that computes a long prefill differently from a few rows (gguf: 8-bit
     activations up to kernels.DENSE_ROWS rows, exact float32 GEMMs beyond) then gives the features it
     gives when serving."""
+
     model: object
     dtype: str = "fp32"
     rows: int | None = None
@@ -50,12 +53,15 @@ class Source:
             return fingerprint
         return f"{fingerprint}:{self.dtype}" + (f":rows{self.rows}" if self.rows else "")
 
-    def features(self, store: str | Path, seqs: list[Sequence], fingerprint: str,
-                 layer_ids: tuple[int, ...] = ()) -> Features:
+    def features(
+        self, store: str | Path, seqs: list[Sequence], fingerprint: str, layer_ids: tuple[int, ...] = ()
+    ) -> Features:
         return cached(store, self.model, seqs, self.key(fingerprint), layer_ids, self.rows)
 
 
-def compute(model, seqs: list[Sequence], layer_ids: tuple[int, ...] = (), rows: int | None = None) -> Features:
+def compute(
+    model, seqs: list[Sequence], layer_ids: tuple[int, ...] = (), rows: int | None = None
+) -> Features:
     """model: a CausalLM (FastLlama or HFModel), asked for its final hidden rows and the layers `layer_ids`;
     rows: see Source (None: each sequence in one forward)."""
     from tqdm import tqdm
@@ -67,11 +73,23 @@ def compute(model, seqs: list[Sequence], layer_ids: tuple[int, ...] = (), rows: 
             tokens = torch.tensor(s.tokens, dtype=torch.long)
             model.reset()
             n, start = len(tokens), len(s.prompt_ids)
-            spans = [(0, n)] if rows is None else [(0, start), *((a, min(a + rows, n)) for a in range(start, n, rows))]
-            feats = torch.cat([model.forward(tokens[a:b], num_logits=1, layers=(-1, *layer_ids)).features
-                               for a, b in spans if b > a])  # [n, (1 + layers) H]
+            spans = (
+                [(0, n)]
+                if rows is None
+                else [(0, start), *((a, min(a + rows, n)) for a in range(start, n, rows))]
+            )
+            feats = torch.cat(
+                [
+                    model.forward(tokens[a:b], num_logits=1, layers=(-1, *layer_ids)).features
+                    for a, b in spans
+                    if b > a
+                ]
+            )  # [n, (1 + layers) H]
             width = feats.shape[1] // (1 + len(layer_ids))
-            hidden, layers = feats[:, :width], feats[:, width:]  # the final hidden rows, the layers' concatenated
+            hidden, layers = (
+                feats[:, :width],
+                feats[:, width:],
+            )  # the final hidden rows, the layers' concatenated
             out.tokens.append(tokens)
             out.start.append(len(s.prompt_ids))
             out.hidden.append(hidden.float().cpu().clone())  # clone: a normal (not inference) tensor
@@ -104,8 +122,14 @@ def sequence_key(fingerprint: str, tokens: torch.Tensor, start: int) -> str:
     return h.hexdigest()[:20]
 
 
-def cached(store: str | Path, model, seqs: list[Sequence], fingerprint: str,
-           layer_ids: tuple[int, ...] = (), rows: int | None = None) -> Features:
+def cached(
+    store: str | Path,
+    model,
+    seqs: list[Sequence],
+    fingerprint: str,
+    layer_ids: tuple[int, ...] = (),
+    rows: int | None = None,
+) -> Features:
     """compute(), memoized per sequence in the directory `store`, in files of CHUNK sequences: an
     interrupted pass resumes after its last finished file, and a grown or merged data set (more
     shards, a subset by --max-tokens, another order) computes only the sequences the store lacks.
@@ -127,8 +151,8 @@ def cached(store: str | Path, model, seqs: list[Sequence], fingerprint: str,
     if missing:
         print(f"target features: {len(missing)} of {len(seqs)} sequences not in {store}", file=sys.stderr)
     for lo in range(0, len(missing), CHUNK):
-        part = [seqs[i] for i in missing[lo:lo + CHUNK]]
-        part_keys = [keys[i] for i in missing[lo:lo + CHUNK]]
+        part = [seqs[i] for i in missing[lo : lo + CHUNK]]
+        part_keys = [keys[i] for i in missing[lo : lo + CHUNK]]
         feats = compute(model, part, layer_ids, rows)
         name = "chunk-" + hashlib.sha1("".join(part_keys).encode()).hexdigest()[:16]
         if suffix:  # the layers first: a chunk's hidden file is what marks it complete
@@ -139,8 +163,10 @@ def cached(store: str | Path, model, seqs: list[Sequence], fingerprint: str,
     layers = [have[k][1] if suffix else h.new_zeros(len(h), 0) for k, h in zip(keys, hidden)]
     for k, t, h in zip(keys, tokens, hidden):
         if len(h) != len(t):
-            raise UserError(f"feature store {store}: sequence {k} holds {len(h)} rows for {len(t)} tokens "
-                            "(a corrupt file: delete the store and rerun)")
+            raise UserError(
+                f"feature store {store}: sequence {k} holds {len(h)} rows for {len(t)} tokens "
+                "(a corrupt file: delete the store and rerun)"
+            )
     return Features(tokens, starts, hidden, layers)
 
 
@@ -161,8 +187,10 @@ def _index_file(path: Path, suffix: str | None) -> dict:
         stored = torch.load(path, mmap=True)
         layers = torch.load(layers_path, mmap=True) if suffix else [None] * len(stored["keys"])
     except Exception as e:  # noqa: BLE001 (torch raises several types for a damaged file)
-        raise UserError(f"feature store file {path} is unreadable ({type(e).__name__}: {e}): "
-                        "delete it and rerun (its sequences are recomputed)") from None
+        raise UserError(
+            f"feature store file {path} is unreadable ({type(e).__name__}: {e}): "
+            "delete it and rerun (its sequences are recomputed)"
+        ) from None
     return {k: (h, l) for k, h, l in zip(stored["keys"], stored["hidden"], layers)}
 
 

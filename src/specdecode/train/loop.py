@@ -37,8 +37,10 @@ class TrainResult:
     losses: list[float]
 
     def summary(self) -> str:
-        return (f"trained {self.steps} steps in {self.seconds:.0f} s; final loss {self.final_loss:.4f}; "
-                f"checkpoint in {self.out}, loss curve {self.out / 'loss.png'}")
+        return (
+            f"trained {self.steps} steps in {self.seconds:.0f} s; final loss {self.final_loss:.4f}; "
+            f"checkpoint in {self.out}, loss curve {self.out / 'loss.png'}"
+        )
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -55,10 +57,23 @@ def check_resumable(out: str | Path) -> None:
         raise UserError(f"--resume: no training state in {out} (train without --resume to start)")
 
 
-def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: str | Path, steps: int, lr: float,
-        resume: bool = False, save_every: int = 50, stop_after: int | None = None, desc: str = "train",
-        amp: str = "fp32", evaluate: Callable | None = None, eval_every: int = 200,
-        patience: int = 0) -> TrainResult:
+def run(
+    module: torch.nn.Module,
+    loss_fn: Callable,
+    export: Callable,
+    *,
+    out: str | Path,
+    steps: int,
+    lr: float,
+    resume: bool = False,
+    save_every: int = 50,
+    stop_after: int | None = None,
+    desc: str = "train",
+    amp: str = "fp32",
+    evaluate: Callable | None = None,
+    eval_every: int = 200,
+    patience: int = 0,
+) -> TrainResult:
     """Train `module` for `steps` optimizer steps (stop_after: leave early after that many steps of
     this run, as a kill would; only tests use it). amp "bf16": the forward under bfloat16 autocast
     (matmuls in bf16, softmax and losses in fp32, fp32 master weights): about 2x the matmul speed
@@ -93,8 +108,14 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
 
     def checkpoint(step: int) -> None:
         trainable = {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
-        state = {"module": trainable, "optimizer": opt.state_dict(), "step": step, "losses": losses,
-                 "seconds": seconds + time.perf_counter() - t0, "val": history}
+        state = {
+            "module": trainable,
+            "optimizer": opt.state_dict(),
+            "step": step,
+            "losses": losses,
+            "seconds": seconds + time.perf_counter() - t0,
+            "val": history,
+        }
         write_atomic(state_path, lambda tmp: torch.save(state, tmp))
         export(module, out)
 
@@ -105,12 +126,19 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
             score, metrics = evaluate(module)
         module.train()
         best = max((h["score"] for h in history), default=-math.inf)
-        history.append({"step": step, "score": round(float(score), 5),
-                        **{k: round(float(v), 5) for k, v in metrics.items()}})
+        history.append(
+            {
+                "step": step,
+                "score": round(float(score), 5),
+                **{k: round(float(v), 5) for k, v in metrics.items()},
+            }
+        )
         if score > best:
             export(module, out / "best")
-        bar.write(f"{desc} step {step}: held-out score {score:.4f} (best {max(best, score):.4f}) "
-                  + " ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+        bar.write(
+            f"{desc} step {step}: held-out score {score:.4f} (best {max(best, score):.4f}) "
+            + " ".join(f"{k}={v:.3f}" for k, v in metrics.items())
+        )
         scores = [h["score"] for h in history]
         since = len(scores) - 1 - scores.index(max(scores))  # evaluations since the first best one
         return patience > 0 and since >= patience
@@ -138,7 +166,7 @@ def run(module: torch.nn.Module, loss_fn: Callable, export: Callable, *, out: st
     bar.close()
     module.eval()
     seconds += time.perf_counter() - t0
-    tail = losses[-max(1, len(losses) // 10):]
+    tail = losses[-max(1, len(losses) // 10) :]
     result = TrainResult(out, len(losses), sum(tail) / len(tail), seconds, losses)
     (out / "losses.json").write_text(json.dumps({"losses": losses, "seconds": seconds, "val": history}))
     plot(losses, out / "loss.png", desc)
@@ -166,8 +194,9 @@ def plot(losses: list[float], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def kl_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, topk: int = 0,
-            topk_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def kl_loss(
+    student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, topk: int = 0, topk_weight: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """student, teacher: logits [..., V]; mask: [...] bool -> (mean KL(teacher || student) over the
     masked rows, top-1 agreement there). Self-distillation: the teacher is the target itself.
     With topk > 0, plus topk_weight times HASS's top-K distillation term (Zhang et al. 2024,
@@ -186,20 +215,23 @@ def kl_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, to
     return (kl * m).sum() / n, agree.detach()
 
 
-def sequence_steps(forward: Callable, train_ids: list[int], val_ids: list[int], per_batch: int, seed: int,
-                   score: str) -> tuple[Callable, Callable]:
+def sequence_steps(
+    forward: Callable, train_ids: list[int], val_ids: list[int], per_batch: int, seed: int, score: str
+) -> tuple[Callable, Callable]:
     """For trainers whose batch is `per_batch` whole sequences: forward(module, sequence indices) ->
     (loss, metrics, rows scored per metric). Returns run()'s loss_fn (step's batch drawn from the
     training indices by (seed, step)) and evaluate (every held-out sequence once; `score` names the
     metric that ranks checkpoints)."""
+
     def loss_fn(module, step):
         draw = torch.randint(len(train_ids), (per_batch,), generator=batch_generator(seed, step)).tolist()
         loss, metrics, _ = forward(module, [train_ids[j] for j in draw])
         return loss, metrics
 
     def evaluate(module):
-        agree = weighted_metrics(forward(module, val_ids[lo:lo + per_batch])[1:]
-                                 for lo in range(0, len(val_ids), per_batch))
+        agree = weighted_metrics(
+            forward(module, val_ids[lo : lo + per_batch])[1:] for lo in range(0, len(val_ids), per_batch)
+        )
         return agree[score], agree
 
     return loss_fn, evaluate

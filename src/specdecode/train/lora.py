@@ -39,15 +39,21 @@ class LoRALinear(nn.Module):
         return self.base(x) + self.scale * (x @ self.lora_a.T) @ self.lora_b.T
 
 
-def apply(model: nn.Module, rank: int, alpha: float | None = None, names: tuple[str, ...] = LLAMA_LINEARS) -> int:
+def apply(
+    model: nn.Module, rank: int, alpha: float | None = None, names: tuple[str, ...] = LLAMA_LINEARS
+) -> int:
     """Freeze `model` and wrap its Linear layers whose attribute name is in `names`; returns how
     many were wrapped."""
     if rank < 1:
         raise UserError(f"the LoRA rank must be at least 1, got {rank}")
     for p in model.parameters():
         p.requires_grad_(False)
-    targets = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
-               if name in names and isinstance(child, nn.Linear)]
+    targets = [
+        (parent, name)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if name in names and isinstance(child, nn.Linear)
+    ]
     for parent, name in targets:
         setattr(parent, name, LoRALinear(getattr(parent, name), rank, alpha or 2.0 * rank))
     return len(targets)

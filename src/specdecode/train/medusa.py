@@ -19,11 +19,29 @@ from specdecode.drafters.medusa import MedusaHeads
 from specdecode.train import data, features, loop
 
 
-def train(loaded, data_dir, out, *, features_dir=None, source: features.Source | None = None, seed: int = 0,
-          resume: bool = False, save_every: int = 50, stop_after: int | None = None, amp: str = "fp32",
-          num_heads: int = 4, vocab: int = 8192, steps: int = 300, lr: float = 3e-3, batch_tokens: int = 1024,
-          topk: int = 0, topk_weight: float = 1.0, val: float = 0.0, eval_every: int = 200,
-          patience: int = 0) -> loop.TrainResult:
+def train(
+    loaded,
+    data_dir,
+    out,
+    *,
+    features_dir=None,
+    source: features.Source | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    save_every: int = 50,
+    stop_after: int | None = None,
+    amp: str = "fp32",
+    num_heads: int = 4,
+    vocab: int = 8192,
+    steps: int = 300,
+    lr: float = 3e-3,
+    batch_tokens: int = 1024,
+    topk: int = 0,
+    topk_weight: float = 1.0,
+    val: float = 0.0,
+    eval_every: int = 200,
+    patience: int = 0,
+) -> loop.TrainResult:
     """val: hold out this fraction of the sequences (data.split) and score each head's top-1 agreement
     with the target's token i + 1 positions ahead there (head 1's is the score)."""
     torch.manual_seed(seed)
@@ -73,25 +91,61 @@ def train(loaded, data_dir, out, *, features_dir=None, source: features.Source |
 
     def evaluate(module):
         def part(lo):
-            _, _, hits, valid = forward(module, val_bases[lo:lo + batch_tokens], val_room[lo:lo + batch_tokens])
+            _, _, hits, valid = forward(
+                module, val_bases[lo : lo + batch_tokens], val_room[lo : lo + batch_tokens]
+            )
             counts = valid.sum(0)
-            metrics = {f"top1_{i}": float(hits[:, i].sum() / max(1, int(counts[i]))) for i in range(num_heads)}
+            metrics = {
+                f"top1_{i}": float(hits[:, i].sum() / max(1, int(counts[i]))) for i in range(num_heads)
+            }
             return metrics, counts.tolist()
 
         agree = loop.weighted_metrics(part(lo) for lo in range(0, len(val_bases), batch_tokens))
         return agree["top1_0"], agree
 
     def export(module, directory):
-        recipe = {"steps": steps, "lr": lr, "amp": amp, "features": source.dtype, "batch_tokens": batch_tokens,
-                  "topk": topk, "topk_weight": topk_weight, "seed": seed, "sequences": len(train_ids),
-                  "response_tokens": data.response_tokens([seqs[i] for i in train_ids]), "val": val,
-                  "val_sequences": len(val_ids)}
-        config = {"kind": "medusa", "target": target, "hidden": hidden.shape[1], "num_heads": num_heads,
-                  "vocab": len(token_map), "train": recipe}
-        tensors = {"weight": module.weight.to(torch.bfloat16), "bias": module.bias.to(torch.bfloat16),
-                   "token_map": token_map}
+        recipe = {
+            "steps": steps,
+            "lr": lr,
+            "amp": amp,
+            "features": source.dtype,
+            "batch_tokens": batch_tokens,
+            "topk": topk,
+            "topk_weight": topk_weight,
+            "seed": seed,
+            "sequences": len(train_ids),
+            "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
+            "val": val,
+            "val_sequences": len(val_ids),
+        }
+        config = {
+            "kind": "medusa",
+            "target": target,
+            "hidden": hidden.shape[1],
+            "num_heads": num_heads,
+            "vocab": len(token_map),
+            "train": recipe,
+        }
+        tensors = {
+            "weight": module.weight.to(torch.bfloat16),
+            "bias": module.bias.to(torch.bfloat16),
+            "token_map": token_map,
+        }
         checkpoint.save(directory, tensors, config)
 
-    return loop.run(heads, loss_fn, export, out=out, steps=steps, lr=lr, resume=resume, save_every=save_every,
-                    stop_after=stop_after, desc="medusa", amp=amp, evaluate=evaluate if val_ids else None,
-                    eval_every=eval_every, patience=patience)
+    return loop.run(
+        heads,
+        loss_fn,
+        export,
+        out=out,
+        steps=steps,
+        lr=lr,
+        resume=resume,
+        save_every=save_every,
+        stop_after=stop_after,
+        desc="medusa",
+        amp=amp,
+        evaluate=evaluate if val_ids else None,
+        eval_every=eval_every,
+        patience=patience,
+    )

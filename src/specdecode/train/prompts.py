@@ -45,14 +45,26 @@ def _existing(path: Path) -> list[dict]:
             int(str(row["id"]).rpartition("-")[2])
             rows.append(row)
         except (ValueError, KeyError, TypeError):
-            raise UserError(f"{path}:{lineno}: not a line written by `train prompts`; "
-                            "give a new --out file (nothing was changed)") from None
+            raise UserError(
+                f"{path}:{lineno}: not a line written by `train prompts`; "
+                "give a new --out file (nothing was changed)"
+            ) from None
     return rows
 
 
-def write_prompts(loaded, out: str | Path, count: int, *, seed: int = 0, temperature: float = 1.0,
-                  top_p: float = 1.0, max_tokens: int = 96, min_words: int = 4, max_attempts: int | None = None,
-                  prefix: str = "self") -> list[dict]:
+def write_prompts(
+    loaded,
+    out: str | Path,
+    count: int,
+    *,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_tokens: int = 96,
+    min_words: int = 4,
+    max_attempts: int | None = None,
+    prefix: str = "self",
+) -> list[dict]:
     """Append prompts to the JSONL file `out` until it holds `count` ({"prompt", "id", "category":
     "self-instruct"} per line, ids PREFIX-ATTEMPT). Returns all rows of the file."""
     from tqdm import tqdm
@@ -74,11 +86,20 @@ def write_prompts(loaded, out: str | Path, count: int, *, seed: int = 0, tempera
     ids = query_prefix(loaded.tokenizer)
     none = drafters.build("none", drafters.DrafterContext(loaded))
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a", encoding="utf-8") as f, tqdm(total=count, initial=min(len(rows), count),
-                                                    desc="train prompts", unit="prompt") as bar:
+    with (
+        out.open("a", encoding="utf-8") as f,
+        tqdm(total=count, initial=min(len(rows), count), desc="train prompts", unit="prompt") as bar,
+    ):
         while len(rows) < count and attempt < limit:
-            result = generate(loaded, none, ids, k=1, params=params, max_new_tokens=max_tokens,
-                              seed=zlib.crc32(f"{seed}:{attempt}".encode()))
+            result = generate(
+                loaded,
+                none,
+                ids,
+                k=1,
+                params=params,
+                max_new_tokens=max_tokens,
+                seed=zlib.crc32(f"{seed}:{attempt}".encode()),
+            )
             text = result.text.strip()
             if result.finish_reason == "stop" and len(text.split()) >= min_words and text not in seen:
                 row = {"prompt": text, "id": f"{prefix}-{attempt}", "category": "self-instruct"}
