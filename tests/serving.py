@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import uvicorn
 
 from specdecode.core.generation import generate
-from specdecode.drafters.none import NoDrafter
 from specdecode.core.sampling import SamplingParams
+from specdecode.drafters.none import NoDrafter
 from specdecode.server import build_engine, default_routes
 from specdecode.server.app import ServeOptions, create_app
 from specdecode.server.engine import Engine

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
 from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, batched
+from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
 from specdecode.core.control import FixedK
-from specdecode.drafters import NgramDrafter, NoDrafter
 from specdecode.core.sampling import SamplingParams
+from specdecode.drafters import NgramDrafter, NoDrafter
 from test_decoder import MAX_NEW, cases  # noqa: F401 (cases: the fixture of prompts with clear greedy margins)
 
 DRAFTERS = [NgramDrafter(min_n=1, branches=3), NoDrafter(), NgramDrafter(min_n=1), NgramDrafter(branches=2)]
@@ -28,7 +28,7 @@ def together(lm, jobs, k):
         fresh = [waiting.pop() for _ in range(min(len(core.free), len(waiting)))]
         core.start(fresh)
         running += fresh
-        for seq, step in zip(running, core.step(running)):
+        for step in core.step(running):
             trees += step.depth is not None and step.drafted > step.depth
         for seq in [s for s in running if s.finished]:
             core.release(seq)
@@ -159,8 +159,9 @@ def test_prefill_chunks_shrink_as_the_context_grows_so_a_steps_cost_stays_within
 
 
 def test_the_batched_model_knows_its_attention_span(target):
-    from specdecode.backends.batch_model import attention_span
     from transformers import LlamaConfig
+
+    from specdecode.backends.batch_model import attention_span
 
     cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3)
     assert attention_span(cfg, 9, 3, 64) == 3072.0  # SmolLM2-135M: 3.54M weights a layer / (2 * 576)

@@ -4,8 +4,8 @@ import torch
 from conftest import make_llama
 from specdecode.backends import models
 from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, Row, batched
-from specdecode.core.control import CostModel
 from specdecode.backends.fast_llama import FastLlama
+from specdecode.core.control import CostModel
 from specdecode.server.load import BatchCosts
 
 

@@ -6,7 +6,6 @@ from specdecode.core.control import AdaptiveK, CostModel, FixedK, best_k, expect
 from specdecode.core.costs import measure, monotone
 from specdecode.core.decoder import Step
 
-
 FREE = CostModel(0.0, {})  # r(k) = 1 and c = 0: the speedup is E(k) itself
 
 
@@ -87,8 +86,8 @@ def test_hysteresis_avoids_flapping_near_break_even():
 
 def test_k_zero_policy_still_decodes_in_the_loop(target):
     from specdecode.core.decoder import decode
-    from specdecode.drafters import NgramDrafter
     from specdecode.core.sampling import SamplingParams
+    from specdecode.drafters import NgramDrafter
 
     never = AdaptiveK(CostModel(1.0, {k: 2.0 for k in range(1, 5)}), k_max=4, prior=[0.0])
     steps = list(

@@ -12,19 +12,19 @@ import pytest
 import torch
 
 from helpers import DELTA, TableModel, joint_two, tv, tv_bound
+from specdecode.backends.batch_model import PerSlotLM
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.models import HFModel, LoadedModel
 from specdecode.core import step as step_module
 from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
-from specdecode.backends.batch_model import PerSlotLM
 from specdecode.core.control import FixedK
 from specdecode.core.decoder import decode
-from specdecode.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specdecode.errors import UserError
-from specdecode.backends.fast_llama import FastLlama
 from specdecode.core.generation import generate
 from specdecode.core.metrics import Stats
-from specdecode.backends.models import HFModel, LoadedModel
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.verify import Verdict
+from specdecode.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specdecode.errors import UserError
 
 GREEDY = SamplingParams()
 MAX_NEW = 20

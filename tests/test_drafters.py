@@ -7,12 +7,12 @@ import torch
 
 from helpers import TableModel
 from specdecode import drafters
-from specdecode.drafters import DrafterContext, DraftModelDrafter, NgramDrafter, NoDrafter
-from specdecode.drafters.ngram import lookup
-from specdecode.errors import UserError
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel
 from specdecode.core.sampling import SamplingParams
+from specdecode.drafters import DrafterContext, DraftModelDrafter, NgramDrafter, NoDrafter
+from specdecode.drafters.ngram import lookup
+from specdecode.errors import UserError
 
 
 def look(context, k, max_n=4, min_n=1):

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends import models
 from specdecode.backends.fast_llama import FastLlama
-from helpers import assert_lossless
 from train_fixtures import PROMPTS
 
 FAMILIES = {

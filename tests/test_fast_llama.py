@@ -3,8 +3,8 @@ import torch
 
 from conftest import make_llama
 from specdecode.backends import models
-from specdecode.errors import UserError
 from specdecode.backends.fast_llama import FastLlama
+from specdecode.errors import UserError
 
 
 @pytest.fixture(scope="module")

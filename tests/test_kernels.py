@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 from conftest import make_llama
 from specdecode.backends import kernels
-from specdecode.core.decoder import decode
-from specdecode.drafters import NgramDrafter, NoDrafter
 from specdecode.backends.fast_llama import FastLlama
+from specdecode.core.decoder import decode
 from specdecode.core.sampling import SamplingParams
+from specdecode.drafters import NgramDrafter, NoDrafter
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from conftest import make_llama
+from helpers import assert_lossless
 from specdecode import drafters
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.models import HFModel
+from specdecode.core.control import AdaptiveK, CostModel
+from specdecode.core.generation import generate
+from specdecode.core.sampling import SamplingParams
 from specdecode.drafters.eagle import EagleHead, KVCache, rope_tables
 from specdecode.errors import UserError
-from specdecode.backends.fast_llama import FastLlama
-from specdecode.core.generation import generate
-from specdecode.backends.models import HFModel
-from specdecode.core.sampling import SamplingParams
-from specdecode.core.control import AdaptiveK, CostModel
-from helpers import assert_lossless
 from train_fixtures import PROMPTS, make_data
 
 

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from specdecode.core import memory
 from specdecode.backends import models
 from specdecode.backends.checkpoint import SHIPPED
 from specdecode.cli import main
+from specdecode.core import memory
 
 COMMON = dict(dtype="fp32", context=256, batch=1, k=4)
 

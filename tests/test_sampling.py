@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from specdecode.errors import UserError
 from specdecode.core.sampling import SamplingParams, next_token, sample, warp
+from specdecode.errors import UserError
 
 
 def logits_of(probs):

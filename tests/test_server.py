@@ -192,7 +192,7 @@ def test_sixteen_concurrent_streams_equal_their_single_request_outputs(target, s
             return await asyncio.gather(*(one(client, p, m, s) for p, m, s, _ in jobs))
 
     results = asyncio.run(main())
-    for (prompt, max_tokens, spec, want), (text, usage, reasons) in zip(jobs, results):
+    for (prompt, _, spec, want), (text, usage, reasons) in zip(jobs, results):
         assert text == want.text, prompt
         assert usage.completion_tokens == len(want.token_ids)
         assert reasons == [want.finish_reason]

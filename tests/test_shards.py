@@ -3,12 +3,11 @@ nothing, merging, second turns asked after the target's own first answer, and th
 
 import pytest
 
-from specdecode import corpora
+from specdecode import corpora, shards
 from specdecode.corpora import Prompt
 from specdecode.errors import UserError
-from specdecode import shards
-from specdecode.train import data
 from specdecode.shards import Sequence
+from specdecode.train import data
 
 TARGET = {"name": "t", "fingerprint": "abc"}
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specdecode import drafters
-from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
 from specdecode.backends.batch_model import batched
+from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
 from specdecode.core.control import AdaptiveK, CostModel, FixedK
 from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
@@ -43,7 +43,7 @@ def test_counts_match_a_brute_force_reference_under_appends_and_evictions(seed):
     rng = random.Random(seed)
     depth = rng.choice([2, 3, 5, 8])
     trie, streams = SuffixTrie(depth), {}
-    for step in range(60):
+    for _ in range(60):
         key = rng.randrange(6)
         if rng.random() < 0.15 and key in streams:
             trie.remove(key)
@@ -188,7 +188,7 @@ def test_greedy_output_is_plain_greedy_output(target, spec):
     drafter = drafters.build(spec, ctx)
     plain = drafters.build("none", ctx)
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13, 11, 12, 13, 11], [3, 9, 27, 3, 9]]
-    for rounds in range(2):  # the second round drafts from the first round's responses too
+    for _ in range(2):  # the second round drafts from the first round's responses too
         for ids in prompts:
             want = generate(target, plain, ids, max_new_tokens=24).token_ids
             got = generate(target, drafter, ids, k=8, max_new_tokens=24)

@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from serving import MODEL, reference, serve
-from specdecode.errors import UserError
 from specdecode.drafters.suffix import read_responses
+from specdecode.errors import UserError
 from specdecode.server.suffix_cache import FORMAT, SuffixCaches
 
 PROMPTS = [

@@ -2,9 +2,9 @@ import logging
 
 import pytest
 
-from specdecode.errors import UserError
 from specdecode.core.metrics import Stats
 from specdecode.core.taskstate import TaskState
+from specdecode.errors import UserError
 
 
 def stats(accepted_per_step, k=4):

@@ -10,10 +10,10 @@ import httpx
 from serving import MODEL, serve
 from specdecode.bench import suite as bench
 from specdecode.cli import main
+from specdecode.core.sampling import SamplingParams
 from specdecode.corpora import Prompt
 from specdecode.monitor import prom
 from specdecode.monitor.tracker import group_counts, spec_series
-from specdecode.core.sampling import SamplingParams
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox",

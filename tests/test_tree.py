@@ -7,9 +7,9 @@ import torch
 
 from conftest import make_llama
 from specdecode.backends import models
-from specdecode.errors import UserError
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.core.tree import Tree, best_nodes
+from specdecode.errors import UserError
 
 #        root
 #       /    \

@@ -6,9 +6,12 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 from specdecode import drafters
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.models import HFModel
+from specdecode.core.generation import generate
+from specdecode.core.sampling import SamplingParams
 from specdecode.drafters import (
     DrafterContext,
     DraftModelDrafter,
@@ -18,10 +21,6 @@ from specdecode.drafters import (
 )
 from specdecode.drafters.ngram import lookup_all
 from specdecode.errors import UserError
-from specdecode.backends.fast_llama import FastLlama
-from specdecode.core.generation import generate
-from specdecode.backends.models import HFModel
-from specdecode.core.sampling import SamplingParams
 from test_decoder import MAX_NEW, MIN_MARGIN, full_recompute_greedy, make_prompts, perturbed_copy, run
 
 

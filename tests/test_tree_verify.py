@@ -7,10 +7,10 @@ import torch
 from helpers import TableModel, joint_two, tv, tv_bound
 from specdecode.core import step as step_module
 from specdecode.core.decoder import decode
-from specdecode.drafters import DraftTreeDrafter, NgramDrafter
-from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.sampling import SamplingParams
 from specdecode.core.tree import Tree
 from specdecode.core.tree_verify import TreeVerdict, verify_tree_greedy, verify_tree_rejection
+from specdecode.drafters import DraftTreeDrafter, NgramDrafter
 
 V = 8
 TREE = Tree.from_sequences([[3, 1, 4], [3, 5], [2, 6]])  # nodes: 3 1 4 5 2 6

@@ -320,8 +320,8 @@ def cmd_generate(args) -> None:
     from specdecode import drafters
     from specdecode.backends import models
     from specdecode.core.control import FixedK
-    from specdecode.corpora import Prompt, read_jsonl
     from specdecode.core.generation import check_k, generate
+    from specdecode.corpora import Prompt, read_jsonl
 
     check_k(args.k)
     params = _sampling(args)
@@ -381,10 +381,11 @@ def cmd_check_tokenizers(args) -> int:
 
 
 def cmd_bench(args) -> None:
-    from specdecode.bench import suite as bench, peers
+    from specdecode.bench import peers
+    from specdecode.bench import suite as bench
+    from specdecode.core.generation import check_k
     from specdecode.corpora import load_prompts
     from specdecode.drafters import parse
-    from specdecode.core.generation import check_k
 
     params = _sampling(args)
     specs = [s for s in args.drafter.split(",") if s]
@@ -451,11 +452,11 @@ def cmd_bench(args) -> None:
 
 
 def cmd_advise(args) -> None:
-    from specdecode.bench import advise
     from specdecode import drafters
     from specdecode.backends import models
-    from specdecode.corpora import load_prompts
+    from specdecode.bench import advise
     from specdecode.core.generation import check_k
+    from specdecode.corpora import load_prompts
 
     check_k(args.k_max)
     if args.max_new_tokens <= 0:
@@ -521,12 +522,9 @@ def cmd_serve(args) -> None:
     import os
     from pathlib import Path
 
-    from specdecode import drafters
     from specdecode.backends import models
     from specdecode.core.config import load_config
-
     from specdecode.core.generation import check_k
-
     from specdecode.server.drafting import check_servable
 
     check_k(args.k)
@@ -548,10 +546,10 @@ def cmd_serve(args) -> None:
     try:
         import uvicorn
 
+        from specdecode.drafters.suffix import read_responses
         from specdecode.server import build_engine, default_routes
         from specdecode.server.app import ServeOptions, create_app
         from specdecode.server.lifecycle import Server
-        from specdecode.drafters.suffix import read_responses
         from specdecode.server.suffix_cache import SuffixCaches
     except ImportError as e:
         raise UserError(

@@ -18,16 +18,16 @@ For training data at scale: `mtbench2` (second turns, asked after the target's o
 from __future__ import annotations
 
 import importlib.machinery
-import itertools
 import importlib.util
+import itertools
 import json
 import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdecode.errors import UserError
 from specdecode.core.tasks import TASKS
+from specdecode.errors import UserError
 
 
 @dataclass(frozen=True)

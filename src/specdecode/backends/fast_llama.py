@@ -400,7 +400,7 @@ class FastLlama:
             positions = torch.arange(start, start + n, device=self.device)
         ropes = {kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self.rope.items()}
         masks = {None: mask} | {
-            w: _window(mask, positions, start + n, w) for w in {l.window for l in self.layers} if w
+            w: _window(mask, positions, start + n, w) for w in {layer.window for layer in self.layers} if w
         }
         ids = layer_ids(layers, len(self.layers))
         forward = (

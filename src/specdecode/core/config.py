@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdecode.core.control import CostModel
-from specdecode.drafters import check_spec
-from specdecode.errors import UserError
 from specdecode.core.generation import MAX_K
 from specdecode.core.tasks import TASKS
+from specdecode.drafters import check_spec
+from specdecode.errors import UserError
 
 
 @dataclass(frozen=True)

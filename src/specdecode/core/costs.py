@@ -9,10 +9,10 @@ import time
 
 import torch
 
-from specdecode.core.control import CostModel
-from specdecode.drafters.base import Drafter, feature_layers
 from specdecode.backends.lm import CausalLM
+from specdecode.core.control import CostModel
 from specdecode.core.sampling import SamplingParams
+from specdecode.drafters.base import Drafter, feature_layers
 
 
 def _median_time(fn, repeats: int) -> float:

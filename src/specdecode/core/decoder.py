@@ -27,12 +27,12 @@ from collections.abc import Iterator
 
 import torch
 
-from specdecode.core.control import FixedK, KPolicy
-from specdecode.drafters.base import Drafter, feature_layers
-from specdecode.errors import UserError
 from specdecode.backends.lm import CausalLM
+from specdecode.core.control import FixedK, KPolicy
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step, check, commit, plan
+from specdecode.drafters.base import Drafter, feature_layers
+from specdecode.errors import UserError
 
 __all__ = ["Step", "decode"]
 

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdecode.backends.models import LoadedModel
 from specdecode.core.control import KPolicy
 from specdecode.core.decoder import decode
-from specdecode.drafters.base import Drafter
-from specdecode.errors import UserError
 from specdecode.core.metrics import Stats
-from specdecode.backends.models import LoadedModel
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.text import TextStream
+from specdecode.drafters.base import Drafter
+from specdecode.errors import UserError
 
 MAX_K = 64
 

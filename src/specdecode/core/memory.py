@@ -181,8 +181,8 @@ def report(
 
     from specdecode.backends import models
     from specdecode.backends.checkpoint import SHIPPED
-    from specdecode.drafters import distilled, parse
     from specdecode.backends.fast_llama import SUPPORTED
+    from specdecode.drafters import distilled, parse
 
     spec = parse(drafter)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 
-from specdecode.core import costs
 from specdecode import drafters
+from specdecode.backends.models import LoadedModel
+from specdecode.core import costs
 from specdecode.core.config import Route, SpecConfig
 from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
 from specdecode.core.generation import Result, encode_prompt, generate
-from specdecode.backends.models import LoadedModel
 from specdecode.core.tasks import classify
 from specdecode.core.taskstate import TaskState
 

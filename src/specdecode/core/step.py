@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.drafters.base import Proposal
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.tree import Tree, best_nodes
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
+from specdecode.drafters.base import Proposal
 
 
 @dataclass

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import tempfile
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 

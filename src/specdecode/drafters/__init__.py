@@ -20,6 +20,7 @@ import importlib
 import re
 from dataclasses import dataclass, replace
 
+from specdecode.backends.models import LoadedModel
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.cross_vocab import CrossVocabDrafter
 from specdecode.drafters.draft_model import DraftModelDrafter
@@ -28,11 +29,10 @@ from specdecode.drafters.ensemble import EnsembleDrafter
 from specdecode.drafters.fallback import FallbackDrafter
 from specdecode.drafters.ngram import MAX_N, MIN_N, NgramDrafter
 from specdecode.drafters.none import NoDrafter
+from specdecode.drafters.spec import KINDS, Kind, Spec, canonical, int_options, parse, register, tree_options
 from specdecode.drafters.suffix import DEFAULTS as SUFFIX_DEFAULTS
 from specdecode.drafters.suffix import Corpus, SuffixCache, SuffixDrafter, read_responses
-from specdecode.drafters.spec import KINDS, Kind, Spec, canonical, int_options, parse, register, tree_options
 from specdecode.errors import UserError
-from specdecode.backends.models import LoadedModel
 
 
 @dataclass
@@ -115,8 +115,8 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
     """A distilled checkpoint (spec.arg None or a `train draft` directory) or any causal LM; a model
     with another tokenizer than the target's drafts across vocabularies (chains only)."""
     from specdecode.backends import models
-    from specdecode.drafters import distilled
     from specdecode.backends.tokenizer_check import compare
+    from specdecode.drafters import distilled
 
     vocab = ctx.target.model.vocab_size
     if distilled.is_checkpoint(spec.arg):

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import torch
 
+from specdecode.backends.models import CausalLM
+from specdecode.backends.tokenizer_check import token_bytes
+from specdecode.core.sampling import SamplingParams, sample, warp
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
-from specdecode.backends.models import CausalLM
-from specdecode.core.sampling import SamplingParams, sample, warp
-from specdecode.backends.tokenizer_check import token_bytes
 
 WINDOW = 32  # committed tokens re-encoded together with new text, so that the boundary tokenizes right
 

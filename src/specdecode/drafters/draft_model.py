@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from specdecode.core.sampling import SamplingParams, sample, warp
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
-from specdecode.core.sampling import SamplingParams, sample, warp
 
 
 class DraftModelDrafter(DraftLM):

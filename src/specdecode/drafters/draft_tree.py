@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.tree import Tree
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
 from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.errors import UserError
-from specdecode.core.sampling import SamplingParams, warp
-from specdecode.core.tree import Tree
 
 
 class DraftTreeDrafter(DraftLM):

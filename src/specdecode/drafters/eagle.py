@@ -27,12 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdecode.drafters.base import Proposal
-from specdecode.drafters.draft_vocab import draft_lm_head, kernels, scatter_probs
-from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.core.sampling import SamplingParams, sample, warp
 from specdecode.core.tree import Tree
+from specdecode.drafters.base import Proposal
+from specdecode.drafters.draft_vocab import draft_lm_head, kernels, scatter_probs
+from specdecode.drafters.growth import Growth, draft_dist
 
 
 def rope_tables(hf_model, n: int) -> tuple[torch.Tensor, torch.Tensor]:

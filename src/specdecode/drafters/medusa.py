@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdecode.core.sampling import SamplingParams, sample, warp
+from specdecode.core.tree import Tree
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_vocab import draft_lm_head, scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
-from specdecode.core.sampling import SamplingParams, sample, warp
-from specdecode.core.tree import Tree
 
 
 class MedusaHeads(nn.Module):

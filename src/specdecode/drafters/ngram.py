@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
+from specdecode.core.tree import Tree
 from specdecode.drafters.base import Proposal
 from specdecode.errors import UserError
-from specdecode.core.tree import Tree
 
 _MAX_HITS = 64  # matches examined per n when collecting several continuations
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from specdecode import shards
-from specdecode.corpora import jsonl_rows
 from specdecode.core.sampling import SamplingParams
+from specdecode.corpora import jsonl_rows
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.suffix_tree import SuffixTrie, grow
 from specdecode.errors import UserError

@@ -7,11 +7,11 @@ import argparse
 import json
 import time
 
+from specdecode.core.taskstate import DRIFT_DROP
 from specdecode.errors import UserError
 from specdecode.monitor import prom
 from specdecode.monitor.tracker import Snapshot, Tracker
 from specdecode.monitor.view import render, to_json
-from specdecode.core.taskstate import DRIFT_DROP
 
 
 def add_parser(sub) -> None:

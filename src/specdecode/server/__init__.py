@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from specdecode import drafters
 from specdecode.backends.batch_model import batched
+from specdecode.backends.models import LoadedModel
 from specdecode.core.config import Route, SpecConfig
 from specdecode.core.prefix_cache import PrefixCache
-from specdecode.backends.models import LoadedModel
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.engine import Engine
 from specdecode.server.load import measure

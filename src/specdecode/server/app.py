@@ -22,12 +22,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from specdecode.core.config import Route, SpecConfig
-from specdecode.errors import UserError
 from specdecode.core.sampling import SamplingParams
-from specdecode.server import engine as eng
-from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest, Speculative, error_response
 from specdecode.core.tasks import classify
 from specdecode.drafters import canonical
+from specdecode.errors import UserError
+from specdecode.server import engine as eng
+from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest, Speculative, error_response
 
 log = logging.getLogger(__name__)
 

@@ -25,19 +25,19 @@ from itertools import count
 
 import torch
 
+from specdecode.backends.batch_model import BatchLM
 from specdecode.core import batch_decoder
 from specdecode.core.batch_decoder import BatchDecoder
-from specdecode.backends.batch_model import BatchLM
-from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
-from specdecode.drafters.spec import parse
 from specdecode.core.metrics import Stats
+from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
+from specdecode.core.step import Step
+from specdecode.core.text import TextStream
+from specdecode.drafters.spec import parse
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.load import BatchCosts
 from specdecode.server.metrics import ServerMetrics
-from specdecode.core.step import Step
-from specdecode.core.text import TextStream
 
 log = logging.getLogger("specdecode.server")
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 from specdecode.errors import UserError
 
 DEFAULT_EXCLUDE = "mtbench:1"  # the prompts of `bench --prompts mtbench:1`, held out of the shipped data
@@ -185,8 +183,8 @@ def cmd_prompts(args) -> None:
 
 
 def cmd_data(args) -> None:
-    from specdecode.backends import checkpoint
     from specdecode import drafters
+    from specdecode.backends import checkpoint
     from specdecode.core.sampling import SamplingParams
     from specdecode.train import data
 

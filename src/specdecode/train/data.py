@@ -21,10 +21,14 @@ import signal
 import time
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from specdecode import shards
 from specdecode.corpora import Prompt, jsonl_rows, load_prompts
 from specdecode.errors import UserError
-from specdecode import shards
+
+if TYPE_CHECKING:
+    import torch
 from specdecode.shards import Sequence
 
 
@@ -199,8 +203,8 @@ def generate_data(
     output, several times the tokens per CPU-second). Prompts longer than max_prompt_tokens are
     skipped. tag: this worker's shard-name tag (see part()). Returns all sequences of `out`."""
     from specdecode.backends import checkpoint
-    from specdecode.drafters import DrafterContext
     from specdecode.core.sampling import SamplingParams
+    from specdecode.drafters import DrafterContext
 
     if batch < 1:
         raise UserError(f"batch must be at least 1, got {batch}")
@@ -322,8 +326,8 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
     import torch
 
     from specdecode import drafters
-    from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
     from specdecode.backends.batch_model import batched
+    from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
     from specdecode.core.control import FixedK
 
     core = BatchDecoder(batched(loaded.model, batch))

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from specdecode.backends import checkpoint
 from specdecode.drafters.distilled import build_model
-from specdecode.train import data, features, lora as lora_lib, loop
+from specdecode.train import data, features, loop
+from specdecode.train import lora as lora_lib
 
 
 def train(

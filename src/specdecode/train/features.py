@@ -191,7 +191,7 @@ def _index_file(path: Path, suffix: str | None) -> dict:
             f"feature store file {path} is unreadable ({type(e).__name__}: {e}): "
             "delete it and rerun (its sequences are recomputed)"
         ) from None
-    return {k: (h, l) for k, h, l in zip(stored["keys"], stored["hidden"], layers)}
+    return {k: (h, ls) for k, h, ls in zip(stored["keys"], stored["hidden"], layers)}
 
 
 def _save_atomic(obj, path: Path) -> None:
