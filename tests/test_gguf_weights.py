@@ -90,6 +90,45 @@ def test_int8_activation_matmul_is_close_and_row_invariant(type_name):
     assert torch.equal(f(x[:9].contiguous(), m.scales, m.quants), y[:9])
 
 
+needs_vnni = pytest.mark.skipif(ops is None or ops.vnni_rows() == 0, reason="no AVX-512 VNNI on this CPU")
+
+
+@needs_vnni
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("rows", [200, 16, 7])  # a padded last group, one whole group, a lone partial one
+def test_interleaved_matmul_is_the_int8_kernel_reordered_and_row_invariant(type_name, rows):
+    """The VNNI layout holds the same blocks (pack/unpack round trip), multiplies with the same 8-bit
+    activations as kernels_i8.cpp (equal up to float32 summation order) and keeps a row's bits
+    whatever rows share the call."""
+    m = gguf_weights.repack(type_name, raw_matrix(type_name, rows, 512, seed=5))
+    packed = gguf_weights.Interleaved.pack(ops, m)
+    back = packed.unpack(ops)
+    assert torch.equal(back.scales, m.scales) and torch.equal(back.quants, m.quants)
+    f = ops.linear_q4_vnni if m.kind == "q4" else ops.linear_q8_vnni
+    x = torch.randn(37, 512, generator=torch.Generator().manual_seed(6))
+    y = f(x, packed.scales, packed.quants, rows)
+    old = (ops.linear_q4_i8 if m.kind == "q4" else ops.linear_q8_i8)(x, m.scales, m.quants)
+    assert y.shape == (37, rows)
+    torch.testing.assert_close(y, old, rtol=1e-5, atol=1e-4)
+    ref = x @ m.dequantize().T
+    assert float((y - ref).norm() / ref.norm()) < 0.02
+    for i in [0, 1, 8, 9, 36]:
+        assert torch.equal(f(x[i : i + 1].contiguous(), packed.scales, packed.quants, rows)[0], y[i])
+    assert torch.equal(f(x[3:12].contiguous(), packed.scales, packed.quants, rows), y[3:12])
+
+
+@needs_vnni
+def test_interleaved_shapes_are_checked():
+    m = gguf_weights.repack("Q4_1", raw_matrix("Q4_1", 20, 64))
+    packed = gguf_weights.Interleaved.pack(ops, m)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.linear_q4_vnni(torch.randn(1, 48), packed.scales, packed.quants, 20)
+    with pytest.raises(RuntimeError, match="quants"):
+        ops.linear_q4_vnni(torch.randn(1, 64), packed.scales, packed.quants, 40)
+    with pytest.raises(RuntimeError, match="quants"):
+        ops.linear_q8_vnni(torch.randn(1, 64), packed.scales, packed.quants, 20)
+
+
 @needs_kernels
 def test_bad_quantized_shapes_are_errors():
     m = gguf_weights.repack("Q4_1", raw_matrix("Q4_1", 4, 64))
@@ -197,7 +236,10 @@ def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
 @needs_kernels
 def test_int8_activations_keep_greedy_speculation_lossless(tiny_gguf):
     target = models.load(tiny_gguf, "gguf", "cpu")
-    assert target.model.layers[0].qkv.kernels["q4"] == ops.linear_q4_i8
+    qkv = target.model.layers[0].qkv
+    assert qkv.kernels["q4"] == ops.linear_q4_i8
+    assert qkv.interleaved == (ops.vnni_rows() > 0)  # the VNNI kernels wherever the CPU has them
+    assert isinstance(qkv.parts[0], gguf_weights.Interleaved) == qkv.interleaved
     ctx = drafters.DrafterContext(target, "gguf")
     plain, ngram = drafters.build("none", ctx), drafters.build("ngram", ctx)
     assert_lossless(target, plain, ngram, PROMPTS[:4], k=4, max_new_tokens=40)

@@ -383,6 +383,13 @@ torch::Tensor dequantize_q8(torch::Tensor scales, torch::Tensor quants) {
 
 torch::Tensor linear_q4_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);  // kernels_i8.cpp
 torch::Tensor linear_q8_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);
+int64_t vnni_rows();  // kernels_vnni.cpp
+torch::Tensor linear_q4_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q8_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+std::vector<torch::Tensor> pack_q4_vnni(torch::Tensor scales, torch::Tensor quants);
+std::vector<torch::Tensor> pack_q8_vnni(torch::Tensor scales, torch::Tensor quants);
+std::vector<torch::Tensor> unpack_q4_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N);
+std::vector<torch::Tensor> unpack_q8_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += delta (if given); return rms_norm(x) * w", py::arg("x"),
@@ -395,5 +402,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q8_i8", &linear_q8_i8, "x W^T, W 8-bit, x quantized to 8 bits per row and block of 32");
   m.def("dequantize_q4", &dequantize_q4, "4-bit rows -> float32 [N, K], the kernels' values");
   m.def("dequantize_q8", &dequantize_q8, "8-bit rows -> float32 [N, K], the kernels' values");
+  m.def("vnni_rows", &vnni_rows, "weight rows interleaved by the VNNI kernels (16), or 0 without AVX-512 VNNI");
+  m.def("linear_q4_vnni", &linear_q4_vnni, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits");
+  m.def("linear_q8_vnni", &linear_q8_vnni, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits");
+  m.def("pack_q4_vnni", &pack_q4_vnni, "4-bit rows -> (scales, quants) interleaved for linear_q4_vnni");
+  m.def("pack_q8_vnni", &pack_q8_vnni, "8-bit rows -> (scales, quants) interleaved for linear_q8_vnni");
+  m.def("unpack_q4_vnni", &unpack_q4_vnni, "pack_q4_vnni's inverse");
+  m.def("unpack_q8_vnni", &unpack_q8_vnni, "pack_q8_vnni's inverse");
   m.def("attention", &attention, "rotary + KV-cache write + attention for n new tokens");
 }
