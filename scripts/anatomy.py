@@ -25,6 +25,7 @@ import platform
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -121,48 +122,50 @@ def macs(model) -> int:
 def anatomy(model, contexts: list[int], rows: int, repeats: int, seed: int = 0) -> list[dict]:
     """One entry per (context, n): T, matmul, lm_head, attention, rest in ms."""
     gen = torch.Generator().manual_seed(seed)
-    vocab = model.vocab_size
-    pairs = linears(model)
-    hidden = model.config.hidden_size
-    results = []
-    for ctx in contexts:
-        model.reset()
-        model.forward(torch.randint(vocab, (ctx,), generator=gen), num_logits=1)
-        base = model.length
-        step = torch.randint(vocab, (rows,), generator=gen)
-
-        def forward(n):
-            model.extend(step[:n])
-            model.truncate(base)
-
-        xs = {n: {k: torch.randn(n, k, generator=gen) for _, k in pairs} for n in range(1, rows + 1)}
-        heads = {n: torch.randn(n, hidden, generator=gen) for n in range(1, rows + 1)}
-
-        def matmuls(n):
-            for f, k in pairs:
-                f(xs[n][k])
-            model.lm_head(heads[n])
-
-        for n in range(1, rows + 1):  # warm-up
-            forward(n)
-        samples = {n: {"T": [], "matmul": [], "lm_head": [], "attention": []} for n in range(1, rows + 1)}
-        for _ in range(repeats):  # sizes interleaved: a slow phase of a shared machine hits all alike
-            for n in range(1, rows + 1):
-                for key, fn in (
-                    ("T", lambda n=n: forward(n)),
-                    ("matmul", lambda n=n: matmuls(n)),
-                    ("lm_head", lambda n=n: model.lm_head(heads[n])),
-                    ("attention", lambda n=n: attention_only(model, n, gen)),
-                ):
-                    t0 = time.perf_counter()
-                    fn()
-                    samples[n][key].append(1e3 * (time.perf_counter() - t0))
-        for n in range(1, rows + 1):
-            row = {"context": ctx, "n": n} | {k: statistics.median(v) for k, v in samples[n].items()}
-            row["rest"] = row["T"] - row["matmul"] - row["attention"]
-            results.append(row)
+    results = [row for ctx in contexts for row in _one_context(model, ctx, rows, repeats, gen)]
     model.reset()
     return results
+
+
+def _one_context(model, ctx: int, rows: int, repeats: int, gen: torch.Generator) -> list[dict]:
+    pairs, hidden = linears(model), model.config.hidden_size
+    model.reset()
+    model.forward(torch.randint(model.vocab_size, (ctx,), generator=gen), num_logits=1)
+    base = model.length
+    step = torch.randint(model.vocab_size, (rows,), generator=gen)
+    xs = {n: {k: torch.randn(n, k, generator=gen) for _, k in pairs} for n in range(1, rows + 1)}
+    heads = {n: torch.randn(n, hidden, generator=gen) for n in range(1, rows + 1)}
+
+    def forward(n):
+        model.extend(step[:n])
+        model.truncate(base)
+
+    def matmuls(n):
+        for f, k in pairs:
+            f(xs[n][k])
+        model.lm_head(heads[n])
+
+    parts = {
+        "T": forward,
+        "matmul": matmuls,
+        "lm_head": lambda n: model.lm_head(heads[n]),
+        "attention": lambda n: attention_only(model, n, gen),
+    }
+    for n in range(1, rows + 1):  # warm-up
+        forward(n)
+    samples = {n: {key: [] for key in parts} for n in range(1, rows + 1)}
+    for _ in range(repeats):  # sizes interleaved: a slow phase of a shared machine hits all alike
+        for n in range(1, rows + 1):
+            for key, fn in parts.items():
+                t0 = time.perf_counter()
+                fn(n)
+                samples[n][key].append(1e3 * (time.perf_counter() - t0))
+    out = []
+    for n in range(1, rows + 1):
+        row = {"context": ctx, "n": n} | {k: statistics.median(v) for k, v in samples[n].items()}
+        row["rest"] = row["T"] - row["matmul"] - row["attention"]
+        out.append(row)
+    return out
 
 
 def attention_only(model, n: int, gen: torch.Generator) -> None:
@@ -200,17 +203,15 @@ def torch_int4(model, rows: list[int], repeats: int) -> dict[int, float] | None:
                 [torch.full((groups, f.out_features), 0.002), torch.zeros(groups, f.out_features)], -1
             )
             mats.append((packed, sz.to(torch.bfloat16), k))
-        out = {}
-        for n in rows:
-            xs = {k: torch.randn(n, k).to(torch.bfloat16) for _, _, k in mats}
-            out[n] = median_ms(
-                lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xs[k], p, 32, s) for p, s, k in mats],
-                repeats,
-            )
-        return out
+        return {n: median_ms(partial(_int4_pass, mats, n), repeats) for n in rows}
     except (RuntimeError, AttributeError) as e:
         print(f"torch int4 kernel unavailable: {e}", file=sys.stderr)
         return None
+
+
+def _int4_pass(mats, n: int) -> None:
+    for packed, scales, k in mats:
+        torch.ops.aten._weight_int4pack_mm_for_cpu(torch.ones(n, k, dtype=torch.bfloat16), packed, 32, scales)
 
 
 def report(model, results: list[dict], threads: int, cpu: dict, bandwidth: float) -> dict:
@@ -248,8 +249,9 @@ def markdown(rep: dict) -> str:
     ]
     for r in rep["rows"]:
         lines.append(
-            f"| {r['context']} | {r['n']} | {r['T']:.2f} | {r['r']:.2f} | {r['matmul']:.2f} | {r['lm_head']:.2f}"
-            f" | {r['attention']:.2f} | {r['rest']:.2f} | {r['macs_per_cycle_per_core']:.1f} |"
+            f"| {r['context']} | {r['n']} | {r['T']:.2f} | {r['r']:.2f} | {r['matmul']:.2f}"
+            f" | {r['lm_head']:.2f} | {r['attention']:.2f} | {r['rest']:.2f}"
+            f" | {r['macs_per_cycle_per_core']:.1f} |"
         )
     if rep.get("torch_int4_ms"):
         lines += ["", "torch int4 (aten._weight_int4pack_mm_for_cpu, layers without LM head), ms by rows: "]

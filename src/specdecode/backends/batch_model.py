@@ -99,7 +99,8 @@ class BatchedLlama:
         self.lengths[slot] = length + m
 
     def read_kv(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of cache positions [start, end) of a slot: each [layers, kv_heads, n, d] (copies)."""
+        """Keys and values of cache positions [start, end) of a slot: each [layers, kv_heads, n, d]
+        (copies)."""
         return self.k_cache[:, slot, :, start:end].clone(), self.v_cache[:, slot, :, start:end].clone()
 
     @torch.inference_mode()
@@ -303,7 +304,8 @@ class _Group:
 
 
 class PerSlotLM:
-    """One CausalLM per slot (for a transformers model: HFModels, each with its own DynamicCache), rows in turn."""
+    """One CausalLM per slot (for a transformers model: HFModels, each with its own DynamicCache), rows
+    in turn."""
 
     def __init__(self, seqs: list[CausalLM]):
         self.seqs = seqs

@@ -184,7 +184,8 @@ def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix
         raw = np.ascontiguousarray(raw).reshape(raw.shape[0], -1)
         if raw.shape[1] % size:
             raise UserError(
-                f"GGUF tensor {name}: {raw.shape[1]} bytes per row is not a whole number of {type_name} blocks"
+                f"GGUF tensor {name}: {raw.shape[1]} bytes per row is not a whole number of "
+                f"{type_name} blocks"
             )
         return fn(raw.reshape(raw.shape[0], raw.shape[1] // size, size))
     from gguf import GGMLQuantizationType, quants

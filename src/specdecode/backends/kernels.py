@@ -67,10 +67,6 @@ def load():
             verbose=False,
         )
     except Exception as e:  # no compiler, no ninja, an unwritable cache, a failed build: eager ops still work
-        print(
-            f"specdecode: fused CPU kernels unavailable, using eager ops ({type(e).__name__}: {e})".splitlines()[
-                0
-            ],
-            file=sys.stderr,
-        )
+        reason = f"{type(e).__name__}: {e}".splitlines()[0]
+        print(f"specdecode: fused CPU kernels unavailable, using eager ops ({reason})", file=sys.stderr)
         return None

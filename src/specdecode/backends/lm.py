@@ -68,7 +68,8 @@ class CausalLM(Protocol):
 
 
 def cache_dir() -> Path:
-    """Where dequantized GGUF weights and built kernels are cached ($SPECDECODE_CACHE or the user cache dir)."""
+    """Where dequantized GGUF weights and built kernels are cached ($SPECDECODE_CACHE or the user
+    cache dir)."""
     import platformdirs
 
     return Path(os.environ.get("SPECDECODE_CACHE") or platformdirs.user_cache_dir("specdecode"))

