@@ -175,15 +175,16 @@ def attention_only(model, n: int, gen: torch.Generator) -> None:
     qkv = torch.randn(n, width, generator=gen)
     start = model.length
     cos, sin = model.cos[start : start + n].contiguous(), model.sin[start : start + n].contiguous()
+    where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([n]))
     for i in range(len(model.layers)):
         ops.attention(
             qkv,
-            model.k_cache[i, 0],
-            model.v_cache[i, 0],
+            model.k_cache[i],
+            model.v_cache[i],
             cos,
             sin,
             None,
-            start,
+            *where,
             model.heads,
             model.kv_heads,
             model.qk_scale or 0.0,

@@ -109,9 +109,15 @@ def _rope(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
 
+def _where(*seqs):
+    """(slot, start, count) per sequence -> the kernel's slots, starts, counts tensors."""
+    return [torch.tensor(col, dtype=torch.long) for col in zip(*seqs)]
+
+
 @pytest.mark.parametrize("tree", [False, True])
-def test_attention_matches_sdpa_and_writes_the_cache(ops, tree):
-    h, kvh, d, start, n, cap = 4, 2, 32, 5, 4, 16
+@pytest.mark.parametrize("d, start", [(32, 5), (24, 37)])  # d and the context off the vector width too
+def test_attention_matches_sdpa_and_writes_the_cache(ops, tree, d, start):
+    h, kvh, n, cap = 4, 2, 4, 48
     g = torch.Generator().manual_seed(2)
     qkv = torch.randn(n, (h + 2 * kvh) * d, generator=g)
     k_cache, v_cache = torch.randn(kvh, cap, d, generator=g), torch.randn(kvh, cap, d, generator=g)
@@ -123,7 +129,10 @@ def test_attention_matches_sdpa_and_writes_the_cache(ops, tree):
         mask[:, start:] = torch.tensor(
             [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool
         )
-    out = ops.attention(qkv, k_cache, v_cache, cos, sin, mask if tree else None, start, h, kvh, 0.0)
+    where = _where((0, start, n))
+    out = ops.attention(
+        qkv, k_cache[None], v_cache[None], cos, sin, mask if tree else None, *where, h, kvh, 0.0
+    )
 
     q, k, v = qkv.view(n, h + 2 * kvh, d).transpose(0, 1).split([h, kvh, kvh])
     k = _rope(k, cos, sin)
@@ -140,6 +149,56 @@ def test_attention_matches_sdpa_and_writes_the_cache(ops, tree):
         enable_gqa=True,
     )
     assert torch.allclose(out, ref[0].transpose(0, 1).reshape(n, h * d), atol=1e-5)
+    for i in range(n):  # a row alone (a decoding step) gets the bits it gets among the others
+        one = ops.attention(
+            qkv[i : i + 1],
+            k_cache[None],
+            v_cache[None],
+            cos[i : i + 1],
+            sin[i : i + 1],
+            mask[i : i + 1] if tree else None,
+            *_where((0, start + i, 1)),
+            h,
+            kvh,
+            0.0,
+        )
+        if not tree:
+            assert torch.equal(one[0], out[i])
+
+
+def test_attention_over_sequences_in_slots_is_each_alone(ops):
+    """The batched server's shape: rows of three sequences in three cache slots, one call; each
+    sequence's rows equal its own call bit for bit, and only its slot is written."""
+    h, kvh, d, cap = 6, 2, 64, 40
+    g = torch.Generator().manual_seed(3)
+    seqs = [(2, 30, 1), (0, 7, 4), (1, 0, 3)]  # (slot, start, count): a decode row, a chain, a prefill
+    qkv = torch.randn(8, (h + 2 * kvh) * d, generator=g)
+    cos, sin = torch.randn(8, d, generator=g), torch.randn(8, d, generator=g)
+    k_cache, v_cache = torch.randn(3, kvh, cap, d, generator=g), torch.randn(3, kvh, cap, d, generator=g)
+    k_alone, v_alone = k_cache.clone(), v_cache.clone()
+    out = ops.attention(qkv, k_cache, v_cache, cos, sin, None, *_where(*seqs), h, kvh, 0.0)
+    row = 0
+    for slot, start, count in seqs:
+        rows = slice(row, row + count)
+        alone = ops.attention(
+            qkv[rows],
+            k_alone,
+            v_alone,
+            cos[rows],
+            sin[rows],
+            None,
+            *_where((slot, start, count)),
+            h,
+            kvh,
+            0.0,
+        )
+        assert torch.equal(out[rows], alone)
+        row += count
+    assert torch.equal(k_cache, k_alone) and torch.equal(v_cache, v_alone)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        ops.attention(qkv[:1], k_cache, v_cache, cos[:1], sin[:1], None, *_where((3, 0, 1)), h, kvh, 0.0)
+    with pytest.raises(RuntimeError, match="rows in all"):
+        ops.attention(qkv, k_cache, v_cache, cos, sin, None, *_where((0, 0, 2)), h, kvh, 0.0)
 
 
 @pytest.fixture(scope="module")

@@ -476,16 +476,17 @@ class FastLlama:
         xn = ops.add_rms_norm(x, None, self.layers[0].norm1, self.eps)
         norms = [layer.norm1 for layer in self.layers[1:]] + [self.final_norm]  # the norm after each layer
         ropes = {kind: (cos.contiguous(), sin.contiguous()) for kind, (cos, sin) in ropes.items()}
+        where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([n]))  # slot 0
         captured = {}
         for i, layer in enumerate(self.layers):
             qkv = layer.norm_qk(layer.qkv(xn), self.heads, self.kv_heads, self.eps)
             attn = ops.attention(
                 qkv,
-                self.k_cache[i, 0],
-                self.v_cache[i, 0],
+                self.k_cache[i],
+                self.v_cache[i],
                 *ropes[layer.rope_kind],
                 masks[layer.window],
-                start,
+                *where,
                 self.heads,
                 self.kv_heads,
                 self.qk_scale or 0.0,

@@ -73,84 +73,6 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return out;
 }
 
-// Rotary embedding of one head vector (HF's rotate_half convention).
-void rope(const float* x, const float* cos, const float* sin, float* out, int64_t d) {
-  const int64_t half = d / 2;
-  for (int64_t j = 0; j < half; ++j) {
-    out[j] = x[j] * cos[j] - x[j + half] * sin[j];
-    out[j + half] = x[j + half] * cos[j + half] + x[j] * sin[j + half];
-  }
-}
-
-// qkv: [n, (h + 2 kvh) d] projections of n new tokens; k_cache, v_cache: [kvh, cap, d] one layer's
-// cache, the new keys (rotated) and values written at slots start..start+n-1; cos, sin: [n, d];
-// mask: [n, start+n] bool (query i sees slot j where true) or none (causal); scale: of q.k (the
-// usual 1 / sqrt(d) when <= 0). -> [n, h d]
-torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
-                        torch::Tensor sin, std::optional<torch::Tensor> mask, int64_t start, int64_t heads,
-                        int64_t kv_heads, double qk_scale) {
-  for (auto& [t, name] : {std::pair{qkv, "qkv"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {cos, "cos"}, {sin, "sin"}})
-    check(t, name);
-  const int64_t n = qkv.size(0), d = k_cache.size(2), cap = k_cache.size(1), end = start + n;
-  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * d, "qkv: expected (heads + 2 kv_heads) * head_dim columns");
-  TORCH_CHECK(end <= cap, "attention: cache too small");
-  TORCH_CHECK(cos.size(0) == n && sin.size(0) == n && cos.size(1) == d, "cos/sin: expected [n, head_dim]");
-  const bool* mp = nullptr;
-  if (mask) {
-    TORCH_CHECK(mask->scalar_type() == torch::kBool && mask->is_contiguous() && mask->size(0) == n &&
-                    mask->size(1) == end, "mask: expected a contiguous bool [n, start + n] tensor");
-    mp = mask->data_ptr<bool>();
-  }
-  const float *q_all = qkv.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
-  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
-  const int64_t row = qkv.size(1);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t g = 0; g < kv_heads; ++g) {
-      const float* k = q_all + i * row + (heads + g) * d;
-      rope(k, cp + i * d, sp + i * d, kc + (g * cap + start + i) * d, d);
-      std::copy(k + kv_heads * d, k + kv_heads * d + d, vc + (g * cap + start + i) * d);
-    }
-  auto out = torch::empty({n, heads * d}, qkv.options());
-  float* op = out.data_ptr<float>();
-  const float scale = qk_scale > 0 ? static_cast<float>(qk_scale) : 1.f / std::sqrt(static_cast<float>(d));
-  const int64_t group = heads / kv_heads;
-  at::parallel_for(0, heads * n, 1, [&](int64_t begin, int64_t stop) {
-    std::vector<float> q(d), p(end);
-    for (int64_t task = begin; task < stop; ++task) {
-      const int64_t hh = task / n, i = task % n, g = hh / group;
-      rope(q_all + i * row + hh * d, cp + i * d, sp + i * d, q.data(), d);
-      const float* K = kc + g * cap * d;
-      const float* V = vc + g * cap * d;
-      float top = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < end; ++j) {
-        if (mp ? !mp[i * end + j] : j > start + i) {
-          p[j] = -std::numeric_limits<float>::infinity();
-          continue;
-        }
-        float s = 0.f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < d; ++c) s += q[c] * K[j * d + c];
-        p[j] = s * scale;
-        top = std::max(top, p[j]);
-      }
-      float* o = op + i * heads * d + hh * d;
-      std::fill(o, o + d, 0.f);
-      float total = 0.f;
-      for (int64_t j = 0; j < end; ++j) {
-        if (p[j] == -std::numeric_limits<float>::infinity()) continue;
-        const float e = std::exp(p[j] - top);
-        total += e;
-#pragma omp simd
-        for (int64_t c = 0; c < d; ++c) o[c] += e * V[j * d + c];
-      }
-      const float inv = 1.f / total;
-#pragma omp simd
-      for (int64_t c = 0; c < d; ++c) o[c] *= inv;
-    }
-  });
-  return out;
-}
-
 // The machine's float vector: 16 lanes (one AVX-512 register) or 8 (one AVX2 register; GCC lowers
 // wider generic vectors on AVX2 through memory). A block of 32 weights is NV vectors.
 #ifdef __AVX512F__
@@ -381,6 +303,10 @@ torch::Tensor dequantize_q8(torch::Tensor scales, torch::Tensor quants) {
   return dequantize(Q8{scales.data_ptr<float>(), quants.data_ptr<int8_t>(), G}, quants.size(0), G * 32);
 }
 
+torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
+                        torch::Tensor sin, std::optional<torch::Tensor> mask, torch::Tensor slots,
+                        torch::Tensor starts, torch::Tensor counts, int64_t heads, int64_t kv_heads,
+                        double qk_scale);  // attention.cpp
 torch::Tensor linear_q4_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);  // kernels_i8.cpp
 torch::Tensor linear_q8_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);
 int64_t vnni_rows();  // kernels_vnni.cpp
@@ -409,5 +335,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_q8_vnni", &pack_q8_vnni, "8-bit rows -> (scales, quants) interleaved for linear_q8_vnni");
   m.def("unpack_q4_vnni", &unpack_q4_vnni, "pack_q4_vnni's inverse");
   m.def("unpack_q8_vnni", &unpack_q8_vnni, "pack_q8_vnni's inverse");
-  m.def("attention", &attention, "rotary + KV-cache write + attention for n new tokens");
+  m.def("attention", &attention, "rotary + KV-cache writes + attention for the rows of any sequences");
 }

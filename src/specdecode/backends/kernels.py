@@ -1,5 +1,5 @@
-"""Builds and loads kernels.cpp, kernels_i8.cpp and kernels_vnni.cpp (with tiles.h), FastLlama's fused
-CPU ops, once per machine.
+"""Builds and loads kernels.cpp, kernels_i8.cpp, kernels_vnni.cpp and attention.cpp (with tiles.h),
+FastLlama's fused CPU ops, once per machine.
 
 The extension is compiled on first use with the system C++ compiler (about 45 s here) into the
 specdecode cache, under a name that covers the source, torch's version and the CPU's instruction
@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(f"{name}.cpp") for name in ("kernels", "kernels_i8", "kernels_vnni")]
+SOURCES = [
+    Path(__file__).with_name(f"{name}.cpp") for name in ("kernels", "kernels_i8", "kernels_vnni", "attention")
+]
 HEADERS = [Path(__file__).with_name("tiles.h")]
 
 # Products of more rows than this (a long prefill, a big batch) go to torch's dense GEMM (oneDNN/MKL)
