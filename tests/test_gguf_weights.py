@@ -65,13 +65,18 @@ def test_quantized_matmul_is_the_dense_kernel_on_dequantized_weights(type_name):
 @pytest.mark.parametrize("type_name", TYPES)
 def test_many_rows_take_the_dense_gemm_on_the_exact_dequantized_weights(type_name):
     """Over kernels.DENSE_ROWS rows (a long prefill) a quantized matrix is dequantized in C++ to the
-    reference values and multiplied by torch's GEMM: the float32 model's route, bit for bit."""
+    reference values and multiplied by torch's GEMM: the float32 model's route, bit for bit. With
+    8-bit activations on the VNNI kernels, every row stays in the kernel (its bits as alone)."""
     m = gguf_weights.repack(type_name, raw_matrix(type_name, 96, 512, seed=6))
     dense = (ops.dequantize_q4 if m.kind == "q4" else ops.dequantize_q8)(m.scales, m.quants)
     assert torch.equal(dense, m.dequantize())
     x = torch.randn(kernels.DENSE_ROWS + 40, 512, generator=torch.Generator().manual_seed(7))
-    for int8 in (False, True):
-        assert torch.equal(gguf_weights.QuantLinear(ops, [m], int8)(x), torch.nn.functional.linear(x, dense))
+    assert torch.equal(gguf_weights.QuantLinear(ops, [m], False)(x), torch.nn.functional.linear(x, dense))
+    int8 = gguf_weights.QuantLinear(ops, [m], True)
+    if int8.interleaved:
+        assert torch.equal(int8(x)[-3:], int8(x[-3:]))
+    else:
+        assert torch.equal(int8(x), torch.nn.functional.linear(x, dense))
 
 
 @needs_kernels
@@ -104,6 +109,8 @@ def test_interleaved_matmul_is_the_int8_kernel_reordered_and_row_invariant(type_
     packed = gguf_weights.Interleaved.pack(ops, m)
     back = packed.unpack(ops)
     assert torch.equal(back.scales, m.scales) and torch.equal(back.quants, m.quants)
+    # the file's fp16 scales stay 16-bit; K-quants' products of two scales need float32
+    assert packed.scales.dtype == (torch.float32 if type_name in ("Q4_K", "Q6_K") else torch.float16)
     f = ops.linear_q4_vnni if m.kind == "q4" else ops.linear_q8_vnni
     x = torch.randn(37, 512, generator=torch.Generator().manual_seed(6))
     y = f(x, packed.scales, packed.quants, rows)
@@ -245,6 +252,38 @@ def test_int8_activations_keep_greedy_speculation_lossless(tiny_gguf):
     assert_lossless(target, plain, ngram, PROMPTS[:4], k=4, max_new_tokens=40)
 
 
+@needs_vnni
+def test_gguf_rows_get_the_same_bits_in_any_call(tiny_gguf):
+    """On the VNNI kernels every forward is fused and row-invariant: a long prefill (more rows than
+    DENSE_ROWS), a verification chain, a tree and the batched server's mixed rows all give each row
+    the logits a one-token decoding step gives it, bit for bit (so serve --dtype gguf answers as a
+    single request does)."""
+    from specdecode.backends.batch_model import Row, batched
+
+    model = models.load(tiny_gguf, "gguf", "cpu").model
+    g = torch.Generator().manual_seed(7)
+    seqs = [torch.randint(model.vocab_size, (n,), generator=g) for n in (90, 5, 31)]
+
+    def stepwise(tokens):  # one token per forward: the decoding loop's rows
+        model.reset()
+        return torch.cat([model.extend(tokens[i : i + 1]) for i in range(len(tokens))])
+
+    alone = [stepwise(t) for t in seqs]
+    model.reset()
+    assert torch.equal(model.extend(seqs[0]), alone[0])  # 90 rows in one call (> DENSE_ROWS)
+    model.reset()
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # node 2 a sibling of node 1
+    model.extend(seqs[1][:3])
+    nodes = torch.stack([seqs[1][3], seqs[1][4], seqs[2][0]])
+    tree_logits = model.extend_tree(nodes, torch.tensor([3, 4, 4]), tree)
+    assert torch.equal(tree_logits[:2], alone[1][3:5])  # the path 0 -> 1 is the chain
+    lm = batched(model, 3)
+    outs = lm.forward([Row(s, t[:-1]) for s, t in enumerate(seqs)])  # prefills of 89, 4 and 30 rows together
+    outs += lm.forward([Row(s, t[-1:]) for s, t in enumerate(seqs)])  # one decoding row each
+    for s, want in enumerate(alone):
+        assert torch.equal(torch.cat([outs[s].logits, outs[3 + s].logits]), want)
+
+
 def test_gguf_dtype_needs_a_gguf_file(tiny_model_dir):
     with pytest.raises(UserError, match="is not a .gguf file"):
         models.load(tiny_model_dir, "gguf", "cpu")
@@ -372,7 +411,9 @@ def test_auto_is_exact_where_fp32_tokens_are_promised(tiny_gguf):
         args = cli.parser().parse_args([*argv, "--target", tiny_gguf, "--device", "cpu"])
         cli._resolve_dtype(args)
         picked[argv[0] + (argv[1] if argv[0] == "train" else "")] = args.dtype
-    assert picked == {"generate": "gguf", "serve": "gguf-exact", "traindata": "gguf-exact", "bench": "gguf"}
+    serve = "gguf" if kernels.rows_exact_int8() else "gguf-exact"  # batched rows as single ones: VNNI
+    assert picked == {"generate": "gguf", "serve": serve, "traindata": "gguf-exact", "bench": "gguf"}
+    assert kernels.rows_exact_int8() == (ops.vnni_rows() > 0)
 
 
 @needs_kernels
@@ -450,6 +491,7 @@ def test_features_fed_in_short_calls_are_the_rows_decoding_computes(tiny_gguf, p
         for i in range(start, len(tokens))
     ]
     assert torch.equal(fed, torch.cat(served).float())
-    assert not torch.equal(whole[start:], fed[start:])  # one long call is not what decoding computes
+    # one long call is what decoding computes only where every forward is fused (the VNNI kernels)
+    assert torch.equal(whole[start:], fed[start:]) == (ops.vnni_rows() > 0)
     assert features.Source(target, "gguf", 4).key("fp") != features.Source(target, "gguf").key("fp") != "fp"
     assert features.Source(target, "gguf-exact").key("fp") == "fp"

@@ -227,7 +227,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="past responses for the suffix caches: a `train data` directory or JSONL",
     )
-    s.set_defaults(run=cmd_serve, exact_auto=True)  # batched rows round like single requests only when exact
+    # batched rows round like single requests under gguf only on the VNNI kernels (else gguf-exact)
+    s.set_defaults(run=cmd_serve, exact_auto="unless-rows-exact")
 
     from specdecode.export.cli import add_parser as add_export_parser
     from specdecode.monitor.cli import add_parser as add_monitor_parser
@@ -604,9 +605,10 @@ def cmd_serve(args) -> None:
 
 def _resolve_dtype(args) -> None:
     """--dtype auto -> gguf for a GGUF target on CPU with the fused kernels, else fp32. Commands that
-    promise fp32's tokens take gguf-exact instead (exact_auto): `serve`, whose batched forward rounds
-    its activations slightly differently from a single request's (harmless in float32, but enough to
-    move an 8-bit activation across a rounding step), and `train data`, whose data is fp32's output."""
+    promise fp32's tokens take gguf-exact instead (exact_auto): `train data`, whose data is fp32's
+    output, and `serve` where its batched rows could round differently from a single request's
+    (harmless in float32, enough to move an 8-bit activation across a rounding step): everywhere but
+    on the VNNI kernels, where every row gets the same bits in any call (kernels.rows_exact_int8)."""
     if "auto" not in getattr(args, "dtype", "").split(","):
         return
     from specdecode.backends import models
@@ -618,7 +620,10 @@ def _resolve_dtype(args) -> None:
     except UserError:  # a target that cannot be read: said where it is loaded, after the cheaper checks
         picked = "fp32"
     if picked == "gguf" and getattr(args, "exact_auto", False):
-        picked = "gguf-exact"
+        from specdecode.backends import kernels
+
+        rows_exact = args.exact_auto == "unless-rows-exact" and kernels.rows_exact_int8()
+        picked = "gguf" if rows_exact else "gguf-exact"
     args.dtype = ",".join(picked if d == "auto" else d for d in args.dtype.split(","))
 
 

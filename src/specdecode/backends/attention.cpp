@@ -20,66 +20,11 @@
 #include <optional>
 #include <vector>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "vecmath.h"
 
 namespace {
 
-#ifdef __AVX512F__
-constexpr int L = 16;
-#else
-constexpr int L = 8;
-#endif
-using vec = float __attribute__((vector_size(4 * L)));
-using veci = int32_t __attribute__((vector_size(4 * L)));
-
-inline vec load(const float* p) {
-  vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
-inline vec splat(float x) { return vec{} + x; }
-
-inline float reduce(vec v) {  // the lanes' sum, in a fixed order
-#ifdef __AVX512F__
-  __m512 r;
-  std::memcpy(&r, &v, sizeof r);
-  return _mm512_reduce_add_ps(r);
-#elif defined(__AVX2__)
-  __m256 r;
-  std::memcpy(&r, &v, sizeof r);
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
-  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
-#else
-  float t[L], s = 0.f;
-  std::memcpy(t, &v, sizeof t);
-  for (int i = 0; i < L; ++i) s += t[i];
-  return s;
-#endif
-}
-
-// exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial, times 2^n);
-// 0 below -87 (so exp(-inf) = 0).
-inline vec exp_neg(vec x) {
-  const veci dead = x < -87.f;
-  x = dead ? splat(-87.f) : x;
-  const vec n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round to nearest
-  const vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vec p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const veci bits = (__builtin_convertvector(n, veci) + 127) << 23;
-  vec two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return dead ? vec{} : p * two_n;
-}
+using namespace vecmath;
 
 // Rotary embedding of one head vector (HF's rotate_half convention), times `scale`.
 void rope(const float* x, const float* cos, const float* sin, float* out, int64_t d, float scale = 1.f) {
@@ -150,7 +95,7 @@ float exponentiate(float* p, int64_t end, float top) {
   std::fill(p + end, p + (end + L - 1) / L * L, -std::numeric_limits<float>::infinity());
   vec total{};
   for (int64_t j = 0; j < end; j += L) {
-    const vec e = exp_neg(load(p + j) - top);
+    const vec e = vexp(load(p + j) - top);
     store(p + j, e);
     total += e;
   }

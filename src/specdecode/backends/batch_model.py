@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from specdecode.backends.fast_llama import FastLlama, grow_kv, rms_norm
+from specdecode.backends.fast_llama import FastLlama, fused_layers, grow_kv, rms_norm
 from specdecode.backends.lm import CausalLM, Output, layer_ids
 from specdecode.backends.models import HFModel
 
@@ -173,6 +173,17 @@ class BatchedLlama:
             qpos = torch.zeros(b, s_max, dtype=torch.long, device=dev)
             qpos[row_of, t_of] = rotary
             masks |= {w: (mask & (qpos[:, :, None] - keys[None, None, :] < w))[:, None] for w in windows}
+        wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
+        x = f.embed_tokens(torch.cat([r.tokens for r in rows]))  # [N, hidden]
+        if f.kernels is not None and len(x) <= f.fused_rows:  # the fused kernels, as FastLlama's forward
+            where = (slot_t.cpu(), torch.tensor(starts), torch.tensor(counts))
+            trees = any(r.tree_mask is not None for r in rows)
+            per_row = {w: m[row_of, 0, t_of].contiguous() for w, m in masks.items()}  # [N, l_max]
+            row_masks = {w: m if (w is not None or trees) else None for w, m in per_row.items()}
+            x, captured = fused_layers(
+                f, x.float().contiguous(), self.k_cache, self.v_cache, ropes, row_masks, where, wanted
+            )
+            return self._outputs(rows, counts, offsets, ends, x, captured, normed=True)
         groups = [
             _Group(idx, counts, ends, slot_ids, row_of, t_of, masks, dev)
             for idx in _attention_groups(counts, ends)
@@ -181,10 +192,7 @@ class BatchedLlama:
             (r,) = g.rows if len(g.rows) == 1 else (None,)
             if r is not None and counts[r] > SHORT_ROW and rows[r].tree_mask is None and dev.type == "cpu":
                 g.chunk = (slot_ids[r], starts[r], ends[r])
-        wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
         captured = {}
-
-        x = f.embed_tokens(torch.cat([r.tokens for r in rows]))  # [N, hidden]
         for i, layer in enumerate(f.layers):
             q, k, v = layer.attention_inputs(x, *ropes[layer.rope_kind], h, kvh, f.eps)  # [N, h|kvh, d]
             self.k_cache[i][slot_of, :, pos] = k  # [N, kvh, d] into [slots, kvh, cap, d]
@@ -216,17 +224,21 @@ class BatchedLlama:
             x = layer.finish(x, out, f.eps)
             if i in wanted:
                 captured[i] = x
-        for r, end in zip(rows, ends):
-            self.lengths[r.slot] = end
-
-        keep = [r.num_logits or n for r, n in zip(rows, counts)]
-        picked = torch.cat([torch.arange(o + n - m, o + n) for o, n, m in zip(offsets, counts, keep)]).to(dev)
         last = len(f.layers) - 1
         if last in wanted:  # as HF's output_hidden_states: the last entry is after the final norm
             captured[last] = rms_norm(x, f.final_norm, f.eps)
-            logits = f.lm_head(captured[last][picked]).float()
-        else:
-            logits = f.lm_head(rms_norm(x[picked], f.final_norm, f.eps)).float()  # [sum keep, V]
+        return self._outputs(rows, counts, offsets, ends, x, captured, normed=False)
+
+    def _outputs(self, rows, counts, offsets, ends, x, captured, normed: bool) -> list[Output]:
+        """Each row's logits (its last num_logits tokens, or all) and features from the layers' rows;
+        x [N, hidden]: the last layer's output, after the final norm when `normed`."""
+        f, dev = self.fast, self.device
+        for r, end in zip(rows, ends):
+            self.lengths[r.slot] = end
+        keep = [r.num_logits or n for r, n in zip(rows, counts)]
+        picked = torch.cat([torch.arange(o + n - m, o + n) for o, n, m in zip(offsets, counts, keep)]).to(dev)
+        x = x[picked] if normed else rms_norm(x[picked], f.final_norm, f.eps)
+        logits = f.lm_head(x).float()  # [sum keep, V]
         outputs = []
         for r, o, n, row_logits in zip(rows, offsets, counts, logits.split(keep)):
             ids = layer_ids(r.layers, len(f.layers))

@@ -14,6 +14,7 @@ the eager _forward stays for prefill, GPUs and machines without a C++ compiler.
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 
 import torch
@@ -341,7 +342,14 @@ class FastLlama:
             }  # kind -> (cos, sin) [max_length, head_dim]
             self.cos, self.sin = self.rope.get("full_attention", next(iter(self.rope.values())))
         self.k_cache = self.v_cache = None
+        self.fused_rows = _FUSED_MAX_TOKENS  # longer forwards: SDPA and dense GEMMs (see rows_independent)
         self.reset()
+
+    def rows_independent(self) -> None:
+        """Every forward through the fused kernels, whatever its length: for linears that give a row
+        the same bits in any call (gguf on the VNNI kernels), so that a prompt's prefill, a verification
+        and a batched server row each compute exactly what a decoding step computes."""
+        self.fused_rows = sys.maxsize
 
     def reset(self) -> None:
         self.length = 0
@@ -403,9 +411,7 @@ class FastLlama:
             w: _window(mask, positions, start + n, w) for w in {layer.window for layer in self.layers} if w
         }
         ids = layer_ids(layers, len(self.layers))
-        forward = (
-            self._forward_fused if self.kernels is not None and n <= _FUSED_MAX_TOKENS else self._forward
-        )
+        forward = self._forward_fused if self.kernels is not None and n <= self.fused_rows else self._forward
         logits, captured = forward(tokens, ropes, masks, num_logits, set(ids))
         return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)
 
@@ -469,46 +475,55 @@ class FastLlama:
 
     def _forward_fused(self, tokens, ropes, masks, num_logits: int, capture: set[int]):
         """_forward with kernels.cpp between the matmuls: one call per group of small ops."""
-        ops, n, start = self.kernels, tokens.shape[0], self.length
-        x = (
-            self.embed_tokens(tokens).float().contiguous()
-        )  # [n, hidden], the residual stream, updated in place
-        xn = ops.add_rms_norm(x, None, self.layers[0].norm1, self.eps)
-        norms = [layer.norm1 for layer in self.layers[1:]] + [self.final_norm]  # the norm after each layer
-        ropes = {kind: (cos.contiguous(), sin.contiguous()) for kind, (cos, sin) in ropes.items()}
+        n, start = tokens.shape[0], self.length
+        x = self.embed_tokens(tokens).float().contiguous()  # [n, hidden]
         where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([n]))  # slot 0
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            qkv = layer.norm_qk(layer.qkv(xn), self.heads, self.kv_heads, self.eps)
-            attn = ops.attention(
-                qkv,
-                self.k_cache[i],
-                self.v_cache[i],
-                *ropes[layer.rope_kind],
-                masks[layer.window],
-                *where,
-                self.heads,
-                self.kv_heads,
-                self.qk_scale or 0.0,
-            )  # [n, h*d]
-            o = layer.o(attn)
-            if layer.post_attn_norm is not None:
-                o = ops.add_rms_norm(o, None, layer.post_attn_norm, self.eps)
-            xn = ops.add_rms_norm(x, o, layer.norm2, self.eps)
-            gate_up = layer.gate_up(xn)
-            if layer.act is F.silu:
-                h = layer.down(ops.silu_mul(gate_up))
-            else:
-                gate, up = gate_up.chunk(2, dim=-1)
-                h = layer.down((layer.act(gate) * up).contiguous())
-            if layer.post_mlp_norm is not None:
-                h = ops.add_rms_norm(h, None, layer.post_mlp_norm, self.eps)
-            xn = ops.add_rms_norm(x, h, norms[i], self.eps)
-            if i in capture:
-                captured[i] = x.clone()
+        xn, captured = fused_layers(self, x, self.k_cache, self.v_cache, ropes, masks, where, capture)
         self.length = start + n
-        if len(self.layers) - 1 in capture:
-            captured[len(self.layers) - 1] = (
-                xn  # as HF's output_hidden_states: the last entry is after the norm
-            )
         return self.lm_head(xn[-num_logits:] if num_logits else xn).float(), captured
+
+
+def fused_layers(m: FastLlama, x, k_cache, v_cache, ropes, masks, where, capture: set[int]):
+    """The layers through kernels.cpp for rows of any sequences (FastLlama's one sequence, or
+    BatchedLlama's rows of many): x [N, hidden] float32, the residual stream (updated in place);
+    k_cache, v_cache [layers, slots, kv_heads, cap, d]; ropes: rotary kind -> (cos, sin) [N, d];
+    masks: window (None: full) -> [N, L] bool (row i sees key j of its slot where true), or None for
+    causal rows; where: (slots, starts, counts) [B] long, sequence b's rows next in x ->
+    (the rows after the final norm [N, hidden], {layer: its output [N, hidden]} for `capture`, the
+    last one after the final norm)."""
+    ops = m.kernels
+    xn = ops.add_rms_norm(x, None, m.layers[0].norm1, m.eps)
+    norms = [layer.norm1 for layer in m.layers[1:]] + [m.final_norm]  # the norm after each layer
+    ropes = {kind: (cos.contiguous(), sin.contiguous()) for kind, (cos, sin) in ropes.items()}
+    captured = {}
+    for i, layer in enumerate(m.layers):
+        qkv = layer.norm_qk(layer.qkv(xn), m.heads, m.kv_heads, m.eps)
+        attn = ops.attention(
+            qkv,
+            k_cache[i],
+            v_cache[i],
+            *ropes[layer.rope_kind],
+            masks[layer.window],
+            *where,
+            m.heads,
+            m.kv_heads,
+            m.qk_scale or 0.0,
+        )  # [N, h*d]
+        o = layer.o(attn)
+        if layer.post_attn_norm is not None:
+            o = ops.add_rms_norm(o, None, layer.post_attn_norm, m.eps)
+        xn = ops.add_rms_norm(x, o, layer.norm2, m.eps)
+        gate_up = layer.gate_up(xn)
+        if layer.act is F.silu:
+            h = layer.down(ops.silu_mul(gate_up))
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = layer.down((layer.act(gate) * up).contiguous())
+        if layer.post_mlp_norm is not None:
+            h = ops.add_rms_norm(h, None, layer.post_mlp_norm, m.eps)
+        xn = ops.add_rms_norm(x, h, norms[i], m.eps)
+        if i in capture:
+            captured[i] = x.clone()
+    if len(m.layers) - 1 in capture:
+        captured[len(m.layers) - 1] = xn  # as HF's output_hidden_states: the last entry is after the norm
+    return xn, captured

@@ -76,7 +76,11 @@ class Interleaved:
 
     @classmethod
     def pack(cls, ops, m: QuantMatrix) -> Interleaved:
+        """Scales in float16 where that holds them exactly (fewer bytes a step), else float32."""
         scales, quants = getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants)
+        half = scales.half()
+        if torch.equal(half.float(), scales):
+            scales = half
         return cls(m.kind, scales, quants, m.shape[0])
 
     def unpack(self, ops) -> QuantMatrix:
@@ -204,7 +208,8 @@ class QuantLinear:
     """y = x W^T for GGUF weights: one kernel call per run of matrices sharing a layout (fused
     q|k|v and gate|up become one call when their types agree), float32 rows for the rest. More
     than kernels.DENSE_ROWS rows of x: each matrix dequantized (to the kernels' exact values) into
-    torch's dense GEMM, the float32 model's route."""
+    torch's dense GEMM, the float32 model's route; except on the interleaved VNNI kernels, which
+    take calls of any size, so that every row gets the same bits in any call."""
 
     def __init__(self, ops, matrices: list[QuantMatrix | torch.Tensor], int8_activations: bool = False):
         """int8_activations: each row of x quantized to 8 bits per block of 32 (kernels_i8.cpp)
@@ -224,11 +229,17 @@ class QuantLinear:
                     self.parts[-1] = joined
                     continue
             self.parts.append(m)
-        # 8-bit activations on AVX-512 VNNI: the interleaved layout (kernels_vnni.cpp), 2-4x faster
+        # 8-bit activations on AVX-512 VNNI: the interleaved layout (kernels_vnni.cpp), 2-4x faster, for
+        # every call (a prefill too: its rows then get the bits of decoding steps, and no dense GEMM)
         self.interleaved = int8_activations and ops.vnni_rows() > 0
         if self.interleaved:
             self.parts = [Interleaved.pack(ops, p) if isinstance(p, QuantMatrix) else p for p in self.parts]
         self.out_features = sum(p.shape[0] for p in self.parts)
+        one = self.parts[0] if len(self.parts) == 1 and isinstance(self.parts[0], Interleaved) else None
+        # the decode path's call, [n, K] float32 in: straight to the kernel (Python costs ~7 us a call)
+        self.direct = (
+            partial(self.vnni[one.kind], scales=one.scales, quants=one.quants, N=one.n) if one else None
+        )
 
     def rows(self, index: torch.Tensor) -> QuantLinear:
         """The output rows `index` (a draft vocabulary's LM-head rows), still quantized."""
@@ -241,9 +252,7 @@ class QuantLinear:
         return QuantLinear(self.ops, [picked], self.int8_activations)
 
     def _one(self, x: torch.Tensor, part) -> torch.Tensor:
-        if x.shape[0] > DENSE_ROWS:  # a long prefill or a big batch: the exact float32 weights, dense GEMM
-            if isinstance(part, Interleaved):
-                part = part.unpack(self.ops)
+        if x.shape[0] > DENSE_ROWS and not self.interleaved:  # the exact float32 weights, dense GEMM
             dense = (
                 part
                 if isinstance(part, torch.Tensor)
@@ -257,6 +266,8 @@ class QuantLinear:
         return self.kernels[part.kind](x, part.scales, part.quants)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., K] -> [..., out_features] float32
+        if self.direct is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
+            return self.direct(x)
         flat = x.reshape(-1, x.shape[-1]).float().contiguous()
         outs = [self._one(flat, p) for p in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
@@ -389,6 +400,8 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
         )
         layer.down = linear([weight(b + "ffn_down.weight")])
     model.lm_head = linear([weight("output.weight" if "output.weight" in tensors else "token_embd.weight")])
+    if model.lm_head.interleaved:
+        model.rows_independent()
     with torch.no_grad():  # the decoder's float32 linears are no longer read: free them
         for lin in (m for m in model.hf.model.layers.modules() if isinstance(m, torch.nn.Linear)):
             lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)

@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include "tiles.h"
+#include "vecmath.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -63,12 +64,17 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   check(gate_up, "gate_up");
   const int64_t n = gate_up.size(0), I = gate_up.size(1) / 2;
   auto out = torch::empty({n, I}, gate_up.options());
+  using namespace vecmath;
   for (int64_t i = 0; i < n; ++i) {
     const float* g = gate_up.data_ptr<float>() + i * 2 * I;
     const float* u = g + I;
     float* o = out.data_ptr<float>() + i * I;
-#pragma omp simd
-    for (int64_t j = 0; j < I; ++j) o[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
+    int64_t j = 0;
+    for (; j + L <= I; j += L) {  // silu(g) = g / (1 + exp(-g)), exp by vecmath's polynomial
+      const vec gv = load(g + j);
+      store(o + j, gv / (1.f + vexp(-gv)) * load(u + j));
+    }
+    for (; j < I; ++j) o[j] = g[j] / (1.f + vexp(splat(-g[j]))[0]) * u[j];
   }
   return out;
 }
@@ -329,8 +335,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_q4", &dequantize_q4, "4-bit rows -> float32 [N, K], the kernels' values");
   m.def("dequantize_q8", &dequantize_q8, "8-bit rows -> float32 [N, K], the kernels' values");
   m.def("vnni_rows", &vnni_rows, "weight rows interleaved by the VNNI kernels (16), or 0 without AVX-512 VNNI");
-  m.def("linear_q4_vnni", &linear_q4_vnni, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits");
-  m.def("linear_q8_vnni", &linear_q8_vnni, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits");
+  m.def("linear_q4_vnni", &linear_q4_vnni, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits",
+        py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
+  m.def("linear_q8_vnni", &linear_q8_vnni, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits",
+        py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("pack_q4_vnni", &pack_q4_vnni, "4-bit rows -> (scales, quants) interleaved for linear_q4_vnni");
   m.def("pack_q8_vnni", &pack_q8_vnni, "8-bit rows -> (scales, quants) interleaved for linear_q8_vnni");
   m.def("unpack_q4_vnni", &unpack_q4_vnni, "pack_q4_vnni's inverse");

@@ -21,7 +21,7 @@ import torch
 SOURCES = [
     Path(__file__).with_name(f"{name}.cpp") for name in ("kernels", "kernels_i8", "kernels_vnni", "attention")
 ]
-HEADERS = [Path(__file__).with_name("tiles.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("tiles.h", "vecmath.h")]
 
 # Products of more rows than this (a long prefill, a big batch) go to torch's dense GEMM (oneDNN/MKL)
 # instead of the row-invariant kernels: on the AVX2 EPYC, one thread, 512 rows of the layer matrices
@@ -72,3 +72,10 @@ def load():
         reason = f"{type(e).__name__}: {e}".splitlines()[0]
         print(f"specdecode: fused CPU kernels unavailable, using eager ops ({reason})", file=sys.stderr)
         return None
+
+
+def rows_exact_int8() -> bool:
+    """Whether `--dtype gguf` gives a row the same bits in any call on this machine (the AVX-512 VNNI
+    kernels: every forward fused, no dense GEMM for long calls), so batched rows equal single ones."""
+    ops = load()
+    return ops is not None and ops.vnni_rows() > 0

@@ -16,7 +16,9 @@
 //       block 4 weights at a time, in order.
 //   q8: 8 x 64 bytes, register t: weights 4t..4t+3 of row l, plus 128 (vpdpbusd multiplies unsigned
 //       by signed bytes; 128 * sum(x) is subtracted back exactly, in integers).
-//   scales float32 [groups, G, 2, 16]: q4 (s, o) of the 16 rows, q8 (s of weights 0..15, of 16..31).
+//   scales [groups, G, 2, 16]: q4 (s, o) of the 16 rows, q8 (s of weights 0..15, of 16..31); float16
+//       where that holds them exactly (the fp16 d and m of Q4_0/Q4_1/Q5_0/Q8_0: 14% fewer bytes per
+//       step), else float32 (K-quants' sub-block scales).
 // Invariant, as in kernels_i8.cpp: each row of x is quantized on its own (the same bytes as there)
 // and its sums are formed in the same order whatever the other rows: verifying k drafts gives the
 // bits of k single-token steps, and a batch gives each request the bits it gets alone.
@@ -63,8 +65,11 @@ void quantize(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* 
 #if SPECDECODE_VNNI
 // Outputs of one group of 16 weight rows for MB rows of x from m0 (y row stride N, `valid` of the
 // 16 rows real). Q4: <w, x> = sum_g s d (q_w . q_x) + o S; Q8: sum_g d (s_lo (.)_lo + s_hi (.)_hi).
-template <bool Q4, int MB>
-void group_tile(const uint8_t* wq, const float* ws, const int8_t* xq, const float* xd, const float* xS,
+inline __m512 scales16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 scales16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+template <bool Q4, int MB, typename Scale>
+void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
                 const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0) {
   constexpr int64_t bytes = Q4 ? 256 : 512;
   __m512 acc[MB];
@@ -82,7 +87,7 @@ void group_tile(const uint8_t* wq, const float* ws, const int8_t* xq, const floa
     } else {
       for (int t = 0; t < 8; ++t) u[t] = _mm512_loadu_si512(p + 64 * t);
     }
-    const __m512 s0 = _mm512_loadu_ps(ws + g * 32), s1 = _mm512_loadu_ps(ws + g * 32 + 16);
+    const __m512 s0 = scales16(ws + g * 32), s1 = scales16(ws + g * 32 + 16);
 #pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       const int64_t xi = (m0 + m) * G + g;
@@ -116,9 +121,10 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const 
   TORCH_CHECK(quants.is_contiguous() && quants.dim() == 3 && quants.size(0) == groups && quants.size(1) == G &&
                   quants.size(2) == (Q4 ? 256 : 512) && quants.scalar_type() == torch::kUInt8,
               "quants: expected a contiguous uint8 [ceil(N / 16), K / 32, ", Q4 ? 256 : 512, "] tensor");
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat32 && scales.dim() == 4 &&
+  const bool half = scales.scalar_type() == torch::kHalf;
+  TORCH_CHECK(scales.is_contiguous() && (half || scales.scalar_type() == torch::kFloat32) && scales.dim() == 4 &&
                   scales.size(0) == groups && scales.size(1) == G && scales.size(2) == 2 && scales.size(3) == R,
-              "scales: expected a contiguous float32 [ceil(N / 16), K / 32, 2, 16] tensor");
+              "scales: expected a contiguous float32 or float16 [ceil(N / 16), K / 32, 2, 16] tensor");
 #if SPECDECODE_VNNI
   auto xq = torch::empty({M, K}, x.options().dtype(torch::kInt8));
   auto xd = torch::empty({M, G}, x.options()), xS = torch::empty({M, G}, x.options());
@@ -127,14 +133,15 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const 
            xh.data_ptr<int32_t>());
   auto y = torch::empty({M, N}, x.options());
   const auto* wq = quants.data_ptr<uint8_t>();
-  const float *ws = scales.data_ptr<float>(), *d = xd.data_ptr<float>(), *S = xS.data_ptr<float>();
+  const float *d = xd.data_ptr<float>(), *S = xS.data_ptr<float>();
   const int8_t* q = xq.data_ptr<int8_t>();
   const int32_t* h = xh.data_ptr<int32_t>();
   float* yp = y.data_ptr<float>();
+  auto run = [&](auto* ws) {
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t grp = g0; grp < g1; ++grp) {
       const uint8_t* gw = wq + grp * G * (Q4 ? 256 : 512);
-      const float* gs = ws + grp * G * 32;
+      const auto* gs = ws + grp * G * 32;
       const int64_t valid = std::min(R, N - grp * R);
       for (int64_t m0 = 0; m0 < M;) {
         const int64_t left = M - m0, passes = (left + MAX_X - 1) / MAX_X, mb = (left + passes - 1) / passes;
@@ -148,6 +155,11 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const 
       }
     }
   });
+  };
+  if (half)
+    run(scales.data_ptr<at::Half>());
+  else
+    run(scales.data_ptr<float>());
   return y;
 #else
   TORCH_CHECK(false, "interleaved linear: this build has no AVX-512 VNNI");
@@ -193,7 +205,8 @@ std::vector<torch::Tensor> unpack(const torch::Tensor& ps, const torch::Tensor& 
   auto quants = torch::empty({N, G * words * 4}, Q4 ? torch::kUInt8 : torch::kInt8);
   auto scales = torch::empty({N, G, 2}, torch::kFloat32);
   const auto* src = reinterpret_cast<const uint32_t*>(pq.data_ptr<uint8_t>());
-  const float* sd = ps.data_ptr<float>();
+  const auto ps32 = ps.to(torch::kFloat32).contiguous();
+  const float* sd = ps32.data_ptr<float>();
   auto* dst = static_cast<uint32_t*>(quants.data_ptr());
   float* s = scales.data_ptr<float>();
   const uint32_t bias = Q4 ? 0u : 0x80808080u;

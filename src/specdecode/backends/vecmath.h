@@ -1,0 +1,71 @@
+// Float vectors of the machine's width for the fused kernels (attention.cpp, kernels.cpp): GCC
+// vector extensions, a fixed-order lane sum and an exp polynomial, so that every caller rounds the
+// same way on every row.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace vecmath {
+
+#ifdef __AVX512F__
+constexpr int L = 16;
+#else
+constexpr int L = 8;
+#endif
+using vec = float __attribute__((vector_size(4 * L)));
+using veci = int32_t __attribute__((vector_size(4 * L)));
+
+inline vec load(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+inline vec splat(float x) { return vec{} + x; }
+
+inline float reduce(vec v) {  // the lanes' sum, in a fixed order
+#ifdef __AVX512F__
+  __m512 r;
+  std::memcpy(&r, &v, sizeof r);
+  return _mm512_reduce_add_ps(r);
+#elif defined(__AVX2__)
+  __m256 r;
+  std::memcpy(&r, &v, sizeof r);
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+#else
+  float t[L], s = 0.f;
+  std::memcpy(t, &v, sizeof t);
+  for (int i = 0; i < L; ++i) s += t[i];
+  return s;
+#endif
+}
+
+// exp(x) for x <= 88 (Cephes expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial, times 2^n);
+// 0 below -87 (so exp(-inf) = 0).
+inline vec vexp(vec x) {
+  const veci dead = x < -87.f;
+  x = dead ? splat(-87.f) : (x > 88.f ? splat(88.f) : x);
+  const vec n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round to nearest
+  const vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vec p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const veci bits = (__builtin_convertvector(n, veci) + 127) << 23;
+  vec two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return dead ? vec{} : p * two_n;
+}
+
+}  // namespace vecmath
