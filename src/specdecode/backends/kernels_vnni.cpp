@@ -47,6 +47,20 @@ void quantize(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* 
   const int64_t G = K / 32;
   for (int64_t i = 0; i < M * G; ++i) {
     const float* b = x + i * 32;
+#if SPECDECODE_VNNI
+    // the same bytes, 16 at a time: |x| max, x * (127 / max) rounded to nearest even (as nearbyint)
+    const __m512 lo_x = _mm512_loadu_ps(b), hi_x = _mm512_loadu_ps(b + 16);
+    const float vmax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo_x), _mm512_abs_ps(hi_x)));
+    const __m512 vinv = _mm512_set1_ps(vmax > 0.f ? 127.f / vmax : 0.f);
+    const __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(lo_x, vinv)), qh = _mm512_cvtps_epi32(_mm512_mul_ps(hi_x, vinv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * 32), _mm512_cvtepi32_epi8(ql));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * 32 + 16), _mm512_cvtepi32_epi8(qh));
+    const int vlo = _mm512_reduce_add_epi32(ql), vhi = _mm512_reduce_add_epi32(qh);
+    d[i] = vmax / 127.f;
+    S[i] = d[i] * static_cast<float>(vlo + vhi);
+    h[2 * i] = 128 * vlo, h[2 * i + 1] = 128 * vhi;
+    continue;
+#endif
     float amax = 0.f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(b[j]));
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
