@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -35,6 +36,11 @@ class TableModel:
 
     def reset(self) -> None:
         self.tokens = []
+
+    def fork(self) -> "TableModel":
+        twin = copy.copy(self)
+        twin.tokens = []
+        return twin
 
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
         assert tokens.dim() == 1 and tokens.dtype == torch.long and tokens.numel() > 0

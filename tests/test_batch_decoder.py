@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, batched
-from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
+from specdecode.core.batch_decoder import BatchDecoder, Sequence
 from specdecode.core.control import FixedK
 from specdecode.core.sampling import SamplingParams
 from specdecode.drafters import NgramDrafter, NoDrafter
@@ -22,7 +22,7 @@ def together(lm, jobs, k):
     """jobs: (prompt, drafter) decoded as many at a time as lm has slots, joining as others finish
     -> (outputs in order, steps that verified a tree)."""
     core = BatchDecoder(lm)
-    seqs = [Sequence(p, per_sequence(d), FixedK(k), SamplingParams(), None, MAX_NEW) for p, d in jobs]
+    seqs = [Sequence(p, d.fork(), FixedK(k), SamplingParams(), None, MAX_NEW) for p, d in jobs]
     waiting, running, trees = list(reversed(seqs)), [], 0
     while waiting or running:
         fresh = [waiting.pop() for _ in range(min(len(core.free), len(waiting)))]
@@ -87,10 +87,9 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
     core = BatchDecoder(lm)
     (short, short_ref), *rest = cases[:3]
     long_jobs = [(p * 4, None) for p, _ in rest]  # prompts of ~4x the length
-    seqs = [Sequence(short, per_sequence(DRAFTERS[0]), FixedK(4), SamplingParams(), None, MAX_NEW)]
+    seqs = [Sequence(short, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)]
     seqs += [
-        Sequence(p, per_sequence(DRAFTERS[1]), FixedK(4), SamplingParams(), None, MAX_NEW)
-        for p, _ in long_jobs
+        Sequence(p, DRAFTERS[1].fork(), FixedK(4), SamplingParams(), None, MAX_NEW) for p, _ in long_jobs
     ]
     core.start(seqs, chunked=True)
     steps_while_prefilling = 0
@@ -122,7 +121,7 @@ def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chu
     core = BatchDecoder(batched(target.model, 2), cache)
     outputs = []
     for prompt in prompts:  # one after another: each finds the blocks the earlier ones stored
-        seq = Sequence(prompt, per_sequence(DRAFTERS[0]), FixedK(4), SamplingParams(), None, MAX_NEW)
+        seq = Sequence(prompt, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)
         core.start([seq], chunked=chunked)
         while not seq.finished:
             core.step([seq], prefill_budget=16)
@@ -180,7 +179,7 @@ def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
     lm = batched(target.model, 3)
     core = BatchDecoder(lm)
     prompt = list(range(5, 200))  # the tiny model holds 512 positions
-    seq = Sequence(prompt, per_sequence(NoDrafter()), FixedK(1), SamplingParams(), None, 250)
+    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 250)
     core.start([seq], chunked=True)
     cache = lm.k_cache
     assert cache.shape[3] >= len(prompt) + 250
@@ -206,13 +205,13 @@ def test_a_prompt_alone_goes_in_with_the_idle_budget_and_beside_decoding_rows_wi
     prompt = list(range(5, 300))
 
     def first_chunk(others):
-        seq = Sequence(prompt, per_sequence(NoDrafter()), FixedK(1), SamplingParams(), None, 4)
+        seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 4)
         core.start([seq], chunked=True)
         core.step([seq, *others], prefill_budget=8)
         core.release(seq)
         return seq.prefilled
 
     assert first_chunk([]) == chunk_size(8 * IDLE_PREFILL, 0, len(prompt) - 1, lm.attention_span) > 8
-    running = Sequence([7, 8, 9], per_sequence(NoDrafter()), FixedK(1), SamplingParams(), None, 50)
+    running = Sequence([7, 8, 9], NoDrafter().fork(), FixedK(1), SamplingParams(), None, 50)
     core.start([running])
     assert first_chunk([running]) == chunk_size(8, 0, len(prompt) - 1, lm.attention_span) <= 8

@@ -16,7 +16,7 @@ from specdecode.backends.batch_model import PerSlotLM
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel, LoadedModel
 from specdecode.core import step as step_module
-from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
+from specdecode.core.batch_decoder import BatchDecoder, Sequence
 from specdecode.core.control import FixedK
 from specdecode.core.decoder import decode
 from specdecode.core.generation import generate
@@ -399,7 +399,7 @@ def first_two_counts_batched(target, drafter, prompt, params, n, seed=0, slots=8
         fresh = [
             Sequence(
                 prompt,
-                per_sequence(drafter),
+                drafter.fork(),
                 FixedK(2),
                 params,
                 torch.Generator().manual_seed(seed * n + started + i),

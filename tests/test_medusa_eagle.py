@@ -337,7 +337,7 @@ def test_the_batched_core_cuts_ranked_trees_by_each_rows_adaptive_policy(target,
     """The server's core: rows with ranked trees (b=3, 12 nodes) and adaptive policies give their plain
     greedy output, and the costly policy's rows verify fewer nodes per step."""
     from specdecode.backends.batch_model import batched
-    from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
+    from specdecode.core.batch_decoder import BatchDecoder, Sequence
 
     ctx = drafters.DrafterContext(target)
     template = drafters.build(f"{kind}:b=3:nodes=12:{trained[kind]}", ctx)
@@ -348,9 +348,7 @@ def test_the_batched_core_cuts_ranked_trees_by_each_rows_adaptive_policy(target,
         cost = CostModel(0.01, {n: 1.0 + slope * max(n - 3, 0) for n in range(1, 13)})
         core = BatchDecoder(batched(target.model, len(prompts)))
         seqs = [
-            Sequence(
-                p, per_sequence(template), AdaptiveK(cost, k_max=3, prior=[0.9]), SamplingParams(), None, 20
-            )
+            Sequence(p, template.fork(), AdaptiveK(cost, k_max=3, prior=[0.9]), SamplingParams(), None, 20)
             for p in prompts
         ]
         core.start(seqs)
@@ -448,7 +446,7 @@ def test_bench_forks_a_composites_learning_member_and_shares_the_rest(target, tr
     )
     composite.members[0].cache.extend(0, [5, 6, 7, 8])
     copy = fork(composite)
-    assert copy.members[1] is composite.members[1]
+    assert copy.members[1].head is composite.members[1].head  # the prepacked head, shared
     assert (
         copy.members[0] is not composite.members[0]
         and copy.members[0].cache is not composite.members[0].cache

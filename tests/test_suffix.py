@@ -10,7 +10,7 @@ import torch
 
 from specdecode import drafters
 from specdecode.backends.batch_model import batched
-from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
+from specdecode.core.batch_decoder import BatchDecoder, Sequence
 from specdecode.core.control import AdaptiveK, CostModel, FixedK
 from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
@@ -219,7 +219,7 @@ def test_batched_core_gives_single_request_output_with_suffix_trees(target, poli
         for p in prompts
     ]
     core = BatchDecoder(batched(target.model, 4))
-    seqs = [Sequence(p, per_sequence(template), policy(), SamplingParams(), None, 20) for p in prompts]
+    seqs = [Sequence(p, template.fork(), policy(), SamplingParams(), None, 20) for p in prompts]
     core.start(seqs)
     drafted = 0
     while not all(s.finished for s in seqs):

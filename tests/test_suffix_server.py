@@ -119,6 +119,6 @@ def test_warming_from_jsonl_and_a_train_data_directory(target, tmp_path):
     caches = SuffixCaches("global", warm=warm)
     from specdecode.drafters import SuffixDrafter
 
-    drafter = SuffixDrafter()
-    caches.attach(drafter, "suffix", "")
-    assert drafter.cache.responses() == warm
+    template = SuffixDrafter()
+    drafter = template.fork(lambda cache: caches.cache("suffix", "", cache))
+    assert drafter.cache.responses() == warm and template.cache.responses() == []

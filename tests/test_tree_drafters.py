@@ -123,21 +123,6 @@ def test_tree_stats_count_nodes_and_positions(target):
     assert stats.accepted == sum(stats.accepted_by_pos)
 
 
-def test_a_target_without_trees_is_a_clear_error(tables):
-    class ChainOnly:
-        def __init__(self, table):
-            self.inner, self.vocab_size = table, table.vocab_size
-
-        def __getattr__(self, name):
-            if name in ("extend_tree", "keep"):
-                raise AttributeError(name)
-            return getattr(self.inner, name)
-
-    table, _ = tables
-    with pytest.raises(UserError, match="token trees need a target model"):
-        run(ChainOnly(table), NgramDrafter(min_n=1, branches=2), [1, 2, 1, 3, 1], k=2)
-
-
 # --- specs ------------------------------------------------------------------------------------------
 
 

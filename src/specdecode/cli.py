@@ -194,9 +194,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--prefill-chunk",
         type=int,
-        default=128,
+        default=None,
         help="prompt tokens prefilled per step, interleaved with running requests' decode steps "
-        "(deeper into a long prompt fewer: each token's attention over the context counts too)",
+        "(deeper into a long prompt fewer: each token's attention over the context counts too; "
+        "default: the batched core's PREFILL_BUDGET)",
     )
     s.add_argument(
         "--kv-reserve",
@@ -538,7 +539,7 @@ def cmd_serve(args) -> None:
     ):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
-    if args.prefill_chunk < 1:
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
         raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
     if not args.timeout > 0:
         raise UserError(f"--timeout must be positive, got {args.timeout}")
@@ -582,7 +583,7 @@ def cmd_serve(args) -> None:
         drafter_quant=args.drafter_quant,
         threads=args.threads,
         suffix_caches=caches,
-        prefill_budget=args.prefill_chunk,
+        **({"prefill_budget": args.prefill_chunk} if args.prefill_chunk is not None else {}),
         prefix_cache_mb=args.prefix_cache_mb,
         kv_reserve=args.kv_reserve,
     )

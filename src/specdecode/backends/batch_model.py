@@ -41,6 +41,16 @@ class BatchLM(Protocol):
     slots: int
     max_length: int
     vocab_size: int
+    attention_span: float | None  # context tokens whose attention costs a token's matmuls; None: unknown
+    copies_kv: bool  # read_kv / write_kv copy a slot's keys and values (prefix caching)
+
+    def reserve(self, positions: int) -> None:
+        """Room for `positions` cached tokens per slot now (a no-op where the cache grows by itself)."""
+        ...
+
+    def read_kv(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def write_kv(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None: ...
 
     def length(self, slot: int) -> int: ...
 
@@ -73,6 +83,8 @@ def attention_span(cfg, heads: int, kv_heads: int, head_dim: int) -> float:
 
 
 class BatchedLlama:
+    copies_kv = True
+
     def __init__(self, fast: FastLlama, slots: int):
         self.fast, self.slots = fast, slots
         self.attention_span = attention_span(fast.config, fast.heads, fast.kv_heads, fast.head_dim)
@@ -319,6 +331,9 @@ class PerSlotLM:
     """One CausalLM per slot (for a transformers model: HFModels, each with its own DynamicCache), rows
     in turn."""
 
+    attention_span = None
+    copies_kv = False
+
     def __init__(self, seqs: list[CausalLM]):
         self.seqs = seqs
         self.slots = len(seqs)
@@ -336,6 +351,15 @@ class PerSlotLM:
 
     def keep(self, slot: int, length: int, indices: list[int]) -> None:
         self.seqs[slot].keep(length, indices)
+
+    def reserve(self, positions: int) -> None:
+        pass  # each DynamicCache grows by itself
+
+    def read_kv(self, slot: int, start: int, end: int):
+        raise NotImplementedError("PerSlotLM does not copy keys and values (copies_kv is False)")
+
+    def write_kv(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        raise NotImplementedError("PerSlotLM does not copy keys and values (copies_kv is False)")
 
     def forward(self, rows: list[Row]) -> list[Output]:
         return [

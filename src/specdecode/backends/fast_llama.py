@@ -14,6 +14,7 @@ the eager _forward stays for prefill, GPUs and machines without a C++ compiler.
 
 from __future__ import annotations
 
+import copy
 import sys
 from functools import partial
 
@@ -353,6 +354,17 @@ class FastLlama:
 
     def reset(self) -> None:
         self.length = 0
+
+    def fork(self) -> "FastLlama":
+        twin = copy.copy(self)
+        twin.k_cache = twin.v_cache = None
+        twin.reset()
+        return twin
+
+    def head_rows(self, index: torch.Tensor):
+        if isinstance(self.lm_head, (Linear, FusedLinear)):
+            return head_linear(self.hf.get_output_embeddings().weight.detach()[index].float(), self.kernels)
+        return self.lm_head.rows(index)  # a quantized head (gguf_weights.QuantLinear): rows still quantized
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)

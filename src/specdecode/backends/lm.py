@@ -35,8 +35,27 @@ def layer_ids(layers: tuple[int, ...], num_layers: int) -> list[int]:
 
 
 class CausalLM(Protocol):
+    """A language model with one sequence's KV cache. Everything a decoder or a drafter may use of
+    it is declared here (drafters built over the target read `hf`, `kernels` and `head_rows`); nothing
+    is probed with hasattr."""
+
     vocab_size: int
+    max_length: int
+    device: torch.device
     length: int  # tokens currently held in the KV cache
+    hf: torch.nn.Module  # the transformers module the weights come from (config, embedding, rotary)
+    kernels: object | None  # the fused CPU kernels its linears run on (kernels.py); None: none
+
+    def fork(self) -> "CausalLM":
+        """The same weights with an empty KV cache of its own (a draft model per request)."""
+        ...
+
+    def head_rows(self, index: torch.Tensor):
+        """The LM head restricted to the rows `index` [Vd] (a draft vocabulary): a callable
+        [..., H] -> [..., Vd]. As a 1-row product it dominates a head's draft step: on a quantized
+        model its quantized rows, else prepacked float32 (through `kernels` where there are). A
+        draft's precision changes what it proposes, never what is accepted."""
+        ...
 
     def reset(self) -> None: ...
 
@@ -59,11 +78,17 @@ class CausalLM(Protocol):
         """forward(tokens, num_logits=...).logits: [n or num_logits, V] float32."""
         ...
 
+    def extend_tree(
+        self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """forward(tokens, positions=..., tree_mask=...).logits: [n, V] float32."""
+        ...
+
     def truncate(self, length: int) -> None: ...
 
-    # Token trees: FastLlama and HFModel; a model without keep() cannot verify trees.
     def keep(self, length: int, indices: list[int]) -> None:
-        """Keep the first `length` cached tokens, then those at `indices` (ascending), moved up."""
+        """Keep the first `length` cached tokens, then those at `indices` (ascending), moved up (a
+        token tree's accepted path); a model whose cache cannot be compacted raises a UserError."""
         ...
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.fast_llama import FastLlama, head_linear
 from specdecode.backends.lm import CausalLM, Output, cache_dir, layer_ids  # noqa: F401 (CausalLM, cache_dir: re-exported)
 from specdecode.errors import UserError
 
@@ -33,6 +33,8 @@ QUANTIZED = ("gguf", "gguf-exact")  # a GGUF file's blocks kept quantized: 8-bit
 
 class HFModel:
     """A transformers causal LM with one sequence's KV cache (a DynamicCache cropped on rollback)."""
+
+    kernels = None  # transformers' own ops
 
     def __init__(self, hf_model):
         self.hf = hf_model.eval()
@@ -48,6 +50,12 @@ class HFModel:
         self.cache = DynamicCache(config=self.config)
         self.cache.activate_past_recording()  # lets sliding-window layers roll back too
         self.length = 0
+
+    def fork(self) -> "HFModel":
+        return HFModel(self.hf)
+
+    def head_rows(self, index: torch.Tensor):
+        return head_linear(self.hf.get_output_embeddings().weight.detach()[index].float())
 
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
         return self.forward(tokens, num_logits=num_logits).logits

@@ -122,13 +122,7 @@ def _assistant_spec(arg: str | None) -> str:
 def _assist(spec: str, loaded, ctx) -> Peer:
     from specdecode import drafters
 
-    drafter = drafters.build(spec, ctx)
-    assistant = getattr(getattr(drafter, "model", None), "hf", None)
-    if assistant is None:
-        raise UserError(
-            f"peer 'hf-assist:{spec}': {spec} is not a single draft model transformers can assist with"
-        )
-    return _runner(loaded, assistant_model=assistant)
+    return _runner(loaded, assistant_model=drafters.draft_model(drafters.parse(spec), ctx).hf)
 
 
 def _gguf_path(loaded, arg: str | None) -> Path:

@@ -76,14 +76,9 @@ def variants(drafter_specs: list[str], ks: list[int], adaptive: bool) -> list[tu
 
 
 def fork(drafter):
-    """A learning drafter's own copy of what it learned (its suffix caches); composite members that learn
-    nothing are shared, not copied (a head's prepacked weights cannot be)."""
-    shared = {
-        id(m): m
-        for m in getattr(drafter, "members", ())
-        if not isinstance(getattr(m, "cache", None), drafter_registry.SuffixCache)
-    }
-    return copy.deepcopy(drafter, shared)
+    """A learning drafter with its own snapshot of what it learned (its suffix caches copied); weights
+    and prepacked heads shared (Drafter.fork)."""
+    return drafter.fork(copy.deepcopy)
 
 
 def passes(prompts: list[Prompt], n: int) -> list[Prompt]:

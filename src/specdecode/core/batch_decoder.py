@@ -17,7 +17,6 @@ output is the one it gets alone.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -26,14 +25,12 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.backends.batch_model import BatchLM, Row
-from specdecode.backends.fast_llama import FastLlama
-from specdecode.backends.lm import CausalLM
 from specdecode.core.control import KPolicy
 from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Step, check, commit, plan
+from specdecode.core.step import Step, plan, settle
 from specdecode.core.verify import check_inputs
-from specdecode.drafters.base import Drafter, feature_layers
+from specdecode.drafters.base import Drafter
 
 
 @dataclass(eq=False)
@@ -61,6 +58,7 @@ class Sequence:
         return len(self.context) - len(self.prompt)
 
 
+PREFILL_BUDGET = 128  # prompt tokens (chunk_cost) a step may prefill beside the others' decoding: the default
 IDLE_PREFILL = 8  # prefill budget multiplier for steps in which nothing decodes (BatchDecoder.step)
 
 
@@ -88,7 +86,7 @@ class BatchDecoder:
     def __init__(self, model: BatchLM, prefix_cache: PrefixCache | None = None):
         """prefix_cache: reuse KV blocks of equal prompt prefixes (needs a model with read_kv/write_kv)."""
         self.model = model
-        self.prefix_cache = prefix_cache if hasattr(model, "write_kv") else None
+        self.prefix_cache = prefix_cache if model.copies_kv else None
         self.free = list(range(model.slots - 1, -1, -1))  # pop() hands out the lowest slot first
 
     def start(self, seqs: list[Sequence], chunked: bool = False) -> float:
@@ -96,7 +94,7 @@ class BatchDecoder:
         now in one batched forward (features to the drafters that read them), or, when `chunked`, in
         chunks inside the next steps (step's prefill_budget) -> seconds taken."""
         t0 = time.perf_counter()
-        if hasattr(self.model, "reserve") and seqs:  # grow the cache once, before any chunk goes in
+        if seqs:  # grow the cache once, before any chunk goes in
             self.model.reserve(max(len(seq.prompt) + seq.max_new_tokens for seq in seqs))
         for seq in seqs:
             seq.slot = self.free.pop()
@@ -116,7 +114,7 @@ class BatchDecoder:
                 seq.slot,
                 torch.tensor(seq.prompt[seq.prefilled : seq.prefilled + n], dtype=torch.long),
                 1,
-                feature_layers(seq.drafter),
+                seq.drafter.layers,
             )
             for seq, n in chunks
         ]
@@ -125,7 +123,7 @@ class BatchDecoder:
             seq.prefilled += n
             if out.features is not None:
                 seq.drafter.feed(out.features)
-            if not seq.prefilling and self.prefix_cache is not None and not feature_layers(seq.drafter):
+            if not seq.prefilling and self.prefix_cache is not None and not seq.drafter.layers:
                 self.prefix_cache.store(
                     seq.prompt[: seq.prefilled], lambda a, b, slot=seq.slot: self.model.read_kv(slot, a, b)
                 )
@@ -134,7 +132,7 @@ class BatchDecoder:
     def _reuse_prefix(self, seq: Sequence) -> None:
         """Write the cached blocks that begin the prompt into the sequence's slot (not for drafters that
         read the prompt's features: they need every row's)."""
-        if self.prefix_cache is None or feature_layers(seq.drafter):
+        if self.prefix_cache is None or seq.drafter.layers:
             return
         blocks = self.prefix_cache.lookup(seq.prompt[:-1])
         for k, v in blocks:
@@ -153,7 +151,7 @@ class BatchDecoder:
         self,
         seqs: list[Sequence],
         limit: Callable[[Sequence, int], int] | None = None,
-        prefill_budget: int = 512,
+        prefill_budget: int = PREFILL_BUDGET,
     ) -> list[Step]:
         """One speculative step of every sequence (all started, none finished) -> their Steps.
         limit(seq, k): the k to use when its policy asks for k (default: k). A sequence whose drafter
@@ -166,7 +164,7 @@ class BatchDecoder:
         failed: dict[int, Exception] = {}
         idle = all(seq.prefilling for seq in seqs)
         chunks, budget = [], prefill_budget * (IDLE_PREFILL if idle else 1)
-        span = getattr(self.model, "attention_span", None)
+        span = self.model.attention_span
         for seq in seqs:
             if seq.prefilling and budget > 0:
                 n = chunk_size(budget, seq.prefilled, len(seq.prompt) - 1 - seq.prefilled, span)
@@ -197,7 +195,7 @@ class BatchDecoder:
                 Row(
                     seq.slot,
                     plans[i].tokens,
-                    layers=feature_layers(seq.drafter),
+                    layers=seq.drafter.layers,
                     **plans[i].tree_args(bases[i]),
                 )
             )
@@ -223,47 +221,35 @@ class BatchDecoder:
         return steps
 
     def _advance(self, seq: Sequence, planned, base: int, out, draft_s: float, forward_s: float) -> Step:
-        """Verify one row's drafts, roll its cache back to what it keeps, feed its drafter, commit."""
-        checked = check(planned, out.logits, seq.params, seq.generator)
-        if planned.tree is None:
-            self.model.truncate(seq.slot, base + 1 + len(checked.path))  # drop the rejected drafts
-        else:
-            self.model.keep(seq.slot, *checked.kept(base))  # move the accepted path up after the root
-        seq.drafter.observe(checked.drafted, len(checked.accepted))
-        if out.features is not None:
-            seq.drafter.feed(out.features[checked.rows])
-        new, seq.finished = commit(checked, seq.eos_ids, seq.max_new_tokens - seq.generated)
-        seq.context.extend(new)
-        step = Step(
-            new,
-            checked.drafted,
-            len(checked.accepted),
+        """Settle one row (step.settle: verify, roll its slot back, feed its drafter, commit)."""
+        step = settle(
+            planned,
+            out,
+            base,
+            _Slot(self.model, seq.slot),
+            seq.drafter,
+            seq.policy,
+            seq.params,
+            seq.generator,
+            seq.eos_ids,
+            seq.max_new_tokens - seq.generated,
             draft_s,
-            forward_s,
-            finished=seq.finished,
-            depth=checked.depth,
+            lambda: forward_s,
         )
-        seq.policy.observe(step)
+        seq.finished = step.finished
+        seq.context.extend(step.tokens)
         return step
 
 
-def per_sequence(template: Drafter) -> Drafter:
-    """A drafter for one more sequence: a shallow copy of `template` (weights shared) with state of
-    its own where it is not reset by begin(): a draft model's KV cache, an ensemble's members."""
-    drafter = copy.copy(template)
-    model = getattr(drafter, "model", None)
-    if model is not None:
-        drafter.model = fork(model)
-    members = getattr(drafter, "members", None)
-    if members is not None:
-        drafter.members = [per_sequence(m) for m in members]
-    return drafter
+@dataclass
+class _Slot:
+    """One slot of a BatchLM as the cache step.settle rolls back."""
 
+    model: BatchLM
+    slot: int
 
-def fork(model: CausalLM) -> CausalLM:
-    """The same weights with an empty KV cache of its own."""
-    twin = copy.copy(model)
-    if isinstance(twin, FastLlama):
-        twin.k_cache = twin.v_cache = None
-    twin.reset()  # HFModel: a new DynamicCache
-    return twin
+    def truncate(self, length: int) -> None:
+        self.model.truncate(self.slot, length)
+
+    def keep(self, length: int, indices: list[int]) -> None:
+        self.model.keep(self.slot, length, indices)

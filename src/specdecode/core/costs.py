@@ -12,7 +12,7 @@ import torch
 from specdecode.backends.lm import CausalLM
 from specdecode.core.control import CostModel
 from specdecode.core.sampling import SamplingParams
-from specdecode.drafters.base import Drafter, feature_layers
+from specdecode.drafters.base import Drafter
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -34,7 +34,7 @@ def measure(
     repeats: int = 7,
 ) -> CostModel:
     """Time the target on 1..k_max+1 tokens after `context`, and the drafter proposing k_max."""
-    layers = feature_layers(drafter)
+    layers = drafter.layers
     target.reset()
     prefill = target.forward(torch.tensor(context[:-1]), num_logits=1, layers=layers)
     base = target.length

@@ -30,9 +30,8 @@ import torch
 from specdecode.backends.lm import CausalLM
 from specdecode.core.control import FixedK, KPolicy
 from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Step, check, commit, plan
-from specdecode.drafters.base import Drafter, feature_layers
-from specdecode.errors import UserError
+from specdecode.core.step import Step, plan, settle
+from specdecode.drafters.base import Drafter
 
 __all__ = ["Step", "decode"]
 
@@ -51,7 +50,7 @@ def decode(
     """Generate up to max_new_tokens after prompt, yielding one Step per target forward.
     k: a fixed number of drafts per step, or a policy asked before each step (adaptive k)."""
     policy = FixedK(k) if isinstance(k, int) else k
-    layers = feature_layers(drafter)  # target layers whose hidden rows the drafter reads
+    layers = drafter.layers  # target layers whose hidden rows the drafter reads
     t0 = time.perf_counter()
     target.reset()
     drafter.begin(prompt)
@@ -69,36 +68,26 @@ def decode(
         t1 = time.perf_counter()
 
         planned = plan(context[-1], proposal, budget, policy.tree_nodes)
-        if planned.tree is not None and not hasattr(target, "keep"):
-            raise UserError(
-                f"token trees need a target model that can verify them; {type(target).__name__} cannot"
-            )
         base = target.length
         out = target.forward(planned.tokens, layers=layers, **planned.tree_args(base))  # logits [1+n, V]
-        checked = check(planned, out.logits, params, generator)
-        if planned.tree is None:
-            target.truncate(base + 1 + len(checked.path))  # drop the rejected drafts
-        else:
-            target.keep(*checked.kept(base))  # move the accepted path up to follow the root
-        drafter.observe(checked.drafted, len(checked.accepted))
-        if layers:
-            drafter.feed(out.features[checked.rows])
-
-        new, finished = commit(checked, eos_ids, max_new_tokens - generated)
-        context.extend(new)
-        generated += len(new)
-        step = Step(
-            new,
-            checked.drafted,
-            len(checked.accepted),
+        step = settle(
+            planned,
+            out,
+            base,
+            target,
+            drafter,
+            policy,
+            params,
+            generator,
+            eos_ids,
+            max_new_tokens - generated,
             t1 - t0,
-            time.perf_counter() - t1,
+            lambda t1=t1: time.perf_counter() - t1,
             prefill_s,
-            finished,
-            checked.depth,
         )
-        policy.observe(step)
+        context.extend(step.tokens)
+        generated += len(step.tokens)
         yield step
         prefill_s = 0.0
-        if finished:
+        if step.finished:
             return

@@ -9,7 +9,10 @@ and the batched core (batch_decoder.py), so that both make exactly the same deci
       -> Checked                              (verify.py, tree_verify.py);
   cache rollback                              keep the root and the accepted path: plan.kept(base);
   commit(checked, eos_ids, room)              the committed tokens: cut after an EOS, finished at
-      -> (tokens, finished)                   EOS or when the token budget is used up.
+      -> (tokens, finished)                   EOS or when the token budget is used up;
+  settle(...) -> Step                         everything after the forward, in this order: check,
+                                              roll the cache back, the drafter's feedback and
+                                              features, commit, the Step, the k policy's feedback.
 
 Features (hidden rows) for drafters that read the target's (Medusa, EAGLE) are the forward's rows
 `checked.rows`: the root's and the accepted path's, the positions that stay in the cache.
@@ -19,14 +22,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
+from specdecode.backends.lm import Output
+from specdecode.core.control import KPolicy
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.tree import Tree, best_nodes
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import Drafter, Proposal
 
 
 @dataclass
@@ -38,7 +44,7 @@ class Step:
     verify_s: float  # time spent in the target forward and verification
     prefill_s: float = 0.0  # first step only: the prompt's prefill
     finished: bool = False  # EOS or max_new_tokens reached
-    depth: int | None = None  # draft positions checked: = drafted for a chain, a tree's depth (None: unknown)
+    depth: int = 0  # draft positions checked: = drafted for a chain, a tree's depth
     error: Exception | None = (
         None  # the batched core: this sequence's row failed (drafter or verifier); it stops
     )
@@ -136,3 +142,54 @@ def commit(checked: Checked, eos_ids: set[int] | frozenset[int], room: int) -> t
         if token in eos_ids:
             return new[: i + 1], True
     return new, len(new) >= room
+
+
+class Cache(Protocol):
+    """One sequence's KV cache as the step rolls it back: a CausalLM, or one slot of a BatchLM."""
+
+    def truncate(self, length: int) -> None: ...
+
+    def keep(self, length: int, indices: list[int]) -> None: ...
+
+
+def settle(
+    planned: Plan,
+    out: Output,
+    base: int,
+    cache: Cache,
+    drafter: Drafter,
+    policy: KPolicy,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    eos_ids: set[int] | frozenset[int],
+    room: int,
+    draft_s: float,
+    verify_s: Callable[[], float],
+    prefill_s: float = 0.0,
+) -> Step:
+    """Everything after the target's forward over `planned.tokens` (which started at `base` cached
+    tokens; out.logits [1 + n, V]), written once for one sequence and for a batch row: verify, roll
+    the cache back to the root and the accepted path, give the drafter its feedback and the kept
+    rows' features, commit at most `room` tokens, and let the k policy observe the Step.
+    verify_s() -> the seconds the step's verification took, asked once the step is settled."""
+    checked = check(planned, out.logits, params, generator)
+    if planned.tree is None:
+        cache.truncate(base + 1 + len(checked.path))  # drop the rejected drafts
+    else:
+        cache.keep(*checked.kept(base))  # move the accepted path up to follow the root
+    drafter.observe(checked.drafted, len(checked.accepted))
+    if drafter.layers:
+        drafter.feed(out.features[checked.rows])
+    new, finished = commit(checked, eos_ids, room)
+    step = Step(
+        new,
+        checked.drafted,
+        len(checked.accepted),
+        draft_s,
+        verify_s(),
+        prefill_s,
+        finished,
+        checked.depth,
+    )
+    policy.observe(step)
+    return step

@@ -20,6 +20,7 @@ import importlib
 import re
 from dataclasses import dataclass, replace
 
+from specdecode.backends.lm import CausalLM
 from specdecode.backends.models import LoadedModel
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.cross_vocab import CrossVocabDrafter
@@ -111,21 +112,36 @@ def _parse_draft(arg: str | None) -> Spec:
     return Spec("draft", options, path)
 
 
-def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
-    """A distilled checkpoint (spec.arg None or a `train draft` directory) or any causal LM; a model
-    with another tokenizer than the target's drafts across vocabularies (chains only)."""
+def _load_draft(spec: Spec, ctx: DrafterContext) -> tuple[CausalLM, LoadedModel | None]:
+    """The draft model of a `draft` spec: a distilled checkpoint (spec.arg None or a `train draft`
+    directory) over the target's embedding (-> (model, None)), or any causal LM (-> (model, loaded))."""
     from specdecode.backends import models
-    from specdecode.backends.tokenizer_check import compare
     from specdecode.drafters import distilled
 
-    vocab = ctx.target.model.vocab_size
     if distilled.is_checkpoint(spec.arg):
-        model = distilled.load(spec.arg, ctx)
-    else:
-        dtype = (
-            "fp32" if ctx.dtype in models.QUANTIZED and not models.is_gguf(spec.arg) else ctx.dtype
-        )  # a HF draft beside a GGUF target
-        draft = models.load(spec.arg, dtype, ctx.device, ctx.backend, ctx.quant)
+        return distilled.load(spec.arg, ctx), None
+    dtype = (
+        "fp32" if ctx.dtype in models.QUANTIZED and not models.is_gguf(spec.arg) else ctx.dtype
+    )  # a HF draft beside a GGUF target
+    draft = models.load(spec.arg, dtype, ctx.device, ctx.backend, ctx.quant)
+    return draft.model, draft
+
+
+def draft_model(spec: Spec, ctx: DrafterContext) -> CausalLM:
+    """The one draft model a spec loads (e.g. for a peer that drafts with it); a clear error otherwise."""
+    if len(spec.draft_models) != 1 or spec.members:
+        raise UserError(f"{spec} is not a single draft model (draft or draft:...)")
+    return _load_draft(spec, ctx)[0]
+
+
+def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
+    """A draft model's drafter; a model with another tokenizer than the target's drafts across
+    vocabularies (chains only)."""
+    from specdecode.backends.tokenizer_check import compare
+
+    vocab = ctx.target.model.vocab_size
+    model, draft = _load_draft(spec, ctx)
+    if draft is not None:
         if not compare(ctx.target.tokenizer, draft.tokenizer).compatible:
             if spec.options:
                 raise UserError(
@@ -140,7 +156,6 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
                 draft.eos_ids,
                 ctx.target.tokenizer.eos_token_id,
             )
-        model = draft.model
     if spec.option("b") is not None:
         return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"))
     return DraftModelDrafter(model, vocab)
@@ -349,5 +364,6 @@ __all__ = [
     "build",
     "canonical",
     "check_spec",
+    "draft_model",
     "parse",
 ]

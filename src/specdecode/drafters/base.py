@@ -1,13 +1,16 @@
 """The drafter protocol: propose up to k tokens for a context, observe how many were accepted.
 
 A drafter that reads the target's hidden states (Medusa, EAGLE) also names the target layers it
-needs (`layers`, lm.Output's convention) and receives their rows through `feed`; the others have
-neither."""
+needs (`layers`, lm.Output's convention) and receives their rows through `feed`; the others name
+none. `fork` is the one way to get a drafter for another request: callers never copy a drafter's
+attributes themselves."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -46,7 +49,14 @@ class Proposal:
 
 
 class Drafter(Protocol):
+    """What the decoder, the batched core, the server and the benchmark may ask of a drafter. A drafter
+    class subclasses it (explicitly) and inherits these defaults: no features, nothing to forget at
+    begin, no feedback, a fork that shares everything."""
+
     name: str
+    layers: tuple[
+        int, ...
+    ] = ()  # target layers whose hidden rows this drafter reads (lm.Output's convention)
 
     def begin(self, prompt: list[int]) -> None:
         """A new request starts with these prompt tokens."""
@@ -56,29 +66,35 @@ class Drafter(Protocol):
     ) -> Proposal:
         """Propose at most k tokens to follow `context` (every committed token so far); a tree
         proposal may hold more nodes, at most k deep (the decoder drops deeper ones)."""
+        raise NotImplementedError
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Feedback after verification: `accepted` of the `drafted` tokens were kept."""
 
-    # Only drafters that read the target's features:
-    #   layers: tuple[int, ...]  target layers whose hidden rows this drafter reads
-    #   def feed(self, features: torch.Tensor) -> None:
-    #       """features [m, len(layers) * H] of the next m committed positions: the prompt's but the
-    #       last token's after prefill, then after each step the last committed token's and the
-    #       accepted drafts' (the rows that stay in the target's cache)."""
+    def feed(self, features: torch.Tensor) -> None:
+        """Only for drafters with `layers`: features [m, len(layers) * H] of the next m committed
+        positions: the prompt's but the last token's after prefill, then after each step the last
+        committed token's and the accepted drafts' (the rows that stay in the target's cache)."""
+        raise TypeError(f"drafter {self.name} reads no target features")
+
+    def fork(self, learned: Learned | None = None) -> "Drafter":
+        """A drafter for one more request (the batched core's sequences, the server's requests, the
+        benchmark's rows): weights, prepacked heads and read-only corpora shared; state that begin()
+        does not reset (a draft model's KV cache) its own. learned: for a drafter that learns from
+        earlier responses (Kind.learns), maps its store of them to the one the copy uses (the server:
+        the store of the request's scope; the benchmark: a snapshot, copy.deepcopy); None: shared."""
+        return copy.copy(self)
 
 
-def feature_layers(drafter: Drafter) -> tuple[int, ...]:
-    """The target layers a drafter reads (empty for drafters that need no features)."""
-    return tuple(getattr(drafter, "layers", ()))
+Learned = Callable[[Any], Any]  # a learning drafter's store of earlier responses -> the store a fork uses
 
 
 def feed_members(members: list[Drafter], features: torch.Tensor) -> None:
     """A composite drafter's feed: features [m, sum of members' len(layers) * H], the members' layers
     in order; each feature-reading member gets its own columns."""
-    width = features.shape[1] // sum(len(feature_layers(m)) for m in members)
+    width = features.shape[1] // sum(len(m.layers) for m in members)
     start = 0
     for member in members:
-        if n := len(feature_layers(member)):
+        if n := len(member.layers):
             member.feed(features[:, start : start + n * width])
             start += n * width

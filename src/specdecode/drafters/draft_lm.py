@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.backends.models import CausalLM
+from specdecode.backends.lm import CausalLM
+from specdecode.drafters.base import Drafter, Learned
 
 
-class DraftLM:
+class DraftLM(Drafter):
     """Holds `model` (a CausalLM with its own cache) and `cached`, the tokens its cache holds."""
 
     def __init__(self, model: CausalLM, target_vocab_size: int):
@@ -39,5 +40,8 @@ class DraftLM:
         pad = logits.new_full((*logits.shape[:-1], self.vocab_size - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def observe(self, drafted, accepted):
-        pass
+    def fork(self, learned: Learned | None = None) -> "DraftLM":
+        """The same draft weights with a KV cache of its own."""
+        twin = super().fork()
+        twin.model, twin.cached = self.model.fork(), []
+        return twin

@@ -31,8 +31,6 @@ class DraftTreeDrafter(DraftLM):
         super().__init__(model, target_vocab_size)
         if branches < 1 or (nodes is not None and nodes < 1):
             raise UserError(f"draft tree needs b >= 1 and nodes >= 1, got b={branches} nodes={nodes}")
-        if not hasattr(model, "extend_tree"):
-            raise UserError("a draft tree needs a draft model that can run trees (FastLlama or HF backend)")
         self.branches, self.nodes = branches, nodes
 
     def propose(self, context, k, params: SamplingParams, generator):

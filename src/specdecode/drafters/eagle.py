@@ -30,8 +30,8 @@ from torch import nn
 from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.core.sampling import SamplingParams, sample, warp
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Proposal
-from specdecode.drafters.draft_vocab import draft_lm_head, kernels, scatter_probs
+from specdecode.drafters.base import Drafter, Proposal
+from specdecode.drafters.draft_vocab import scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
 
 
@@ -168,7 +168,7 @@ class KVCache:
         return self.k[:, :end], self.v[:, :end]
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     name = "eagle"
 
     def __init__(
@@ -182,13 +182,13 @@ class EagleDrafter:
     ):
         """target: the target's CausalLM; the decoder feeds this drafter the rows of its layers
         `layer_ids` (self.layers). branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
-        self.head = pack_linears(head.eval(), kernels(target))
+        self.head = pack_linears(head.eval(), target.kernels)
         self.branches, self.nodes = branches, nodes
         self.target = target
         self.layers = tuple(layer_ids)
         self.token_map = token_map.to(target.device)
         self.embed = target.hf.get_input_embeddings().weight.detach()
-        self.project = draft_lm_head(target, self.token_map)
+        self.project = target.head_rows(self.token_map)
         self.cos, self.sin = rope_tables(target.hf, target.max_length + 64)
 
     def begin(self, prompt):
@@ -283,9 +283,6 @@ class EagleDrafter:
             return Proposal.empty()
         q = scatter_probs(torch.stack(qs), self.token_map, self.target.vocab_size)
         return Proposal(torch.tensor(tokens, dtype=torch.long), q)
-
-    def observe(self, drafted, accepted):
-        pass
 
 
 def head_from_config(config: dict) -> EagleHead:

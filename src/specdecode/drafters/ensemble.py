@@ -12,15 +12,20 @@ proposes anything, its proposal passes through unchanged, q included.
 from __future__ import annotations
 
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Drafter, Proposal, feature_layers, feed_members
+from specdecode.drafters.base import Drafter, Learned, Proposal, feed_members
 
 
-class EnsembleDrafter:
+class EnsembleDrafter(Drafter):
     name = "ensemble"
 
     def __init__(self, members: list[Drafter], caps: list[int | None] | None = None):
         self.members, self.caps = members, caps or [None] * len(members)
-        self.layers = tuple(i for m in members for i in feature_layers(m))  # members' layers, in order
+        self.layers = tuple(i for m in members for i in m.layers)  # members' layers, in order
+
+    def fork(self, learned: Learned | None = None) -> "EnsembleDrafter":
+        twin = super().fork()
+        twin.members = [m.fork(learned) for m in self.members]
+        return twin
 
     def feed(self, features):
         feed_members(self.members, features)  # features [m, len(layers) * H]

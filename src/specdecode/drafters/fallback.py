@@ -9,16 +9,21 @@ feature-reading member is fed every step whether it drafted or not (EAGLE catche
 
 from __future__ import annotations
 
-from specdecode.drafters.base import Drafter, Proposal, feature_layers, feed_members
+from specdecode.drafters.base import Drafter, Learned, Proposal, feed_members
 
 
-class FallbackDrafter:
+class FallbackDrafter(Drafter):
     name = "fallback"
 
     def __init__(self, members: list[Drafter], caps: list[int | None]):
         self.members, self.caps = members, caps
-        self.layers = tuple(i for m in members for i in feature_layers(m))  # members' layers, in order
+        self.layers = tuple(i for m in members for i in m.layers)  # members' layers, in order
         self.drafted_by: Drafter | None = None  # the member whose proposal the last step verified
+
+    def fork(self, learned: Learned | None = None) -> "FallbackDrafter":
+        twin = super().fork()
+        twin.members = [m.fork(learned) for m in self.members]
+        return twin
 
     def feed(self, features):
         feed_members(self.members, features)  # features [m, len(layers) * H]

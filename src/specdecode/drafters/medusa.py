@@ -24,8 +24,8 @@ from torch import nn
 
 from specdecode.core.sampling import SamplingParams, sample, warp
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Proposal
-from specdecode.drafters.draft_vocab import draft_lm_head, scatter_probs
+from specdecode.drafters.base import Drafter, Proposal
+from specdecode.drafters.draft_vocab import scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
 
 
@@ -47,7 +47,7 @@ class MedusaHeads(nn.Module):
         return project(z)
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     name = "medusa"
     layers = (-1,)  # the target's final hidden state (after the norm), fed to `feed`
 
@@ -60,7 +60,7 @@ class MedusaDrafter:
         self.branches, self.nodes = branches, nodes
         self.target = target
         self.token_map = token_map.to(target.device)
-        self.project = draft_lm_head(target, self.token_map)
+        self.project = target.head_rows(self.token_map)
         self.h: torch.Tensor | None = None  # [H] the target's last hidden row of the committed context
 
     def begin(self, prompt):
@@ -100,9 +100,6 @@ class MedusaDrafter:
         q = warp(logits, params)  # [k, Vd]
         picks = torch.tensor([sample(row, generator) for row in q], device=q.device)
         return Proposal(self.token_map[picks].cpu(), scatter_probs(q, self.token_map, self.target.vocab_size))
-
-    def observe(self, drafted, accepted):
-        pass
 
 
 def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) -> MedusaDrafter:

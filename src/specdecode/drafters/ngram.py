@@ -14,7 +14,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import Drafter, Proposal
 from specdecode.errors import UserError
 
 _MAX_HITS = 64  # matches examined per n when collecting several continuations
@@ -50,7 +50,7 @@ def lookup_all(context: np.ndarray, k: int, max_n: int, min_n: int, limit: int) 
 MIN_N, MAX_N = 2, 4  # the n-gram lengths tried when the spec names none
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     name = "ngram"
 
     def __init__(self, max_n: int = MAX_N, min_n: int = MIN_N, branches: int = 1):
@@ -60,15 +60,9 @@ class NgramDrafter:
             raise UserError(f"ngram needs b >= 1 branches, got {branches}")
         self.max_n, self.min_n, self.branches = max_n, min_n, branches
 
-    def begin(self, prompt):
-        pass
-
     def propose(self, context, k, params, generator):
         context = np.asarray(context, dtype=np.int64)
         if self.branches == 1:
             return Proposal(torch.from_numpy(lookup(context, k, self.max_n, self.min_n).copy()))
         found = lookup_all(context, k, self.max_n, self.min_n, self.branches)
         return Proposal.of_tree(Tree.from_sequences(seq.tolist() for seq in found))
-
-    def observe(self, drafted, accepted):
-        pass

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import Drafter, Proposal
 
 
-class NoDrafter:
+class NoDrafter(Drafter):
     name = "none"
-
-    def begin(self, prompt):
-        pass
 
     def propose(self, context, k, params, generator):
         return Proposal.empty()
-
-    def observe(self, drafted, accepted):
-        pass

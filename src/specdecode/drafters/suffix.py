@@ -29,7 +29,7 @@ import torch
 from specdecode import shards
 from specdecode.core.sampling import SamplingParams
 from specdecode.corpora import jsonl_rows
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import Drafter, Learned, Proposal
 from specdecode.drafters.suffix_tree import SuffixTrie, grow
 from specdecode.errors import UserError
 
@@ -89,7 +89,7 @@ class Corpus:
         return self
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     name = "suffix"
 
     def __init__(
@@ -149,8 +149,12 @@ class SuffixDrafter:
         # the most probable ones its measured costs pay for (step.plan, control.AdaptiveK.tree_nodes)
         return Proposal(torch.tensor(tokens, dtype=torch.long), None, None if chain else parents, probs)
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        pass
+    def fork(self, learned: Learned | None = None) -> "SuffixDrafter":
+        """A copy with the response cache `learned(cache)` (None: this one's, shared); the corpus is shared."""
+        twin = super().fork()
+        twin.cache = self.cache if learned is None else learned(self.cache)
+        twin.local, twin.key = None, None
+        return twin
 
 
 def read_responses(path: str, tokenizer) -> list[list[int]]:

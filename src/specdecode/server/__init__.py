@@ -16,6 +16,7 @@ from __future__ import annotations
 from specdecode import drafters
 from specdecode.backends.batch_model import batched
 from specdecode.backends.models import LoadedModel
+from specdecode.core.batch_decoder import PREFILL_BUDGET
 from specdecode.core.config import Route, SpecConfig
 from specdecode.core.prefix_cache import PrefixCache
 from specdecode.server.drafting import DrafterPool
@@ -39,7 +40,7 @@ def build_engine(
     drafter_quant: str = "none",
     threads: int | None = None,
     suffix_caches: SuffixCaches | None = None,
-    prefill_budget: int = 128,
+    prefill_budget: int = PREFILL_BUDGET,
     prefix_cache_mb: int = 256,
     kv_reserve: int = 0,
 ) -> Engine:
@@ -47,7 +48,7 @@ def build_engine(
     per slot now, else grown on demand), drafters (model drafters loaded now), the measured batch
     costs (when load_control) and the metrics."""
     model = batched(target.model, max_batch)
-    if kv_reserve and hasattr(model, "reserve"):
+    if kv_reserve:
         model.reserve(kv_reserve)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
     pool = DrafterPool(

@@ -1,7 +1,7 @@
 """One drafter object per request, from drafters built once per spec.
 
 Drafters may keep per-request state (begin/observe; a draft model keeps a KV cache), so each
-request gets its own copy of the spec's template (batch_decoder.per_sequence). Model-backed drafters
+request gets its own copy of the spec's template (Drafter.fork). Model-backed drafters
 are loaded at start-up only: a request may name a weightless spec (`none`, `ngram[:MIN-MAX]`: built
 on the spot) or a spec the server preloaded.
 """
@@ -12,7 +12,6 @@ import threading
 from collections.abc import Iterable
 
 from specdecode import drafters
-from specdecode.core.batch_decoder import per_sequence
 from specdecode.errors import UserError
 from specdecode.server.suffix_cache import SuffixCaches
 
@@ -65,6 +64,5 @@ class DrafterPool:
 
     def instance(self, spec: str, scope: str = "") -> drafters.Drafter:
         """A drafter for one request; a suffix drafter gets the response cache of its spec and scope."""
-        drafter = per_sequence(self.template(spec))
-        self.caches.attach(drafter, str(drafters.parse(spec)), scope)
-        return drafter
+        key = str(drafters.parse(spec))
+        return self.template(spec).fork(lambda cache: self.caches.cache(key, scope, cache))

@@ -27,7 +27,7 @@ import torch
 
 from specdecode.backends.batch_model import BatchLM
 from specdecode.core import batch_decoder
-from specdecode.core.batch_decoder import BatchDecoder
+from specdecode.core.batch_decoder import PREFILL_BUDGET, BatchDecoder
 from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
 from specdecode.core.metrics import Stats
 from specdecode.core.prefix_cache import PrefixCache
@@ -152,7 +152,7 @@ class Engine:
         queue_size: int = 64,
         costs: BatchCosts | None = None,
         threads: int | None = None,
-        prefill_budget: int = 128,
+        prefill_budget: int = PREFILL_BUDGET,
         prefix_cache: PrefixCache | None = None,
     ):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)

@@ -45,13 +45,9 @@ class SuffixCaches:
             return "user:" + (user or "")
         return ""
 
-    def attach(self, drafter, spec: str, scope: str) -> None:
-        """Give a request's drafter (and ensemble members) the cache of its spec and scope."""
-        for d in [drafter, *getattr(drafter, "members", [])]:
-            if isinstance(getattr(d, "cache", None), SuffixCache):
-                d.cache = self._cache(spec, scope, d.cache)
-
-    def _cache(self, spec: str, scope: str, like: SuffixCache) -> SuffixCache:
+    def cache(self, spec: str, scope: str, like: SuffixCache) -> SuffixCache:
+        """The cache of a canonical spec and scope (made like `like`, warmed, on first use): what a
+        request's suffix drafter learns into (Drafter.fork's `learned`)."""
         key = (spec, scope)
         if key not in self.caches:
             cache = self.caches[key] = SuffixCache(like.trie.depth, like.max_requests)

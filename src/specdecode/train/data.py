@@ -327,7 +327,7 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
 
     from specdecode import drafters
     from specdecode.backends.batch_model import batched
-    from specdecode.core.batch_decoder import BatchDecoder, Sequence, per_sequence
+    from specdecode.core.batch_decoder import BatchDecoder, Sequence
     from specdecode.core.control import FixedK
 
     core = BatchDecoder(batched(loaded.model, batch))
@@ -339,7 +339,7 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
             p, ids = pending.pop()
             seq = Sequence(
                 ids,
-                per_sequence(template),
+                template.fork(),
                 FixedK(k),
                 params,
                 torch.Generator().manual_seed(_seed(seed, p)),

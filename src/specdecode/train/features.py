@@ -106,8 +106,8 @@ def teacher(model):
     the model itself (a GGUF target that released its float linears)."""
     from specdecode.backends.models import HFModel
 
-    hf = getattr(model, "hf", None)
-    if hf is None or isinstance(model, HFModel) or any(p.numel() == 0 for p in hf.parameters()):
+    hf = model.hf
+    if isinstance(model, HFModel) or any(p.numel() == 0 for p in hf.parameters()):
         return model
     return HFModel(hf)
 
