@@ -306,3 +306,19 @@ def _batch_sizes(server):
             sizes.append(le)
         prev = cum
     return sizes
+
+
+def test_a_tree_drafter_counts_positions_alike_in_generate_and_the_server(target):
+    """A tree's per-position counters count its depths, not its nodes, through `generate` and through
+    the server (whose per-drafter stats set adaptive k's prior and the load cap): one accounting."""
+    ids, k = [7, 8, 9, 7, 8, 10, 7, 8, 11, 7, 8] * 2, 4  # three continuations of `7 8`; reference's k
+    want = reference(target, ids, 40, drafter=NgramDrafter(branches=3))
+    with serve(target, drafter="ngram:b=3", k=k, max_batch=2, load_control=False) as srv:
+        body = {"model": MODEL, "prompt": ids, "max_tokens": 40, "temperature": 0}
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+        (stats,) = srv.engine.spec_stats.values()
+    assert r["choices"][0]["text"] == want.text
+    assert want.stats.drafted > sum(want.stats.drafted_by_pos), "a tree (more nodes than depths) was checked"
+    got = (stats.drafted_by_pos, stats.accepted_by_pos, stats.reached_by_pos)
+    assert got == (want.stats.drafted_by_pos, want.stats.accepted_by_pos, want.stats.reached_by_pos)
+    assert len(stats.conditional_acceptance) <= k  # adaptive k's prior: one rate per position up to k

@@ -260,10 +260,11 @@ class AdaptiveK:
             self.tree_hits = self.tree_hits * self.decay + step.accepted
             self.tree_expected = self.tree_expected * self.decay + self.pending
             self.pending = None
-        self.observe_counts(step.drafted, step.accepted, asked=self.last_k)
+        self.observe_counts(step.positions, step.accepted, asked=self.last_k)
 
     def observe_counts(self, drafted: int, accepted: int, asked: int | None = None) -> None:
-        """A verified step: `drafted` offered of the `asked` requested (default: as many as drafted)."""
+        """A verified step: `drafted` positions offered (a tree's depth; its node count is no
+        position) of the `asked` requested (default: as many as drafted)."""
         asked = drafted if asked is None else asked
         if asked > 0:
             for counts in (self.asked, self.offered):

@@ -112,7 +112,7 @@ def generate(
     ):
         if not stream.tokens:
             stats.ttft_s = time.perf_counter() - start
-        stats.observe(step.drafted, step.accepted, len(step.tokens), step.depth)
+        stats.observe_step(step)
         stats.draft_s += step.draft_s
         stats.verify_s += step.verify_s
         stats.prefill_s += step.prefill_s

@@ -24,6 +24,17 @@ only ones: Stats, the server's /metrics and /stats, and the monitor all call the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class StepCounts(Protocol):
+    """What accounting reads of a step (core/step.py's Step): tokens committed, draft tokens (tree
+    nodes) offered and accepted, and the draft positions (a tree's depth) checked."""
+
+    tokens: list[int]
+    drafted: int
+    accepted: int
+    positions: int
 
 
 def acceptance_rate(accepted: float, draft_tokens: float) -> float | None:
@@ -79,6 +90,11 @@ class Stats:
             self.reached_by_pos[i] += 1
         for i in range(accepted):
             self.accepted_by_pos[i] += 1
+
+    def observe_step(self, step: StepCounts) -> None:
+        """What one decode step adds (a decoder Step): the one accounting of a step, used by generate,
+        the server's per-request and per-drafter stats alike, so a tree counts its depth by position."""
+        self.observe(step.drafted, step.accepted, len(step.tokens), step.positions)
 
     def merge(self, other: "Stats") -> "Stats":
         out = Stats()

@@ -44,11 +44,16 @@ class Step:
     verify_s: float  # time spent in the target forward and verification
     prefill_s: float = 0.0  # first step only: the prompt's prefill
     finished: bool = False  # EOS or max_new_tokens reached
-    depth: int = 0  # draft positions checked: = drafted for a chain, a tree's depth
+    depth: int | None = None  # draft positions checked (a tree's depth); None: a chain's, = drafted
     error: Exception | None = (
         None  # the batched core: this sequence's row failed (drafter or verifier); it stops
     )
     prefilling: bool = False  # the batched core: the sequence was still prefilling its prompt (no tokens)
+
+    @property
+    def positions(self) -> int:
+        """Draft positions checked: what per-position counters count (a tree's nodes are no positions)."""
+        return self.drafted if self.depth is None else self.depth
 
 
 @dataclass

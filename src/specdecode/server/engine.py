@@ -367,9 +367,9 @@ class Engine:
     def _account(self, seq: Sequence, step: Step) -> None:
         """One definition of what a step adds: request usage, engine-wide stats, Prometheus."""
         spec, now = seq.request.drafter, time.perf_counter()
-        seq.stats.observe(step.drafted, step.accepted, len(step.tokens))
+        seq.stats.observe_step(step)
         seq.num_drafts += step.drafted > 0
-        self.spec_stats.setdefault(spec, Stats()).observe(step.drafted, step.accepted, len(step.tokens))
+        self.spec_stats.setdefault(spec, Stats()).observe_step(step)
         if step.drafted:
             per_token = step.draft_s / step.drafted
             old = self.draft_s_per_token.get(spec)
