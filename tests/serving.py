@@ -11,6 +11,7 @@ import uvicorn
 
 from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
+from specdecode.drafters import parse
 from specdecode.drafters.none import NoDrafter
 from specdecode.server import build_engine, default_routes
 from specdecode.server.app import ServeOptions, create_app
@@ -43,7 +44,7 @@ def serve(
     suffix_caches=None,
     **opts,
 ):
-    routes = routes or default_routes(drafter, k, adaptive)
+    routes = routes or default_routes(parse(drafter), k, adaptive)
     engine = build_engine(
         target,
         routes,

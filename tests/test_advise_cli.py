@@ -4,6 +4,7 @@ import json
 
 from specdecode.cli import main
 from specdecode.core.config import load_config
+from specdecode.drafters import parse
 
 
 def test_advise_writes_a_config_generate_accepts(capsys, tiny_model_dir, tmp_path):
@@ -46,7 +47,7 @@ def test_advise_writes_a_config_generate_accepts(capsys, tiny_model_dir, tmp_pat
     row = report["tasks"]["code"]["drafters"][0]
     for key in ("alpha", "tau", "measured_speedup_k_max", "predicted_speedup_k_max", "best_k"):
         assert key in row
-    assert set(config.routing) == {"code", "creative"} and "ngram" in config.costs
+    assert set(config.routing) == {"code", "creative"} and parse("ngram") in config.costs
     assert "| code |" in out
     code = main(
         [
@@ -90,7 +91,7 @@ def test_adaptive_generate_is_lossless_and_keeps_state(capsys, tiny_model_dir, t
         assert code == 0, err
         runs[bool(flags)] = json.loads(out)
     assert runs[True]["token_ids"] == runs[False]["token_ids"]
-    assert "code|ngram" in json.loads(state.read_text())["records"]
+    assert "code|ngram:2-4" in json.loads(state.read_text())["records"]  # keyed by the canonical spec
 
 
 def test_unknown_task_rejected(capsys, tiny_model_dir):

@@ -12,7 +12,7 @@ from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, batched
 from specdecode.core.batch_decoder import BatchDecoder, Sequence
 from specdecode.core.control import FixedK
 from specdecode.core.sampling import SamplingParams
-from specdecode.drafters import NgramDrafter, NoDrafter
+from specdecode.drafters import NgramDrafter, NoDrafter, parse
 from test_decoder import MAX_NEW, cases  # noqa: F401 (cases: the fixture of prompts with clear greedy margins)
 
 DRAFTERS = [NgramDrafter(min_n=1, branches=3), NoDrafter(), NgramDrafter(min_n=1), NgramDrafter(branches=2)]
@@ -188,7 +188,7 @@ def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
     assert lm.k_cache is cache and len(seq.context) == len(prompt) + 250
     engine = build_engine(
         target,
-        default_routes("none", 1, False),
+        default_routes(parse("none"), 1, False),
         model_name="t",
         max_batch=2,
         load_control=False,

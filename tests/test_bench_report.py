@@ -71,7 +71,7 @@ def test_bench_with_hf_peers_sweep_markdown_and_plots(capsys, tiny_model_dir, ti
         # transformers' greedy generate, with or without its own speculation, matches our plain decoding
         assert row["peer"] and row["identical_to_none"] == 1.0, peer
         assert row["acceptance_rate"] is None and row["tokens"] > 0 and row["ttft_ms"] > 0
-    ours = rows[("ngram@k4", "ALL")]
+    ours = rows[("ngram:2-4@k4", "ALL")]
     assert not ours["peer"] and set(ours["speedup_vs_peers"]) == {
         "fp32 hf",
         "fp32 hf-lookup:3",
@@ -80,10 +80,14 @@ def test_bench_with_hf_peers_sweep_markdown_and_plots(capsys, tiny_model_dir, ti
     assert ours["ideal_speedup"] > 0 and ours["measured_over_ideal"] == pytest.approx(
         ours["speedup_vs_none"] / ours["ideal_speedup"], rel=0.01
     )
-    assert set(report["costs"]["fp32"]) == {"ngram@k2", "ngram@k4", "ngram+adaptive"}
+    assert set(report["costs"]["fp32"]) == {
+        "ngram:2-4@k2",
+        "ngram:2-4@k4",
+        "ngram:2-4+adaptive",
+    }  # canonical labels
     sweep = report["alpha_vs_temperature"]["fp32"]
-    assert set(sweep) == {"ngram@k2", "ngram@k4"} and set(sweep["ngram@k2"]) == {"0.0", "1.0"}
-    assert set(sweep["ngram@k2"]["0.0"]) == {"code", "creative", "ALL"}
+    assert set(sweep) == {"ngram:2-4@k2", "ngram:2-4@k4"} and set(sweep["ngram:2-4@k2"]) == {"0.0", "1.0"}
+    assert set(sweep["ngram:2-4@k2"]["0.0"]) == {"code", "creative", "ALL"}
     assert out_json.with_suffix(".md").read_text().startswith("| dtype | drafter |")
     written = sorted(p.name for p in plots.iterdir())
     assert written == sorted(

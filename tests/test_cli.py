@@ -112,12 +112,12 @@ def test_bench_prints_table_and_writes_json(capsys, tiny_model_dir, tmp_path):
         str(out_json),
     )
     assert code == 0, err
-    assert "| fp32 | ngram | code |" in out and "| fp32 | none | ALL |" in out
+    assert "| fp32 | ngram:2-4 | code |" in out and "| fp32 | none | ALL |" in out
     report = json.loads(out_json.read_text())
     rows = {(r["drafter"], r["category"]): r for r in report["rows"]}
     assert rows[("none", "ALL")]["speedup_vs_none"] == 1.0
-    assert rows[("ngram", "ALL")]["identical_to_none"] == 1.0  # greedy fp32: lossless
-    assert rows[("ngram", "ALL")]["prompts"] == 3 and rows[("ngram", "code")]["prompts"] == 2
+    assert rows[("ngram:2-4", "ALL")]["identical_to_none"] == 1.0  # greedy fp32: lossless
+    assert rows[("ngram:2-4", "ALL")]["prompts"] == 3 and rows[("ngram:2-4", "code")]["prompts"] == 2
 
 
 BAD = [

@@ -4,21 +4,23 @@ import pytest
 
 from specdecode.core.config import Route, SpecConfig, load_config
 from specdecode.core.control import CostModel
+from specdecode.drafters import parse
 from specdecode.errors import UserError
 
 
 def test_round_trip(tmp_path):
     cfg = SpecConfig(
-        default=Route("ngram", 5, True),
-        routing={"code": Route("ngram:2-3", 8, False), "creative": Route("none", 1, False)},
-        costs={"ngram": CostModel(0.01, {1: 1.05, 2: 1.1}, 0.04)},
+        default=Route(parse("ngram"), 5, True),
+        routing={"code": Route(parse("ngram:2-3"), 8, False), "creative": Route(parse("none"), 1, False)},
+        costs={parse("ngram"): CostModel(0.01, {1: 1.05, 2: 1.1}, 0.04)},
     )
     path = tmp_path / "c.json"
     cfg.save(path)
     back = load_config(path)
-    assert back.route("code") == Route("ngram:2-3", 8, False)
-    assert back.route("qa") == Route("ngram", 5, True)  # unrouted tasks take the default
-    assert back.costs["ngram"].r(2) == 1.1 and back.costs["ngram"].step_s == 0.04
+    assert back.route("code") == Route(parse("ngram:2-3"), 8, False)
+    assert back.route("qa") == Route(parse("ngram"), 5, True)  # unrouted tasks take the default
+    ngram = parse("ngram:2-4")  # the file's `ngram:2-4` and `ngram` are one spec
+    assert back.costs[ngram].r(2) == 1.1 and back.costs[ngram].step_s == 0.04
 
 
 BAD = [

@@ -186,12 +186,12 @@ def test_build_errors(target, spec, message):
         drafters.build(spec, DrafterContext(target, device="cpu"))
 
 
-def test_check_spec():
-    assert drafters.check_spec("ngram:2-3") == "ngram"
+def test_parse_is_the_one_validator():
+    assert drafters.parse("ngram:2-3").kind == "ngram"
     with pytest.raises(
         UserError, match="known: none, ngram, draft, ensemble, fallback, medusa, eagle, suffix"
     ):
-        drafters.check_spec("lookahead")
+        drafters.parse("lookahead")
 
 
 def test_build_drafts_across_vocabularies_for_a_model_with_another_tokenizer(target, other_tokenizer_dir):

@@ -17,6 +17,7 @@ from conftest import _save, make_llama
 from specdecode import cli, drafters
 from specdecode.backends import models
 from specdecode.core.config import Route, SpecConfig
+from specdecode.drafters import parse
 from specdecode.drafters.eagle import KVCache, head_from_config, rope_tables
 from specdecode.errors import UserError
 from specdecode.export import vllm
@@ -109,7 +110,7 @@ def trained(target4, tmp_path_factory):
 
 
 def _export(target, out, drafter, k=3, adaptive=False, routing=None, draft_tp=None):
-    config = SpecConfig(default=Route(drafter, k, adaptive), routing=routing or {})
+    config = SpecConfig(default=Route(parse(drafter), k, adaptive), routing=routing or {})
     opts = vllm.ServeOptions("/models/target", tensor_parallel_size=2, draft_tensor_parallel_size=draft_tp)
     return vllm.export(config, opts, vllm.Context(out, lambda: target))
 
@@ -314,7 +315,10 @@ def test_routing_and_adaptive_k_are_reported(target4, trained, tmp_path):
         "ngram",
         k=6,
         adaptive=True,
-        routing={"code": Route(f"medusa:{trained['medusa']}", 2, False), "qa": Route("ngram", 6, True)},
+        routing={
+            "code": Route(parse(f"medusa:{trained['medusa']}"), 2, False),
+            "qa": Route(parse("ngram"), 6, True),
+        },
     )
     assert result.speculative_config["method"] == "ngram"
     assert result.routes["code"]["speculative_config"]["method"] == "medusa"
@@ -417,7 +421,7 @@ def test_shipped_drafters_export_for_the_default_target(tmp_path):
     ctx = vllm.Context(tmp_path, lambda: target)
     opts = vllm.ServeOptions("t")
     for drafter, method in (("medusa", "medusa"), ("eagle", "eagle3"), ("draft", "draft_model")):
-        result = vllm.export(SpecConfig(default=Route(drafter, 4, False)), opts, ctx)
+        result = vllm.export(SpecConfig(default=Route(parse(drafter), 4, False)), opts, ctx)
         check_speculative_config(result.speculative_config)
         _, cfg = check_checkpoint(Path(result.speculative_config["model"]), method)
         if method == "eagle3":

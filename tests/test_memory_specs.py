@@ -10,12 +10,13 @@ from specdecode.backends import models
 from specdecode.backends.checkpoint import SHIPPED
 from specdecode.cli import main
 from specdecode.core import memory
+from specdecode.drafters import parse
 
 COMMON = dict(dtype="fp32", context=256, batch=1, k=4)
 
 
 def _report(target_dir, drafter):
-    return memory.report(target_dir, drafter, **COMMON)
+    return memory.report(target_dir, parse(drafter), **COMMON)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from specdecode.core.config import Route, SpecConfig
 from specdecode.core.control import AdaptiveK, CostModel
 from specdecode.core.router import Router
 from specdecode.core.taskstate import TaskState
+from specdecode.drafters import parse
 
 CHEAP = CostModel(0.0, {k: 1.0 + 0.01 * k for k in range(1, 9)}, step_s=0.001)
 
@@ -15,9 +16,9 @@ def router(target, config, **kw):
 
 def test_routes_by_task_label_and_classifier(target):
     cfg = SpecConfig(
-        default=Route("ngram:1-2", 4, False),
-        routing={"creative": Route("none", 1, False)},
-        costs={"ngram:1-2": CHEAP},
+        default=Route(parse("ngram:1-2"), 4, False),
+        routing={"creative": Route(parse("none"), 1, False)},
+        costs={parse("ngram:1-2"): CHEAP},
     )
     r = router(target, cfg)
     plain = r.run("Write a poem about the sea", max_new_tokens=8)  # classified creative -> none
@@ -36,7 +37,9 @@ def test_adaptive_route_uses_the_task_prior(target, monkeypatch):
         real_init(self)
 
     monkeypatch.setattr(AdaptiveK, "__post_init__", spy)
-    r = router(target, SpecConfig(default=Route("ngram:1-2", 4, True), costs={"ngram:1-2": CHEAP}))
+    r = router(
+        target, SpecConfig(default=Route(parse("ngram:1-2"), 4, True), costs={parse("ngram:1-2"): CHEAP})
+    )
     r.run("a b c a b c a b c", task="code", max_new_tokens=16)
     assert seen["prior"] == [0.5]
     r.run("a b c a b c a b c", task="code", max_new_tokens=16)
@@ -45,12 +48,17 @@ def test_adaptive_route_uses_the_task_prior(target, monkeypatch):
 
 
 def test_auto_routing_explores_then_exploits(target):
-    cfg = SpecConfig(default=Route("ngram", 4, False), candidates=["none", "ngram"], costs={"ngram": CHEAP})
+    cfg = SpecConfig(
+        default=Route(parse("ngram"), 4, False),
+        candidates=[parse("none"), parse("ngram")],
+        costs={parse("ngram"): CHEAP},
+    )
     r = router(target, cfg, auto=True, explore=2)
     chosen = [r.run("x y z x y z x y z", task="sql", max_new_tokens=8).extra["drafter"] for _ in range(4)]
-    assert chosen[:2] == ["none", "none"] and chosen[2:4] == ["ngram", "ngram"]
+    ngram = "ngram:2-4"  # routes, state and results name a drafter by its canonical spec
+    assert chosen[:2] == ["none", "none"] and chosen[2:4] == [ngram, ngram]
     # pretend ngram measured slower than plain on this task: auto routing must stop using it
-    r.state.get("sql", "ngram").speedup = 0.7
+    r.state.get("sql", ngram).speedup = 0.7
     assert r.run("x y z x y z", task="sql", max_new_tokens=4).extra["drafter"] == "none"
-    r.state.get("sql", "ngram").speedup = 1.4
-    assert r.run("x y z x y z", task="sql", max_new_tokens=4).extra["drafter"] == "ngram"
+    r.state.get("sql", ngram).speedup = 1.4
+    assert r.run("x y z x y z", task="sql", max_new_tokens=4).extra["drafter"] == ngram

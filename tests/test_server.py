@@ -322,3 +322,22 @@ def test_a_tree_drafter_counts_positions_alike_in_generate_and_the_server(target
     got = (stats.drafted_by_pos, stats.accepted_by_pos, stats.reached_by_pos)
     assert got == (want.stats.drafted_by_pos, want.stats.accepted_by_pos, want.stats.reached_by_pos)
     assert len(stats.conditional_acceptance) <= k  # adaptive k's prior: one rate per position up to k
+
+
+def test_the_server_parses_a_requests_drafter_once(server, monkeypatch):
+    """The request's spec text is parsed where it comes in (resolve_route) and travels as a Spec:
+    template, drafter fork, policy, load control, accounting and usage never parse it again."""
+    from dataclasses import replace
+
+    from specdecode.drafters.spec import KINDS
+
+    calls = []
+    ngram = KINDS["ngram"]
+    monkeypatch.setitem(
+        KINDS, "ngram", replace(ngram, parse=lambda arg: calls.append(arg) or ngram.parse(arg))
+    )
+    body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}
+    body["speculative"] = {"drafter": "ngram:1-3", "k": 3, "adaptive": True}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["speculative"]["drafter"] == "ngram:1-3"
+    assert calls == ["1-3"]

@@ -143,7 +143,7 @@ class BrokenDrafter(Drafter):
 
 
 def test_a_failing_row_fails_its_request_only(target, server):
-    key = str(drafters.parse("ngram:1-1"))
+    key = drafters.parse("ngram:1-1")
     server.engine.pool.templates[key] = BrokenDrafter()
     try:
         want = reference(target, target.tokenizer(PROMPT)["input_ids"], 12).text

@@ -14,6 +14,7 @@ from specdecode.core.batch_decoder import BatchDecoder, Sequence
 from specdecode.core.control import AdaptiveK, CostModel, FixedK
 from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
+from specdecode.drafters import parse
 from specdecode.drafters.suffix import SuffixCache, SuffixDrafter
 from specdecode.drafters.suffix_tree import SuffixTrie, grow
 from specdecode.errors import UserError
@@ -125,7 +126,7 @@ def test_a_one_token_match_proposes_nothing_unless_min_match_allows_it():
     assert loose.propose(context, 4, SamplingParams(), None).tokens.tolist() == [9]
     assert drafters.canonical("suffix:min_match=1") == "suffix:min_match=1"
     with pytest.raises(UserError, match="min_match"):
-        drafters.check_spec("suffix:min_match=0")
+        drafters.parse("suffix:min_match=0")
 
 
 def test_previous_responses_are_proposed_in_a_new_request():
@@ -171,7 +172,7 @@ def test_a_corpus_of_past_responses_is_proposed_from_and_shared_by_copies(target
     assert drafters.build(f"suffix:{jsonl}", drafters.DrafterContext(target)).corpus.trie.nodes > 1
     with pytest.raises(UserError, match="neither a `train data` directory nor a JSONL file"):
         drafters.build(f"suffix:{tmp_path / 'missing'}", drafters.DrafterContext(target))
-    exported = export_route(Route(f"suffix:tree=0:{data}", 8, False), Context.__new__(Context), "x")
+    exported = export_route(Route(parse(f"suffix:tree=0:{data}"), 8, False), Context.__new__(Context), "x")
     assert any("has no vLLM setting: vLLM's suffix cache starts empty" in n for n in exported.notes)
     assert not drafters.parse(f"suffix:{data}").weightless and drafters.parse("suffix").weightless
     ctx = drafters.DrafterContext(target)
@@ -249,7 +250,7 @@ def test_canonical_form_and_vllm_export():
 
     assert drafters.canonical("suffix: min_token_prob=0.1 :max_spec_factor=2") == "suffix:max_spec_factor=2.0"
     cfg = export_route(
-        Route("suffix:tree=0:max_cached_requests=500", 32, False), Context.__new__(Context), "x"
+        Route(parse("suffix:tree=0:max_cached_requests=500"), 32, False), Context.__new__(Context), "x"
     )
     assert cfg.speculative_config == {
         "method": "suffix",
@@ -260,7 +261,7 @@ def test_canonical_form_and_vllm_export():
         "suffix_decoding_min_token_prob": 0.1,
     }
     assert any("min_match=2 has no vLLM setting" in note for note in cfg.notes)
-    exact = export_route(Route("suffix:tree=0:min_match=1", 8, False), Context.__new__(Context), "x")
+    exact = export_route(Route(parse("suffix:tree=0:min_match=1"), 8, False), Context.__new__(Context), "x")
     assert not any("min_match" in note for note in exact.notes)  # min_match=1 is vLLM's behaviour
 
 
@@ -287,11 +288,11 @@ def test_bench_variants_of_a_learning_drafter_learn_only_from_their_own_answers(
     from specdecode.bench.suite import _runners, variants
     from specdecode.core.sampling import SamplingParams
 
-    runs = variants(["suffix", "ngram"], [4], adaptive=True)
+    runs = variants([drafters.parse("suffix"), drafters.parse("ngram")], [4], adaptive=True)
     ids = target.tokenizer("def add(a, b):")["input_ids"]
     fns, _, built = _runners(target, drafters.DrafterContext(target), runs, [], 4, ids, SamplingParams(), 0)
     before = built["suffix+adaptive"].cache.responses()
     fns["suffix"](ids, "code", 12)
     assert built["suffix"].cache.responses() != before  # the fixed-k row learned its answer ...
     assert built["suffix+adaptive"].cache.responses() == before  # ... which its adaptive row must not read
-    assert built["ngram"] is built["ngram+adaptive"]  # stateless drafters are shared
+    assert built["ngram:2-4"] is built["ngram:2-4+adaptive"]  # stateless drafters are shared

@@ -12,6 +12,7 @@ from specdecode.bench import suite as bench
 from specdecode.cli import main
 from specdecode.core.sampling import SamplingParams
 from specdecode.corpora import Prompt
+from specdecode.drafters import parse
 from specdecode.monitor import prom
 from specdecode.monitor.tracker import group_counts, spec_series
 
@@ -62,7 +63,7 @@ def test_tau_from_generate_bench_and_metrics_agree(capsys, tmp_path, tiny_model_
 
     report = bench.run(
         [Prompt(p, str(i)) for i, p in enumerate(PROMPTS)],
-        [DRAFTER],
+        [parse(DRAFTER)],
         target=tiny_model_dir,
         dtypes=["fp32"],
         device=None,

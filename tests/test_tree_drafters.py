@@ -141,7 +141,7 @@ def test_build_tree_drafters(target, tiny_draft_dir, tmp_path):
     ensemble = drafters.build(f"ensemble:ngram:b=2+draft:b=2:nodes=6:{colon}+ngram:1", ctx)
     assert isinstance(ensemble, EnsembleDrafter)
     assert [type(m) for m in ensemble.members] == [NgramDrafter, DraftTreeDrafter, NgramDrafter]
-    assert drafters.check_spec("ensemble:ngram+ngram:1") == "ensemble"
+    assert drafters.parse("ensemble:ngram+ngram:1").kind == "ensemble"
 
 
 @pytest.mark.parametrize(

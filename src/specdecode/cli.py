@@ -50,18 +50,17 @@ def _quant_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_quant(args, drafter_specs: list[str]) -> None:
-    """Validate --target-quant / --drafter-quant before any model is loaded."""
+def _check_quant(args, drafter_specs: list) -> None:
+    """Validate --target-quant / --drafter-quant (of parsed drafter specs) before any model is loaded."""
     from specdecode.backends import quant
-    from specdecode.drafters import parse
 
     for dtype in args.dtype.split(","):
         quant.check(args.target_quant, dtype, args.device)
         quant.check(args.drafter_quant, dtype, args.device)
-    if args.drafter_quant != "none" and not any(parse(spec).draft_models for spec in drafter_specs):
+    if args.drafter_quant != "none" and not any(spec.draft_models for spec in drafter_specs):
         raise UserError(
             "--drafter-quant applies to draft models (draft, draft:<model>); "
-            f"none among {', '.join(drafter_specs)}"
+            f"none among {', '.join(map(str, drafter_specs))}"
         )
 
 
@@ -312,7 +311,7 @@ def _router(args, target):
     config = (
         load_config(args.config)
         if args.config
-        else SpecConfig(default=Route(args.drafter, args.k, args.adaptive))
+        else SpecConfig(default=Route(drafters.parse(args.drafter), args.k, args.adaptive))
     )
     ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend, args.drafter_quant)
     return Router(target, config, ctx, TaskState(args.state), auto=args.routing == "auto")
@@ -328,7 +327,7 @@ def cmd_generate(args) -> None:
     check_k(args.k)
     params = _sampling(args)
     spec = drafters.parse(args.drafter)
-    _check_quant(args, [args.drafter])
+    _check_quant(args, [spec])
     if args.config:
         from specdecode.core.config import load_config
 
@@ -366,7 +365,7 @@ def cmd_generate(args) -> None:
             label = (
                 f"{route['drafter']}, task={route['task']}, k<={route['k']}"
                 if route
-                else f"{args.drafter}, k={args.k}"
+                else f"{spec}, k={args.k}"
             )
             print(f"[{label}] {result.stats.summary()}", file=sys.stderr)
     if router:
@@ -390,9 +389,7 @@ def cmd_bench(args) -> None:
     from specdecode.drafters import parse
 
     params = _sampling(args)
-    specs = [s for s in args.drafter.split(",") if s]
-    for spec in specs:
-        parse(spec)
+    specs = [parse(s) for s in args.drafter.split(",") if s]
     _check_quant(args, specs)
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
@@ -403,7 +400,7 @@ def cmd_bench(args) -> None:
     if not ks:
         raise UserError("--k is empty")
     check_k(args.k_max)
-    peer_specs = [peers.check_spec(s) for s in args.peers.split(",") if s]
+    peer_specs = [peers.parse(s) for s in args.peers.split(",") if s]
     try:
         temperatures = [float(t) for t in args.sweep_temperatures.split(",") if t.strip()]
     except ValueError:
@@ -414,7 +411,7 @@ def cmd_bench(args) -> None:
         raise UserError("--sweep-temperatures: temperatures must be >= 0")
     if args.passes < 1:
         raise UserError(f"--passes must be >= 1, got {args.passes}")
-    if args.repeats > 1 and any(parse(spec).learns for spec in specs):
+    if args.repeats > 1 and any(spec.learns for spec in specs):
         raise UserError(
             "--repeats > 1 would let a learning drafter (suffix) propose from its own answers to "
             "the same prompts; use --passes to serve a set again on purpose"
@@ -463,9 +460,7 @@ def cmd_advise(args) -> None:
     check_k(args.k_max)
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    specs = [c for c in args.candidates.split(",") if c]
-    for spec in specs:
-        drafters.parse(spec)
+    specs = [drafters.parse(c) for c in args.candidates.split(",") if c]
     try:
         temps = tuple(float(t) for t in args.temperatures.split(",") if t.strip())
     except ValueError:
@@ -498,16 +493,18 @@ def cmd_advise(args) -> None:
 
 def cmd_memory(args) -> None:
     from specdecode.core import memory
+    from specdecode.drafters import parse
 
     if args.context < 1 or args.batch < 1 or args.k < 0:
         raise UserError("--context and --batch must be >= 1 and --k >= 0")
     if args.dtype not in memory.BYTES:
         raise UserError(f"unknown dtype {args.dtype!r}; choose one of {', '.join(memory.BYTES)}")
-    _check_quant(args, [args.drafter] if args.drafter_quant != "none" else [])
+    spec = parse(args.drafter)
+    _check_quant(args, [spec] if args.drafter_quant != "none" else [])
     _setup(args)
     report = memory.report(
         args.target,
-        args.drafter,
+        spec,
         dtype=args.dtype,
         context=args.context,
         batch=args.batch,
@@ -527,11 +524,11 @@ def cmd_serve(args) -> None:
     from specdecode.backends import models
     from specdecode.core.config import load_config
     from specdecode.core.generation import check_k
-    from specdecode.server.drafting import check_servable
+    from specdecode.drafters import parse
 
     check_k(args.k)
-    check_servable(args.drafter)
-    _check_quant(args, [args.drafter])
+    spec = parse(args.drafter)
+    _check_quant(args, [spec])
     for name, value in (
         ("--max-batch", args.max_batch),
         ("--queue", args.queue),
@@ -557,9 +554,7 @@ def cmd_serve(args) -> None:
         raise UserError(
             f"serve needs fastapi, uvicorn and prometheus_client (pip install -e .): {e}"
         ) from None
-    routes = load_config(args.config) if args.config else default_routes(args.drafter, args.k, args.adaptive)
-    for route in [routes.default, *routes.routing.values()]:
-        check_servable(route.drafter)
+    routes = load_config(args.config) if args.config else default_routes(spec, args.k, args.adaptive)
     caches = SuffixCaches(
         args.suffix_scope, args.suffix_cache
     )  # a bad cache file fails before the model loads

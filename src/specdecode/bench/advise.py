@@ -19,7 +19,7 @@ from specdecode.core.tasks import classify
 from specdecode.corpora import Prompt
 
 MARGIN = 0.03  # a drafter must be predicted at least 3% faster than plain decoding to be recommended
-PLAIN = "none"  # the spec (and report label) of plain decoding
+PLAIN = drafters.parse("none")  # plain decoding (its report label: str(PLAIN))
 
 
 def _measure(target, runs: dict, ids_list, params, max_new_tokens) -> dict[str, Stats]:
@@ -57,15 +57,15 @@ def advise(
     target: LoadedModel,
     ctx: drafters.DrafterContext,
     prompts: list[Prompt],
-    candidates: list[str],
+    candidates: list[drafters.Spec],
     *,
     k_max: int = 6,
     max_new_tokens: int = 64,
     temperatures: tuple[float, ...] = (0.0, 0.3, 0.7, 1.0),
     log=print,
 ) -> tuple[SpecConfig, dict]:
-    specs = [c for c in candidates if drafters.parse(c).speculates]
-    plain_k = drafters.parse(PLAIN).k(k_max)
+    specs = [c for c in candidates if c.speculates]
+    plain_k = PLAIN.k(k_max)
     by_task: dict[str, list[list[int]]] = defaultdict(list)
     for p in prompts:
         by_task[p.task or classify(p.prompt)].append(encode_prompt(target.tokenizer, p.prompt, None))
@@ -76,7 +76,7 @@ def advise(
     greedy = SamplingParams()
     for d in [none, *built.values()]:  # warm-up: first calls pay one-off kernel set-up
         generate(target, d, probe, k=k_max, params=greedy, max_new_tokens=8)
-    report: dict = {"tasks": {}, "costs": {s: c.to_json() for s, c in cost.items()}}
+    report: dict = {"tasks": {}, "costs": {str(s): c.to_json() for s, c in cost.items()}}
     routing: dict[str, Route] = {}
     for task, ids_list in sorted(by_task.items()):
         log(f"advise: task {task} ({len(ids_list)} prompts)")
@@ -95,7 +95,7 @@ def advise(
             best[s] = k
             rows.append(
                 {
-                    "drafter": s,
+                    "drafter": str(s),
                     "alpha": round(stats.acceptance_rate, 4),
                     "tau": round(stats.mean_accepted_length, 3),
                     "conditional_acceptance": [round(x, 3) for x in stats.conditional_acceptance],
@@ -109,24 +109,24 @@ def advise(
         second = {s: (built[s], best[s]) for s in specs if 0 < best[s] < k_max}
         if second:  # measure the recommended k too, against plain decoding in the same rounds
             again = _measure(target, {PLAIN: (none, plain_k), **second}, ids_list, greedy, max_new_tokens)
-            for row in rows:
-                if row["drafter"] in second:
+            for s, row in zip(specs, rows):
+                if s in second:
                     row["measured_speedup_best_k"] = round(
-                        again[row["drafter"]].tokens_per_s / again[PLAIN].tokens_per_s, 3
+                        again[s].tokens_per_s / again[PLAIN].tokens_per_s, 3
                     )
         for row in rows:
             if row["best_k"] == k_max:
                 row["measured_speedup_best_k"] = row["measured_speedup_k_max"]
         viable = [
-            r
-            for r in rows
+            (s, r)
+            for s, r in zip(specs, rows)
             if r["best_k"] > 0
             and r["predicted_speedup_best_k"] > 1 + MARGIN
             and r.get("measured_speedup_best_k", 0) > 1.0
         ]
         if viable:
-            pick = max(viable, key=lambda r: r["measured_speedup_best_k"])
-            routing[task] = Route(pick["drafter"], max(pick["best_k"], 1), True)
+            chosen, pick = max(viable, key=lambda sr: sr[1]["measured_speedup_best_k"])
+            routing[task] = Route(chosen, max(pick["best_k"], 1), True)
             advice = f"{pick['drafter']} k={pick['best_k']}"
         else:
             routing[task] = Route(PLAIN, 1, False)

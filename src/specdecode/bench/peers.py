@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -107,22 +108,22 @@ def _lookup_tokens(arg: str | None) -> int:
     return n
 
 
-def _assistant_spec(arg: str | None) -> str:
+def _assistant_spec(arg: str | None):
+    """-> the assistant's drafter Spec (drafters.parse, the one validator of drafter specs)."""
     from specdecode.drafters import parse
 
-    spec = arg or "draft"
-    parsed = parse(spec)
-    if len(parsed.draft_models) != 1 or parsed.members:
+    spec = parse(arg or "draft")
+    if len(spec.draft_models) != 1 or spec.members:
         raise UserError(
             f"peer 'hf-assist:{spec}': the assistant must be a draft model spec (draft or draft:...)"
         )
     return spec
 
 
-def _assist(spec: str, loaded, ctx) -> Peer:
+def _assist(spec, loaded, ctx) -> Peer:
     from specdecode import drafters
 
-    return _runner(loaded, assistant_model=drafters.draft_model(drafters.parse(spec), ctx).hf)
+    return _runner(loaded, assistant_model=drafters.draft_model(spec, ctx).hf)
 
 
 def _gguf_path(loaded, arg: str | None) -> Path:
@@ -151,19 +152,27 @@ PEERS: dict[str, tuple[Callable, Callable]] = {
 }
 
 
-def _parse(spec: str):
-    name, sep, arg = spec.partition(":")
+@dataclass(frozen=True)
+class PeerSpec:
+    """A parsed peer spec: its text (the report's label), its name and its parsed argument."""
+
+    text: str
+    name: str
+    arg: object
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse(text: str) -> PeerSpec:
+    """A peer spec's text -> PeerSpec, parsed once where it enters (`bench --peers`); a drafter inside
+    it (hf-assist:DRAFTER) is parsed by drafters.parse."""
+    name, sep, arg = text.partition(":")
     if name not in PEERS:
-        raise UserError(f"unknown peer {spec!r}; known: {', '.join(PEERS)}")
-    return name, PEERS[name][0](arg if sep else None)
+        raise UserError(f"unknown peer {text!r}; known: {', '.join(PEERS)}")
+    return PeerSpec(text, name, PEERS[name][0](arg if sep else None))
 
 
-def check_spec(spec: str) -> str:
-    _parse(spec)
-    return spec
-
-
-def build(spec: str, loaded, ctx) -> Peer:
-    """spec: a peer spec; loaded: models.LoadedModel; ctx: drafters.DrafterContext (for hf-assist)."""
-    name, arg = _parse(spec)
-    return PEERS[name][1](arg, loaded, ctx)
+def build(spec: PeerSpec, loaded, ctx) -> Peer:
+    """loaded: models.LoadedModel; ctx: drafters.DrafterContext (for hf-assist)."""
+    return PEERS[spec.name][1](spec.arg, loaded, ctx)

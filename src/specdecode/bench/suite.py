@@ -25,9 +25,10 @@ from specdecode.core.generation import Result, encode_prompt, generate
 from specdecode.core.metrics import Stats
 from specdecode.core.sampling import SamplingParams
 from specdecode.corpora import Prompt
+from specdecode.drafters import Spec
 
 LOAD_LIMIT = 0.3  # cores busy with other work during a run before it is repeated
-PLAIN = "none"  # the spec (and row label) of plain decoding, the baseline of every speedup
+PLAIN = drafter_registry.parse("none")  # plain decoding, the baseline of every speedup (row label: str)
 
 
 def _busy_jiffies() -> int | None:
@@ -64,12 +65,12 @@ class Cell:
     reruns: int = 0
 
 
-def variants(drafter_specs: list[str], ks: list[int], adaptive: bool) -> list[tuple[str, str, int | None]]:
-    """(label, drafter spec, fixed k or None for adaptive k) for every run of a prompt; plain first."""
-    parse = drafter_registry.parse
-    out: list[tuple[str, str, int | None]] = [(PLAIN, PLAIN, parse(PLAIN).k(max(ks)))]
-    for s in dict.fromkeys(d for d in drafter_specs if parse(d).speculates):
-        out += [(s if len(ks) == 1 else f"{s}@k{k}", s, parse(s).k(k)) for k in ks]
+def variants(drafter_specs: list[Spec], ks: list[int], adaptive: bool) -> list[tuple[str, Spec, int | None]]:
+    """(label, drafter spec, fixed k or None for adaptive k) for every run of a prompt; plain first.
+    Labels are the specs' canonical strings (`@kN` for one of several k, `+adaptive`)."""
+    out: list[tuple[str, Spec, int | None]] = [(str(PLAIN), PLAIN, PLAIN.k(max(ks)))]
+    for s in dict.fromkeys(d for d in drafter_specs if d.speculates):
+        out += [(str(s) if len(ks) == 1 else f"{s}@k{k}", s, s.k(k)) for k in ks]
         if adaptive:
             out.append((f"{s}+adaptive", s, None))
     return out
@@ -95,7 +96,7 @@ def passes(prompts: list[Prompt], n: int) -> list[Prompt]:
 
 def run(
     prompts: list[Prompt],
-    drafter_specs: list[str],
+    drafter_specs: list[Spec],
     *,
     target: str | None,
     dtypes: list[str],
@@ -110,7 +111,7 @@ def run(
     repeats: int = 1,
     seed: int = 0,
     adaptive: bool = False,
-    peer_specs: list[str] = (),
+    peer_specs: list[peers.PeerSpec] = (),
     temperatures: list[float] = (),
     log=print,
 ) -> dict:
@@ -120,9 +121,7 @@ def run(
     (specdecode.bench.peers) run on the same token ids, labelled by their spec. temperatures: afterwards,
     α of every fixed-k drafter run at each of these temperatures (one pass, no timing)."""
     runs = variants(drafter_specs, ks, adaptive)
-    for spec in peer_specs:
-        peers.check_spec(spec)
-    labels = [label for label, _, _ in runs] + list(peer_specs)
+    labels = [label for label, _, _ in runs] + [str(p) for p in peer_specs]
     cells: dict[tuple[str, str], Cell] = {}
     sweep: dict[str, dict] = {}
     for dtype in dtypes:
@@ -130,7 +129,7 @@ def run(
         ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend, drafter_quant)
         ids = {p.id: encode_prompt(loaded.tokenizer, p.prompt, None) for p in prompts}
         fns, costs, built = _runners(loaded, ctx, runs, peer_specs, k_max, ids[prompts[0].id], params, seed)
-        learners = {label for label, spec, _ in runs if drafter_registry.parse(spec).learns}
+        learners = {label for label, spec, _ in runs if spec.learns}
         fresh = {label: fork(built[label]) for label in learners}
         for label in labels:  # warm-up, excluded
             fns[label](ids[prompts[0].id], prompts[0].category, 8, learn=False)
@@ -162,7 +161,7 @@ def run(
         peak_rss = memory.peak_rss_bytes()
         for label in labels:
             cells[(dtype, label)].peak_rss = peak_rss
-    out = report(prompts, cells, dtypes, labels, set(peer_specs))
+    out = report(prompts, cells, dtypes, labels, {str(p) for p in peer_specs})
     out["alpha_vs_temperature"] = sweep
     return out
 
@@ -173,10 +172,7 @@ def _runners(loaded, ctx, runs, peer_specs, k_max, probe_ids, params, seed) -> d
     costs = _costs(loaded, by_spec, max([k_max if k is None else k for _, _, k in runs]), probe_ids, params)
     # label -> its drafter: a learning drafter (suffix) gets its own per variant, so that `suffix+adaptive`
     # never proposes from `suffix`'s answer to the same prompt
-    built = {
-        label: fork(by_spec[spec]) if drafter_registry.parse(spec).learns else by_spec[spec]
-        for label, spec, _ in runs
-    }
+    built = {label: fork(by_spec[spec]) if spec.learns else by_spec[spec] for label, spec, _ in runs}
     policy = {
         spec: _AdaptiveFactory(copy.deepcopy(costs[spec]), k_max, label)
         for label, spec, k in runs
@@ -202,7 +198,7 @@ def _runners(loaded, ctx, runs, peer_specs, k_max, probe_ids, params, seed) -> d
         fns[label] = fn
     for spec in peer_specs:
         peer = peers.build(spec, loaded, ctx)
-        fns[spec] = lambda ids, category, n, learn=True, peer=peer: peer(ids, n, params, seed)
+        fns[str(spec)] = lambda ids, category, n, learn=True, peer=peer: peer(ids, n, params, seed)
     return fns, costs, built
 
 
@@ -226,7 +222,7 @@ def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) ->
     """label -> {temperature: {category: α, "ALL": α}} for every fixed-k drafter run."""
     out = {}
     for label, spec, k in runs:
-        if not drafter_registry.parse(spec).speculates or k is None:
+        if not spec.speculates or k is None:
             continue
         out[label] = {}
         for t in temperatures:
@@ -245,11 +241,7 @@ def _costs(loaded, built, k_max, ids, params) -> dict:
     """drafter spec -> its measured cost model (c, r(1..k_max)) on this target and dtype."""
     from specdecode.core.costs import measure
 
-    return {
-        s: measure(loaded.model, d, k_max, ids, params)
-        for s, d in built.items()
-        if drafter_registry.parse(s).speculates
-    }
+    return {s: measure(loaded.model, d, k_max, ids, params) for s, d in built.items() if s.speculates}
 
 
 def ideal_speedup(stats: Stats, cost) -> float | None:
@@ -273,14 +265,14 @@ def report(
     categories = sorted({p.category for p in prompts}) + ["ALL"]
     rows = []
     for dtype in dtypes:
-        base = cells[(dtype, PLAIN)]
+        base = cells[(dtype, str(PLAIN))]
         for label in labels:
             cell = cells[(dtype, label)]
             for cat in categories:
                 ids = [p.id for p in prompts if cat == "ALL" or p.category == cat]
                 rows.append(_row(dtype, label, cat, ids, cell, base, label in peer_labels))
     overall = [r for r in rows if r["category"] == "ALL"]
-    best_plain = max(r["tokens_per_s"] for r in overall if r["drafter"] == PLAIN)
+    best_plain = max(r["tokens_per_s"] for r in overall if r["drafter"] == str(PLAIN))
     for r in overall:
         r["speedup_vs_best_plain"] = round(r["tokens_per_s"] / best_plain, 3)
         r["speedup_vs_peers"] = {

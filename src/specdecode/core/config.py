@@ -19,26 +19,28 @@ from pathlib import Path
 from specdecode.core.control import CostModel
 from specdecode.core.generation import MAX_K
 from specdecode.core.tasks import TASKS
-from specdecode.drafters import check_spec
+from specdecode.drafters import Spec, parse
 from specdecode.errors import UserError
 
 
 @dataclass(frozen=True)
 class Route:
-    drafter: str = "ngram"
+    """A drafter (parsed where it entered: a config file, a command line, a request) and its k."""
+
+    drafter: Spec = field(default_factory=lambda: parse("ngram"))
     k: int = 4  # fixed k, or the largest k adaptive control may pick
     adaptive: bool = True
 
     def to_json(self) -> dict:
-        return {"drafter": self.drafter, "k": self.k, "adaptive": self.adaptive}
+        return {"drafter": str(self.drafter), "k": self.k, "adaptive": self.adaptive}
 
 
 @dataclass
 class SpecConfig:
     default: Route = field(default_factory=Route)
     routing: dict[str, Route] = field(default_factory=dict)
-    candidates: list[str] = field(default_factory=lambda: ["none", "ngram"])
-    costs: dict[str, CostModel] = field(default_factory=dict)
+    candidates: list[Spec] = field(default_factory=lambda: [parse("none"), parse("ngram")])
+    costs: dict[Spec, CostModel] = field(default_factory=dict)
     target: str | None = None
     dtype: str = "fp32"
 
@@ -50,8 +52,8 @@ class SpecConfig:
             "version": 1,
             "default": self.default.to_json(),
             "routing": {t: r.to_json() for t, r in self.routing.items()},
-            "candidates": self.candidates,
-            "costs": {d: c.to_json() for d, c in self.costs.items()},
+            "candidates": [str(c) for c in self.candidates],
+            "costs": {str(d): c.to_json() for d, c in self.costs.items()},
             "target": self.target,
             "dtype": self.dtype,
         }
@@ -71,7 +73,7 @@ def _route(obj, where: str) -> Route:
     adaptive = obj.get("adaptive", True)
     if not isinstance(drafter, str):
         raise UserError(f"{where}.drafter: expected a string")
-    check_spec(drafter)
+    drafter = parse(drafter)
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
         raise UserError(f"{where}.k: expected an integer between 1 and {MAX_K}, got {k!r}")
     if not isinstance(adaptive, bool):
@@ -100,10 +102,12 @@ def load_config(path: str | Path) -> SpecConfig:
     candidates = raw.get("candidates", ["none", "ngram"])
     if not isinstance(candidates, list) or not all(isinstance(c, str) for c in candidates):
         raise UserError(f"config {path}: 'candidates' must be a list of drafter names")
-    for c in candidates:
-        check_spec(c)
+    candidates = [parse(c) for c in candidates]
+    costs_raw = raw.get("costs", {})
+    if not isinstance(costs_raw, dict):
+        raise UserError(f"config {path}: 'costs' must map drafters to cost models")
     try:
-        costs = {d: CostModel.from_json(c) for d, c in raw.get("costs", {}).items()}
+        costs = {parse(d): CostModel.from_json(c) for d, c in costs_raw.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise UserError(f"config {path}: malformed 'costs' ({e})") from None
     return SpecConfig(

@@ -164,7 +164,7 @@ def draft_config(source: str | None, target_cfg):
 
 def report(
     target: str | None,
-    drafter: str,
+    spec,
     *,
     dtype: str,
     context: int,
@@ -182,9 +182,7 @@ def report(
     from specdecode.backends import models
     from specdecode.backends.checkpoint import SHIPPED
     from specdecode.backends.fast_llama import SUPPORTED
-    from specdecode.drafters import distilled, parse
-
-    spec = parse(drafter)
+    from specdecode.drafters import distilled
 
     def est(cfg, tokens, quant):
         fast = backend != "hf" and cfg.model_type in SUPPORTED

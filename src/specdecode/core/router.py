@@ -16,7 +16,7 @@ from specdecode.core.tasks import classify
 from specdecode.core.taskstate import TaskState
 
 log = logging.getLogger("specdecode.core.router")
-PLAIN = "none"  # the route of plain decoding
+PLAIN = drafters.parse("none")  # the route of plain decoding
 
 
 class Router:
@@ -33,16 +33,15 @@ class Router:
         self.target, self.config, self.ctx = target, config, ctx
         self.state = state or TaskState()
         self.auto, self.explore = auto, explore
-        self.drafters: dict[str, drafters.Drafter] = {}
-        self.costs: dict[str, CostModel] = dict(config.costs)
+        self.drafters: dict[drafters.Spec, drafters.Drafter] = {}
+        self.costs: dict[drafters.Spec, CostModel] = dict(config.costs)
 
-    def drafter(self, spec: str) -> drafters.Drafter:
-        key = drafters.canonical(spec)
-        if key not in self.drafters:
-            self.drafters[key] = drafters.build(key, self.ctx)
-        return self.drafters[key]
+    def drafter(self, spec: drafters.Spec) -> drafters.Drafter:
+        if spec not in self.drafters:
+            self.drafters[spec] = drafters.build(spec, self.ctx)
+        return self.drafters[spec]
 
-    def cost(self, spec: str, k_max: int, context: list[int]) -> CostModel:
+    def cost(self, spec: drafters.Spec, k_max: int, context: list[int]) -> CostModel:
         """The measured cost model of a drafter (measured once, then refreshed online)."""
         known = self.costs.get(spec)
         if known is None or max(known.verify_ratio, default=0) < k_max:
@@ -56,20 +55,20 @@ class Router:
         # learned routing: try every candidate a few times on this task, then keep the best one
         best, best_speed = None, 1.0
         for spec in self.config.candidates:
-            rec = self.state.get(task, spec)
+            rec = self.state.get(task, str(spec))
             if rec is None or rec.requests < self.explore:
                 return Route(spec, route.k, route.adaptive)
             speed = rec.speedup if rec.speedup is not None else 1.0
-            if drafters.parse(spec).speculates and speed > best_speed:
+            if spec.speculates and speed > best_speed:
                 best, best_speed = spec, speed
         return Route(best or PLAIN, route.k, route.adaptive)
 
     def policy(self, task: str, route: Route, cost: CostModel | None) -> KPolicy:
         """Fixed k (k = 0 for a drafter that never drafts), or adaptive k from the task's history."""
-        spec = drafters.parse(route.drafter)
+        spec = route.drafter
         if not route.adaptive or not spec.speculates:
             return FixedK(spec.k(route.k))
-        rec = self.state.get(task, route.drafter)
+        rec = self.state.get(task, str(route.drafter))
         return adaptive_k(cost, route.k, rec.profile if rec else None, tracker=costs.CostTracker(cost))
 
     def run(self, prompt: str, *, task: str | None = None, chat: bool | None = None, **kw) -> Result:
@@ -77,7 +76,7 @@ class Router:
         route = self.choose(task)
         ids = encode_prompt(self.target.tokenizer, prompt, chat)
         drafter = self.drafter(route.drafter)
-        speculates = drafters.parse(route.drafter).speculates
+        speculates = route.drafter.speculates
         cost = self.cost(route.drafter, route.k, ids) if speculates else None
         result = generate(self.target, drafter, ids, k=self.policy(task, route, cost), **kw)
         s = result.stats
@@ -87,8 +86,12 @@ class Router:
             speedup = s.new_tokens * cost.step_s / decode_s
         elif not speculates:
             speedup = 1.0
-        self.state.observe(task, route.drafter, s, speedup)
+        self.state.observe(task, str(route.drafter), s, speedup)
         result.extra.update(
-            task=task, drafter=route.drafter, k=route.k, adaptive=route.adaptive, realised_speedup=speedup
+            task=task,
+            drafter=str(route.drafter),
+            k=route.k,
+            adaptive=route.adaptive,
+            realised_speedup=speedup,
         )
         return result

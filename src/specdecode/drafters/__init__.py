@@ -47,14 +47,10 @@ class DrafterContext:
     quant: str = "none"  # of draft models: "int8" quantizes their linear layers (quant.py)
 
 
-def build(spec: str | Spec, ctx: DrafterContext) -> Drafter:
-    spec = parse(spec)
+def build(spec: Spec, ctx: DrafterContext) -> Drafter:
+    """The drafter of a parsed spec (drafters.parse: the one validator of a spec's text)."""
+    spec = parse(spec)  # a Spec passes through; text is accepted for tests and the Python API
     return spec.info.build(spec, ctx)
-
-
-def check_spec(spec: str) -> str:
-    """Validate a drafter spec before anything is loaded; returns its kind."""
-    return parse(spec).kind
 
 
 # -- none ------------------------------------------------------------------------------------------
@@ -363,7 +359,6 @@ __all__ = [
     "SuffixDrafter",
     "build",
     "canonical",
-    "check_spec",
     "draft_model",
     "parse",
 ]

@@ -100,8 +100,7 @@ def _config(args):
         raise UserError("give either --config or --drafter/--k, not both")
     if args.config:
         return load_config(args.config)
-    drafter, k = args.drafter or "ngram", 4 if args.k is None else args.k
-    parse(drafter)
+    drafter, k = parse(args.drafter or "ngram"), 4 if args.k is None else args.k
     check_k(k)
     return SpecConfig(default=Route(drafter, k, adaptive=False))
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdecode.core.config import Route, SpecConfig
-from specdecode.drafters.spec import Spec, parse
+from specdecode.drafters.spec import Spec
 from specdecode.errors import UserError
 from specdecode.export import vllm_checkpoints as ckpt
 
@@ -212,9 +212,9 @@ EXPORTERS: dict[str, Callable[[Spec, int, Context], RouteExport]] = {
 
 
 def export_route(route: Route, ctx: Context, where: str) -> RouteExport:
-    spec = parse(route.drafter)
+    spec = route.drafter
     if spec.kind not in EXPORTERS:
-        raise UserError(f"{where}: no vLLM export for drafter {route.drafter!r}")
+        raise UserError(f"{where}: no vLLM export for drafter {str(spec)!r}")
     result = EXPORTERS[spec.kind](spec, route.k, ctx)
     if route.adaptive and result.speculative_config:
         result.notes.append(
@@ -307,7 +307,7 @@ def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
         r = export_route(route, ctx, f"routing.{task}")
         cfg = _with_draft_tp(r.speculative_config, opts.draft_tensor_parallel_size)
         routes[task] = {
-            "drafter": route.drafter,
+            "drafter": str(route.drafter),
             "k": route.k,
             "speculative_config": cfg,
             "command": serve_command(opts, cfg),

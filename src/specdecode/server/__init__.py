@@ -52,7 +52,9 @@ def build_engine(
         model.reserve(kv_reserve)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
     pool = DrafterPool(
-        drafters.DrafterContext(target, dtype, device, backend, drafter_quant), sorted(specs), suffix_caches
+        drafters.DrafterContext(target, dtype, device, backend, drafter_quant),
+        sorted(specs, key=str),
+        suffix_caches,
     )
     k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
     costs = measure(model, max_batch, min(k_max, 8)) if load_control else None
@@ -70,5 +72,5 @@ def build_engine(
     )
 
 
-def default_routes(drafter: str, k: int, adaptive: bool) -> SpecConfig:
-    return SpecConfig(default=Route(drafter, k, adaptive), candidates=["none", drafter])
+def default_routes(drafter: drafters.Spec, k: int, adaptive: bool) -> SpecConfig:
+    return SpecConfig(default=Route(drafter, k, adaptive), candidates=[drafters.parse("none"), drafter])

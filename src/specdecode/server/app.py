@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from specdecode.core.config import Route, SpecConfig
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.tasks import classify
-from specdecode.drafters import canonical
+from specdecode.drafters import parse
 from specdecode.errors import UserError
 from specdecode.server import engine as eng
 from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest, Speculative, error_response
@@ -42,14 +42,15 @@ class ServeOptions:
 
 
 def resolve_route(spec: Speculative | None, task: str, routes: SpecConfig) -> Route:
-    """The request's speculative override on top of the server's route for its task."""
+    """The request's speculative override on top of the server's route for its task: the request's
+    drafter text is parsed here, once (a malformed one is a UserError)."""
     route = routes.route(task)
     if spec is None:
         return route
     if not spec.enabled:
-        return Route("none", route.k, False)
+        return Route(parse("none"), route.k, False)
     adaptive = route.adaptive if spec.adaptive is None else spec.adaptive
-    return Route(spec.drafter or route.drafter, spec.k or route.k, adaptive)
+    return Route(parse(spec.drafter) if spec.drafter else route.drafter, spec.k or route.k, adaptive)
 
 
 # -- response shapes -------------------------------------------------------------------------------
@@ -253,20 +254,19 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
                 code="context_length_exceeded",
             )
         task = req.task or classify(task_text)
-        route = resolve_route(req.speculative, task, opts.routes)
         try:
+            route = resolve_route(req.speculative, task, opts.routes)
             engine.pool.template(route.drafter)  # unknown or not loaded -> 400
             params = SamplingParams(req.temperature, max(req.top_k, 0), req.top_p)
         except UserError as e:
             raise ApiError(400, str(e), param="speculative.drafter") from None
-        drafter = canonical(route.drafter)  # one spelling per drafter: metric labels, stats keys, templates
         return eng.Request(
             ids,
             params,
             max_tokens,
             tuple(req.stop or ()),
             req.seed,
-            drafter,
+            route.drafter,
             route.k,
             route.adaptive,
             task,

@@ -16,12 +16,6 @@ from specdecode.errors import UserError
 from specdecode.server.suffix_cache import SuffixCaches
 
 
-def check_servable(text: str) -> drafters.Spec:
-    """Parse a drafter spec before anything is loaded (a malformed one is a clear error). Every
-    drafter kind is servable: the batched core verifies token trees and hands feature drafters their rows."""
-    return drafters.parse(text)
-
-
 def _on_demand() -> list[str]:
     """Kinds a request may name without a preload: the weightless ones."""
     out = []
@@ -37,32 +31,34 @@ def _on_demand() -> list[str]:
 
 class DrafterPool:
     def __init__(
-        self, ctx: drafters.DrafterContext, preload: Iterable[str] = (), caches: SuffixCaches | None = None
+        self,
+        ctx: drafters.DrafterContext,
+        preload: Iterable[drafters.Spec] = (),
+        caches: SuffixCaches | None = None,
     ):
         self.ctx = ctx
         self.caches = caches or SuffixCaches()
-        self.templates: dict[str, drafters.Drafter] = {}
+        self.templates: dict[drafters.Spec, drafters.Drafter] = {}
         self.lock = threading.Lock()
         for spec in preload:
             self.template(spec, allow_load=True)
 
-    def template(self, text: str, allow_load: bool = False) -> drafters.Drafter:
-        spec = check_servable(text)
-        key = str(spec)  # `ngram` and `ngram:2-4` share one template
+    def template(self, spec: drafters.Spec, allow_load: bool = False) -> drafters.Drafter:
+        """The spec's drafter, built once (`ngram` and `ngram:2-4` are one spec, one template); every
+        kind is servable: the batched core verifies trees and hands feature drafters their rows."""
         with self.lock:
-            if key not in self.templates:
+            if spec not in self.templates:
                 if not spec.weightless and not allow_load:
                     raise UserError(
-                        f"drafter {text!r} is not loaded on this server; "
+                        f"drafter {str(spec)!r} is not loaded on this server; "
                         f"available: {', '.join(self.available())}"
                     )
-                self.templates[key] = drafters.build(spec, self.ctx)
-            return self.templates[key]
+                self.templates[spec] = drafters.build(spec, self.ctx)
+            return self.templates[spec]
 
     def available(self) -> list[str]:
-        return sorted(set(self.templates) | set(_on_demand()))
+        return sorted({str(spec) for spec in self.templates} | set(_on_demand()))
 
-    def instance(self, spec: str, scope: str = "") -> drafters.Drafter:
+    def instance(self, spec: drafters.Spec, scope: str = "") -> drafters.Drafter:
         """A drafter for one request; a suffix drafter gets the response cache of its spec and scope."""
-        key = str(drafters.parse(spec))
-        return self.template(spec).fork(lambda cache: self.caches.cache(key, scope, cache))
+        return self.template(spec).fork(lambda cache: self.caches.cache(str(spec), scope, cache))

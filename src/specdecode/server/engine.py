@@ -34,7 +34,7 @@ from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step
 from specdecode.core.text import TextStream
-from specdecode.drafters.spec import parse
+from specdecode.drafters.spec import Spec, parse
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.load import BatchCosts
 from specdecode.server.metrics import ServerMetrics
@@ -49,7 +49,7 @@ class Request:
     max_tokens: int
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    drafter: str = "ngram"  # "none": no speculation
+    drafter: Spec = field(default_factory=lambda: parse("ngram"))  # parsed once, where the request came in
     k: int = 4  # fixed k, or the largest k adaptive control may choose
     adaptive: bool = False
     task: str = "creative"
@@ -169,8 +169,8 @@ class Engine:
         self.stopping = False
         self.thread: threading.Thread | None = None
         self.ids = count(1)
-        self.spec_stats: dict[str, Stats] = {}  # per drafter: acceptance profile for load control
-        self.draft_s_per_token: dict[str, float] = {}
+        self.spec_stats: dict[Spec, Stats] = {}  # per drafter: acceptance profile for load control
+        self.draft_s_per_token: dict[Spec, float] = {}
 
     # -- API side (any thread) ----------------------------------------------------------------
 
@@ -234,7 +234,7 @@ class Engine:
     # -- engine thread --------------------------------------------------------------------------
 
     def _policy(self, request: Request) -> KPolicy:
-        spec = parse(request.drafter)
+        spec = request.drafter
         if not request.adaptive or not spec.speculates or request.seed is not None:
             # a seeded request keeps a fixed k: adaptive k follows measured timings and other requests'
             # acceptance, and a different k consumes its generator differently (not reproducible)
@@ -374,7 +374,7 @@ class Engine:
             per_token = step.draft_s / step.drafted
             old = self.draft_s_per_token.get(spec)
             self.draft_s_per_token[spec] = per_token if old is None else 0.9 * old + 0.1 * per_token
-        self.metrics.observe_step(seq.request.task, spec, step.drafted, step.accepted, len(step.tokens))
+        self.metrics.observe_step(seq.request.task, str(spec), step.drafted, step.accepted, len(step.tokens))
         first = seq.last_delivery is None
         self.metrics.observe_delivery(
             now - (seq.arrival if first else seq.last_delivery), len(step.tokens), first
@@ -386,7 +386,7 @@ class Engine:
         return Usage(
             len(r.prompt),
             len(seq.out),
-            r.drafter,
+            str(r.drafter),
             r.task,
             r.k,
             seq.num_drafts,

@@ -196,7 +196,7 @@ def cmd_data(args) -> None:
     prompts, tag = data.collect_prompts(args.prompts, args.exclude), ""
     if args.part:
         prompts, tag = data.part(prompts, args.part)
-    drafters.check_spec(args.drafter)  # before loading anything; generate_data builds it
+    spec = drafters.parse(args.drafter)  # before loading anything; generate_data builds it
     args.setup(args)
     loaded = _load_target(args, generate_only=True)
     context = drafters.DrafterContext(loaded, "fp32", args.device, args.backend)
@@ -212,7 +212,7 @@ def cmd_data(args) -> None:
         loaded,
         prompts,
         args.out,
-        drafter=args.drafter,
+        drafter=spec,
         context=context,
         params=SamplingParams(args.temperature),
         max_new_tokens=args.max_new_tokens,
