@@ -68,6 +68,16 @@ def test_the_contracts_hold():
             ["the wings are independent of each other"],
         ),
         ("bench/suite.py", "from specdecode.export import vllm", ["the wings are independent of each other"]),
+        (
+            "drafters/ngram.py",
+            "from specdecode.core import step",
+            ["the core's loop and policy import drafters"],
+        ),
+        (
+            "core/metrics.py",
+            "from specdecode.drafters import base",
+            ["the core's loop and policy import drafters"],
+        ),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(copy, module, line, broken):

@@ -16,7 +16,6 @@ below with its parser, builder and facts.
 
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass, replace
 
@@ -168,9 +167,16 @@ def _parse_heads(kind: str):
     return parse_heads
 
 
-def _build_heads(spec: Spec, ctx: DrafterContext) -> Drafter:
-    module = importlib.import_module(f"specdecode.drafters.{spec.kind}")
-    return module.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"))
+def _build_medusa(spec: Spec, ctx: DrafterContext) -> Drafter:
+    from specdecode.drafters import medusa  # imported on first use: torch.nn heads
+
+    return medusa.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"))
+
+
+def _build_eagle(spec: Spec, ctx: DrafterContext) -> Drafter:
+    from specdecode.drafters import eagle
+
+    return eagle.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"))
 
 
 # -- suffix ----------------------------------------------------------------------------------------
@@ -325,8 +331,8 @@ register(
         format=_format_members,
     )
 )
-register(Kind("medusa", _parse_heads("medusa"), _build_heads, uses_features=True))
-register(Kind("eagle", _parse_heads("eagle"), _build_heads, uses_features=True))
+register(Kind("medusa", _parse_heads("medusa"), _build_medusa, uses_features=True))
+register(Kind("eagle", _parse_heads("eagle"), _build_eagle, uses_features=True))
 register(
     Kind(
         "suffix",
