@@ -75,12 +75,17 @@ def save(directory: str | Path, tensors: dict[str, torch.Tensor], config: dict) 
     write_atomic(directory / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=1)))
 
 
+def checkpoint_dir(spec: str | None, kind: str) -> Path:
+    """Where a `kind` checkpoint lives: the directory spec names, or None: the shipped one."""
+    return Path(spec).expanduser() if spec else SHIPPED / kind
+
+
 def load(spec: str | None, kind: str, loaded) -> tuple[dict[str, torch.Tensor], dict]:
     """spec: a checkpoint directory, or None for the shipped one -> (tensors, config), after checking
     that it is a `kind` checkpoint trained for the loaded target."""
     from safetensors.torch import load_file
 
-    directory = Path(spec).expanduser() if spec else SHIPPED / kind
+    directory = checkpoint_dir(spec, kind)
     if not (directory / "config.json").is_file():
         where = spec or f"the shipped {kind} drafter ({directory})"
         raise UserError(f"no {kind} checkpoint at {where}: train one with `specdecode train {kind}`")

@@ -16,7 +16,7 @@ def _overall(report: dict) -> list[dict]:
 
 
 def alpha_by_task(report: dict, ax) -> bool:
-    rows = [r for r in report["rows"] if r["acceptance_rate"] is not None and r["drafter"] != "none"]
+    rows = [r for r in report["rows"] if r["acceptance_rate"] is not None and r.get("speculates", True)]
     categories = list(dict.fromkeys(r["category"] for r in rows))
     series = list(dict.fromkeys((r["dtype"], r["drafter"]) for r in rows))
     if not rows:

@@ -61,6 +61,7 @@ class Cell:
     walls: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     ttfts: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     peak_rss: int = 0  # process peak RSS after this dtype's runs (bytes)
+    speculates: bool = False  # its drafter's spec ever drafts (False: plain decoding, peers)
     cost: CostModel | None = None  # the drafter's measured costs (None: plain decoding, peers)
     reruns: int = 0
 
@@ -122,6 +123,7 @@ def run(
     α of every fixed-k drafter run at each of these temperatures (one pass, no timing)."""
     runs = variants(drafter_specs, ks, adaptive)
     labels = [label for label, _, _ in runs] + [str(p) for p in peer_specs]
+    speculates = {label: spec.speculates for label, spec, _ in runs}
     cells: dict[tuple[str, str], Cell] = {}
     sweep: dict[str, dict] = {}
     for dtype in dtypes:
@@ -138,7 +140,7 @@ def run(
             for i, p in enumerate(prompts):
                 shift = (i + r) % len(labels)
                 for label in labels[shift:] + labels[:shift]:
-                    cell = cells.setdefault((dtype, label), Cell())
+                    cell = cells.setdefault((dtype, label), Cell(speculates=speculates.get(label, False)))
                     go = lambda fn=fns[label], p=p, ids=ids: fn(ids[p.id], p.category, max_new_tokens)  # noqa: E731
                     learns = label in learners
                     before = fork(built[label]) if learns else None  # what it knew before this prompt
@@ -307,6 +309,7 @@ def _row(dtype: str, label: str, cat: str, ids: list[str], cell: Cell, base: Cel
         "category": cat,
         "prompts": len(ids),
         "peer": peer,
+        "speculates": cell.speculates,
         "acceptance_rate": None if peer else round(stats.acceptance_rate, 4),
         "mean_accepted_length": None if peer else round(stats.mean_accepted_length, 4),
         "acceptance_by_position": None if peer else [round(x, 3) for x in stats.acceptance_by_position],

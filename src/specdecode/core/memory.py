@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from specdecode.errors import UserError
 
@@ -179,8 +178,7 @@ def report(
     draft model the spec loads (one token per forward, b per forward for a static tree) and trained heads."""
     import torch
 
-    from specdecode.backends import models
-    from specdecode.backends.checkpoint import SHIPPED
+    from specdecode.backends import checkpoint, models
     from specdecode.backends.fast_llama import SUPPORTED
     from specdecode.drafters import distilled
 
@@ -220,9 +218,8 @@ def report(
             )
         out["draft" if i == 0 else f"draft{i + 1}"] = e
         parts.append(e)
-    for i, member in enumerate(s for s in (spec, *spec.members) if s.info.uses_features):
-        directory = Path(member.arg).expanduser() if member.arg else SHIPPED / member.kind
-        parts.append(heads_estimate(directory, target_cfg, dtype))
+    for i, member in enumerate(spec.heads):
+        parts.append(heads_estimate(checkpoint.checkpoint_dir(member.arg, member.kind), target_cfg, dtype))
         out["heads" if i == 0 else f"heads{i + 1}"] = parts[-1]
     out["total"] = sum(e.total for e in parts)
     if measure:

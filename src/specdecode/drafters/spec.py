@@ -76,6 +76,11 @@ class Spec:
         return self.info.tree_nodes(self, k)
 
     @property
+    def heads(self) -> tuple["Spec", ...]:
+        """The specs, this one or its members, that draft from trained heads on the target's features."""
+        return tuple(s for s in (self, *self.members) if s.info.uses_features)
+
+    @property
     def draft_models(self) -> tuple[str | None, ...]:
         """The separate draft models this spec loads (None: the shipped distilled draft)."""
         return self.info.draft_models(self) + tuple(m for s in self.members for m in s.draft_models)
