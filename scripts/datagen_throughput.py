@@ -86,7 +86,8 @@ def main() -> None:
             "tokens_per_s": round(tokens / wall, 1),
         }
         print(
-            f"batch {batch}: {seqs} prompts, {tokens} response tokens in {wall:.0f} s: {tokens / wall:.1f} tok/s",
+            f"batch {batch}: {seqs} prompts, {tokens} response tokens in {wall:.0f} s: "
+            f"{tokens / wall:.1f} tok/s",
             flush=True,
         )
     Path(args.out).write_text(json.dumps(results, indent=1))

@@ -5,7 +5,8 @@ for checkpoints written before that field existed). A point's series is its draf
 checkpoint path, or `--series LABEL=NAME` where the data's mix differs (a curve per mix).
 
     python3 scripts/scaling_curve.py REPORT.json [REPORT.json ...] --out curve.json [--plot curve.png]
-        [--tokens eagle=121507 --tokens eagle:/runs/eagle_364k=364434] [--series eagle:/runs/chat="eagle + chat"]
+        [--tokens eagle=121507 --tokens eagle:/runs/eagle_364k=364434]
+        [--series eagle:/runs/chat="eagle + chat"]
         [--k 3]   (reports run over several k label rows `drafter@kN`: keep one k)
         [--add-to OLD_CURVE.json]   (keep its points: a curve grows while old checkpoints are deleted)
 """
@@ -139,7 +140,8 @@ def main() -> None:
         plot(curve, args.plot)
     for p in curve:
         print(
-            f"{p['drafter']:40s} {p['train_tokens']:>9,d} tokens  α1 {p['alpha_by_position'][:1]}  τ {p['tau']:.2f}"
+            f"{p['drafter']:40s} {p['train_tokens']:>9,d} tokens  "
+            f"α1 {p['alpha_by_position'][:1]}  τ {p['tau']:.2f}"
         )
 
 

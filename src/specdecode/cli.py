@@ -109,7 +109,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--prompts",
         default="mtbench:4",
-        help="JSONL file or built-in set: mtbench:N, humaneval:N, gsm:N, bfcl:N, suite:N, heldout:N, summaries, mixed:N",
+        help="JSONL file or built-in set: mtbench:N, humaneval:N, gsm:N, bfcl:N, suite:N, heldout:N, "
+        "summaries, mixed:N",
     )
     _model_args(b)
     _decode_args(b, "ngram", k_list=True)

@@ -335,13 +335,17 @@ def _row(dtype: str, label: str, cat: str, ids: list[str], cell: Cell, base: Cel
 
 
 def table(report_: dict) -> str:
-    head = "| dtype | drafter | category | α | τ | tok/s | speedup vs none | identical to none | TTFT ms | ITL ms |"
+    head = (
+        "| dtype | drafter | category | α | τ | tok/s | speedup vs none | identical to none | TTFT ms "
+        "| ITL ms |"
+    )
     lines = [head, "|" + "---|" * 10]
     fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
     for r in report_["rows"]:
         lines.append(
             f"| {r['dtype']} | {r['drafter']} | {r['category']} | {fmt(r['acceptance_rate'], '.3f')} | "
-            f"{fmt(r['mean_accepted_length'], '.2f')} | {r['tokens_per_s']:.1f} | {r['speedup_vs_none']:.2f}× | "
+            f"{fmt(r['mean_accepted_length'], '.2f')} | {r['tokens_per_s']:.1f} | "
+            f"{r['speedup_vs_none']:.2f}× | "
             f"{r['identical_to_none'] * 100:.0f}% | {r['ttft_ms']:.0f} | {fmt(r['itl_ms'], '.1f')} |"
         )
     overall = [r for r in report_["rows"] if r["category"] == "ALL"]
@@ -355,7 +359,8 @@ def table(report_: dict) -> str:
         )
         lines.append(
             f"{r['dtype']} {r['drafter']}: {r['speedup_vs_best_plain']:.2f}× vs fastest plain{vs_peers} "
-            f"(identical to none in its dtype: {r['identical_to_none'] * 100:.0f}%; peak RSS {r['peak_rss_mb']} MB"
+            f"(identical to none in its dtype: {r['identical_to_none'] * 100:.0f}%; "
+            f"peak RSS {r['peak_rss_mb']} MB"
             + (f"; measured/ideal {r['measured_over_ideal']:.2f}" if r["measured_over_ideal"] else "")
             + ")"
         )

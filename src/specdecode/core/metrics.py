@@ -178,6 +178,7 @@ class Stats:
     def summary(self) -> str:
         return (
             f"{self.new_tokens} tokens in {self.wall_s:.2f}s ({self.tokens_per_s:.1f} tok/s) | "
-            f"α {self.acceptance_rate:.2f} ({self.accepted}/{self.drafted}) | τ {self.mean_accepted_length:.2f} | "
+            f"α {self.acceptance_rate:.2f} ({self.accepted}/{self.drafted}) | "
+            f"τ {self.mean_accepted_length:.2f} | "
             f"{self.target_forwards} target forwards | TTFT {self.ttft_s * 1000:.0f} ms"
         )

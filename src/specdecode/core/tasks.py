@@ -26,7 +26,8 @@ _RULES: list[tuple[str, re.Pattern]] = [
     (
         "code",
         re.compile(
-            r"```|\bdef \w+\(|\bclass \w+[:(]|\b(python|javascript|typescript|java|c\+\+|rust|golang|bash|regex|html|css)\b"
+            r"```|\bdef \w+\(|\bclass \w+[:(]"
+            r"|\b(python|javascript|typescript|java|c\+\+|rust|golang|bash|regex|html|css)\b"
             r"|\b(function|implement|algorithm|compile|debug|refactor|unit test)\b",
             re.I,
         ),
@@ -44,7 +45,8 @@ _RULES: list[tuple[str, re.Pattern]] = [
     (
         "math",
         re.compile(
-            r"\b(solve|calculate|compute|equation|integral|derivative|probability|how many|how much|percent|sum of)\b"
+            r"\b(solve|calculate|compute|equation|integral|derivative|probability|how many|how much|percent"
+            r"|sum of)\b"
             r"|\d+\s*[-+*/^=]\s*\d+|\bx\s*[=+]",
             re.I,
         ),

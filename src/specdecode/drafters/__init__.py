@@ -2,10 +2,12 @@
 
     none                                   no drafting: plain decoding (k = 0)
     ngram[:N|:MIN-MAX][:b=B]               prompt lookup; b > 1 proposes a tree of b continuations
-    draft                                  the shipped distilled draft model (draft:DIR: a `train draft` checkpoint)
+    draft                                  the shipped distilled draft model (draft:DIR: a `train draft`
+                                           checkpoint)
     draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
-    suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a corpus (suffix.py)
+    suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
+                                           corpus (suffix.py)
     ensemble:A+B[+...]                     several drafters' proposals merged into one tree
     fallback:A+B[+...]                     the first member with a proposal drafts the step
     (a member of either may end in :k=N, its own cap on draft tokens a step: fallback:ngram+eagle:k=1)

@@ -4,7 +4,8 @@ Speculative Decoding via Knowledge Distillation").
 
 The checkpoint holds only what differs from the target: n decoder layers and the final norm. The
 model is rebuilt as the target's own architecture (Llama, Qwen, Gemma 3, Phi-3...) with n layers and
-the target's own embedding and LM head, then drafts like any other draft model (drafters/__init__.py wraps it).
+the target's own embedding and LM head, then drafts like any other draft model (drafters/__init__.py
+wraps it).
 `specdecode train draft` also writes a complete Hugging Face model directory (`DIR/hf`) for other tools.
 """
 
@@ -25,8 +26,8 @@ def is_checkpoint(spec: str | None) -> bool:
 
 def build_model(target_hf, num_layers: int, tensors: dict[str, torch.Tensor] | None = None):
     """The target's model class with `num_layers` layers (the first `num_layers` of its layer kinds),
-    sharing the target's embedding and LM head (one matrix when the target ties them). tensors: {"layers.i.…", "norm.weight"} from a
-    checkpoint, or None to leave the layers as initialised."""
+    sharing the target's embedding and LM head (one matrix when the target ties them).
+    tensors: {"layers.i.…", "norm.weight"} from a checkpoint, or None to leave the layers as initialised."""
     overrides = {"num_hidden_layers": num_layers}
     if isinstance(getattr(target_hf.config, "layer_types", None), list):
         overrides["layer_types"] = target_hf.config.layer_types[:num_layers]

@@ -2,10 +2,11 @@
 
 A spec string names a drafter kind and its argument: `none`, `ngram:2-4:b=3`,
 `draft:b=4:nodes=24:/path/to/model`, `ensemble:ngram+draft:<model>`, `fallback:ngram+eagle:k=1`
-(drafters/__init__.py lists the forms). `parse` turns it into a `Spec`: the kind, its options (`key=value` integers) in the
-kind's canonical order, its argument (a model path, a checkpoint directory) and, for an ensemble,
-the member specs (a member may carry `k=N`, its cap). `str(spec)` is the canonical form: `ngram:02-4`, `ngram: 2-4` and `ngram` all
-read as `ngram:2-4`, so equal drafters have equal strings (metric labels, caches, config keys).
+(drafters/__init__.py lists the forms). `parse` turns it into a `Spec`: the kind, its options
+(`key=value` integers) in the kind's canonical order, its argument (a model path, a checkpoint
+directory) and, for an ensemble, the member specs (a member may carry `k=N`, its cap). `str(spec)` is
+the canonical form: `ngram:02-4`, `ngram: 2-4` and `ngram` all read as `ngram:2-4`, so equal
+drafters have equal strings (metric labels, caches, config keys).
 
 Each kind registers one `Kind`: how to parse and build it, and the facts other modules ask about
 it (weightless, proposes trees, drafts from the target's features, which draft models it loads).

@@ -150,7 +150,8 @@ class SuffixDrafter(Drafter):
         return Proposal(torch.tensor(tokens, dtype=torch.long), None, None if chain else parents, probs)
 
     def fork(self, learned: Learned | None = None) -> "SuffixDrafter":
-        """A copy with the response cache `learned(cache)` (None: this one's, shared); the corpus is shared."""
+        """A copy with the response cache `learned(cache)` (None: this one's, shared); the corpus is
+        shared."""
         twin = super().fork()
         twin.cache = self.cache if learned is None else learned(self.cache)
         twin.local, twin.key = None, None

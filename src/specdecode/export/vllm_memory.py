@@ -32,7 +32,8 @@ GIB = 2**30
 
 @dataclass
 class Shape:
-    """What the estimate needs of a model: parameters, layers with a KV cache, their KV heads and head size."""
+    """What the estimate needs of a model: parameters, layers with a KV cache, their KV heads and head
+    size."""
 
     params: int
     kv_layers: int
@@ -90,7 +91,8 @@ def estimate(
     utilization: float,
     max_model_len: int | None,
 ) -> dict:
-    """The deployment's memory per GPU (bytes) and its KV capacity (tokens, and sequences of max_model_len)."""
+    """The deployment's memory per GPU (bytes) and its KV capacity (tokens, and sequences of
+    max_model_len)."""
     nbytes, target = BYTES[dtype], Shape.of(target_cfg)
     method = (speculative_config or {}).get("method")
     drafter, draft_tp = DRAFTERS[method](speculative_config, tp) if method in DRAFTERS else (NO_DRAFTER, tp)
@@ -113,7 +115,9 @@ def estimate(
         "max_model_len": max_len,
         "sequences_at_max_model_len": tokens // max_len if max_len else None,
         "fits": free > 0,
-        "not_modelled": "activations, sampler and CUDA graphs (vLLM's profiling run): the capacity is an upper bound",
+        "not_modelled": (
+            "activations, sampler and CUDA graphs (vLLM's profiling run): the capacity is an upper bound"
+        ),
     }
 
 
@@ -131,7 +135,8 @@ def render(mem: dict) -> str:
         )
     seqs = mem["sequences_at_max_model_len"]
     return line + (
-        f"at {mem['gpu_memory_utilization']} x {mem['gpu_memory_gib']} GiB at most {mem['kv_cache_tokens']:,} "
+        f"at {mem['gpu_memory_utilization']} x {mem['gpu_memory_gib']} GiB at most "
+        f"{mem['kv_cache_tokens']:,} "
         "tokens of KV cache"
         + (f" ({seqs} sequences of {mem['max_model_len']})" if seqs is not None else "")
         + ", before activations and CUDA graphs"

@@ -261,7 +261,8 @@ def _stop(signum, frame):
 
 
 def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str, Sequence]) -> list[int]:
-    """Chat-formatted ids of a prompt; a second turn follows its parent's question and the target's own answer."""
+    """Chat-formatted ids of a prompt; a second turn follows its parent's question and the target's own
+    answer."""
     from specdecode.core.generation import encode_prompt
 
     if prompt.parent is None:
