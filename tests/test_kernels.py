@@ -263,3 +263,19 @@ def test_eager_fastllama_speculation_is_token_identical(hf):
     eager = FastLlama(hf, fused=False)
     prompt = ([3, 8, 8, 12, 40] * 5)[:21]
     assert _greedy(eager, NgramDrafter(), prompt) == _greedy(eager, NoDrafter(), prompt)
+
+
+def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
+    """cpp_extension waits forever on a lock left by a killed build; one older than any build goes."""
+    import os
+    import time
+
+    from specdecode.backends.kernels import STALE_LOCK_S, clear_stale_lock
+
+    assert not clear_stale_lock(tmp_path)  # no lock: nothing to do
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not clear_stale_lock(tmp_path) and lock.exists()  # a build may be running
+    old = time.time() - STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    assert clear_stale_lock(tmp_path) and not lock.exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import sys
+import time
 from functools import cache
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def load():
     build = cache_root() / key
     try:
         build.mkdir(parents=True, exist_ok=True)
+        clear_stale_lock(build)
         return cpp_extension.load(
             name=f"specdecode_kernels_{key}",
             sources=[str(s) for s in SOURCES],
@@ -72,6 +74,23 @@ def load():
         reason = f"{type(e).__name__}: {e}".splitlines()[0]
         print(f"specdecode: fused CPU kernels unavailable, using eager ops ({reason})", file=sys.stderr)
         return None
+
+
+STALE_LOCK_S = 1200  # a build takes about a minute alone, several on a loaded machine; never 20
+
+
+def clear_stale_lock(build: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove the build directory's lock when its builder must be gone (older than any build): torch's
+    cpp_extension waits on that file forever, so a build killed mid-way (a stopped session, an OOM)
+    would hang every later start. -> whether a lock was removed."""
+    lock = build / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > max_age_s:
+            lock.unlink()
+            return True
+    except FileNotFoundError:
+        pass
+    return False
 
 
 def rows_exact_int8() -> bool:
