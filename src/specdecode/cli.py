@@ -97,6 +97,12 @@ def parser() -> argparse.ArgumentParser:
     _quant_args(g)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    g.add_argument(
+        "--show",
+        action="store_true",
+        help="mark accepted draft tokens in the output (colour on a terminal, else ⟦…⟧ around them)",
+    )
+    g.add_argument("--show-html", metavar="FILE", help="write an HTML view of the drafted tokens to FILE")
     _control_args(g)
     g.set_defaults(run=cmd_generate)
 
@@ -297,42 +303,26 @@ def _sampling(args):
     return SamplingParams(args.temperature, args.top_k, args.top_p)
 
 
-def _router(args, target):
-    """A Router when any control flag is set, else None (plain fixed-k generation)."""
-    from specdecode import drafters
-    from specdecode.core.config import Route, SpecConfig, load_config
-    from specdecode.core.router import Router
-    from specdecode.core.tasks import TASKS
-    from specdecode.core.taskstate import TaskState
-
-    if args.task is not None and args.task not in TASKS:
-        raise UserError(f"unknown task {args.task!r}; known: {', '.join(TASKS)}")
-    if not (args.config or args.adaptive or args.routing == "auto" or args.state or args.task):
-        return None
-    config = (
-        load_config(args.config)
-        if args.config
-        else SpecConfig(default=Route(drafters.parse(args.drafter), args.k, args.adaptive))
-    )
-    ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend, args.drafter_quant)
-    return Router(target, config, ctx, TaskState(args.state), auto=args.routing == "auto")
-
-
 def cmd_generate(args) -> None:
+    """Built on the Python API (specdecode.LLM): --json batches every prompt through the core the
+    server runs; text output streams one prompt at a time."""
     from specdecode import drafters
-    from specdecode.backends import models
-    from specdecode.core.control import FixedK
-    from specdecode.core.generation import check_k, generate
+    from specdecode.api import LLM, SamplingParams, show
+    from specdecode.core.generation import check_k
+    from specdecode.core.tasks import TASKS
     from specdecode.corpora import Prompt, read_jsonl
 
     check_k(args.k)
-    params = _sampling(args)
+    _sampling(args)
+    params = SamplingParams(
+        args.temperature, args.top_p, args.top_k, args.max_new_tokens, tuple(args.stop), args.seed
+    )
     spec = drafters.parse(args.drafter)
     _check_quant(args, [spec])
-    if args.config:
-        from specdecode.core.config import load_config
-
-        load_config(args.config)  # validate before loading any model
+    if args.show and args.json:
+        raise UserError("--show marks the text output; drop --json (or write --show-html FILE)")
+    if args.task is not None and args.task not in TASKS:
+        raise UserError(f"unknown task {args.task!r}; known: {', '.join(TASKS)}")
     if args.prompt is not None and args.prompt_file:
         raise UserError("give either a prompt or --prompt-file, not both")
     if args.prompt_file:
@@ -344,33 +334,49 @@ def cmd_generate(args) -> None:
     else:
         raise UserError("no prompt: give PROMPT or --prompt-file F.jsonl")
     _setup(args)
-    target = models.load(args.target, args.dtype, args.device, args.backend, args.target_quant)
-    router = _router(args, target)
-    ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend, args.drafter_quant)
-    drafter = None if router else drafters.build(spec, ctx)
-    for p in prompts:
-        stream = None if args.json else (lambda s: print(s, end="", flush=True))
-        common = dict(
-            params=params, max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, on_text=stream
-        )
-        if router:
-            result = router.run(p.prompt, task=args.task or p.task, chat=args.chat, **common)
-        else:
-            result = generate(target, drafter, p.prompt, k=FixedK(spec.k(args.k)), chat=args.chat, **common)
-        result.id, result.category = p.id, p.category
+    llm = LLM(
+        args.target,
+        spec,
+        k=args.k,
+        adaptive=args.adaptive,
+        dtype=args.dtype,
+        device=args.device,
+        backend=args.backend,
+        target_quant=args.target_quant,
+        drafter_quant=args.drafter_quant,
+        config=args.config,
+        routing=args.routing,
+        state=args.state,
+    )
+    routed = llm.routed or args.task is not None
+    if args.json and not routed:
+        outputs = llm.generate([p.prompt for p in prompts], params, chat=args.chat)
+    shown = []
+    for i, p in enumerate(prompts):
+        task = (args.task or p.task) if routed else None
         if args.json:
-            print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
+            out = llm.generate(p.prompt, params, chat=args.chat, task=task)[0] if routed else outputs[i]
+            print(json.dumps({**out.to_json(), "id": p.id, "category": p.category}, ensure_ascii=False))
         else:
+            for delta in llm.stream(p.prompt, params, chat=args.chat, task=task):
+                if not args.show:
+                    print(delta.text, end="", flush=True)
+            out = delta.output
+            if args.show:
+                print(show.terminal(llm.tokenizer, out.outputs[0], color=sys.stdout.isatty()), end="")
             print()
-            route = result.extra
+            route = out.route
             label = (
                 f"{route['drafter']}, task={route['task']}, k<={route['k']}"
                 if route
                 else f"{spec}, k={args.k}"
             )
-            print(f"[{label}] {result.stats.summary()}", file=sys.stderr)
-    if router:
-        router.state.save()
+            print(f"[{label}] {out.metrics.summary()}", file=sys.stderr)
+        shown.append(out)
+    if args.show:
+        print(show.legend(color=sys.stdout.isatty()), file=sys.stderr)
+    if args.show_html:
+        show.write_html(args.show_html, llm.tokenizer, shown, title=f"specdecode: {args.drafter}, k={args.k}")
 
 
 def cmd_check_tokenizers(args) -> int:

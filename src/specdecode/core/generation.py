@@ -30,6 +30,7 @@ class Result:
     stats: Stats
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     prompt_tokens: int = 0
+    from_draft: list[bool] = field(default_factory=list)  # per token: an accepted draft (else the target's)
     id: str | None = None
     category: str | None = None
     extra: dict = field(default_factory=dict)
@@ -79,6 +80,7 @@ def generate(
     stop: Sequence[str] = (),
     seed: int = 0,
     on_text: Callable[[str], None] | None = None,
+    ignore_eos: bool = False,
 ) -> Result:
     """Generate a completion of `prompt` (text, or token ids used as they are).
     k: drafts per step, or a policy choosing k before every step (control.AdaptiveK)."""
@@ -97,7 +99,9 @@ def generate(
             f"context of {limit} tokens"
         )
     generator = torch.Generator(device=target.model.device).manual_seed(seed)
-    stream = TextStream(tok, stop, target.eos_ids)
+    eos_ids = frozenset() if ignore_eos else frozenset(target.eos_ids)
+    stream = TextStream(tok, stop, eos_ids)
+    from_draft: list[bool] = []
     stats = Stats(prefills=1)
     start = time.perf_counter()
     for step in decode(
@@ -107,7 +111,7 @@ def generate(
         k=k,
         params=params,
         max_new_tokens=max_new_tokens,
-        eos_ids=target.eos_ids,
+        eos_ids=eos_ids,
         generator=generator,
     ):
         if not stream.tokens:
@@ -116,6 +120,7 @@ def generate(
         stats.draft_s += step.draft_s
         stats.verify_s += step.verify_s
         stats.prefill_s += step.prefill_s
+        from_draft += ([True] * step.accepted + [False])[: len(step.tokens)]
         delta = stream.push(step.tokens, step.finished)
         if on_text and delta:
             on_text(delta)
@@ -123,4 +128,11 @@ def generate(
             break
     stats.wall_s = time.perf_counter() - start
     stats.new_tokens = len(stream.tokens)
-    return Result(stream.text, stream.tokens, stats, stream.finish_reason or "length", prompt_tokens=len(ids))
+    return Result(
+        stream.text,
+        stream.tokens,
+        stats,
+        stream.finish_reason or "length",
+        prompt_tokens=len(ids),
+        from_draft=from_draft[: len(stream.tokens)],
+    )

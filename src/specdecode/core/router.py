@@ -71,10 +71,14 @@ class Router:
         rec = self.state.get(task, str(route.drafter))
         return adaptive_k(cost, route.k, rec.profile if rec else None, tracker=costs.CostTracker(cost))
 
-    def run(self, prompt: str, *, task: str | None = None, chat: bool | None = None, **kw) -> Result:
-        task = task or classify(prompt)
+    def run(
+        self, prompt: str | list[int], *, task: str | None = None, chat: bool | None = None, **kw
+    ) -> Result:
+        """prompt: text (classified as it is when no task is given) or token ids."""
+        tok = self.target.tokenizer
+        task = task or classify(prompt if isinstance(prompt, str) else tok.decode(prompt))
         route = self.choose(task)
-        ids = encode_prompt(self.target.tokenizer, prompt, chat)
+        ids = list(prompt) if isinstance(prompt, list) else encode_prompt(tok, prompt, chat)
         drafter = self.drafter(route.drafter)
         speculates = route.drafter.speculates
         cost = self.cost(route.drafter, route.k, ids) if speculates else None
