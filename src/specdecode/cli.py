@@ -1,5 +1,5 @@
 """Command line: `specdecode generate | check-tokenizers | bench | advise | memory | serve | train | export |
-monitor`."""
+monitor | audit`."""
 
 from __future__ import annotations
 
@@ -237,12 +237,14 @@ def parser() -> argparse.ArgumentParser:
     # batched rows round like single requests under gguf only on the VNNI kernels (else gguf-exact)
     s.set_defaults(run=cmd_serve, exact_auto="unless-rows-exact")
 
+    from specdecode.audit.cli import add_parser as add_audit_parser
     from specdecode.export.cli import add_parser as add_export_parser
     from specdecode.monitor.cli import add_parser as add_monitor_parser
     from specdecode.train.cli import add_parser as add_train_parser
 
     add_train_parser(sub, _model_args, _setup)
     add_export_parser(sub)
+    add_audit_parser(sub, _model_args, _setup)
     add_monitor_parser(sub)
     return ap
 

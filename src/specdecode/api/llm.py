@@ -9,6 +9,7 @@ at a time through core/router.py, which chooses each one's drafter and k from me
 
 from __future__ import annotations
 
+import copy
 import queue
 import secrets
 import threading
@@ -132,7 +133,7 @@ class LLM:
         quant.check(drafter_quant, dtype, device)
         if drafter_quant != "none" and not self.spec.draft_models:
             raise UserError(f"drafter_quant applies to draft models (draft, draft:<model>), not {self.spec}")
-        self.dtype, self.max_batch, self.prefix_cache_mb = dtype, max_batch, prefix_cache_mb
+        self.dtype = dtype
         self.routing = {"config": config, "auto": routing == "auto", "state": state}
         if config:
             from specdecode.core.config import load_config
@@ -145,7 +146,8 @@ class LLM:
         if config or adaptive or routing == "auto" or state:
             self._router = self._make_router()
         self._drafter = None if self._router else drafters.build(self.spec, self.ctx)
-        self._core: BatchDecoder | None = None
+        cache = PrefixCache(max_bytes=prefix_cache_mb << 20) if prefix_cache_mb > 0 else None
+        self._core = BatchDecoder(batched(self.target.model, max_batch), cache)
         self._ids = count()
 
     # -- public ----------------------------------------------------------------------------------
@@ -154,6 +156,16 @@ class LLM:
     def routed(self) -> bool:
         """Whether requests go one at a time through the router (config, adaptive k, routing, state)."""
         return self._router is not None
+
+    def with_drafter(self, drafter: str | Spec, k: int | None = None) -> LLM:
+        """The same loaded target, batch core and prefix cache with another drafter (and k), fixed k
+        and no routing: only the drafter is built (`specdecode audit` compares drafters this way)."""
+        other = copy.copy(self)
+        other.spec = drafters.parse(drafter)
+        other.k = check_k(k) if k is not None else self.k
+        other.adaptive, other._router = False, None
+        other._drafter = drafters.build(other.spec, self.ctx)
+        return other
 
     def generate(
         self,
@@ -265,16 +277,10 @@ class LLM:
             str(next(self._ids)), prompt if isinstance(prompt, str) else None, ids, params, seq, text
         )
 
-    def _batch_core(self) -> BatchDecoder:
-        if self._core is None:
-            cache = PrefixCache(max_bytes=self.prefix_cache_mb << 20) if self.prefix_cache_mb > 0 else None
-            self._core = BatchDecoder(batched(self.target.model, self.max_batch), cache)
-        return self._core
-
     def _drive(self, requests: list[_Request]) -> Iterator[tuple[_Request, Step, str]]:
         """Run requests through the batched core, at most max_batch at a time, admitting waiting ones
         as others finish -> (request, step, new text) for every step that committed tokens."""
-        core = self._batch_core()
+        core = self._core
         waiting, running = deque(requests), []
         try:
             while waiting or running:
