@@ -12,6 +12,10 @@ from pathlib import Path
 from specdecode.errors import UserError
 
 DEFAULT_DRAFTER = "ngram"  # the best drafter that needs no training
+DRAFTERS_HELP = (  # every registered kind (drafters/__init__.py; tests/test_readme.py checks the list)
+    "none, ngram[:N|:MIN-MAX][:b=B], suffix[:key=value...][:PATH], draft[:<model>], medusa[:DIR], "
+    "eagle[:DIR], ensemble:A+B, fallback:A+B (docs/drafters.md)"
+)
 
 
 def _model_args(p: argparse.ArgumentParser, dtype: str = "auto") -> None:
@@ -65,9 +69,7 @@ def _check_quant(args, drafter_specs: list) -> None:
 
 
 def _decode_args(p: argparse.ArgumentParser, drafter_default: str, k_list: bool = False) -> None:
-    p.add_argument(
-        "--drafter", default=drafter_default, help="none, ngram, draft:<model> (bench: comma list)"
-    )
+    p.add_argument("--drafter", default=drafter_default, help=f"{DRAFTERS_HELP} (bench: comma list)")
     if k_list:
         p.add_argument("--k", default="4", help="draft tokens per step (comma list: one run per value)")
     else:
@@ -173,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     _model_args(s)
-    s.add_argument("--drafter", default=DEFAULT_DRAFTER, help="default drafter: none, ngram, draft:<model>")
+    s.add_argument("--drafter", default=DEFAULT_DRAFTER, help=f"default drafter: {DRAFTERS_HELP}")
     _quant_args(s)
     s.add_argument(
         "--k", type=int, default=4, help="default draft tokens per step (the largest k when adaptive)"
