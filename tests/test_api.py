@@ -149,3 +149,18 @@ def test_the_readme_example_runs_as_written(capsys):
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "α" in out and "tokens" in out
+
+
+def test_a_model_without_a_batched_forward_runs_its_slots_in_turn(llm, tiny_model_dir, tiny_draft_dir):
+    hf = LLM(tiny_model_dir, f"draft:{tiny_draft_dir}", k=3, backend="hf", max_batch=2)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    assert [o.token_ids for o in hf.generate(PROMPTS, greedy)] == [
+        o.token_ids for o in llm.generate(PROMPTS, greedy)
+    ]
+
+
+def test_with_drafter_shares_the_target(llm, plain):
+    other = plain.with_drafter("ngram", k=2)
+    assert other.target is plain.target and other.spec.kind == "ngram" and other.k == 2
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    assert other.generate(PROMPTS[0], greedy)[0].token_ids == plain.generate(PROMPTS[0], greedy)[0].token_ids
