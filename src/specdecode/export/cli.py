@@ -46,8 +46,8 @@ def add_parser(sub) -> None:
     v.add_argument(
         "--per-request-metrics",
         default="summary",
-        help="--per-request-spec-decode-metrics of vllm serve when speculating: none, summary (acceptance per "
-        "response) or detailed (also the drafted/accepted counts of every step)",
+        help="--per-request-spec-decode-metrics of vllm serve when speculating: none, summary "
+        "(acceptance per response) or detailed (also the drafted/accepted counts of every step)",
     )
     v.set_defaults(run=cmd_vllm)
 

@@ -392,8 +392,8 @@ def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
     if default.speculators:
         speculators = serve_command(opts, None, default.server_args, model=str(default.speculators))
         notes.append(
-            f"the EAGLE-3 head is also in the speculators format at {default.speculators}: `vllm serve` on that "
-            "directory reads the method, the target and k from it (serve_speculators.sh)"
+            f"the EAGLE-3 head is also in the speculators format at {default.speculators}: `vllm serve` on "
+            "that directory reads the method, the target and k from it (serve_speculators.sh)"
         )
     return Export(
         serve_command(opts, spec_cfg, default.server_args),

@@ -7,7 +7,8 @@ and refuses, naming the mismatch, what vLLM would load differently from what we 
 - Medusa: exact. vLLM 0.32 registers token_map as a parameter while loading and never reports it
   loaded, so its weight-tracking check fails on any truncated vocabulary; a full-vocabulary export
   would avoid it but change the drafts (our heads argmax over the draft vocabulary), so the
-  exporter keeps token_map and the serve command turns the check off (MEDUSA_SERVER_ARGS). Our head i is z = h + SiLU(W_i h + b_i) followed by the target's LM head restricted
+  exporter keeps token_map and the serve command turns the check off (MEDUSA_SERVER_ARGS).
+  Our head i is z = h + SiLU(W_i h + b_i) followed by the target's LM head restricted
   to a draft vocabulary: vLLM's ResidualBlock with one layer and a bias (medusa_fc_bias), one shared
   lm_head (original_lm_head) holding the target's LM-head rows of our token map (truncated_vocab_size,
   token_map). vLLM feeds it the target's last hidden state after the final norm, as we do.
