@@ -547,10 +547,9 @@ def test_eagle3_speculators_format_names_the_verifier_and_k(target4, trained, tm
     ):
         assert cfg[key] == plain[key]
     assert (spec_dir / "model.safetensors").resolve() == (eagle_dir / "model.safetensors").resolve()
-    assert (
-        result.speculators_command[2] == str(spec_dir)
-        and "--speculative-config" not in result.speculators_command
-    )
+    command = result.speculators_command
+    assert command[2] == str(spec_dir) and "--speculative-config" not in command
+    assert command[command.index("--served-model-name") + 1] == path_target  # clients name the target
     vllm.write(result, tmp_path / "out")
     assert "--model " + str(spec_dir) in (tmp_path / "out" / "serve_speculators.sh").read_text()
 

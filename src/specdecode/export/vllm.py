@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specdecode.core.config import Route, SpecConfig
@@ -390,7 +390,10 @@ def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
         )
     speculators = None
     if default.speculators:
-        speculators = serve_command(opts, None, default.server_args, model=str(default.speculators))
+        named = replace(
+            opts, served_model_name=opts.served_model_name or opts.target
+        )  # vLLM names it by the dir
+        speculators = serve_command(named, None, default.server_args, model=str(default.speculators))
         notes.append(
             f"the EAGLE-3 head is also in the speculators format at {default.speculators}: `vllm serve` on "
             "that directory reads the method, the target and k from it (serve_speculators.sh)"
