@@ -128,6 +128,12 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="the server's CPU threads")
     p.add_argument("--vllm-dtype", default="bfloat16")
     p.add_argument("--port", type=int, default=8125)
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for a server (vLLM compiles first)",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
     from transformers import AutoTokenizer
@@ -158,6 +164,7 @@ def main() -> int:
                     extra_args=("--generation-config", "vllm"),
                     env=env,
                     taskset=args.taskset,
+                    timeout_s=args.start_timeout,
                 )
             with ctx as url:
                 start_s = round(time.monotonic() - started, 1)

@@ -1,11 +1,13 @@
 """k = 1..K on a real vLLM with one exported drafter, the same traffic each time, against the k that
 `specdecode advise --from-metrics` picks from the counters of the run at the largest k.
 
-For each k: export (fp32), start vLLM (pinned), send the prompts greedy from `--clients` clients,
-time it (output tokens / wall seconds), save the /metrics scrape, stop vLLM. Then advise reads the
-scrape of the largest k (totals) and its pick is compared with the sweep's best.
+For each k (in the order given): export (fp32), start vLLM (pinned), send the prompts greedy from
+`--clients` clients, time it (output tokens / wall seconds), save the /metrics scrape, stop vLLM.
+Then advise reads the scrape of the largest k (totals) and its pick is compared with the sweep's best.
 
   python3 scripts/vllm_k_sweep.py --drafter eagle --ks 1,2,3,4,5,6 --out docs/results/X.json
+
+(--ks in the order given; --advise-from reads another run's scrape, e.g. an earlier k = 6 run.)
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ def main() -> int:
     p.add_argument("--cpus", default="1")
     p.add_argument("--taskset", default="1")
     p.add_argument("--port", type=int, default=8124)
+    p.add_argument(
+        "--advise-from", help="the scrape advise reads (default: this sweep's run at the largest k)"
+    )
+    p.add_argument("--k-max", type=int, default=None, help="advise's largest k (default: the largest swept)")
     p.add_argument("--vllm-args", default="", help="more vllm serve arguments, e.g. -O0 (no torch.compile)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -90,7 +96,7 @@ def main() -> int:
     ks = [int(k) for k in args.ks.split(",")]
     work = Path(tempfile.mkdtemp(prefix="vllm_sweep_"))
     runs = []
-    for k in sorted(ks, reverse=True):  # the largest first: advise reads its counters
+    for k in ks:
         try:
             runs.append(one_k(args, prompts, k, work))
         except Exception as e:
@@ -98,7 +104,8 @@ def main() -> int:
         print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     ok = [r for r in runs if "tokens_per_s" in r]
     best = max(ok, key=lambda r: r["tokens_per_s"]) if ok else None
-    advice = advise(work / f"k{max(ks)}.metrics.txt", args.drafter, max(ks), args.clients) if ok else None
+    scrape = Path(args.advise_from) if args.advise_from else work / f"k{max(ks)}.metrics.txt"
+    advice = advise(scrape, args.drafter, args.k_max or max(ks), args.clients) if scrape.is_file() else None
     picked = None
     if advice and "k" in advice and best:
         k_served = advice["k"]

