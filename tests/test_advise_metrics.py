@@ -10,6 +10,7 @@ import pytest
 from specdecode import cli
 from specdecode.core.config import SpecConfig, load_config
 from specdecode.core.control import CostModel
+from specdecode.drafters import parse
 from specdecode.errors import UserError
 from specdecode.monitor import advice, prom
 from specdecode.monitor.tracker import Counts, Tracker
@@ -136,7 +137,7 @@ def test_cli_from_a_recorded_scrape_writes_a_config_export_and_serve_accept(
     assert "advice: k=" in printed and "num_speculative_tokens_per_batch_size" in printed
     config = load_config(out)
     rep = json.loads(report.read_text())
-    assert config.default.drafter == "ngram" and config.k_by_batch_size[0] == (1, 1, 3)  # cheap alone
+    assert config.default.drafter == parse("ngram") and config.k_by_batch_size[0] == (1, 1, 3)  # cheap alone
     assert config.k_by_batch_size[-1][2] < 3  # B=4 rows of 4 tokens cost 2.2x: shorter drafts
     assert config.k_by_batch_size[-1][1] == 4 and config.default.k == max(
         k for _, _, k in config.k_by_batch_size

@@ -525,7 +525,7 @@ def test_eagle3_writes_the_variant_switches_vllm_032_reads(target4, trained, tmp
 
 def test_eagle3_speculators_format_names_the_verifier_and_k(target4, trained, tmp_path):
     path_target, target = target4
-    config = SpecConfig(default=Route(f"eagle:{trained['eagle']}", 3, False))
+    config = SpecConfig(default=Route(parse(f"eagle:{trained['eagle']}"), 3, False))
     ctx = vllm.Context(tmp_path, lambda: target, target_ref=path_target)
     result = vllm.export(config, vllm.ServeOptions(path_target), ctx)
     eagle_dir = Path(result.speculative_config["model"])
@@ -577,7 +577,9 @@ def test_serve_sh_runs_the_server_module_from_the_vllm_environment(tmp_path):
 
 
 def test_k_by_batch_size_becomes_vllms_schedule_capped_at_k(tmp_path):
-    config = SpecConfig(default=Route("ngram", 3, True), k_by_batch_size=[(1, 2, 5), (3, 8, 2), (9, 64, 0)])
+    config = SpecConfig(
+        default=Route(parse("ngram"), 3, True), k_by_batch_size=[(1, 2, 5), (3, 8, 2), (9, 64, 0)]
+    )
     result = vllm.export(config, vllm.ServeOptions("/m"), vllm.Context(tmp_path, lambda: None))
     check_speculative_config(result.speculative_config)
     assert result.speculative_config["num_speculative_tokens_per_batch_size"] == [

@@ -542,7 +542,7 @@ def _advise_from_metrics(args) -> None:
     prof = advice.profile(counts)
     _setup(args)
     target = models.load(args.target, args.dtype, args.device, args.backend)
-    built = drafters.build(drafter, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
+    built = drafters.build(spec, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
     probe = encode_prompt(target.tokenizer, "Write a Python function that reverses a list.", None)
     single = costs.measure(target.model, built, k_max, probe)  # the drafter's cost per drafted token
     batch = load.measure(batched(target.model, args.max_batch), args.max_batch, k_max)
@@ -551,11 +551,11 @@ def _advise_from_metrics(args) -> None:
     result = advice.advise(prof, cost_at, load.batch_sizes(args.max_batch), k_max)
     print(advice.render(prof, counts, result, span, args.from_metrics))
     top = max(k for _, _, k in result.schedule)
-    route = Route(drafter, top, True) if top > 0 else Route("none", 1, False)
+    route = Route(spec, top, True) if top > 0 else Route(drafters.parse("none"), 1, False)
     config = SpecConfig(
         default=route,
-        candidates=["none", drafter],
-        costs={drafter: single},
+        candidates=[drafters.parse("none"), spec],
+        costs={spec: single},
         target=args.target,
         dtype=args.dtype,
         k_by_batch_size=result.schedule if top > 0 else None,
@@ -565,7 +565,7 @@ def _advise_from_metrics(args) -> None:
         report = {
             "source": args.from_metrics,
             "window_s": span,
-            "drafter": drafter,
+            "drafter": str(spec),
             "counters": counts.to_json(),
             "profile": prof.to_json(),
             **result.to_json(),
