@@ -21,6 +21,7 @@ from specdecode.drafters import parse
 from specdecode.drafters.eagle import KVCache, head_from_config, rope_tables
 from specdecode.errors import UserError
 from specdecode.export import vllm
+from specdecode.export import vllm_checkpoints as ckpt
 from specdecode.export.cli import vllm_target
 from train_fixtures import make_data
 
@@ -287,7 +288,7 @@ def test_distilled_draft_is_a_hugging_face_llama(target4, trained, tmp_path):
     check_speculative_config(result.speculative_config)
     assert result.speculative_config["method"] == "draft_model"
     assert result.speculative_config["draft_tensor_parallel_size"] == 1
-    assert any("PR #24322" in n for n in result.notes)
+    assert any("draft_model runs in vLLM's V1 engine" in n for n in result.notes)
     path = Path(result.speculative_config["model"])
     tensors, cfg = check_checkpoint(path, "draft_model")
     ours = load_file(trained["draft"] / "model.safetensors")
@@ -506,3 +507,101 @@ def test_memory_kv_heads_are_replicated_beyond_their_count_and_tiny_gpus_do_not_
     )  # 2 KV heads, 4 GPUs
     tiny = _memory(target, result, gpu_gib=1e-6)
     assert not tiny["fits"] and tiny["kv_cache_tokens"] == 0
+
+
+def test_eagle3_writes_the_variant_switches_vllm_032_reads(target4, trained, tmp_path):
+    """vLLM 0.32's llama_eagle3.py defaults would silently change the head if they changed: say them."""
+    _, target = target4
+    result = _export(target, tmp_path, f"eagle:{trained['eagle']}")
+    cfg = json.loads((Path(result.speculative_config["model"]) / "config.json").read_text())
+    assert {k: cfg[k] for k in ckpt.EAGLE3_VARIANT} == {
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "logit_scale": 1.0,
+    }
+
+
+def test_eagle3_speculators_format_names_the_verifier_and_k(target4, trained, tmp_path):
+    path_target, target = target4
+    config = SpecConfig(default=Route(parse(f"eagle:{trained['eagle']}"), 3, False))
+    ctx = vllm.Context(tmp_path, lambda: target, target_ref=path_target)
+    result = vllm.export(config, vllm.ServeOptions(path_target), ctx)
+    eagle_dir = Path(result.speculative_config["model"])
+    spec_dir = eagle_dir.with_name(eagle_dir.name + "-speculators")
+    cfg = json.loads((spec_dir / "config.json").read_text())
+    plain = json.loads((eagle_dir / "config.json").read_text())
+    assert "model_type" not in cfg and cfg["speculators_model_type"] == "eagle3"  # how vLLM recognises it
+    sc = cfg["speculators_config"]
+    assert (
+        sc["verifier"]["name_or_path"] == path_target and sc["proposal_methods"][0]["speculative_tokens"] == 3
+    )
+    layer = cfg["transformer_layer_config"]
+    assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1 and layer["logit_scale"] == 1.0
+    for key in (
+        "draft_vocab_size",
+        "target_hidden_size",
+        "eagle_aux_hidden_state_layer_ids",
+        "norm_before_fc",
+    ):
+        assert cfg[key] == plain[key]
+    assert (spec_dir / "model.safetensors").resolve() == (eagle_dir / "model.safetensors").resolve()
+    command = result.speculators_command
+    assert command[2] == str(spec_dir) and "--speculative-config" not in command
+    assert command[command.index("--served-model-name") + 1] == path_target  # clients name the target
+    vllm.write(result, tmp_path / "out")
+    assert "--model " + str(spec_dir) in (tmp_path / "out" / "serve_speculators.sh").read_text()
+
+
+def test_medusa_serve_command_turns_the_weight_check_off(target4, trained, tmp_path):
+    _, target = target4
+    result = _export(target, tmp_path, f"medusa:{trained['medusa']}")
+    i = result.command.index("--model-loader-extra-config")
+    assert json.loads(result.command[i + 1]) == {"enable_weights_track": False}
+    assert any("token_map" in n for n in result.notes)
+    plain = _export(None, tmp_path / "n", "ngram")
+    assert "--model-loader-extra-config" not in plain.command  # only the medusa export needs it
+
+
+def test_serve_sh_runs_the_server_module_from_the_vllm_environment(tmp_path):
+    result = _export(None, tmp_path, "ngram", k=2)
+    vllm.write(result, tmp_path / "out")
+    script = (tmp_path / "out" / "serve.sh").read_text()
+    assert "-m vllm.entrypoints.openai.api_server --model /models/target" in script
+    assert "VLLM_VENV:-" in script and script.rstrip().endswith('"$@"')
+    assert "--per-request-spec-decode-metrics summary" in script
+    assert not (tmp_path / "out" / "serve_speculators.sh").exists()
+    none = _export(None, tmp_path / "n", "none")
+    assert "--per-request-spec-decode-metrics" not in none.command  # vLLM refuses it without speculation
+
+
+def test_k_by_batch_size_becomes_vllms_schedule_capped_at_k(tmp_path):
+    config = SpecConfig(
+        default=Route(parse("ngram"), 3, True), k_by_batch_size=[(1, 2, 5), (3, 8, 2), (9, 64, 0)]
+    )
+    result = vllm.export(config, vllm.ServeOptions("/m"), vllm.Context(tmp_path, lambda: None))
+    check_speculative_config(result.speculative_config)
+    assert result.speculative_config["num_speculative_tokens_per_batch_size"] == [
+        [1, 2, 3],
+        [3, 8, 2],
+        [9, 64, 0],
+    ]
+    assert any("capped" in n for n in result.notes) and any("per batch size" in n for n in result.notes)
+
+
+def test_eagle3_refuses_targets_without_vllms_eagle3_interface(target4, trained):
+    from specdecode.backends import checkpoint
+
+    _, target = target4
+    tensors, config = checkpoint.load(str(trained["eagle"]), "eagle", target)
+    hf = target.model.hf.config.to_dict()
+    lm_head = target.model.hf.get_output_embeddings().weight
+    with pytest.raises(UserError, match="Gemma3ForCausalLM"):
+        ckpt.eagle3(tensors, config, lm_head, {**hf, "architectures": ["Gemma3ForCausalLM"]})
+    assert (
+        ckpt.eagle3(tensors, config, lm_head, {**hf, "architectures": ["Qwen3ForCausalLM"]})[1][
+            "num_hidden_layers"
+        ]
+        == 1
+    )

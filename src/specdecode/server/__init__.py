@@ -69,6 +69,7 @@ def build_engine(
         threads=threads,
         prefill_budget=prefill_budget,
         prefix_cache=PrefixCache(max_bytes=prefix_cache_mb << 20) if prefix_cache_mb > 0 else None,
+        k_for_batch=routes.k_for_batch if routes.k_by_batch_size else None,
     )
 
 

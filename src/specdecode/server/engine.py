@@ -154,8 +154,10 @@ class Engine:
         threads: int | None = None,
         prefill_budget: int = PREFILL_BUDGET,
         prefix_cache: PrefixCache | None = None,
+        k_for_batch=None,  # (batch size, k) -> k capped by a config's k_by_batch_size (SpecConfig)
     ):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)
+        self.k_for_batch = k_for_batch
         self.core = BatchDecoder(model, prefix_cache)
         self.pool, self.metrics, self.costs = pool, metrics, costs
         self.queue_size = queue_size
@@ -326,6 +328,8 @@ class Engine:
         known = self.spec_stats.get(spec)
         if seq.request.seed is not None:
             return k  # load control leaves a seeded request's k alone: same text alone and in a full batch
+        if self.k_for_batch is not None:
+            k = self.k_for_batch(len(self.running), k)
         if self.costs is not None and known is not None and known.drafted >= 32:
             k = min(
                 k,
@@ -374,7 +378,9 @@ class Engine:
             per_token = step.draft_s / step.drafted
             old = self.draft_s_per_token.get(spec)
             self.draft_s_per_token[spec] = per_token if old is None else 0.9 * old + 0.1 * per_token
-        self.metrics.observe_step(seq.request.task, str(spec), step.drafted, step.accepted, len(step.tokens))
+        self.metrics.observe_step(
+            seq.request.task, str(spec), step.drafted, step.accepted, len(step.tokens), step.depth
+        )
         first = seq.last_delivery is None
         self.metrics.observe_delivery(
             now - (seq.arrival if first else seq.last_delivery), len(step.tokens), first

@@ -4,7 +4,10 @@ Speculation counters mean what vLLM's `vllm:spec_decode_*` counters mean, under 
 `specdecode:`, with labels `task` and `drafter`:
 - num_drafts: verify steps that carried at least one draft token;
 - num_draft_tokens: draft tokens proposed; num_accepted_tokens: draft tokens kept;
-- num_accepted_tokens_per_pos{position=i}: steps whose draft at position i (0-based) was kept.
+- num_accepted_tokens_per_pos{position=i}: steps whose draft at position i (0-based) was kept;
+- num_drafted_tokens_per_pos{position=i} (ours only): steps whose draft reached position i (a tree
+  counts once per depth), so that variable-length drafts (n-gram, suffix) give acceptance at i among
+  the drafts that had an i-th token, where vLLM's counters only allow dividing by all drafts.
 So α = accepted / draft_tokens and τ (mean acceptance length, bonus included) = 1 + accepted / drafts,
 computed by specdecode.core.metrics (the one definition the CLI and bench use too). /stats is computed from
 these same counters, so the two views cannot disagree.
@@ -77,6 +80,12 @@ class ServerMetrics:
         self.accepted_per_pos = Counter(
             PREFIX + "spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens by draft position (0-based)",
+            spec + ["position"],
+            registry=r,
+        )
+        self.drafted_per_pos = Counter(
+            PREFIX + "spec_decode_num_drafted_tokens_per_pos",
+            "Drafts that reached draft position i (0-based; a tree once per depth)",
             spec + ["position"],
             registry=r,
         )
@@ -166,13 +175,18 @@ class ServerMetrics:
 
     # -- updates (called from the engine thread) --------------------------------------------
 
-    def observe_step(self, task: str, drafter: str, drafted: int, accepted: int, committed: int) -> None:
+    def observe_step(
+        self, task: str, drafter: str, drafted: int, accepted: int, committed: int, depth: int | None = None
+    ) -> None:
+        """depth: the draft positions checked (a tree's depth; None: a chain, = drafted)."""
         labels = (self.model_name, task, self.drafter_label(drafter))
         self.steps.labels(*labels).inc()
         if drafted:
             self.drafts.labels(*labels).inc()
             self.draft_tokens.labels(*labels).inc(drafted)
             self.accepted.labels(*labels).inc(accepted)
+            for pos in range(drafted if depth is None else depth):
+                self.drafted_per_pos.labels(*labels, str(pos)).inc()
             for pos in range(accepted):
                 self.accepted_per_pos.labels(*labels, str(pos)).inc()
         self.tokens_per_forward.labels(self.model_name).observe(accepted + 1)

@@ -1,0 +1,202 @@
+"""The same traffic against `specdecode serve` and vLLM CPU on the same model: throughput, TTFT, ITL.
+
+For each server (ours and vLLM, each without and with speculation) it starts the server pinned to
+`--taskset` CPUs, then for each client count runs `--seconds` of load: every client sends greedy
+streamed chat requests (the prompt set in turn, `--max-tokens` each) back to back; requests still
+running at the end are awaited and counted. Reported per run: requests, errors, output tokens per
+second (tokens counted with the target's tokenizer, the same for both servers), TTFT and ITL (per
+request: (last chunk - first chunk) / (tokens - 1)) at p50 and p99. Streaming is measured with
+scripts/load_server.py's `stream`. One command re-runs the whole table:
+
+  python3 scripts/peer_load.py --out docs/results/peer_load_<cpu>.json
+
+vLLM comes from $VLLM_VENV (scripts/install_vllm.sh) with the export's serve.sh (bf16 by default,
+as the export writes it); ours runs its defaults (the GGUF target, int8 activations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from load_server import pct, stream  # noqa: E402
+from vllm_e2e import ROOT, _export, load_prompts, vllm_local  # noqa: E402
+
+
+@contextlib.contextmanager
+def ours(drafter: str, k: int, port: int, taskset: str, threads: int, log: Path, max_batch: int):
+    """`specdecode serve` on loopback until the block ends -> base URL."""
+    argv = [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--threads", str(threads)]
+    argv += ["--drafter", drafter, "--k", str(k), "--max-batch", str(max_batch), "--queue", "256"]
+    if taskset:
+        argv = ["taskset", "-c", taskset, *argv]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"specdecode serve did not start; see {log}")
+            time.sleep(2)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+async def load(url: str, prompts: list[str], clients: int, seconds: float, max_tokens: int, count) -> dict:
+    """`clients` loops of streamed greedy chat requests for `seconds` -> the run's figures."""
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as client:
+        model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+
+        def body(prompt: str) -> dict:
+            msgs = [{"role": "user", "content": prompt}]
+            return {
+                "model": model,
+                "messages": msgs,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+            }
+
+        await stream(client, url, body(prompts[0]), "/v1/chat/completions")  # warm-up
+        results, deadline = [], time.monotonic() + seconds
+
+        async def worker(i: int):
+            n = i
+            while time.monotonic() < deadline:
+                results.append(
+                    await stream(client, url, body(prompts[n % len(prompts)]), "/v1/chat/completions")
+                )
+                n += clients
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(clients)))
+        wall = time.perf_counter() - t0
+    ok = [r for r in results if "error" not in r and r["stamps"]]
+    tokens = [count(r["text"]) for r in ok]
+    itl = [(r["stamps"][-1] - r["stamps"][0]) / (n - 1) for r, n in zip(ok, tokens) if n > 1]
+    ttft = [r["stamps"][0] for r in ok]
+    ms = lambda x: None if x is None else round(1000 * x, 1)  # noqa: E731
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "error_samples": [r["error"] for r in results if "error" in r][:3],
+        "wall_s": round(wall, 1),
+        "output_tokens": sum(tokens),
+        "tokens_per_s": round(sum(tokens) / wall, 1),
+        "ttft_ms": {"p50": ms(pct(ttft, 50)), "p99": ms(pct(ttft, 99))},
+        "itl_ms": {"p50": ms(pct(itl, 50)), "p99": ms(pct(itl, 99))},
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--servers", default="ours:none,vllm:none,ours:eagle,vllm:eagle", help="ENGINE:DRAFTER,..."
+    )
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--clients", default="1,8,32")
+    p.add_argument("--seconds", type=float, default=20.0, help="load per client count (bounded)")
+    p.add_argument("--prompts", default="heldout:2")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--taskset", default="1", help="CPUs of the server under test ('' for none)")
+    p.add_argument("--threads", type=int, default=1, help="the server's CPU threads")
+    p.add_argument("--vllm-dtype", default="bfloat16")
+    p.add_argument("--port", type=int, default=8125)
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for a server (vLLM compiles first)",
+    )
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from specdecode.backends import models
+
+    tokenizer = AutoTokenizer.from_pretrained(models.local_path(None))
+    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    prompts = [p.prompt for p in load_prompts(args.prompts)]
+    work = Path(tempfile.mkdtemp(prefix="peer_load_"))
+    rows = []
+    for server in args.servers.split(","):
+        engine, drafter = server.split(":")
+        log = work / f"{engine}_{drafter}.log"
+        started = time.monotonic()
+        try:
+            if engine == "ours":
+                ctx = ours(drafter, args.k, args.port, args.taskset, args.threads, log, 32)
+            else:
+                out = work / f"vllm_{drafter}"
+                _export(drafter, args.k, out, args.port, dtype=args.vllm_dtype, per_request="none")
+                env = vllm_local.cpu_env(args.threads, args.taskset or "auto", kv_cache_gib=2)
+                ctx = vllm_local.serving(
+                    out / "serve.sh",
+                    args.port,
+                    log,
+                    extra_args=("--generation-config", "vllm"),
+                    env=env,
+                    taskset=args.taskset,
+                    timeout_s=args.start_timeout,
+                )
+            with ctx as url:
+                start_s = round(time.monotonic() - started, 1)
+                for clients in [int(c) for c in args.clients.split(",")]:
+                    row = asyncio.run(load(url, prompts, clients, args.seconds, args.max_tokens, count))
+                    rows.append(
+                        {
+                            "engine": engine,
+                            "drafter": drafter,
+                            "k": args.k if drafter != "none" else 0,
+                            "start_s": start_s,
+                            **row,
+                        }
+                    )
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        except Exception as e:  # one server failing must not lose the others' rows
+            rows.append({"engine": engine, "drafter": drafter, "error": f"{type(e).__name__}: {e}"[-1500:]})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    result = {
+        "machine": "AMD EPYC Zen 4 (AVX-512), 2 cores shared with other workers during the run",
+        "taskset": args.taskset,
+        "threads": args.threads,
+        "prompts": args.prompts,
+        "n_prompts": len(prompts),
+        "max_tokens": args.max_tokens,
+        "seconds_per_run": args.seconds,
+        "vllm_dtype": args.vllm_dtype,
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""A vLLM server on this machine, from the separate environment scripts/install_vllm.sh makes.
+
+Used by the end-to-end checks (scripts/vllm_e2e.py), the load comparison (scripts/peer_load.py) and
+the vLLM test: find the environment, run an export's serve.sh, wait (bounded) until it answers, and
+stop it however the caller leaves. vLLM never runs inside specdecode's own environment: its pins
+(transformers among them) differ from ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from specdecode.errors import UserError
+
+VENV_VARIABLE = "VLLM_VENV"
+DEFAULT_VENV = "/work/venvs/vllm"  # scripts/install_vllm.sh's default
+START_TIMEOUT_S = 300.0  # vLLM CPU takes 80-110 s to start on a shared 2-core machine
+
+
+def venv() -> Path | None:
+    """The vLLM environment ($VLLM_VENV, else /work/venvs/vllm), or None when it has no python."""
+    path = Path(os.environ.get(VENV_VARIABLE, DEFAULT_VENV))
+    return path if (path / "bin" / "python").is_file() else None
+
+
+def cpu_env(threads: int, cpus: str | None, kv_cache_gib: float) -> dict[str, str]:
+    """vLLM CPU's environment: OpenMP threads bound to `cpus` (e.g. "1" or "0-1"), KV cache size."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "OMP_NUM_THREADS": str(threads)}
+    env["VLLM_CPU_OMP_THREADS_BIND"] = cpus or "auto"
+    return env
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def serving(
+    serve_sh: Path,
+    port: int,
+    log: Path,
+    *,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    taskset: str | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+):
+    """Run `serve_sh` (an export's serve.sh, its --port given as `port`) until the block ends -> base URL.
+    Raises UserError with the log's tail when it exits or does not answer /health within timeout_s."""
+    where = venv()
+    if where is None:
+        raise UserError(
+            f"no vLLM environment at ${VENV_VARIABLE} or {DEFAULT_VENV}: run scripts/install_vllm.sh"
+        )
+    argv = ["bash", str(serve_sh), *extra_args]
+    if taskset:
+        argv = ["taskset", "-c", taskset, *argv]
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, VENV_VARIABLE: str(where), **(env or {})},
+            start_new_session=True,  # its own process group: stopped whole, workers included
+        )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
+                why = (
+                    f"exited with {proc.returncode}"
+                    if proc.poll() is not None
+                    else f"no answer in {timeout_s:.0f} s"
+                )
+                raise UserError(f"vLLM ({serve_sh}) {why}; the end of {log}:\n{tail}")
+            time.sleep(2)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL after 20 s."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
