@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import TableModel, tv, tv_bound
+from helpers import tv, tv_bound
 from specdecode.core.constraints import Constraints, row_prefixes
 from specdecode.core.decoder import decode
 from specdecode.core.penalties import Penalties, penalize, penalize_rows
