@@ -59,12 +59,18 @@ BAD_COMPLETIONS = [
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "hi", "max_tokens": 100000}, "max_tokens"),  # prompt + max_tokens > context (512)
     ({"prompt": "hi " * 300, "max_tokens": 300}, "max_tokens"),
-    ({"prompt": "hi", "n": 2}, "n"),
+    ({"prompt": "hi", "n": 17}, "n"),
     ({"prompt": "hi", "seed": -1}, "seed"),
     ({"prompt": "hi", "stop": [""]}, "stop"),
     ({"prompt": "hi", "stop": ["x"] * 17}, "stop"),
-    ({"prompt": "hi", "logprobs": 3}, "logprobs"),
-    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "hi", "logprobs": 21}, "logprobs"),
+    ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "hi", "response_format": {"type": "xml"}}, "response_format.type"),
+    ({"prompt": "hi", "response_format": {"type": "regex"}}, "response_format"),
+    ({"prompt": "hi", "response_format": {"type": "regex", "pattern": "(a"}}, "response_format"),
+    ({"prompt": "hi", "response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
     ({"prompt": "hi", "best_of": 2}, "best_of"),  # unknown fields are rejected
     ({"prompt": "hi", "speculative": {"k": 0}}, "speculative.k"),
     ({"prompt": "hi", "speculative": {"k": 4, "colour": "red"}}, "speculative.colour"),
@@ -86,6 +92,11 @@ def test_invalid_chat_requests_and_bodies(guarded):
     for body, param in [
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+        ),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "url": "x"}]}]}, None),
         ({"messages": "hi"}, "messages"),
         (

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.backends.batch_model import BatchLM, Row
+from specdecode.core.constraints import Constraints
 from specdecode.core.control import KPolicy
 from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
@@ -48,6 +49,8 @@ class Sequence:
     context: list[int] = field(default_factory=list)  # every committed token, prompt included
     finished: bool = False
     prefilled: int = 0  # prompt tokens in its slot; it decodes once all but the last are
+    constraints: Constraints | None = None  # penalties and a grammar on the target's distribution
+    logprobs: int | None = None  # report each committed token's logprob and this many top ones (0: none)
 
     @property
     def prefilling(self) -> bool:
@@ -185,6 +188,8 @@ class BatchDecoder:
                     else None
                 )
                 plans[i] = plan(seq.context[-1], proposal, budget, seq.policy.tree_nodes)
+                if seq.constraints is not None:
+                    plans[i] = seq.constraints.cut(plans[i])
                 check_inputs(plans[i].tokens, self.model.vocab_size)  # a bad id must not reach the forward
             except Exception as e:  # noqa: BLE001 (one request's drafter must not fail the batch)
                 failed[i] = e
@@ -235,6 +240,9 @@ class BatchDecoder:
             seq.max_new_tokens - seq.generated,
             draft_s,
             lambda: forward_s,
+            constraints=seq.constraints,
+            context=seq.context,
+            logprobs=seq.logprobs,
         )
         seq.finished = step.finished
         seq.context.extend(step.tokens)

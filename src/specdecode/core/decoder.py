@@ -28,6 +28,7 @@ from collections.abc import Iterator
 import torch
 
 from specdecode.backends.lm import CausalLM
+from specdecode.core.constraints import Constraints
 from specdecode.core.control import FixedK, KPolicy
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step, plan, settle
@@ -46,9 +47,13 @@ def decode(
     max_new_tokens: int,
     eos_ids: set[int] = frozenset(),
     generator: torch.Generator | None = None,
+    constraints: Constraints | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[Step]:
     """Generate up to max_new_tokens after prompt, yielding one Step per target forward.
-    k: a fixed number of drafts per step, or a policy asked before each step (adaptive k)."""
+    k: a fixed number of drafts per step, or a policy asked before each step (adaptive k).
+    constraints: penalties and a grammar on the target's distribution (constraints.py); logprobs:
+    each Step carries its tokens' target logprobs with this many top ones (logprobs.py)."""
     policy = FixedK(k) if isinstance(k, int) else k
     layers = drafter.layers  # target layers whose hidden rows the drafter reads
     t0 = time.perf_counter()
@@ -68,6 +73,8 @@ def decode(
         t1 = time.perf_counter()
 
         planned = plan(context[-1], proposal, budget, policy.tree_nodes)
+        if constraints is not None:
+            planned = constraints.cut(planned)
         base = target.length
         out = target.forward(planned.tokens, layers=layers, **planned.tree_args(base))  # logits [1+n, V]
         step = settle(
@@ -84,6 +91,9 @@ def decode(
             t1 - t0,
             lambda t1=t1: time.perf_counter() - t1,
             prefill_s,
+            constraints=constraints,
+            context=context,
+            logprobs=logprobs,
         )
         context.extend(step.tokens)
         generated += len(step.tokens)

@@ -22,17 +22,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from specdecode.backends.lm import Output
 from specdecode.core.control import KPolicy
+from specdecode.core.logprobs import TokenLogprob, token_logprobs
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.tree import Tree, best_nodes
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
 from specdecode.drafters.base import Drafter, Proposal
+
+if TYPE_CHECKING:  # constraints.py builds Plans: a runtime import would be circular
+    from specdecode.core.constraints import Constraints
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Step:
         None  # the batched core: this sequence's row failed (drafter or verifier); it stops
     )
     prefilling: bool = False  # the batched core: the sequence was still prefilling its prompt (no tokens)
+    logprobs: list[TokenLogprob] | None = None  # the target's, per committed token, when asked (logprobs.py)
 
     @property
     def positions(self) -> int:
@@ -171,13 +176,21 @@ def settle(
     draft_s: float,
     verify_s: Callable[[], float],
     prefill_s: float = 0.0,
+    *,
+    constraints: Constraints | None = None,
+    context: list[int] = (),
+    logprobs: int | None = None,
 ) -> Step:
     """Everything after the target's forward over `planned.tokens` (which started at `base` cached
     tokens; out.logits [1 + n, V]), written once for one sequence and for a batch row: verify, roll
     the cache back to the root and the accepted path, give the drafter its feedback and the kept
     rows' features, commit at most `room` tokens, and let the k policy observe the Step.
-    verify_s() -> the seconds the step's verification took, asked once the step is settled."""
-    checked = check(planned, out.logits, params, generator)
+    verify_s() -> the seconds the step's verification took, asked once the step is settled.
+    constraints: penalties and a grammar on each row given its drafted prefix after `context` (every
+    committed token, prompt included; constraints.py); logprobs: the Step carries its tokens' raw
+    target logprobs with this many top ones (logprobs.py)."""
+    logits = out.logits if constraints is None else constraints.process(context, planned, out.logits)
+    checked = check(planned, logits, params, generator)
     if planned.tree is None:
         cache.truncate(base + 1 + len(checked.path))  # drop the rejected drafts
     else:
@@ -186,6 +199,8 @@ def settle(
     if drafter.layers:
         drafter.feed(out.features[checked.rows])
     new, finished = commit(checked, eos_ids, room)
+    if constraints is not None:
+        constraints.commit(new)
     step = Step(
         new,
         checked.drafted,
@@ -195,6 +210,9 @@ def settle(
         prefill_s,
         finished,
         checked.depth,
+        logprobs=None
+        if logprobs is None
+        else token_logprobs(out.logits[checked.rows[: len(new)]], new, logprobs),
     )
     policy.observe(step)
     return step

@@ -8,11 +8,10 @@ is set; /health and /metrics stay open for probes and scrapers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
-import time
-import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -22,12 +21,21 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from specdecode.core.config import Route, SpecConfig
+from specdecode.core.penalties import Penalties
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.tasks import classify
 from specdecode.drafters import parse
 from specdecode.errors import UserError
 from specdecode.server import engine as eng
-from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest, Speculative, error_response
+from specdecode.server.responses import ChatFormat, CompletionFormat, merge_usage
+from specdecode.server.schemas import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    ResponseFormat,
+    Speculative,
+    error_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,72 +59,6 @@ def resolve_route(spec: Speculative | None, task: str, routes: SpecConfig) -> Ro
         return Route(parse("none"), route.k, False)
     adaptive = route.adaptive if spec.adaptive is None else spec.adaptive
     return Route(parse(spec.drafter) if spec.drafter else route.drafter, spec.k or route.k, adaptive)
-
-
-# -- response shapes -------------------------------------------------------------------------------
-
-
-class CompletionFormat:
-    object, chunk_object, prefix = "text_completion", "text_completion", "cmpl"
-
-    def __init__(self, model: str):
-        self.id, self.model, self.created = f"{self.prefix}-{uuid.uuid4().hex}", model, int(time.time())
-
-    def _wrap(self, obj: str, choices: list, usage: dict | None = None) -> dict:
-        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
-        if usage is not None:
-            out["usage"] = usage
-        return out
-
-    def opening(self) -> list[dict]:
-        return []
-
-    def chunk(self, text: str, finish_reason: str | None = None) -> dict:
-        return self._wrap(
-            self.chunk_object, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
-        )
-
-    def usage_chunk(self, usage: dict) -> dict:
-        return self._wrap(self.chunk_object, [], usage)
-
-    def full(self, text: str, finish_reason: str, usage: dict) -> dict:
-        return self._wrap(
-            self.object, [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}], usage
-        )
-
-
-class ChatFormat(CompletionFormat):
-    object, chunk_object, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
-
-    def opening(self) -> list[dict]:
-        return [
-            self._wrap(
-                self.chunk_object,
-                [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            )
-        ]
-
-    def chunk(self, text: str, finish_reason: str | None = None) -> dict:
-        delta = {"content": text} if text else {}
-        return self._wrap(
-            self.chunk_object,
-            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-        )
-
-    def full(self, text: str, finish_reason: str, usage: dict) -> dict:
-        message = {"role": "assistant", "content": text}
-        return self._wrap(
-            self.object,
-            [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
-            usage,
-        )
 
 
 def _sse(obj: dict | str) -> bytes:
@@ -260,6 +202,16 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
             params = SamplingParams(req.temperature, max(req.top_k, 0), req.top_p)
         except UserError as e:
             raise ApiError(400, str(e), param="speculative.drafter") from None
+        if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        grammar = compile_format(req.response_format)
+        if grammar is not None and req.ignore_eos:
+            raise ApiError(
+                400,
+                "ignore_eos cannot be used with a response_format: the output ends where it completes",
+                param="ignore_eos",
+            )
+        penalties = Penalties(req.presence_penalty, req.frequency_penalty, req.repetition_penalty)
         return eng.Request(
             ids,
             params,
@@ -272,84 +224,145 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
             task,
             req.ignore_eos,
             opts.timeout_s,
+            penalties=penalties if penalties.active else None,
+            grammar=grammar,
+            logprobs=req.top_logprobs_asked(),
         )
 
+    def compile_format(fmt: ResponseFormat | None) -> str | None:
+        """The request's response_format as a compiled grammar (None: free text); a bad one is a 400."""
+        if fmt is None or fmt.type == "text":
+            return None
+        grammars = engine.grammars()
+        try:
+            if fmt.type == "json_object":
+                return grammars.json_object()
+            if fmt.type == "json_schema":
+                return grammars.json_schema(fmt.json_schema.schema_)
+            if fmt.type == "regex":
+                return grammars.regex(fmt.pattern)
+            return grammars.lark(fmt.grammar)
+        except UserError as e:
+            raise ApiError(400, str(e), param="response_format") from None
+
     async def run(request: Request, req, ids: list[int], task_text: str, fmt: CompletionFormat):
-        engine_req = build(req, ids, task_text)
-        engine_req.scope = engine.pool.caches.scope_key(request.headers.get("authorization"), req.user)
+        """Submit the request's n samples (sample i seeded seed + i; siblings wait for the first's
+        prompt KV in the prefix cache) and answer with their events, streamed or collected."""
+        template = build(req, ids, task_text)
+        template.scope = engine.pool.caches.scope_key(request.headers.get("authorization"), req.user)
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
-        def sink(event):
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-            except RuntimeError:  # the event loop is gone (shutdown)
-                pass
+        def sink_of(index: int):
+            def sink(event):
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+                except RuntimeError:  # the event loop is gone (shutdown)
+                    pass
 
+            return sink
+
+        seqs = []
         try:
-            seq = engine.submit(engine_req, sink)
+            for i in range(req.n):
+                seed = None if template.seed is None else (template.seed + i) % 2**63
+                engine_req = dataclasses.replace(template, seed=seed, after=seqs[0] if seqs else None)
+                seqs.append(engine.submit(engine_req, sink_of(i)))
         except eng.QueueFull as e:
+            for seq in seqs:
+                engine.cancel(seq)
             engine.metrics.rejected.labels(engine.metrics.model_name, "queue_full").inc()
             raise ApiError(
                 429, str(e), "rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"}
             ) from None
         except eng.ShuttingDown as e:
+            for seq in seqs:
+                engine.cancel(seq)
             raise ApiError(503, str(e), "service_unavailable") from None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                _stream(seq, queue, fmt, include_usage),
+                _stream(seqs, queue, fmt, include_usage, template.logprobs is not None),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return await _collect(request, seq, queue, fmt)
+        return await _collect(request, seqs, queue, fmt, template.logprobs is not None)
 
-    async def _stream(seq, queue, fmt: CompletionFormat, include_usage: bool):
-        done = False
+    async def _stream(seqs, queue, fmt: CompletionFormat, include_usage: bool, logprobs: bool):
+        usages: dict[int, dict] = {}
         try:
             for obj in fmt.opening():
                 yield _sse(obj)
-            while True:
-                event = await queue.get()
+            while len(usages) < len(seqs):
+                index, event = await queue.get()
                 if isinstance(event, eng.Delta):
-                    yield _sse(fmt.chunk(event.text))
-                    continue
-                done = True
-                if isinstance(event, eng.Done):
-                    yield _sse(fmt.chunk("", event.finish_reason))
-                    if include_usage:
-                        yield _sse(fmt.usage_chunk(event.usage.to_json()))
-                else:
                     yield _sse(
-                        {"error": {"message": event.message, "type": event.type, "param": None, "code": None}}
+                        fmt.chunk(
+                            index, event.text, fmt.logprobs(index, event.logprobs if logprobs else None)
+                        )
                     )
+                    continue
+                if isinstance(event, eng.Done):
+                    usages[index] = event.usage.to_json()
+                    lp = fmt.logprobs(index, event.logprobs) if logprobs and event.logprobs else None
+                    yield _sse(fmt.chunk(index, "", lp, event.finish_reason))
+                    continue
+                usages = {i: {} for i in range(len(seqs))}  # one sample failed: the response ends
+                yield _sse(
+                    {"error": {"message": event.message, "type": event.type, "param": None, "code": None}}
+                )
                 yield _sse("[DONE]")
                 return
+            if include_usage:
+                yield _sse(fmt.usage_chunk(merge_usage([usages[i] for i in range(len(seqs))])))
+            yield _sse("[DONE]")
         finally:
-            if not done:  # the client went away (or the server is stopping): free the slot
+            for seq in seqs:  # the client went away, a sample failed, or all finished (a no-op then)
                 engine.cancel(seq)
 
-    async def _collect(request: Request, seq, queue, fmt: CompletionFormat):
-        parts = []
+    async def _collect(request: Request, seqs, queue, fmt: CompletionFormat, logprobs: bool):
+        parts = [[] for _ in seqs]
+        entries = [[] for _ in seqs]
+        done: dict[int, eng.Done] = {}
         try:
-            while True:
+            while len(done) < len(seqs):
                 try:
-                    event = await asyncio.wait_for(queue.get(), 0.25)
+                    index, event = await asyncio.wait_for(queue.get(), 0.25)
                 except TimeoutError:
                     if await request.is_disconnected():
-                        engine.cancel(seq)
+                        for seq in seqs:
+                            engine.cancel(seq)
                         return Response(status_code=499)
                     continue
                 if isinstance(event, eng.Delta):
-                    parts.append(event.text)
+                    parts[index].append(event.text)
+                    entries[index] += event.logprobs
                 elif isinstance(event, eng.Done):
-                    return JSONResponse(fmt.full("".join(parts), event.finish_reason, event.usage.to_json()))
+                    done[index] = event
+                    entries[index] += event.logprobs
                 else:
+                    for seq in seqs:
+                        engine.cancel(seq)
                     headers = {"Connection": "close"} if event.status >= 500 else None
                     return error_response(event.status, event.message, event.type, headers=headers)
         except asyncio.CancelledError:
-            engine.cancel(seq)
+            for seq in seqs:
+                engine.cancel(seq)
             raise
+        choices = [
+            (
+                "".join(parts[i]),
+                done[i].finish_reason,
+                fmt.logprobs(i, entries[i][: len(seqs[i].out)]) if logprobs else None,
+            )
+            for i in range(len(seqs))
+        ]
+        return JSONResponse(
+            fmt.full(choices, merge_usage([done[i].usage.to_json() for i in range(len(seqs))]))
+        )
+
+    def token_text(token: int) -> str:
+        return tokenizer.decode([token])
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -358,7 +371,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
         if any(t >= vocab for t in ids):  # before decoding them for the task classifier
             raise ApiError(400, f"token ids must be in [0, {vocab})", param="prompt")
         text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
-        return await run(request, req, ids, text, CompletionFormat(opts.model_name))
+        return await run(request, req, ids, text, CompletionFormat(opts.model_name, token_text, req.n))
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
@@ -372,7 +385,11 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         users = [m["content"] for m in messages if m["role"] == "user"]
         return await run(
-            request, req, ids, users[-1] if users else messages[-1]["content"], ChatFormat(opts.model_name)
+            request,
+            req,
+            ids,
+            users[-1] if users else messages[-1]["content"],
+            ChatFormat(opts.model_name, token_text, req.n),
         )
 
     @app.get("/v1/models")

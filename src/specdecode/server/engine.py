@@ -28,8 +28,11 @@ import torch
 from specdecode.backends.batch_model import BatchLM
 from specdecode.core import batch_decoder
 from specdecode.core.batch_decoder import PREFILL_BUDGET, BatchDecoder
+from specdecode.core.constraints import Constraints
 from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
-from specdecode.core.metrics import Stats
+from specdecode.core.logprobs import TokenLogprob
+from specdecode.core.metrics import Stats, acceptance_rate, mean_acceptance_length
+from specdecode.core.penalties import Penalties
 from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step
@@ -56,6 +59,10 @@ class Request:
     ignore_eos: bool = False
     timeout_s: float | None = None
     scope: str = ""  # whose suffix cache the request reads and feeds (suffix_cache.py)
+    penalties: Penalties | None = None
+    grammar: str | None = None  # a compiled grammar (core/grammar.py: Grammars) the output must follow
+    logprobs: int | None = None  # report the target's logprobs with this many top ones per token
+    after: Sequence | None = None  # n > 1: a sibling whose prompt KV this one waits for (prefix cache)
 
 
 @dataclass
@@ -68,6 +75,8 @@ class Usage:
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
+    steps: int = 0  # verify forwards
+    accepted_by_position: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -81,6 +90,10 @@ class Usage:
                 "num_drafts": self.num_drafts,
                 "num_draft_tokens": self.num_draft_tokens,
                 "num_accepted_tokens": self.num_accepted_tokens,
+                "num_verify_forwards": self.steps,
+                "acceptance_rate": acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens),
+                "mean_acceptance_length": mean_acceptance_length(self.num_accepted_tokens, self.num_drafts),
+                "num_accepted_tokens_per_pos": list(self.accepted_by_position),
             },
         }
 
@@ -88,12 +101,14 @@ class Usage:
 @dataclass
 class Delta:
     text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the tokens committed since the last
 
 
 @dataclass
 class Done:
     finish_reason: str  # "stop", "length" (OpenAI) or "abort" (cancelled)
     usage: Usage
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of tokens not delivered with a Delta
 
 
 @dataclass
@@ -128,6 +143,7 @@ class Sequence:
     num_drafts: int = 0
     last_delivery: float | None = None
     cancelled: bool = False
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet delivered
 
     @property
     def out(self) -> list[int]:
@@ -173,6 +189,7 @@ class Engine:
         self.ids = count(1)
         self.spec_stats: dict[Spec, Stats] = {}  # per drafter: acceptance profile for load control
         self.draft_s_per_token: dict[Spec, float] = {}
+        self._grammars = None
 
     # -- API side (any thread) ----------------------------------------------------------------
 
@@ -194,6 +211,8 @@ class Engine:
             generator,
             request.max_tokens,
             eos,
+            constraints=self._constraints(request),
+            logprobs=request.logprobs,
         )
         seq = Sequence(
             next(self.ids),
@@ -212,6 +231,20 @@ class Engine:
             self._gauges()
             self.cv.notify()
         return seq
+
+    def grammars(self):
+        """The structured-output compiler for this tokenizer (core/grammar.py), made on first use."""
+        if self._grammars is None:
+            from specdecode.core.grammar import Grammars  # llguidance loads only when a request needs it
+
+            self._grammars = Grammars(self.tokenizer, self.model.vocab_size, self.eos_ids)
+        return self._grammars
+
+    def _constraints(self, request: Request) -> Constraints | None:
+        grammar = self.grammars().matcher(request.grammar) if request.grammar is not None else None
+        if grammar is None and (request.penalties is None or not request.penalties.active):
+            return None
+        return Constraints(request.prompt, request.penalties, grammar)
 
     def cancel(self, seq: Sequence) -> None:
         with self.cv:
@@ -264,8 +297,11 @@ class Engine:
                     break
                 self._sweep()
                 admitted = []
-                while self.waiting and len(admitted) < len(self.free):
-                    seq = self.waiting.popleft()
+                while len(admitted) < len(self.free):
+                    seq = next((s for s in self.waiting if self._ready(s)), None)
+                    if seq is None:
+                        break
+                    self.waiting.remove(seq)
                     self.running.append(seq)
                     admitted.append(seq)
                 self._gauges()
@@ -281,6 +317,14 @@ class Engine:
                         self._finish(seq, "error", Failed(500, "internal_error", f"engine error: {e}"))
         with self.cv:
             self._fail_all()
+
+    def _ready(self, seq: Sequence) -> bool:
+        """Under the lock: a sibling of an n > 1 request starts once the first has its prompt's KV in
+        the prefix cache (or is gone), so that it prefills only the last partial block."""
+        first = seq.request.after
+        if first is None or self.core.prefix_cache is None:
+            return True
+        return first not in self.waiting and not (first.dec.slot is not None and first.dec.prefilling)
 
     def _fail_all(self) -> None:
         for seq in list(self.running) + list(self.waiting):
@@ -362,11 +406,13 @@ class Engine:
                 continue
             self._account(seq, step)
             delta = seq.text.push(step.tokens, step.finished)
+            seq.logprobs += step.logprobs or []
             if delta:
-                seq.sink(Delta(delta))
+                seq.sink(Delta(delta, seq.logprobs))
+                seq.logprobs = []
             if reason := seq.text.finish_reason:
                 with self.cv:
-                    self._finish(seq, reason, Done(reason, self._usage(seq)))
+                    self._finish(seq, reason, Done(reason, self._usage(seq), seq.logprobs))
 
     def _account(self, seq: Sequence, step: Step) -> None:
         """One definition of what a step adds: request usage, engine-wide stats, Prometheus."""
@@ -398,4 +444,6 @@ class Engine:
             seq.num_drafts,
             seq.stats.drafted,
             seq.stats.accepted,
+            seq.stats.steps,
+            list(seq.stats.accepted_by_pos),
         )

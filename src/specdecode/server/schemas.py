@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible API (pydantic) and OpenAI's error shape.
 
 Unknown fields are rejected (400) rather than silently ignored, so a client asking for something
-we do not do (logprobs, n > 1, penalties) learns it. Extensions: `speculative`, `task`, `top_k`,
-`ignore_eos` (as in vLLM).
+we do not do learns it. Extensions: `speculative`, `task`, `top_k`, `ignore_eos`, `repetition_penalty`
+(as in vLLM), and `response_format` types `regex` (`pattern`) and `grammar` (`grammar`, Lark).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from specdecode.core.generation import MAX_K
 from specdecode.core.tasks import TASKS
 
 MAX_STOPS = 16
+MAX_N = 16  # parallel samples per request
+MAX_LOGPROBS = 20  # top log-probabilities per position
 
 
 class ApiError(Exception):
@@ -73,6 +75,33 @@ class Speculative(_Strict):
     adaptive: bool | None = None
 
 
+class JsonSchema(_Strict):
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict = Field(..., alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's `text`, `json_object`, `json_schema`; extensions `regex` (`pattern`) and `grammar`
+    (`grammar`: a Lark grammar, llguidance's dialect, start rule `start`)."""
+
+    type: Literal["text", "json_object", "json_schema", "regex", "grammar"]
+    json_schema: JsonSchema | None = None
+    pattern: str | None = Field(None, min_length=1, max_length=4096)
+    grammar: str | None = Field(None, min_length=1, max_length=65536)
+
+    @model_validator(mode="after")
+    def _fields(self):
+        needs = {"json_schema": "json_schema", "regex": "pattern", "grammar": "grammar"}.get(self.type)
+        for field in ("json_schema", "pattern", "grammar"):
+            if (getattr(self, field) is not None) != (field == needs):
+                raise ValueError(
+                    f"type {self.type!r} " + (f"needs {field!r}" if field == needs else f"takes no {field!r}")
+                )
+        return self
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -85,13 +114,14 @@ class _Common(_Strict):
     top_k: int = Field(0, ge=-1, description="0 or -1: no top-k filter")
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=2**63)
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
-    presence_penalty: float = Field(0.0, ge=0, le=0, description="not supported: must be 0")
-    frequency_penalty: float = Field(0.0, ge=0, le=0, description="not supported: must be 0")
-    logprobs: Literal[False] | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2, strict=False)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, strict=False)
+    repetition_penalty: float = Field(1.0, gt=0, le=10, strict=False)
+    response_format: ResponseFormat | None = None
     ignore_eos: bool = False
     speculative: Speculative | None = None
     task: str | None = None
@@ -119,6 +149,11 @@ class CompletionRequest(_Common):
         ..., description="text, token ids, or a list of one text"
     )
     echo: Literal[False] = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no logprobs; else how many top alternatives per position."""
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -171,3 +206,8 @@ class Message(_Strict):
 class ChatRequest(_Common):
     messages: list[Message] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # without logprobs: true, a 400 (app.py)
+
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

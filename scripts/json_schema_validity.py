@@ -1,0 +1,183 @@
+"""Does JSON-schema-constrained output validate, and is it the same with speculation as without?
+
+For 10 JSON schemas x 5 requests (50 chat prompts) on the target (default SmolLM2-135M-Instruct, fp32),
+greedy decoding under the schema's grammar (core/grammar.py) runs without drafts and with the n-gram
+drafter as a chain and as a tree (k=4). Reported: how many outputs parse and validate against their
+schema, how many are token-identical across the three, and the grammar's cost per committed token
+(cut + masks, core/constraints.py) beside the whole step's.
+
+    python3 scripts/json_schema_validity.py --out docs/results/json_schema_validity_smollm2_zen4.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import jsonschema
+import torch
+
+from specdecode.backends import models
+from specdecode.core.constraints import Constraints
+from specdecode.core.decoder import decode
+from specdecode.core.grammar import Grammars
+from specdecode.core.sampling import SamplingParams
+from specdecode.drafters import NgramDrafter, NoDrafter
+
+
+def _s(n: int) -> dict:
+    return {"type": "string", "maxLength": n}
+
+
+def _i(lo: int, hi: int) -> dict:
+    return {"type": "integer", "minimum": lo, "maximum": hi}
+
+
+def _obj(**props) -> dict:
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+SCHEMAS = [
+    ("a person", _obj(name=_s(24), age=_i(0, 120), city=_s(24))),
+    ("a book", _obj(title=_s(40), author=_s(30), year=_i(1000, 2030))),
+    ("a weather forecast", _obj(city=_s(24), unit={"enum": ["celsius", "fahrenheit"]}, high=_i(-50, 60))),
+    (
+        "a product",
+        _obj(
+            name=_s(30),
+            price={"type": "number", "minimum": 0, "maximum": 10000},
+            in_stock={"type": "boolean"},
+        ),
+    ),
+    ("a movie review", _obj(movie=_s(40), stars=_i(1, 5), summary=_s(60))),
+    (
+        "a recipe",
+        _obj(dish=_s(30), ingredients={"type": "array", "items": _s(20), "maxItems": 5}, minutes=_i(1, 600)),
+    ),
+    (
+        "a meeting",
+        _obj(
+            topic=_s(40),
+            day={"enum": ["monday", "tuesday", "wednesday", "thursday", "friday"]},
+            hour=_i(0, 23),
+        ),
+    ),
+    ("a country", _obj(country=_s(30), capital=_s(30), population_millions=_i(0, 2000))),
+    (
+        "a todo item",
+        _obj(task=_s(50), done={"type": "boolean"}, priority={"enum": ["low", "medium", "high"]}),
+    ),
+    ("a flight", _obj(origin=_s(3), destination=_s(3), passengers=_i(1, 9))),
+]
+SUBJECTS = ["about Paris", "for a child", "that is funny", "from history", "about the sea"]
+
+
+class TimedConstraints(Constraints):
+    """Constraints that add up the time spent in the grammar (cut and process)."""
+
+    seconds = 0.0
+
+    def cut(self, plan):
+        t0 = time.perf_counter()
+        out = super().cut(plan)
+        TimedConstraints.seconds += time.perf_counter() - t0
+        return out
+
+    def process(self, context, plan, logits):
+        t0 = time.perf_counter()
+        out = super().process(context, plan, logits)
+        TimedConstraints.seconds += time.perf_counter() - t0
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target = models.load(args.target, "fp32", "cpu")
+    tok = target.tokenizer
+    grammars = Grammars(tok, target.model.vocab_size, target.eos_ids)
+    drafters = {
+        "none": (NoDrafter(), 0),
+        "ngram": (NgramDrafter(), 4),
+        "ngram:b=3": (NgramDrafter(branches=3), 4),
+    }
+    valid = identical = finished = tokens = 0
+    grammar_s = {name: 0.0 for name in drafters}
+    wall_s = {name: 0.0 for name in drafters}
+    new_tokens = {name: 0 for name in drafters}
+    failures = []
+    for what, schema in SCHEMAS:
+        compiled = grammars.json_schema(schema)
+        for subject in SUBJECTS:
+            question = f"Describe {what} {subject} as JSON with the fields {', '.join(schema['properties'])}."
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+            )
+            prompt = tok(text, add_special_tokens=False)["input_ids"]
+            outs = {}
+            for name, (drafter, k) in drafters.items():
+                TimedConstraints.seconds = 0.0
+                constraints = TimedConstraints(prompt, grammar=grammars.matcher(compiled))
+                t0 = time.perf_counter()
+                steps = decode(
+                    target.model,
+                    drafter,
+                    prompt,
+                    k=k,
+                    params=SamplingParams(),
+                    max_new_tokens=args.max_new_tokens,
+                    eos_ids=target.eos_ids,
+                    constraints=constraints,
+                )
+                outs[name] = [t for s in steps for t in s.tokens]
+                wall_s[name] += time.perf_counter() - t0
+                grammar_s[name] += TimedConstraints.seconds
+                new_tokens[name] += len(outs[name])
+            out = outs["none"]
+            tokens += len(out)
+            identical += all(o == out for o in outs.values())
+            done = bool(out) and out[-1] in target.eos_ids
+            finished += done
+            answer = tok.decode(out[:-1] if done else out)
+            try:
+                jsonschema.validate(json.loads(answer), schema)
+                valid += 1
+            except (ValueError, jsonschema.ValidationError) as e:
+                failures.append({"question": question, "answer": answer, "error": str(e)[:200]})
+            print(f"{what} {subject}: {answer}", flush=True)
+    n = len(SCHEMAS) * len(SUBJECTS)
+    result = {
+        "what": "JSON-schema constrained greedy output (llguidance masks), SmolLM2-135M-Instruct fp32",
+        "machine": f"{platform.machine()} AMD EPYC Zen 4, {args.threads} threads, shared with other jobs",
+        "prompts": n,
+        "max_new_tokens": args.max_new_tokens,
+        "valid": valid,
+        "finished_at_eos": finished,
+        "identical_none_ngram_chain_tree": identical,
+        "tokens": tokens,
+        "per_drafter": {
+            name: {
+                "ms_per_token": 1e3 * wall_s[name] / max(new_tokens[name], 1),
+                "grammar_ms_per_token": 1e3 * grammar_s[name] / max(new_tokens[name], 1),
+                "grammar_share": grammar_s[name] / wall_s[name] if wall_s[name] else None,
+            }
+            for name in drafters
+        },
+        "failures": failures,
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
