@@ -63,7 +63,7 @@ def build_engine(
         target.tokenizer,
         target.eos_ids,
         pool,
-        ServerMetrics(model_name),
+        ServerMetrics(model_name, specs),
         queue_size=queue_size,
         costs=costs,
         threads=threads,
