@@ -210,12 +210,12 @@ def test_a_long_prompt_admitted_beside_a_running_row_grows_the_cache_without_pau
     monkeypatch.setattr(lm.cache, "step_bytes", 1)
     core = BatchDecoder(lm)
     short, short_ref = cases[0]
-    running = Sequence(short, per_sequence(DRAFTERS[0]), FixedK(3), SamplingParams(), None, MAX_NEW)
+    running = Sequence(short, DRAFTERS[0].fork(), FixedK(3), SamplingParams(), None, MAX_NEW)
     core.start([running], chunked=True)
     core.step([running])
     small = lm.room()
     prompt = (cases[1][0] * 64)[: small + 100]  # longer than the cache holds now
-    admitted = Sequence(prompt, per_sequence(NoDrafter()), FixedK(1), SamplingParams(), None, MAX_NEW)
+    admitted = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, MAX_NEW)
     core.start([admitted], chunked=True)
     assert lm.room() == small  # nothing grew at admission
     moves = 0
