@@ -14,6 +14,13 @@ Two scenarios of issue 19's goals ride along:
   tokens), alone: the TTFT of the first turn (cold) and of the second (history + answer + a new
   question, whose prefix the prefix cache holds); medians and their ratio.
 
+`--admission N` runs issue 38's scenario instead of the mix: N clients stream short greedy requests
+(128 tokens, ignore_eos) back to back; after `--admission-warmup` seconds a fresh prompt of
+`--admission-tokens` tokens (default 4,000) arrives; once it has its first token the clients stop.
+Reported: the running streams' gap between chunks, median over the run and p99 while the prompt was
+admitted (its arrival to its first token), and their ratio (goal <= 3). Start a fresh server for
+each run: the first long prompt is the one whose admission grows the KV cache.
+
   python3 scripts/load_server.py --url http://127.0.0.1:8000 --clients 16 --seconds 120 [--out r.json]
 """
 
@@ -113,11 +120,11 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q / 100 * len(values)))]
 
 
-async def long_arrival(client, url: str, model: str, tokens: int, after: float) -> dict:
+async def long_arrival(client, url: str, model: str, tokens: int, after: float, tag="long-arrival") -> dict:
     await asyncio.sleep(after)
     body = {
         "model": model,
-        "prompt": filler(tokens, "long-arrival") + "\nWhich sensor read the most?",
+        "prompt": filler(tokens, tag) + "\nWhich sensor read the most?",
         "max_tokens": 8,
         "temperature": 0,
         "stream": True,
@@ -164,8 +171,65 @@ async def chat_ttft(client, url: str, model: str, repeats: int) -> dict:
     }
 
 
+async def admission(
+    client, url: str, model: str, streams: int, tokens: int, warmup: float, seed: int
+) -> dict:
+    """`streams` clients stream short requests back to back; after `warmup` s a fresh `tokens`-token
+    prompt arrives; the clients stop once it has its first token -> the streams' chunk gaps."""
+    stop, results = asyncio.Event(), []
+
+    async def client_loop(i: int):
+        local = random.Random(seed * 1000 + i)
+        while not stop.is_set():
+            body = {"model": model, "prompt": local.choice(SHORT), "max_tokens": 128, "temperature": 0}
+            results.append(await stream(client, url, {**body, "stream": True, "ignore_eos": True}))
+
+    tasks = [asyncio.create_task(client_loop(i)) for i in range(streams)]
+    long = await long_arrival(client, url, model, tokens, warmup, tag=f"admission-{streams}-{seed}")
+    stop.set()
+    await asyncio.gather(*tasks)
+    errors = [r["error"] for r in results if "error" in r] + ([long["error"]] if "error" in long else [])
+    ok = [r for r in results if "error" not in r]
+    gaps = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:])]
+    report = {"streams": streams, "prompt_tokens": tokens, "requests": len(results), "errors": len(errors)}
+    report["error_samples"] = errors[:5]
+    if "error" in long or not long["stamps"] or not gaps:
+        return report
+    admitted = during(ok, long["start"], long["start"] + long["stamps"][0])
+    median = statistics.median(gaps)
+    return {
+        **report,
+        "ttft_s": round(long["stamps"][0], 2),
+        "gap_median_s": round(median, 4),
+        "gaps_while_admitted": len(admitted),
+        "gap_p99_while_admitted_s": round(pct(admitted, 99), 4) if admitted else None,
+        "gap_max_while_admitted_s": round(max(admitted), 4) if admitted else None,
+        "p99_over_median_while_admitted": round(pct(admitted, 99) / median, 2) if admitted else None,
+        "p99_over_median_overall": round(pct(gaps, 99) / median, 2),
+    }
+
+
 async def main(args) -> int:
     rng = random.Random(args.seed)
+    if args.admission:
+        async with httpx.AsyncClient(
+            timeout=args.timeout, limits=httpx.Limits(max_connections=args.admission + 4)
+        ) as client:
+            model = (await client.get(args.url + "/v1/models")).json()["data"][0]["id"]
+            report = await admission(
+                client,
+                args.url,
+                model,
+                args.admission,
+                args.admission_tokens,
+                args.admission_warmup,
+                args.seed,
+            )
+        print(json.dumps(report, indent=1))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+        return 1 if report["errors"] else 0
     limits = httpx.Limits(max_connections=args.clients + 4)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
         model = (await client.get(args.url + "/v1/models")).json()["data"][0]["id"]
@@ -259,4 +323,7 @@ if __name__ == "__main__":
     )
     p.add_argument("--long-after", type=float, default=10.0, help="seconds into the load when it arrives")
     p.add_argument("--chat-turns", type=int, default=0, help="two-turn chats timed alone after the load")
+    p.add_argument("--admission", type=int, default=0, help="streams beside which a long prompt is admitted")
+    p.add_argument("--admission-tokens", type=int, default=4000, help="that prompt's length (about)")
+    p.add_argument("--admission-warmup", type=float, default=15.0, help="seconds of streaming before it")
     sys.exit(asyncio.run(main(p.parse_args())))

@@ -172,8 +172,8 @@ def test_the_batched_model_knows_its_attention_span(target):
 
 
 def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
-    """Growing the cache copies every slot's: it happens when a request is admitted, for its prompt and
-    max_new_tokens, not between the chunks of its prompt (or under `serve --kv-reserve`, at start)."""
+    """The room for a request (prompt + max_new_tokens) is asked for when it is admitted, not found
+    missing between the chunks of its prompt (or under `serve --kv-reserve`, at start)."""
     from specdecode.server import build_engine, default_routes
 
     lm = batched(target.model, 3)
@@ -181,7 +181,7 @@ def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
     prompt = list(range(5, 200))  # the tiny model holds 512 positions
     seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 250)
     core.start([seq], chunked=True)
-    cache = lm.k_cache
+    cache = lm.k_cache  # an empty cache has nothing to copy: allocated at once
     assert cache.shape[3] >= len(prompt) + 250
     while not seq.finished:
         core.step([seq], prefill_budget=64)
@@ -194,7 +194,42 @@ def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
         load_control=False,
         kv_reserve=480,
     )
-    assert engine.core.model.k_cache.shape[3] >= 480
+    assert engine.core.model.room() >= 480
+
+
+def test_a_long_prompt_admitted_beside_a_running_row_grows_the_cache_without_pausing_it(
+    target, cases, monkeypatch
+):
+    """Admission beside a decoding row grows the cache ahead: nothing is copied then, each forward moves
+    one layer into the larger tensors (step_bytes=1) while the running row decodes on, the new prompt
+    goes in only as far as the old capacity until the move is done, and every output is still the one
+    each request gets alone."""
+    from specdecode.core.generation import generate
+
+    lm = batched(target.model, 3)
+    monkeypatch.setattr(lm.cache, "step_bytes", 1)
+    core = BatchDecoder(lm)
+    short, short_ref = cases[0]
+    running = Sequence(short, DRAFTERS[0].fork(), FixedK(3), SamplingParams(), None, MAX_NEW)
+    core.start([running], chunked=True)
+    core.step([running])
+    small = lm.room()
+    prompt = (cases[1][0] * 64)[: small + 100]  # longer than the cache holds now
+    admitted = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, MAX_NEW)
+    core.start([admitted], chunked=True)
+    assert lm.room() == small  # nothing grew at admission
+    moves = 0
+    while lm.cache.moving is not None:
+        before = len(running.context)
+        core.step([running, admitted], prefill_budget=64)
+        assert len(running.context) > before and admitted.prefilled <= small
+        moves += 1
+    assert moves == len(target.model.layers) and lm.room() >= len(prompt) + MAX_NEW
+    while not (running.finished and admitted.finished):
+        core.step([s for s in (running, admitted) if not s.finished], prefill_budget=64)
+    assert running.context[len(short) :] == short_ref
+    alone = generate(target, NoDrafter(), prompt, max_new_tokens=MAX_NEW).token_ids
+    assert admitted.context[len(prompt) :] == alone
 
 
 def test_a_prompt_alone_goes_in_with_the_idle_budget_and_beside_decoding_rows_with_the_budget(target):

@@ -22,9 +22,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from specdecode.backends.fast_llama import FastLlama, fused_layers, grow_kv, rms_norm
+from specdecode.backends.fast_llama import FastLlama, fused_layers, rms_norm
 from specdecode.backends.lm import CausalLM, Output, layer_ids
 from specdecode.backends.models import HFModel
+from specdecode.backends.slot_cache import SlotCache
 
 
 @dataclass
@@ -44,10 +45,6 @@ class BatchLM(Protocol):
     attention_span: float | None  # context tokens whose attention costs a token's matmuls; None: unknown
     copies_kv: bool  # read_kv / write_kv copy a slot's keys and values (prefix caching)
 
-    def reserve(self, positions: int) -> None:
-        """Room for `positions` cached tokens per slot now (a no-op where the cache grows by itself)."""
-        ...
-
     def read_kv(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def write_kv(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None: ...
@@ -58,6 +55,15 @@ class BatchLM(Protocol):
 
     def keep(self, slot: int, length: int, indices: list[int]) -> None:
         """As CausalLM.keep, for one slot (a tree's accepted path)."""
+        ...
+
+    def room(self) -> int:
+        """Positions every slot can hold without growing the cache."""
+        ...
+
+    def reserve(self, positions: int, wait: bool = True) -> None:
+        """Room for `positions` in every slot: now, or (wait=False) grown over the next forwards
+        without pausing them (room() says when it is there)."""
         ...
 
     def forward(self, rows: list[Row]) -> list[Output]:
@@ -91,17 +97,29 @@ class BatchedLlama:
         self.max_length, self.vocab_size = fast.max_length, fast.vocab_size
         self.device, self.dtype = fast.device, fast.dtype
         self.lengths = [0] * slots
-        self.k_cache = self.v_cache = None  # [layers, slots, kv_heads, cap, head_dim]
+        dims = (len(fast.layers), slots, fast.kv_heads, fast.head_dim)
+        self.cache = SlotCache(dims, self.max_length, self.dtype, self.device)
+
+    @property
+    def k_cache(self) -> torch.Tensor:
+        """[layers, slots, kv_heads, capacity, head_dim] (while the cache grows: the old tensors)."""
+        return self.cache.k
+
+    @property
+    def v_cache(self) -> torch.Tensor:
+        return self.cache.v
 
     def length(self, slot: int) -> int:
         return self.lengths[slot]
 
     def truncate(self, slot: int, length: int) -> None:
         self.lengths[slot] = min(self.lengths[slot], length)
+        self.cache.wrote_from(slot, self.lengths[slot])
 
     @torch.inference_mode()
     def keep(self, slot: int, length: int, indices: list[int]) -> None:
         m = len(indices)
+        self.cache.wrote_from(slot, length)
         if indices != list(range(length, length + m)):
             idx = torch.tensor(indices, dtype=torch.long, device=self.device)
             self.k_cache[:, slot, :, length : length + m] = self.k_cache[
@@ -120,27 +138,25 @@ class BatchedLlama:
         """Put keys and values (as read_kv returns them) at positions start.. of a slot, which then holds
         start + n positions (prefix caching: a prompt's cached prefix instead of its prefill)."""
         end = start + k.shape[2]
-        self._ensure_capacity(end)
+        self.cache.ensure(end, self.lengths)
+        self.cache.wrote_from(slot, start)
         self.k_cache[:, slot, :, start:end] = k
         self.v_cache[:, slot, :, start:end] = v
         self.lengths[slot] = end
 
-    def reserve(self, positions: int) -> None:
-        """Room for `positions` cached tokens in every slot now (capped at max_length), so that growing
-        the cache, which copies every slot's, happens here and not between a prompt's chunks."""
-        self._ensure_capacity(min(positions, self.max_length))
+    def room(self) -> int:
+        return self.cache.capacity
 
-    def _ensure_capacity(self, needed: int) -> None:
-        f = self.fast
-        self.k_cache, self.v_cache = grow_kv(
-            self.k_cache,
-            self.v_cache,
-            needed,
-            self.max_length,
-            (len(f.layers), self.slots, f.kv_heads, f.head_dim),
-            self.dtype,
-            self.device,
-        )
+    @torch.inference_mode()
+    def reserve(self, positions: int, wait: bool = True) -> None:
+        """Room for `positions` cached tokens in every slot (capped at max_length): now (growing copies
+        every slot's cache: at start-up, `serve --kv-reserve`), or ahead, moved into place a bounded
+        piece per forward while the running rows go on (slot_cache.py)."""
+        positions = min(positions, self.max_length)
+        if wait:
+            self.cache.ensure(positions, self.lengths)
+        else:
+            self.cache.grow_ahead(positions, self.lengths)
 
     @torch.inference_mode()
     def forward(self, rows: list[Row]) -> list[Output]:
@@ -151,7 +167,7 @@ class BatchedLlama:
         ends = [s + n for s, n in zip(starts, counts)]
         if max(ends) > self.max_length:
             raise ValueError(f"sequence of {max(ends)} tokens exceeds max_length {self.max_length}")
-        self._ensure_capacity(max(ends))
+        self.cache.ensure(max(ends), self.lengths)  # grown ahead at admission: normally there already
         b, s_max, l_max = len(rows), max(counts), max(ends)
         h, d, kvh = f.heads, f.head_dim, f.kv_heads
 
@@ -247,6 +263,7 @@ class BatchedLlama:
         f, dev = self.fast, self.device
         for r, end in zip(rows, ends):
             self.lengths[r.slot] = end
+        self.cache.advance(self.lengths)  # a growing cache: this forward's share of the move
         keep = [r.num_logits or n for r, n in zip(rows, counts)]
         picked = torch.cat([torch.arange(o + n - m, o + n) for o, n, m in zip(offsets, counts, keep)]).to(dev)
         x = x[picked] if normed else rms_norm(x[picked], f.final_norm, f.eps)
@@ -352,8 +369,11 @@ class PerSlotLM:
     def keep(self, slot: int, length: int, indices: list[int]) -> None:
         self.seqs[slot].keep(length, indices)
 
-    def reserve(self, positions: int) -> None:
-        pass  # each DynamicCache grows by itself
+    def room(self) -> int:
+        return self.max_length  # each DynamicCache grows by itself
+
+    def reserve(self, positions: int, wait: bool = True) -> None:
+        pass
 
     def read_kv(self, slot: int, start: int, end: int):
         raise NotImplementedError("PerSlotLM does not copy keys and values (copies_kv is False)")

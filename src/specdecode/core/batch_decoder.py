@@ -97,8 +97,8 @@ class BatchDecoder:
         now in one batched forward (features to the drafters that read them), or, when `chunked`, in
         chunks inside the next steps (step's prefill_budget) -> seconds taken."""
         t0 = time.perf_counter()
-        if seqs:  # grow the cache once, before any chunk goes in
-            self.model.reserve(max(len(seq.prompt) + seq.max_new_tokens for seq in seqs))
+        if seqs:  # room for the prompts and their outputs: chunked prompts wait for it, the others do not
+            self.model.reserve(max(len(seq.prompt) + seq.max_new_tokens for seq in seqs), wait=not chunked)
         for seq in seqs:
             seq.slot = self.free.pop()
             seq.context = list(seq.prompt)
@@ -134,10 +134,11 @@ class BatchDecoder:
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         """Write the cached blocks that begin the prompt into the sequence's slot (not for drafters that
-        read the prompt's features: they need every row's)."""
+        read the prompt's features: they need every row's), as far as the cache has room now (a cache
+        still growing is not waited for: the rest is prefilled)."""
         if self.prefix_cache is None or seq.drafter.layers:
             return
-        blocks = self.prefix_cache.lookup(seq.prompt[:-1])
+        blocks = self.prefix_cache.lookup(seq.prompt[: min(len(seq.prompt) - 1, self.model.room())])
         for k, v in blocks:
             self.model.write_kv(seq.slot, seq.prefilled, k, v)
             seq.prefilled += k.shape[2]
@@ -170,7 +171,13 @@ class BatchDecoder:
         span = self.model.attention_span
         for seq in seqs:
             if seq.prefilling and budget > 0:
-                n = chunk_size(budget, seq.prefilled, len(seq.prompt) - 1 - seq.prefilled, span)
+                remaining = len(seq.prompt) - 1 - seq.prefilled
+                if idle and self.model.room() < len(seq.prompt):
+                    self.model.reserve(len(seq.prompt))  # nobody decodes: growing now pauses no one
+                fits = min(remaining, self.model.room() - seq.prefilled)  # the cache may still be growing
+                if fits < 1:
+                    continue
+                n = chunk_size(budget, seq.prefilled, fits, span)
                 chunks.append((seq, n))
                 budget -= chunk_cost(n, seq.prefilled, span)
         rows, plans, bases, draft_s = [], {}, {}, {}

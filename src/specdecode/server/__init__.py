@@ -45,8 +45,9 @@ def build_engine(
     kv_reserve: int = 0,
 ) -> Engine:
     """Everything the server runs on: batched target (its KV cache sized for `kv_reserve` positions
-    per slot now, else grown on demand), drafters (model drafters loaded now), the measured batch
-    costs (when load_control) and the metrics."""
+    per slot now, else grown ahead of admitted requests without pausing the others), drafters (model
+    drafters loaded now), the measured batch costs (when load_control) and the metrics (drafter labels
+    from the configured routes)."""
     model = batched(target.model, max_batch)
     if kv_reserve:
         model.reserve(kv_reserve)
@@ -63,7 +64,7 @@ def build_engine(
         target.tokenizer,
         target.eos_ids,
         pool,
-        ServerMetrics(model_name),
+        ServerMetrics(model_name, specs),
         queue_size=queue_size,
         costs=costs,
         threads=threads,

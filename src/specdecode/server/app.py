@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import json
 import logging
+import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -27,6 +27,7 @@ from specdecode.core.tasks import classify
 from specdecode.drafters import parse
 from specdecode.errors import UserError
 from specdecode.server import engine as eng
+from specdecode.server.guard import Guard, request_id
 from specdecode.server.responses import ChatFormat, CompletionFormat, merge_usage
 from specdecode.server.schemas import (
     ApiError,
@@ -65,55 +66,27 @@ def _sse(obj: dict | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
 
-# -- guard: API key and body size (pure ASGI, before any parsing) ---------------------------------
+CLIENT_LEFT = object()  # put in a request's event queue when its client disconnects
 
 
-class Guard:
-    PROTECTED = ("/v1/", "/stats")
+async def _disconnected(request: Request, queue: asyncio.Queue) -> None:
+    """Wait for the client to go away (ASGI http.disconnect; the body has been read), then say so in
+    `queue`: the request's events and its client's departure arrive in one place."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    queue.put_nowait((None, CLIENT_LEFT))
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
-        self.app, self.max_body = app, max_body_bytes
-        self.key = api_key.encode() if api_key else None
 
-    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope["headers"])
-        if self.key and scope["path"].startswith(self.PROTECTED) and not self._authorized(headers):
-            resp = error_response(
-                401,
-                "missing or invalid API key (Authorization: Bearer <key>)",
-                "authentication_error",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            return await resp(scope, receive, send)
-        length = headers.get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > self.max_body:
-            status = 413 if length.isdigit() else 400
-            resp = error_response(
-                status,
-                f"request body larger than {self.max_body} bytes"
-                if status == 413
-                else "invalid Content-Length",
-                "invalid_request_error",
-            )
-            return await resp(scope, receive, send)
-        seen = 0
-
-        async def counted():  # chunked bodies carry no Content-Length: count as they arrive
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_body:
-                raise HTTPException(413, f"request body larger than {self.max_body} bytes")
-            return message
-
-        return await self.app(scope, counted, send)
+def unparsable(cause: BaseException) -> str:
+    """Why the JSON parser rejected a body, naming the cause (FastAPI says only that it failed)."""
+    if isinstance(cause, UnicodeDecodeError):
+        byte = cause.object[cause.start : cause.start + 1].hex()
+        return f"the body is not valid {cause.encoding.upper()} (byte 0x{byte} at offset {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "the body's JSON is nested too deeply"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return f"the body has an integer of more than {sys.get_int_max_str_digits()} digits"
+    return f"the body could not be parsed as JSON: {type(cause).__name__}: {cause}"
 
 
 # -- the app ----------------------------------------------------------------------------------------
@@ -157,9 +130,10 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
     @app.exception_handler(HTTPException)
     async def _http(request, exc: HTTPException):
         kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}
-        return error_response(
-            exc.status_code, str(exc.detail), kind.get(exc.status_code, "invalid_request_error")
-        )
+        message = str(exc.detail)
+        if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI: "error parsing the body"
+            message = unparsable(exc.__cause__)
+        return error_response(exc.status_code, message, kind.get(exc.status_code, "invalid_request_error"))
 
     @app.exception_handler(ApiError)
     async def _api(request, exc: ApiError):
@@ -167,10 +141,10 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
 
     @app.exception_handler(Exception)
     async def _crash(request, exc: Exception):
-        log.exception("request failed", exc_info=exc)
+        log.exception("request %s failed", request_id(request.scope), exc_info=exc)
         return error_response(500, "internal server error", "internal_error", headers={"Connection": "close"})
 
-    def build(req, ids: list[int], task_text: str) -> eng.Request:
+    def build(req, ids: list[int], task_text: str, rid: str) -> eng.Request:
         if req.model is not None and req.model != opts.model_name:
             raise ApiError(
                 404,
@@ -227,6 +201,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
             penalties=penalties if penalties.active else None,
             grammar=grammar,
             logprobs=req.top_logprobs_asked(),
+            request_id=rid,
         )
 
     def compile_format(fmt: ResponseFormat | None) -> str | None:
@@ -248,7 +223,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
     async def run(request: Request, req, ids: list[int], task_text: str, fmt: CompletionFormat):
         """Submit the request's n samples (sample i seeded seed + i; siblings wait for the first's
         prompt KV in the prefix cache) and answer with their events, streamed or collected."""
-        template = build(req, ids, task_text)
+        template = build(req, ids, task_text, request_id(request.scope))
         template.scope = engine.pool.caches.scope_key(request.headers.get("authorization"), req.user)
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -321,19 +296,19 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
                 engine.cancel(seq)
 
     async def _collect(request: Request, seqs, queue, fmt: CompletionFormat, logprobs: bool):
+        """A non-streamed request's events -> its response; a client that leaves cancels its samples at
+        once (the engine frees their slots before its next step), not only when no token arrives."""
+        left = asyncio.create_task(_disconnected(request, queue))
         parts = [[] for _ in seqs]
         entries = [[] for _ in seqs]
         done: dict[int, eng.Done] = {}
         try:
             while len(done) < len(seqs):
-                try:
-                    index, event = await asyncio.wait_for(queue.get(), 0.25)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        for seq in seqs:
-                            engine.cancel(seq)
-                        return Response(status_code=499)
-                    continue
+                index, event = await queue.get()
+                if event is CLIENT_LEFT:
+                    for seq in seqs:
+                        engine.cancel(seq)
+                    return Response(status_code=499)
                 if isinstance(event, eng.Delta):
                     parts[index].append(event.text)
                     entries[index] += event.logprobs
@@ -349,6 +324,8 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
             for seq in seqs:
                 engine.cancel(seq)
             raise
+        finally:
+            left.cancel()
         choices = [
             (
                 "".join(parts[i]),
@@ -407,7 +384,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
             ],
         }
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD
     async def health():
         return {"status": "ok"}
 

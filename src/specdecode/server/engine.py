@@ -63,6 +63,7 @@ class Request:
     grammar: str | None = None  # a compiled grammar (core/grammar.py: Grammars) the output must follow
     logprobs: int | None = None  # report the target's logprobs with this many top ones per token
     after: Sequence | None = None  # n > 1: a sibling whose prompt KV this one waits for (prefix cache)
+    request_id: str = ""  # X-Request-Id: names the request in the log
 
 
 @dataclass
@@ -311,7 +312,9 @@ class Engine:
                 if self.running:
                     self._step()
             except Exception as e:  # a bug must not take the server down: fail this batch, go on
-                log.exception("engine step failed")
+                log.exception(
+                    "engine step failed (requests %s)", " ".join(s.request.request_id for s in self.running)
+                )
                 with self.cv:
                     for seq in list(self.running):
                         self._finish(seq, "error", Failed(500, "internal_error", f"engine error: {e}"))
@@ -349,8 +352,16 @@ class Engine:
         if seq in self.running:
             self.running.remove(seq)
             self.core.release(seq.dec)
-        self.metrics.observe_finish(reason, time.perf_counter() - seq.arrival)
+        e2e = time.perf_counter() - seq.arrival
+        self.metrics.observe_finish(reason, e2e)
         self._gauges()
+        log.info(
+            "request %s finished (%s) after %.3f s, %d tokens",
+            seq.request.request_id,
+            reason,
+            e2e,
+            len(seq.out),
+        )
         seq.sink(event)
 
     def _prefill(self, admitted: list[Sequence]) -> None:
@@ -398,7 +409,7 @@ class Engine:
         self.metrics.batch_size.labels(self.metrics.model_name).observe(len(steps))
         for seq, step in zip(active, steps):
             if step.error is not None:  # this request's row failed; the rest of the batch goes on
-                log.error("request %d failed in its step: %r", seq.id, step.error)
+                log.error("request %s failed in its step: %r", seq.request.request_id, step.error)
                 with self.cv:
                     self._finish(seq, "error", Failed(500, "internal_error", f"engine error: {step.error}"))
                 continue

@@ -16,10 +16,12 @@ these same counters, so the two views cannot disagree.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specdecode.core import metrics
+from specdecode.drafters.spec import Spec, parse
 
 PREFIX = "specdecode:"
 _LATENCY = (
@@ -43,30 +45,30 @@ _LATENCY = (
     60.0,
 )
 _TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
-MAX_DRAFTER_LABELS = 16  # distinct drafter label values; later ones are counted as "other"
 
 
-class BoundedLabels:
-    """The first `limit` distinct values as themselves, every later one as "other": a client naming
-    ever new drafter specs cannot grow /metrics without bound (specs arrive canonicalised)."""
+class DrafterLabels:
+    """The `drafter` label of a spec, from the server's configuration: a drafter the server was started
+    with (its routes' and candidates' specs) is labelled by its canonical spec; any other spec a request
+    names is honoured but labelled by its kind (`ngram:1-100000` -> `ngram`). So the label values are
+    bounded by the configuration and the drafter kinds, whatever clients send, and no client spec can
+    take a configured drafter's label."""
 
-    def __init__(self, limit: int = MAX_DRAFTER_LABELS):
-        self.limit, self.seen = limit, set()
+    def __init__(self, configured: Iterable[str | Spec]):
+        self.configured = frozenset(str(parse(s)) for s in configured)
 
-    def __call__(self, value: str) -> str:
-        if value in self.seen:
-            return value
-        if len(self.seen) < self.limit:
-            self.seen.add(value)
-            return value
-        return "other"
+    def __call__(self, spec: str | Spec) -> str:
+        parsed = parse(spec)
+        text = str(parsed)
+        return text if text in self.configured else parsed.kind
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, drafters: Iterable[str | Spec] = ()):
+        """drafters: the specs the server was started with (metric labels of their own)."""
         self.registry = r = CollectorRegistry()
         self.model_name = model_name
-        self.drafter_label = BoundedLabels()
+        self.drafter_label = DrafterLabels(drafters)
         spec = ["model_name", "task", "drafter"]
         self.drafts = Counter(
             PREFIX + "spec_decode_num_drafts", "Verify steps with at least one draft token", spec, registry=r
