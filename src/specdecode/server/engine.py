@@ -436,7 +436,7 @@ class Engine:
             old = self.draft_s_per_token.get(spec)
             self.draft_s_per_token[spec] = per_token if old is None else 0.9 * old + 0.1 * per_token
         self.metrics.observe_step(
-            seq.request.task, str(spec), step.drafted, step.accepted, len(step.tokens), step.depth
+            seq.request.task, spec, step.drafted, step.accepted, len(step.tokens), step.depth
         )
         first = seq.last_delivery is None
         self.metrics.observe_delivery(

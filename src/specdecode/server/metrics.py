@@ -58,7 +58,7 @@ class DrafterLabels:
         self.configured = frozenset(str(parse(s)) for s in configured)
 
     def __call__(self, spec: str | Spec) -> str:
-        parsed = parse(spec)
+        parsed = spec if isinstance(spec, Spec) else parse(spec)  # a request's Spec: parsed once already
         text = str(parsed)
         return text if text in self.configured else parsed.kind
 
@@ -178,7 +178,13 @@ class ServerMetrics:
     # -- updates (called from the engine thread) --------------------------------------------
 
     def observe_step(
-        self, task: str, drafter: str, drafted: int, accepted: int, committed: int, depth: int | None = None
+        self,
+        task: str,
+        drafter: str | Spec,
+        drafted: int,
+        accepted: int,
+        committed: int,
+        depth: int | None = None,
     ) -> None:
         """depth: the draft positions checked (a tree's depth; None: a chain, = drafted)."""
         labels = (self.model_name, task, self.drafter_label(drafter))
