@@ -184,8 +184,8 @@ def test_every_trainer_runs_on_the_family_its_drafter_is_lossless_and_exports(
                 str(tmp_path / f"export-{trainer}"),
             ]
         )
-        if trainer == "eagle" and family in ("phi3", "gemma3_text"):
-            assert code == 2 and f"not {family!r}" in capsys.readouterr().err
+        if trainer == "eagle" and family == "gemma3_text":  # vLLM 0.32's Gemma 3 has no EAGLE-3 interface
+            assert code == 2 and "not Gemma3ForCausalLM" in capsys.readouterr().err
             continue
         assert code == 0, capsys.readouterr().err
         written = json.loads(
