@@ -33,9 +33,8 @@ def worker(engine: str, prompts: str, threads: int, max_new: int, dtype: str) ->
     torch.set_num_threads(threads)
     from specdecode import drafters
     from specdecode.backends import models
-    from specdecode.core.generation import generate
+    from specdecode.core.generation import encode_prompt, generate
     from specdecode.core.sampling import SamplingParams
-    from specdecode.core.text import encode_prompt
     from specdecode.corpora import load_prompts
 
     target = models.load(None, dtype)

@@ -277,6 +277,8 @@ def test_gguf_rows_get_the_same_bits_in_any_call(tiny_gguf):
     nodes = torch.stack([seqs[1][3], seqs[1][4], seqs[2][0]])
     tree_logits = model.extend_tree(nodes, torch.tensor([3, 4, 4]), tree)
     assert torch.equal(tree_logits[:2], alone[1][3:5])  # the path 0 -> 1 is the chain
+    sibling = stepwise(torch.cat([seqs[1][:4], seqs[2][:1]]))[-1]  # node 2 sees node 0 one slot back
+    assert torch.equal(tree_logits[2], sibling)
     lm = batched(model, 3)
     outs = lm.forward([Row(s, t[:-1]) for s, t in enumerate(seqs)])  # prefills of 89, 4 and 30 rows together
     outs += lm.forward([Row(s, t[-1:]) for s, t in enumerate(seqs)])  # one decoding row each

@@ -88,18 +88,15 @@ void weighted_values(const float* p, const float* V, int64_t d, int64_t end, flo
   }
 }
 
-// p[j] = exp(p[j] - top) -> their sum. Key j always adds into lane j % L (p is padded with -inf, i.e.
-// zeros, to a whole vector): a row's sum is the same whether its call ends at its last key (decoding)
-// or at later keys it does not see (verification), as hidden keys add exact zeros.
+// p[j] = exp(p[j] - top) -> their sum, added key by key in order: a tree node sees its ancestors at
+// other cache slots than a decoding step sees the same tokens, so the sum must not depend on where a
+// key sits (hidden keys add exact zeros; the visible ones come in the same order either way).
 float exponentiate(float* p, int64_t end, float top) {
   std::fill(p + end, p + (end + L - 1) / L * L, -std::numeric_limits<float>::infinity());
-  vec total{};
-  for (int64_t j = 0; j < end; j += L) {
-    const vec e = vexp(load(p + j) - top);
-    store(p + j, e);
-    total += e;
-  }
-  return reduce(total);
+  for (int64_t j = 0; j < end; j += L) store(p + j, vexp(load(p + j) - top));
+  float sum = 0.f;
+  for (int64_t j = 0; j < end; ++j) sum += p[j];
+  return sum;
 }
 
 // q [d] against keys 0..end-1 (visible where `seen`) of one head's K [cap, d], V: -> out [d]
