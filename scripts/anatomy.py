@@ -6,7 +6,8 @@ the matmuls, attention and the rest, against the machine's measured streaming ba
 
 What it reports (JSON, and a Markdown table beside it):
 - T(n) ms and r(n) = T(n) / T(1): one forward of n new tokens after `context` cached ones (a chain
-  verification's shape), sizes interleaved across repeats, medians;
+  verification's shape), sizes interleaved across repeats, medians; where the layers run as one
+  native call (backends/stack.py), also T per-op: the same forward through one call per op;
 - matmul ms: the same layers' linears (and the LM head) alone on rows of the same shapes, and the LM
   head on its own; attention ms: the fused attention kernel alone on the same caches; rest = T - both;
 - the bytes one forward reads from its weights, the streaming read bandwidth measured here (a sum
@@ -145,8 +146,16 @@ def _one_context(model, ctx: int, rows: int, repeats: int, gen: torch.Generator)
             f(xs[n][k])
         model.lm_head(heads[n])
 
+    def per_op(n):  # the same forward through fused_layers' per-op calls instead of the native stack
+        model.stack, stack = None, model.stack
+        try:
+            forward(n)
+        finally:
+            model.stack = stack
+
     parts = {
         "T": forward,
+        **({"T_per_op": per_op} if model.stack is not None else {}),
         "matmul": matmuls,
         "lm_head": lambda n: model.lm_head(heads[n]),
         "attention": lambda n: attention_only(model, n, gen),
@@ -245,12 +254,14 @@ def markdown(rep: dict) -> str:
         f"Weights read per forward {rep['weight_bytes'] / 1e6:.1f} MB; streaming read "
         f"{rep['bandwidth_gbs']:.1f} GB/s; floor {rep['floor_ms']:.2f} ms.",
         "",
-        "| context | n | T ms | r(n) | matmul ms | LM head ms | attention ms | rest ms | MAC/cycle/core |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| context | n | T ms | r(n) | T per-op ms | matmul ms | LM head ms | attention ms | rest ms"
+        " | MAC/cycle/core |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rep["rows"]:
+        per_op = f"{r['T_per_op']:.2f}" if "T_per_op" in r else "–"
         lines.append(
-            f"| {r['context']} | {r['n']} | {r['T']:.2f} | {r['r']:.2f} | {r['matmul']:.2f}"
+            f"| {r['context']} | {r['n']} | {r['T']:.2f} | {r['r']:.2f} | {per_op} | {r['matmul']:.2f}"
             f" | {r['lm_head']:.2f} | {r['attention']:.2f} | {r['rest']:.2f}"
             f" | {r['macs_per_cycle_per_core']:.1f} |"
         )

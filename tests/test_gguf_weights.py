@@ -286,6 +286,36 @@ def test_gguf_rows_get_the_same_bits_in_any_call(tiny_gguf):
         assert torch.equal(torch.cat([outs[s].logits, outs[3 + s].logits]), want)
 
 
+@needs_vnni
+def test_the_native_stack_gives_the_per_op_paths_bits(tiny_gguf):
+    """backends/stack.py runs all layers in one native call; its logits and captured layer outputs
+    equal those of fused_layers' per-op path bit for bit: a prefill, a chain, a tree, batched rows."""
+    from specdecode.backends.batch_model import Row, batched
+
+    model = models.load(tiny_gguf, "gguf", "cpu").model
+    assert model.stack is not None  # a Llama-form file on VNNI: every forward goes through it
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(model.vocab_size, (n,), generator=g) for n in (40, 7)]
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    last = model.config.num_hidden_layers - 1
+
+    def run():
+        model.reset()
+        out = [model.forward(seqs[0][:30], layers=(0, last)), model.forward(seqs[0][30:34], layers=(1,))]
+        out.append(model.forward(seqs[0][34:37], positions=torch.tensor([34, 35, 35]), tree_mask=tree))
+        lm = batched(model, 2)
+        out += lm.forward([Row(s, t, layers=(0,)) for s, t in enumerate(seqs)])
+        return [o.logits for o in out] + [o.features for o in out if o.features is not None]
+
+    native = run()
+    model.stack, stack = None, model.stack
+    per_op = run()
+    model.stack = stack
+    assert len(native) == len(per_op) == 9  # 5 logits, 4 feature tensors
+    for a, b in zip(native, per_op):
+        assert torch.equal(a, b)
+
+
 def test_gguf_dtype_needs_a_gguf_file(tiny_model_dir):
     with pytest.raises(UserError, match="is not a .gguf file"):
         models.load(tiny_model_dir, "gguf", "cpu")

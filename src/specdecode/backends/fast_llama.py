@@ -344,6 +344,7 @@ class FastLlama:
             self.cos, self.sin = self.rope.get("full_attention", next(iter(self.rope.values())))
         self.k_cache = self.v_cache = None
         self.fused_rows = _FUSED_MAX_TOKENS  # longer forwards: SDPA and dense GEMMs (see rows_independent)
+        self.stack = None  # the layers in one native call (backends/stack.py), set by keep_quantized
         self.reset()
 
     def rows_independent(self) -> None:
@@ -503,6 +504,8 @@ def fused_layers(m: FastLlama, x, k_cache, v_cache, ropes, masks, where, capture
     causal rows; where: (slots, starts, counts) [B] long, sequence b's rows next in x ->
     (the rows after the final norm [N, hidden], {layer: its output [N, hidden]} for `capture`, the
     last one after the final norm)."""
+    if m.stack is not None:
+        return m.stack(x, k_cache, v_cache, ropes, masks, where, capture)
     ops = m.kernels
     xn = ops.add_rms_norm(x, None, m.layers[0].norm1, m.eps)
     norms = [layer.norm1 for layer in m.layers[1:]] + [m.final_norm]  # the norm after each layer

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdecode.backends import stack
 from specdecode.backends.kernels import DENSE_ROWS
 from specdecode.errors import UserError
 
@@ -241,6 +242,12 @@ class QuantLinear:
             partial(self.vnni[one.kind], scales=one.scales, quants=one.quants, N=one.n) if one else None
         )
 
+    def interleaved_parts(self) -> list[tuple[str, torch.Tensor, torch.Tensor, int]] | None:
+        """(kind, scales, quants, rows) of each part when all are interleaved (for stack.cpp), else None."""
+        if not all(isinstance(p, Interleaved) for p in self.parts):
+            return None
+        return [(p.kind, p.scales, p.quants, p.n) for p in self.parts]
+
     def rows(self, index: torch.Tensor) -> QuantLinear:
         """The output rows `index` (a draft vocabulary's LM-head rows), still quantized."""
         if len(self.parts) != 1:
@@ -415,6 +422,8 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
                 setattr(layer, name, getattr(layer, name).clone())
         if layer.qk_norms is not None:
             layer.qk_norms = tuple(w.clone() for w in layer.qk_norms)
+    if model.lm_head.interleaved:  # after the clones above: the stack holds the norms it is given
+        model.stack = stack.build(model)
     gc.collect()
     _trim_heap()
     unsupported = sorted(

@@ -12,7 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include "tiles.h"
-#include "vecmath.h"
+#include "rowops.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -30,15 +30,6 @@ void check(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor");
 }
 
-void rms_norm_row(const float* x, const float* w, float* out, int64_t H, double eps) {
-  float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-  for (int64_t j = 0; j < H; ++j) ss += x[j] * x[j];
-  const float r = 1.f / std::sqrt(ss / H + static_cast<float>(eps));
-#pragma omp simd
-  for (int64_t j = 0; j < H; ++j) out[j] = w[j] * (x[j] * r);
-}
-
 // x: [n, H] -> rms_norm(x) * w [n, H]; with delta [n, H], first x += delta (in place: x is the
 // residual stream, owned by the caller).
 torch::Tensor add_rms_norm(torch::Tensor x, std::optional<torch::Tensor> delta, torch::Tensor w, double eps) {
@@ -50,12 +41,10 @@ torch::Tensor add_rms_norm(torch::Tensor x, std::optional<torch::Tensor> delta, 
   if (delta) {
     check(*delta, "delta");
     TORCH_CHECK(delta->sizes() == x.sizes(), "delta: shape differs from x");
-    const float* dp = delta->data_ptr<float>();
-#pragma omp simd
-    for (int64_t i = 0; i < n * H; ++i) xp[i] += dp[i];
+    rowops::add_row(xp, delta->data_ptr<float>(), n * H);
   }
   auto out = torch::empty_like(x);
-  for (int64_t i = 0; i < n; ++i) rms_norm_row(xp + i * H, w.data_ptr<float>(), out.data_ptr<float>() + i * H, H, eps);
+  for (int64_t i = 0; i < n; ++i) rowops::rms_norm_row(xp + i * H, w.data_ptr<float>(), out.data_ptr<float>() + i * H, H, eps);
   return out;
 }
 
@@ -64,17 +53,9 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   check(gate_up, "gate_up");
   const int64_t n = gate_up.size(0), I = gate_up.size(1) / 2;
   auto out = torch::empty({n, I}, gate_up.options());
-  using namespace vecmath;
   for (int64_t i = 0; i < n; ++i) {
     const float* g = gate_up.data_ptr<float>() + i * 2 * I;
-    const float* u = g + I;
-    float* o = out.data_ptr<float>() + i * I;
-    int64_t j = 0;
-    for (; j + L <= I; j += L) {  // silu(g) = g / (1 + exp(-g)), exp by vecmath's polynomial
-      const vec gv = load(g + j);
-      store(o + j, gv / (1.f + vexp(-gv)) * load(u + j));
-    }
-    for (; j < I; ++j) o[j] = g[j] / (1.f + vexp(splat(-g[j]))[0]) * u[j];
+    rowops::silu_mul_row(g, g + I, out.data_ptr<float>() + i * I, I);
   }
   return out;
 }
@@ -322,6 +303,7 @@ std::vector<torch::Tensor> pack_q4_vnni(torch::Tensor scales, torch::Tensor quan
 std::vector<torch::Tensor> pack_q8_vnni(torch::Tensor scales, torch::Tensor quants);
 std::vector<torch::Tensor> unpack_q4_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N);
 std::vector<torch::Tensor> unpack_q8_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N);
+void bind_stack(pybind11::module& m);  // stack.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += delta (if given); return rms_norm(x) * w", py::arg("x"),
@@ -343,5 +325,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_q8_vnni", &pack_q8_vnni, "8-bit rows -> (scales, quants) interleaved for linear_q8_vnni");
   m.def("unpack_q4_vnni", &unpack_q4_vnni, "pack_q4_vnni's inverse");
   m.def("unpack_q8_vnni", &unpack_q8_vnni, "pack_q8_vnni's inverse");
+  bind_stack(m);
   m.def("attention", &attention, "rotary + KV-cache writes + attention for the rows of any sequences");
 }

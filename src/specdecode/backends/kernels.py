@@ -20,9 +20,13 @@ from pathlib import Path
 import torch
 
 SOURCES = [
-    Path(__file__).with_name(f"{name}.cpp") for name in ("kernels", "kernels_i8", "kernels_vnni", "attention")
+    Path(__file__).with_name(f"{name}.cpp")
+    for name in ("kernels", "kernels_i8", "kernels_vnni", "attention", "stack")
 ]
-HEADERS = [Path(__file__).with_name(name) for name in ("tiles.h", "vecmath.h")]
+HEADERS = [
+    Path(__file__).with_name(name)
+    for name in ("tiles.h", "vecmath.h", "rowops.h", "vnni_tile.h", "attention_row.h")
+]
 
 # Products of more rows than this (a long prefill, a big batch) go to torch's dense GEMM (oneDNN/MKL)
 # instead of the row-invariant kernels: on the AVX2 EPYC, one thread, 512 rows of the layer matrices

@@ -1,0 +1,318 @@
+// The whole layer stack of a Llama-form model in one call (`--dtype gguf` on AVX-512 VNNI): every
+// layer's norms, matmuls, attention and residual adds for the rows of any sequences, inside one
+// OpenMP team that meets at a barrier between stages, nothing crossing into Python per layer.
+//
+// Why: the per-op path (fast_llama.fused_layers) makes ~9 calls a layer, 270 a forward for the
+// default model, each paying Python dispatch, tensor allocation and a fork/join of the thread pool;
+// the matmuls of a layer are small (the output projection is 0.2 MB, ~7 us of streaming), so a
+// one-row decoding step spent ~1.7x the memory floor. Here a stage splits its work between the
+// threads (weight groups for a matmul, (head, row) for attention, rows for the rest) and the next
+// stage waits at a barrier (~0.3 us with both threads spinning).
+// Invariant: the stages run the functions of the per-op kernels (vnni_tile.h, attention_row.h,
+// rowops.h) on the same inputs, and a row's result never depends on the other rows or on which
+// thread computed it: a stack row has the bits of the per-op path's row and of a one-token step.
+
+#include <torch/extension.h>
+
+#include <omp.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention_row.h"
+#include "rowops.h"
+#include "vnni_tile.h"
+
+namespace {
+
+// One interleaved matrix (gguf_weights.Interleaved): n rows in ceil(n / 16) groups.
+struct Part {
+  bool q4, half;
+  torch::Tensor scales, quants;
+  int64_t n, groups;
+};
+
+// A linear made of parts side by side (q|k|v, gate|up): y [M, N] = x [M, K] (W_1 | W_2 | ..)^T.
+struct Linear {
+  std::vector<Part> parts;
+  int64_t K = 0, N = 0, groups = 0;
+};
+
+using PartSpec = std::tuple<std::string, torch::Tensor, torch::Tensor, int64_t>;  // kind, scales, quants, n
+
+Linear make_linear(const std::vector<PartSpec>& specs, const char* name) {
+  Linear lin;
+  for (const auto& [kind, scales, quants, n] : specs) {
+    TORCH_CHECK(kind == "q4" || kind == "q8", name, ": unknown interleaved kind ", kind);
+    const bool q4 = kind == "q4", half = scales.scalar_type() == torch::kHalf;
+    const int64_t groups = (n + vnni::R - 1) / vnni::R, G = scales.size(1);
+    TORCH_CHECK(quants.is_contiguous() && quants.scalar_type() == torch::kUInt8 && quants.dim() == 3 &&
+                    quants.size(0) == groups && quants.size(2) == (q4 ? 256 : 512),
+                name, ": quants are not an interleaved ", kind, " matrix of ", n, " rows");
+    TORCH_CHECK(scales.is_contiguous() && (half || scales.scalar_type() == torch::kFloat32) && scales.dim() == 4 &&
+                    scales.size(0) == groups && scales.size(2) == 2 && scales.size(3) == vnni::R,
+                name, ": scales are not an interleaved matrix's");
+    TORCH_CHECK(lin.parts.empty() || G * 32 == lin.K, name, ": parts with different input widths");
+    lin.K = G * 32;
+    lin.N += n;
+    lin.groups += groups;
+    lin.parts.push_back({q4, half, scales, quants, n, groups});
+  }
+  TORCH_CHECK(!lin.parts.empty(), name, ": no matrices");
+  return lin;
+}
+
+// [begin, end) of `total` items for thread t of T, in contiguous even shares
+std::pair<int64_t, int64_t> share(int64_t total, int t, int T) { return {total * t / T, total * (t + 1) / T}; }
+
+// Activation rows quantized for the tiles: room for M rows of up to K inputs.
+struct QuantBuffer {
+  torch::Tensor q, d, S, h;
+  int64_t K;
+  QuantBuffer(int64_t M, int64_t K) : K(K) {
+    q = torch::empty({M, K}, torch::kInt8);
+    d = torch::empty({M, K / 32});
+    S = torch::empty({M, K / 32});
+    h = torch::empty({M, K / 32, 2}, torch::kInt32);
+  }
+  // row i of x [., k] (k <= K, rows k apart) into the buffer laid out for width k
+  void row(const float* x, int64_t i, int64_t k) {
+    const int64_t G = k / 32;
+    vnni::quantize(x + i * k, 1, k, q.data_ptr<int8_t>() + i * k, d.data_ptr<float>() + i * G,
+                   S.data_ptr<float>() + i * G, h.data_ptr<int32_t>() + i * 2 * G);
+  }
+  vnni::QuantRows rows() const {
+    return {q.data_ptr<int8_t>(), d.data_ptr<float>(), S.data_ptr<float>(), h.data_ptr<int32_t>()};
+  }
+};
+
+#if SPECDECODE_VNNI
+// Thread t's share of lin's weight groups, for all M quantized rows -> y [M, lin.N]
+void linear_share(const Linear& lin, const vnni::QuantRows& x, int64_t M, float* y, int t, int T) {
+  const auto [b, e] = share(lin.groups, t, T);
+  int64_t first = 0, col = 0;  // the part's first group among all, its first output column
+  for (const Part& p : lin.parts) {
+    const int64_t g0 = std::max<int64_t>(b - first, 0), g1 = std::min(e - first, p.groups), G = lin.K / 32;
+    if (g0 < g1) {
+      const auto* wq = p.quants.data_ptr<uint8_t>();
+      if (p.q4 && p.half)
+        vnni::groups<true>(wq, p.scales.data_ptr<at::Half>(), x, y + col, lin.N, M, G, p.n, g0, g1);
+      else if (p.q4)
+        vnni::groups<true>(wq, p.scales.data_ptr<float>(), x, y + col, lin.N, M, G, p.n, g0, g1);
+      else if (p.half)
+        vnni::groups<false>(wq, p.scales.data_ptr<at::Half>(), x, y + col, lin.N, M, G, p.n, g0, g1);
+      else
+        vnni::groups<false>(wq, p.scales.data_ptr<float>(), x, y + col, lin.N, M, G, p.n, g0, g1);
+    }
+    first += p.groups;
+    col += p.n;
+  }
+}
+#endif
+
+void check(const torch::Tensor& t, const char* name, torch::ScalarType type = torch::kFloat32) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.is_contiguous(), name,
+              ": expected a contiguous CPU tensor of ", type);
+}
+
+}  // namespace
+
+// The layers of a Llama-form model (pre-norm, SiLU-gated MLP, no q/k norms, no biases) whose linears
+// are all interleaved VNNI matrices; made once at load (gguf_weights.keep_quantized).
+class Stack {
+ public:
+  // qkv, o, gate_up, down: per layer, the linear's parts; norm1, norm2: per layer [H]; rope_kind,
+  // window_kind: per layer, the index of its rotary table and mask in forward's lists.
+  Stack(const std::vector<std::vector<PartSpec>>& qkv, const std::vector<std::vector<PartSpec>>& o,
+        const std::vector<std::vector<PartSpec>>& gate_up, const std::vector<std::vector<PartSpec>>& down,
+        std::vector<torch::Tensor> norm1, std::vector<torch::Tensor> norm2, torch::Tensor final_norm,
+        std::vector<int64_t> rope_kind, std::vector<int64_t> window_kind, int64_t heads, int64_t kv_heads,
+        int64_t head_dim, double eps, double qk_scale)
+      : norm1_(std::move(norm1)), norm2_(std::move(norm2)), final_norm_(final_norm), rope_kind_(std::move(rope_kind)),
+        window_kind_(std::move(window_kind)), heads_(heads), kv_heads_(kv_heads), d_(head_dim), eps_(eps) {
+    const size_t n = qkv.size();
+    TORCH_CHECK(o.size() == n && gate_up.size() == n && down.size() == n && norm1_.size() == n && norm2_.size() == n &&
+                    rope_kind_.size() == n && window_kind_.size() == n,
+                "Stack: one entry per layer expected in every list");
+    for (size_t i = 0; i < n; ++i) {
+      layers_.push_back({make_linear(qkv[i], "qkv"), make_linear(o[i], "o"), make_linear(gate_up[i], "gate_up"),
+                         make_linear(down[i], "down")});
+      const auto& l = layers_.back();
+      H_ = l.qkv.K;
+      I_ = l.down.K;
+      TORCH_CHECK(l.qkv.N == (heads + 2 * kv_heads) * head_dim && l.o.K == heads * head_dim && l.o.N == H_ &&
+                      l.gate_up.K == H_ && l.gate_up.N == 2 * I_ && l.down.N == H_,
+                  "Stack: layer ", i, "'s matrices do not fit heads ", heads, ", kv heads ", kv_heads, ", width ", head_dim);
+    }
+    for (auto* norms : {&norm1_, &norm2_})
+      for (auto& t : *norms) {
+        check(t, "norm");
+        TORCH_CHECK(t.numel() == H_, "norm: expected ", H_, " weights");
+      }
+    check(final_norm_, "final_norm");
+    scale_ = qk_scale > 0 ? static_cast<float>(qk_scale) : 1.f / std::sqrt(static_cast<float>(d_));
+  }
+
+  // x [N, H] float32: the embedded rows (the residual stream, updated in place); k_cache, v_cache
+  // [layers, slots, kv_heads, cap, d]; cos, sin: per rotary kind [N, d]; masks: per window kind
+  // [N, >= start + count] bool or none (causal); slots, starts, counts [B] long: sequence b's rows
+  // next in x; capture: layer ids whose output rows to return -> [the rows after the final norm
+  // [N, H], then each captured layer's output [N, H] (the last layer's: after the final norm)]
+  std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     std::vector<torch::Tensor> cos, std::vector<torch::Tensor> sin,
+                                     std::vector<std::optional<torch::Tensor>> masks, torch::Tensor slots,
+                                     torch::Tensor starts, torch::Tensor counts, std::vector<int64_t> capture) {
+#if SPECDECODE_VNNI
+    check(x, "x");
+    check(k_cache, "k_cache");
+    check(v_cache, "v_cache");
+    for (auto* t : {&slots, &starts, &counts}) check(*t, "slots/starts/counts", torch::kLong);
+    const int64_t N = x.size(0), layers = static_cast<int64_t>(layers_.size()), B = slots.numel();
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == H_, "x: expected [N, ", H_, "]");
+    TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes() && k_cache.size(0) == layers &&
+                    k_cache.size(2) == kv_heads_ && k_cache.size(4) == d_,
+                "k_cache, v_cache: expected [", layers, ", slots, ", kv_heads_, ", cap, ", d_, "]");
+    TORCH_CHECK(starts.numel() == B && counts.numel() == B, "slots, starts, counts: one entry per sequence");
+    const int64_t S = k_cache.size(1), cap = k_cache.size(3);
+    const int64_t *sl = slots.data_ptr<int64_t>(), *st = starts.data_ptr<int64_t>(), *ct = counts.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(sl[b] >= 0 && sl[b] < S && st[b] >= 0 && ct[b] >= 0 && st[b] + ct[b] <= cap, "stack: sequence ", b,
+                  " (slot ", sl[b], ", positions ", st[b], "..", st[b] + ct[b], ") outside the cache");
+    const attn::Layout layout(sl, st, ct, B);
+    TORCH_CHECK(layout.rows == N, "counts: expected ", N, " rows in all, got ", layout.rows);
+    TORCH_CHECK(cos.size() == sin.size(), "cos, sin: one table each per rotary kind");
+    for (size_t k = 0; k < cos.size(); ++k) {
+      check(cos[k], "cos");
+      check(sin[k], "sin");
+      TORCH_CHECK(cos[k].dim() == 2 && cos[k].size(0) == N && cos[k].size(1) == d_ && sin[k].sizes() == cos[k].sizes(),
+                  "cos/sin: expected [N, ", d_, "]");
+    }
+    for (auto& m : masks)
+      if (m)
+        TORCH_CHECK(m->scalar_type() == torch::kBool && m->is_contiguous() && m->dim() == 2 && m->size(0) == N &&
+                        m->size(1) >= layout.longest,
+                    "mask: expected a contiguous bool [N, >= start + count] tensor");
+    for (int64_t l = 0; l < layers; ++l)
+      TORCH_CHECK(rope_kind_[l] < static_cast<int64_t>(cos.size()) && window_kind_[l] < static_cast<int64_t>(masks.size()),
+                  "stack: layer ", l, " has no rotary table or mask in this call");
+    std::vector<torch::Tensor> out{torch::empty({N, H_})};
+    std::vector<float*> captured(layers, nullptr);
+    for (int64_t c : capture) {
+      TORCH_CHECK(c >= 0 && c < layers, "capture: no layer ", c);
+      out.push_back(c == layers - 1 ? out[0] : torch::empty({N, H_}));
+      captured[c] = out.back().data_ptr<float>();
+    }
+    const int64_t hd = heads_ * d_, row_qkv = (heads_ + 2 * kv_heads_) * d_;
+    auto qkv = torch::empty({N, row_qkv}), att = torch::empty({N, hd}), delta = torch::empty({N, H_});
+    auto gate_up = torch::empty({N, 2 * I_}), act = torch::empty({N, I_});
+    QuantBuffer qb(N, std::max({H_, hd, I_}));
+    float *xp = x.data_ptr<float>(), *xn = out[0].data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
+    float *attp = att.data_ptr<float>(), *dp = delta.data_ptr<float>(), *gup = gate_up.data_ptr<float>();
+    float* actp = act.data_ptr<float>();
+    const vnni::QuantRows qr = qb.rows();
+    const attn::query_fn query = attn::for_width(d_);
+    const int threads = omp_in_parallel() ? 1 : at::get_num_threads();
+    const int64_t H = H_, I = I_;
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      std::vector<float> q(d_), p(layout.longest + attn::L);
+      auto rows = [&](auto&& f) {
+        const auto [b, e] = share(N, t, T);
+        for (int64_t i = b; i < e; ++i) f(i);
+      };
+      // the residual stream x += delta (unless first), normed by w into xn, quantized for the next linear
+      auto norm = [&](bool add, const torch::Tensor& w, int64_t layer_before, bool quantize) {
+        rows([&](int64_t i) {
+          if (add) rowops::add_row(xp + i * H, dp + i * H, H);
+          rowops::rms_norm_row(xp + i * H, w.data_ptr<float>(), xn + i * H, H, eps_);
+          if (layer_before >= 0 && layer_before < layers - 1 && captured[layer_before])
+            std::copy(xp + i * H, xp + (i + 1) * H, captured[layer_before] + i * H);
+          if (quantize) qb.row(xn, i, H);
+        });
+      };
+      norm(false, norm1_[0], -1, true);
+#pragma omp barrier
+      for (int64_t l = 0; l < layers; ++l) {
+        const Layer& w = layers_[l];
+        linear_share(w.qkv, qr, N, qkvp, t, T);
+#pragma omp barrier
+        const auto& mask = masks[window_kind_[l]];
+        const attn::Step step{layout,
+                              qkvp,
+                              cos[rope_kind_[l]].data_ptr<float>(),
+                              sin[rope_kind_[l]].data_ptr<float>(),
+                              k_cache.data_ptr<float>() + l * S * kv_heads_ * cap * d_,
+                              v_cache.data_ptr<float>() + l * S * kv_heads_ * cap * d_,
+                              attp,
+                              mask ? mask->data_ptr<bool>() : nullptr,
+                              mask ? mask->size(1) : 0,
+                              heads_,
+                              kv_heads_,
+                              d_,
+                              cap,
+                              scale_};
+        {
+          const auto [b, e] = share(N * kv_heads_, t, T);
+          for (int64_t task = b; task < e; ++task) step.write(task);
+        }
+#pragma omp barrier
+        {
+          const auto [b, e] = share(heads_ * N, t, T);
+          for (int64_t task = b; task < e; ++task) step.query(task, query, q.data(), p.data());
+        }
+#pragma omp barrier
+        rows([&](int64_t i) { qb.row(attp, i, hd); });
+#pragma omp barrier
+        linear_share(w.o, qr, N, dp, t, T);
+#pragma omp barrier
+        norm(true, norm2_[l], -1, true);
+#pragma omp barrier
+        linear_share(w.gate_up, qr, N, gup, t, T);
+#pragma omp barrier
+        rows([&](int64_t i) {
+          rowops::silu_mul_row(gup + i * 2 * I, gup + i * 2 * I + I, actp + i * I, I);
+          qb.row(actp, i, I);
+        });
+#pragma omp barrier
+        linear_share(w.down, qr, N, dp, t, T);
+#pragma omp barrier
+        const bool last = l == layers - 1;
+        norm(true, last ? final_norm_ : norm1_[l + 1], l, !last);
+#pragma omp barrier
+      }
+    }
+    return out;
+#else
+    TORCH_CHECK(false, "Stack: this build has no AVX-512 VNNI");
+#endif
+  }
+
+ private:
+  struct Layer {
+    Linear qkv, o, gate_up, down;
+  };
+  std::vector<Layer> layers_;
+  std::vector<torch::Tensor> norm1_, norm2_;
+  torch::Tensor final_norm_;
+  std::vector<int64_t> rope_kind_, window_kind_;
+  int64_t heads_, kv_heads_, d_, H_ = 0, I_ = 0;
+  double eps_;
+  float scale_;
+};
+
+void bind_stack(pybind11::module& m) {
+  pybind11::class_<Stack>(m, "Stack", "A Llama-form model's layers on the interleaved VNNI kernels, one call a forward")
+      .def(pybind11::init<const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
+                          const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
+                          std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor, std::vector<int64_t>,
+                          std::vector<int64_t>, int64_t, int64_t, int64_t, double, double>())
+      .def("forward", &Stack::forward,
+           "the layers for rows of any sequences -> [rows after the final norm, captured layers' outputs...]");
+}

@@ -1,0 +1,63 @@
+"""The whole layer stack in one native call (stack.cpp) for `--dtype gguf` on AVX-512 VNNI.
+
+fast_llama.fused_layers runs a forward as ~9 kernel calls per layer; for a Llama-form model whose
+linears are all interleaved VNNI matrices, `build` makes one kernels.Stack at load instead, and
+fused_layers hands it the whole forward. Its rows carry the bits of the per-op path (tested), so
+every invariant of that path (a row never depends on the others) holds unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class NativeStack:
+    """kernels.Stack over a FastLlama's layers, with the order of its rotary tables and masks."""
+
+    def __init__(self, model):
+        self.kinds = sorted(model.rope)  # rotary kind -> its index in the call's cos/sin lists
+        self.windows = [None] + sorted({layer.window for layer in model.layers if layer.window})
+        layers = model.layers
+        self.native = model.kernels.Stack(
+            [layer.qkv.interleaved_parts() for layer in layers],
+            [layer.o.interleaved_parts() for layer in layers],
+            [layer.gate_up.interleaved_parts() for layer in layers],
+            [layer.down.interleaved_parts() for layer in layers],
+            [layer.norm1.float().contiguous() for layer in layers],
+            [layer.norm2.float().contiguous() for layer in layers],
+            model.final_norm.float().contiguous(),
+            [self.kinds.index(layer.rope_kind) for layer in layers],
+            [self.windows.index(layer.window) for layer in layers],
+            model.heads,
+            model.kv_heads,
+            model.head_dim,
+            model.eps,
+            model.qk_scale or 0.0,
+        )
+
+    def __call__(self, x, k_cache, v_cache, ropes, masks, where, capture: set[int]):
+        """As fast_llama.fused_layers (its arguments and results)."""
+        cos = [ropes[kind][0].contiguous() for kind in self.kinds]
+        sin = [ropes[kind][1].contiguous() for kind in self.kinds]
+        ids = sorted(capture)
+        xn, *outs = self.native.forward(
+            x, k_cache, v_cache, cos, sin, [masks[w] for w in self.windows], *where, ids
+        )
+        return xn, dict(zip(ids, outs))
+
+
+def build(model) -> NativeStack | None:
+    """A NativeStack for `model` (a FastLlama whose linears are gguf_weights.QuantLinear, after
+    keep_quantized) when its layers are Llama's form (pre-norm, SiLU-gated MLP, no q/k or sandwich
+    norms) and every linear is made of interleaved VNNI matrices; else None (fused_layers keeps its
+    per-op path: Gemma 3, Qwen3, machines without VNNI)."""
+    for layer in model.layers:
+        linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
+        if any(lin.interleaved_parts() is None for lin in linears):
+            return None
+        if layer.qk_norms is not None or layer.post_attn_norm is not None or layer.post_mlp_norm is not None:
+            return None
+        if layer.act is not F.silu:
+            return None
+    return NativeStack(model) if model.dtype == torch.float32 else None
