@@ -177,6 +177,18 @@ class BatchedLlama:
         pos = start_t[row_of] + t_of  # [N] cache positions
         slot_ids = [r.slot for r in rows]
         slot_t = torch.tensor(slot_ids, device=dev)
+        trees = any(r.tree_mask is not None for r in rows)
+        windows = {layer.window for layer in f.layers if layer.window}
+        x = f.embed_tokens(torch.cat([r.tokens for r in rows]))  # [N, hidden]
+        wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
+        fused = f.kernels is not None and len(x) <= f.fused_rows  # the fused kernels, as FastLlama's forward
+        if fused and not trees and not windows:  # causal rows: the kernels need no mask, only positions
+            ropes = {kind: (cos[pos], sin[pos]) for kind, (cos, sin) in f.rope.items()}
+            where = (slot_t, torch.tensor(starts), torch.tensor(counts))
+            x, captured = fused_layers(
+                f, x.float().contiguous(), self.k_cache, self.v_cache, ropes, {None: None}, where, wanted
+            )
+            return self._outputs(rows, counts, offsets, ends, x, captured, normed=True)
         slot_of = slot_t[row_of]  # [N]
         # query t of row b (position start_b + t) sees keys 0..start_b + t of its own slot
         keys = torch.arange(l_max, device=dev)
@@ -184,7 +196,7 @@ class BatchedLlama:
             keys[None, None, :] <= (start_t[:, None] + torch.arange(s_max, device=dev)[None, :])[:, :, None]
         )
         rotary = pos
-        if any(r.tree_mask is not None for r in rows):
+        if trees:
             rotary = pos.clone()
             for i, (r, o, n, end) in enumerate(zip(rows, offsets, counts, ends)):
                 if r.tree_mask is not None:  # a tree's last t tokens see each other only as its mask says
@@ -194,18 +206,14 @@ class BatchedLlama:
             kind: (cos[rotary], sin[rotary]) for kind, (cos, sin) in f.rope.items()
         }  # kind -> [N, d] each
         masks = {None: mask[:, None]}  # window (None: whole context) -> [B, 1, S, L]
-        windows = {layer.window for layer in f.layers if layer.window}
         if (
             windows
         ):  # sliding-window layers (Gemma 3): the query at rotary position p sees no key before p - w + 1
             qpos = torch.zeros(b, s_max, dtype=torch.long, device=dev)
             qpos[row_of, t_of] = rotary
             masks |= {w: (mask & (qpos[:, :, None] - keys[None, None, :] < w))[:, None] for w in windows}
-        wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
-        x = f.embed_tokens(torch.cat([r.tokens for r in rows]))  # [N, hidden]
-        if f.kernels is not None and len(x) <= f.fused_rows:  # the fused kernels, as FastLlama's forward
+        if fused:
             where = (slot_t.cpu(), torch.tensor(starts), torch.tensor(counts))
-            trees = any(r.tree_mask is not None for r in rows)
             per_row = {w: m[row_of, 0, t_of].contiguous() for w, m in masks.items()}  # [N, l_max]
             row_masks = {w: m if (w is not None or trees) else None for w, m in per_row.items()}
             x, captured = fused_layers(
