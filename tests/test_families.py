@@ -58,6 +58,8 @@ def make(family: str, seed: int = 0, **extra):
         for name, param in hf.named_parameters():
             if "norm" in name and family.startswith("gemma"):
                 param.normal_(0, 0.3)  # Gemma's (1 + w) norms start at w = 0: make the offset matter
+            if name.endswith("bias"):
+                param.normal_(0, 0.5)  # Qwen2's q/k/v biases start at 0: make them matter
     return hf
 
 

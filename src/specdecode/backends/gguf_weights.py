@@ -212,10 +212,18 @@ class QuantLinear:
     torch's dense GEMM, the float32 model's route; except on the interleaved VNNI kernels, which
     take calls of any size, so that every row gets the same bits in any call."""
 
-    def __init__(self, ops, matrices: list[QuantMatrix | torch.Tensor], int8_activations: bool = False):
+    def __init__(
+        self,
+        ops,
+        matrices: list[QuantMatrix | torch.Tensor],
+        int8_activations: bool = False,
+        bias: torch.Tensor | None = None,
+    ):
         """int8_activations: each row of x quantized to 8 bits per block of 32 (kernels_i8.cpp)
-        instead of float32 x dequantized weights."""
+        instead of float32 x dequantized weights; bias [out_features] added to the outputs (Qwen2's
+        q|k|v)."""
         self.ops, self.parts, self.int8_activations = ops, [], int8_activations
+        self.bias = None if bias is None else bias.detach().float().clone()
         self.dequantizers = {"q4": ops.dequantize_q4, "q8": ops.dequantize_q8}
         self.kernels = (
             {"q4": ops.linear_q4_i8, "q8": ops.linear_q8_i8}
@@ -239,12 +247,14 @@ class QuantLinear:
         one = self.parts[0] if len(self.parts) == 1 and isinstance(self.parts[0], Interleaved) else None
         # the decode path's call, [n, K] float32 in: straight to the kernel (Python costs ~7 us a call)
         self.direct = (
-            partial(self.vnni[one.kind], scales=one.scales, quants=one.quants, N=one.n) if one else None
+            partial(self.vnni[one.kind], scales=one.scales, quants=one.quants, N=one.n)
+            if one and self.bias is None
+            else None
         )
 
     def interleaved_parts(self) -> list[tuple[str, torch.Tensor, torch.Tensor, int]] | None:
         """(kind, scales, quants, rows) of each part when all are interleaved (for stack.cpp), else None."""
-        if not all(isinstance(p, Interleaved) for p in self.parts):
+        if self.bias is not None or not all(isinstance(p, Interleaved) for p in self.parts):
             return None
         return [(p.kind, p.scales, p.quants, p.n) for p in self.parts]
 
@@ -256,27 +266,34 @@ class QuantLinear:
         if isinstance(part, Interleaved):
             part = part.unpack(self.ops)
         picked = part.rows(index) if isinstance(part, QuantMatrix) else part[index].contiguous()
-        return QuantLinear(self.ops, [picked], self.int8_activations)
+        bias = None if self.bias is None else self.bias[index]
+        return QuantLinear(self.ops, [picked], self.int8_activations, bias)
 
-    def _one(self, x: torch.Tensor, part) -> torch.Tensor:
+    def _one(self, x: torch.Tensor, part, bias: torch.Tensor | None) -> torch.Tensor:
         if x.shape[0] > DENSE_ROWS and not self.interleaved:  # the exact float32 weights, dense GEMM
             dense = (
                 part
                 if isinstance(part, torch.Tensor)
                 else self.dequantizers[part.kind](part.scales, part.quants)
             )
-            return torch.nn.functional.linear(x, dense)
+            return torch.nn.functional.linear(x, dense, bias)  # as the float32 model's FusedLinear
         if isinstance(part, torch.Tensor):
-            return self.ops.linear(x, part)
-        if isinstance(part, Interleaved):
-            return self.vnni[part.kind](x, part.scales, part.quants, part.n)
-        return self.kernels[part.kind](x, part.scales, part.quants)
+            y = self.ops.linear(x, part)
+        elif isinstance(part, Interleaved):
+            y = self.vnni[part.kind](x, part.scales, part.quants, part.n)
+        else:
+            y = self.kernels[part.kind](x, part.scales, part.quants)
+        if bias is not None:
+            y += bias
+        return y
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., K] -> [..., out_features] float32
         if self.direct is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
             return self.direct(x)
         flat = x.reshape(-1, x.shape[-1]).float().contiguous()
-        outs = [self._one(flat, p) for p in self.parts]
+        sizes = [p.shape[0] for p in self.parts]
+        biases = [None] * len(sizes) if self.bias is None else self.bias.split(sizes)
+        outs = [self._one(flat, p, b) for p, b in zip(self.parts, biases)]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y.view(*x.shape[:-1], self.out_features)
 
@@ -397,9 +414,10 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
                 weight(b + "attn_q.weight", model.heads),
                 weight(b + "attn_k.weight", model.kv_heads),
                 weight(b + "attn_v.weight"),
-            ]
+            ],
+            bias=layer.qkv.bias,  # the float model's (Qwen2: q|k|v biases, in the weights' row order)
         )
-        layer.o = linear([weight(b + "attn_output.weight")])
+        layer.o = linear([weight(b + "attn_output.weight")], bias=layer.o.bias)
         layer.gate_up = linear(
             [weight(b + "ffn_up.weight")]
             if b + "ffn_gate.weight" not in tensors
