@@ -164,3 +164,61 @@ def test_with_drafter_shares_the_target(llm, plain):
     assert other.target is plain.target and other.spec.kind == "ngram" and other.k == 2
     greedy = SamplingParams(temperature=0, max_tokens=12)
     assert other.generate(PROMPTS[0], greedy)[0].token_ids == plain.generate(PROMPTS[0], greedy)[0].token_ids
+
+
+WORDS = r"( (the|cat|dog|fox|sat|on|mat)){1,6}"
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+    "required": ["name", "n"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_outputs_follow_their_grammar_with_and_without_speculation(llm, plain):
+    """Sampled and greedy, every completion matches the regex whole (it ends where the grammar
+    completes) or validates against the schema; greedy output equals plain constrained decoding."""
+    import jsonschema
+
+    regex = specdecode.StructuredOutputs(regex=WORDS)
+    sampled = [
+        SamplingParams(temperature=1.0, seed=s, max_tokens=40, structured_outputs=regex) for s in range(6)
+    ]
+    for out in llm.generate([PROMPTS[0]] * 6, sampled) + plain.generate([PROMPTS[0]] * 6, sampled):
+        assert re.fullmatch(WORDS, out.text) and out.finish_reason == "stop", out.text
+    schema = specdecode.StructuredOutputs.from_response_format(
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+    )
+    greedy = SamplingParams(temperature=0, max_tokens=40, structured_outputs=schema)
+    spec, reference = llm.generate(PROMPTS, greedy), plain.generate(PROMPTS, greedy)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in reference]
+    for out in spec:
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "fmt,message",
+    [
+        ("{", "not valid JSON"),
+        ({"kind": "json_object"}, 'with a "type"'),
+        ({"type": "yaml"}, "type 'yaml' is not one of"),
+        ({"type": "json_object", "pattern": "a"}, "takes no pattern"),
+        ({"type": "regex"}, "needs 'pattern'"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, 'needs {"schema"'),
+    ],
+)
+def test_bad_response_formats_are_named(fmt, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        specdecode.StructuredOutputs.from_response_format(fmt)
+
+
+def test_bad_structured_outputs_are_named(llm):
+    with pytest.raises(UserError, match="exactly one of json, json_object, regex, grammar"):
+        specdecode.StructuredOutputs(regex="a", json_object=True)
+    with pytest.raises(UserError, match="ignore_eos"):
+        SamplingParams(ignore_eos=True, structured_outputs=specdecode.StructuredOutputs(json_object=True))
+    with pytest.raises(UserError, match="structured_outputs must be a StructuredOutputs"):
+        SamplingParams(structured_outputs={"type": "json_object"})
+    with pytest.raises(UserError, match="invalid regex"):
+        llm.generate("a", SamplingParams(structured_outputs=specdecode.StructuredOutputs(regex="(")))
+    assert specdecode.StructuredOutputs.from_response_format('{"type": "text"}') is None

@@ -1,6 +1,6 @@
 """`specdecode audit`: its statistic separates equal from different distributions, it flags a
 deliberately biased verifier (p < 0.01) and passes the real one on the same setup (the negative
-control), and the CLI reports and exits accordingly."""
+control), free and under a grammar (structured outputs), and the CLI reports and exits accordingly."""
 
 import json
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from specdecode import LLM
+from specdecode import LLM, StructuredOutputs
 from specdecode.audit import stats
-from specdecode.audit.run import LocalSource, audit, render
+from specdecode.audit.run import PLAIN, LocalSource, audit, render
 from specdecode.cli import main
 from specdecode.core import step
 from specdecode.core.verify import Verdict
@@ -58,16 +58,17 @@ def tiny_llm(tiny_model_dir):
     return LLM(tiny_model_dir, "none", max_batch=16)
 
 
-def run_audit(llm, drafter):
+def run_audit(llm, drafter, prompts=PROMPTS, fmt=None, source=LocalSource, samples=100):
     report = audit(
-        LocalSource(llm, 2),
-        PROMPTS,
+        source(llm, 2),
+        prompts,
         [drafter],
         [1.0],
-        samples=100,
+        samples=samples,
         tokens=3,
         greedy_tokens=12,
         permutations=200,
+        fmt=fmt,
         name="tiny",
     )
     return report
@@ -87,6 +88,38 @@ def test_audit_flags_a_biased_verifier_and_passes_the_real_one(tiny_llm, tiny_dr
     assert "DIFFERS" in render(biased) and "FAILED" in render(biased)
 
 
+# Words the tiny target's corpus knows, any number from one to eight, each after a space; prompts whose
+# continuation inside the grammar repeats their text, so prompt lookup drafts from the first new token.
+WORDS = StructuredOutputs(regex=r"( (the|cat|dog|fox|sat|on|mat)){1,8}")
+WORD_PROMPTS = ["cat dog cat dog cat dog cat", "the fox sat on the mat the fox sat on the mat the fox"]
+
+
+class OneSided(LocalSource):
+    """The negative control for the grammar: only the plain side is constrained."""
+
+    def draw(self, drafter, prompt, temperature, seeds, m, chat, fmt=None):
+        return super().draw(drafter, prompt, temperature, seeds, m, chat, fmt if drafter == PLAIN else None)
+
+
+def test_constrained_sampling_passes_the_audit_and_its_controls_fail(tiny_llm, monkeypatch):
+    """Sampled (T = 1) under a regex, speculation gives constrained sampling's distribution; the audit
+    sees a verifier that keeps every draft, and a grammar missing on the speculative side."""
+    honest = run_audit(tiny_llm, "ngram", WORD_PROMPTS, WORDS)
+    (row,) = honest.rows
+    assert row.drafted > 0 and row.accepted > 0 and row.p_value > 0.05 and honest.passed
+    assert honest.greedy["ngram"] == [True, True]
+    assert honest.response_format == {"type": "regex", "pattern": WORDS.regex}
+    assert "constrained by" in render(honest)
+
+    one_sided = run_audit(tiny_llm, "ngram", WORD_PROMPTS, WORDS, source=OneSided, samples=30)
+    assert one_sided.rows[0].p_value < 0.01 and not one_sided.passed
+
+    monkeypatch.setattr(step, "verify_rejection", accept_everything)
+    biased = run_audit(tiny_llm, "ngram", WORD_PROMPTS, WORDS)
+    (row,) = biased.rows
+    assert row.drafted > 0 and row.p_value < 0.01 and not biased.passed
+
+
 def test_audit_cli_writes_its_report(capsys, tiny_model_dir, tmp_path):
     out = tmp_path / "audit.json"
     argv = ["audit", "--target", tiny_model_dir, "--drafters", "ngram", "--temperatures", "1.0"]
@@ -104,6 +137,11 @@ def test_audit_cli_writes_its_report(capsys, tiny_model_dir, tmp_path):
         (["--temperatures", "x"], "comma-separated numbers"),
         (["--drafters", "telepathy"], "unknown drafter"),
         (["--samples", "1"], "--samples >= 2"),
+        (["--response-format", "{json"], "--response-format: response_format is not valid JSON"),
+        (["--response-format", '{"type": "xml"}'], "--response-format: response_format type 'xml'"),
+        (["--response-format", '{"type": "regex"}'], "needs 'pattern'"),
+        (["--response-format", "@/no/such/file.json"], "--response-format: cannot read"),
+        (["--response-format", '{"type": "regex", "pattern": "("}'], "invalid regex"),
     ],
 )
 def test_audit_bad_arguments(capsys, tiny_model_dir, argv, message):

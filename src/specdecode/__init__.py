@@ -1,15 +1,23 @@
 """specdecode: speculative decoding of causal language models.
 
-`specdecode.LLM`, `specdecode.SamplingParams` and the output types (api/) load torch on first use,
-so that `import specdecode` (and the command line's start) stays fast.
+`specdecode.LLM`, `specdecode.SamplingParams`, `specdecode.StructuredOutputs` and the output types
+(api/) load torch on first use, so that `import specdecode` (and the command line's start) stays fast.
 """
 
 from specdecode.errors import UserError
 
-__all__ = ["UserError", "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StreamDelta"]
+__all__ = [
+    "UserError",
+    "LLM",
+    "SamplingParams",
+    "StructuredOutputs",
+    "RequestOutput",
+    "CompletionOutput",
+    "StreamDelta",
+]
 __version__ = "0.1.0"
 
-_API = {"LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StreamDelta"}
+_API = {"LLM", "SamplingParams", "StructuredOutputs", "RequestOutput", "CompletionOutput", "StreamDelta"}
 
 
 def __getattr__(name: str):

@@ -7,6 +7,7 @@
 
 llm.py          LLM: generate (many prompts batched through core/batch_decoder.py), chat, stream
 params.py       SamplingParams (vLLM's names)
+structured.py   StructuredOutputs: JSON schema, JSON object, regex or Lark grammar (vLLM's names)
 outputs.py      RequestOutput / CompletionOutput (vLLM's shape) with per-request speculation stats
 show.py         which tokens were accepted drafts: ANSI, plain markers, HTML
 """
@@ -14,5 +15,6 @@ show.py         which tokens were accepted drafts: ANSI, plain markers, HTML
 from specdecode.api.llm import LLM
 from specdecode.api.outputs import CompletionOutput, RequestOutput, StreamDelta
 from specdecode.api.params import SamplingParams
+from specdecode.api.structured import StructuredOutputs
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StreamDelta"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputs", "RequestOutput", "CompletionOutput", "StreamDelta"]

@@ -24,10 +24,12 @@ import torch
 from specdecode import drafters
 from specdecode.api.outputs import CompletionOutput, RequestOutput, StreamDelta
 from specdecode.api.params import SamplingParams
+from specdecode.api.structured import Compiler
 from specdecode.backends import models
 from specdecode.backends.batch_model import batched
 from specdecode.core import batch_decoder
 from specdecode.core.batch_decoder import BatchDecoder
+from specdecode.core.constraints import Constraints
 from specdecode.core.control import FixedK
 from specdecode.core.generation import check_k, encode_prompt
 from specdecode.core.metrics import Stats
@@ -149,6 +151,7 @@ class LLM:
         cache = PrefixCache(max_bytes=prefix_cache_mb << 20) if prefix_cache_mb > 0 else None
         self._core = BatchDecoder(batched(self.target.model, max_batch), cache)
         self._ids = count()
+        self._formats = Compiler(self.tokenizer, self.target.model.vocab_size, frozenset(self.target.eos_ids))
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -271,11 +274,17 @@ class LLM:
             torch.Generator(device=self.target.model.device).manual_seed(seed),
             params.max_tokens,
             eos,
+            constraints=self._constraints(ids, params),
         )
         text = TextStream(self.tokenizer, params.stop, eos)
         return _Request(
             str(next(self._ids)), prompt if isinstance(prompt, str) else None, ids, params, seq, text
         )
+
+    def _constraints(self, ids: list[int], params: SamplingParams) -> Constraints | None:
+        """A request's structured outputs as a grammar on the target's distribution (core/constraints.py)."""
+        fmt = params.structured_outputs
+        return None if fmt is None else Constraints(ids, grammar=self._formats.matcher(fmt))
 
     def _drive(self, requests: list[_Request]) -> Iterator[tuple[_Request, Step, str]]:
         """Run requests through the batched core, at most max_batch at a time, admitting waiting ones
@@ -326,9 +335,11 @@ class LLM:
 
         if task is not None and task not in TASKS:
             raise UserError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+        p = request.params
+        if p.structured_outputs is not None:
+            raise UserError("structured_outputs cannot be used with routing, adaptive k or a config (yet)")
         if self._router is None:
             self._router = self._make_router()
-        p = request.params
         return dict(
             task=task,
             chat=chat,

@@ -1,5 +1,5 @@
 """SamplingParams: what one request asks for, named as vLLM names it (vllm.SamplingParams) where the
-meaning is the same: temperature, top_p, top_k, max_tokens, stop, seed, ignore_eos.
+meaning is the same: temperature, top_p, top_k, max_tokens, stop, seed, ignore_eos, structured_outputs.
 
 The decoder sees only the distribution part (core.sampling.SamplingParams: the same warp is applied
 to p and q); the rest bounds and cuts the completion.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdecode.api.structured import StructuredOutputs
 from specdecode.core import sampling
 from specdecode.errors import UserError
 
@@ -22,6 +23,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # the completion ends before the first of these strings
     seed: int | None = None  # None: a fresh random seed per request
     ignore_eos: bool = False  # keep going past the end-of-sequence token
+    structured_outputs: StructuredOutputs | None = None  # a grammar the output follows (structured.py)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -34,6 +36,15 @@ class SamplingParams:
             raise UserError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise UserError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputs):
+                raise UserError(
+                    f"structured_outputs must be a StructuredOutputs, got {self.structured_outputs!r:.60}"
+                )
+            if self.ignore_eos:
+                raise UserError(
+                    "ignore_eos cannot be used with structured_outputs: the output ends where it completes"
+                )
         self.distribution()  # temperature, top_p, top_k checked once, by the core's own rules
 
     def distribution(self) -> sampling.SamplingParams:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from specdecode.errors import UserError
 
@@ -43,13 +44,18 @@ def add_parser(sub, model_args: Callable, setup: Callable) -> None:
     a.add_argument(
         "--chat", action=argparse.BooleanOptionalAction, default=False, help="apply the chat template"
     )
+    a.add_argument(
+        "--response-format",
+        default=None,
+        help="constrain both ways by this response_format, as sent to the server: JSON text or @FILE, e.g. "
+        '\'{"type": "json_object"}\', \'{"type": "json_schema", "json_schema": {"schema": {...}}}\', '
+        '\'{"type": "regex", "pattern": "..."}\' or \'{"type": "grammar", "grammar": "..."}\' (Lark)',
+    )
     a.add_argument("--out", help="write the report as JSON (and a Markdown table beside it)")
     a.set_defaults(run=lambda args: cmd_audit(args, setup))
 
 
 def cmd_audit(args, setup: Callable) -> int:
-    from pathlib import Path
-
     from specdecode.audit.run import LocalSource, ServerSource, audit, render
     from specdecode.corpora import load_prompts
     from specdecode.drafters import parse
@@ -66,6 +72,7 @@ def cmd_audit(args, setup: Callable) -> int:
     if not temperatures or any(t <= 0 for t in temperatures):
         raise UserError("--temperatures: give temperatures > 0 (greedy identity is checked separately)")
     prompts = [p.prompt for p in load_prompts(args.prompts)] if args.prompts else PROMPTS
+    fmt = response_format(args.response_format) if args.response_format else None
     if args.server:
         source, name = ServerSource(args.server, args.api_key, args.k), args.server
     else:
@@ -88,6 +95,7 @@ def cmd_audit(args, setup: Callable) -> int:
         seed=args.seed,
         alpha=args.alpha,
         chat=args.chat,
+        fmt=fmt,
         name=name,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
@@ -97,3 +105,18 @@ def cmd_audit(args, setup: Callable) -> int:
         Path(args.out).write_text(json.dumps(report.to_json(), indent=1) + "\n")
         Path(args.out).with_suffix(".md").write_text(table + "\n")
     return 0 if report.passed else 1
+
+
+def response_format(value: str):
+    """--response-format: JSON text or @FILE -> StructuredOutputs (None for {"type": "text"})."""
+    from specdecode.api import StructuredOutputs
+
+    if value.startswith("@"):
+        try:
+            value = Path(value[1:]).read_text()
+        except OSError as e:
+            raise UserError(f"--response-format: cannot read {value[1:]}: {e.strerror}") from None
+    try:
+        return StructuredOutputs.from_response_format(value)
+    except UserError as e:
+        raise UserError(f"--response-format: {e}") from None

@@ -4,7 +4,9 @@ differ, so the samples are independent), compare the two samples (stats.py: per-
 and the first-two-token joint, permutation p-value), and check greedy identity over the prompts.
 
 Two sources of completions: a loaded target (LocalSource: the Python API, batched core) or a
-running server (ServerSource: per-request `speculative` off vs on, docs/server.md).
+running server (ServerSource: per-request `speculative` off vs on, docs/server.md). With a format
+(structured outputs: JSON schema, regex, grammar) both ways are constrained: the audit then checks that
+speculation under the grammar samples exactly what constrained sampling without it does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from specdecode.api import LLM, SamplingParams
+from specdecode.api import LLM, SamplingParams, StructuredOutputs
 from specdecode.audit import stats
 from specdecode.errors import UserError
 
@@ -48,8 +50,20 @@ class LocalSource:
             self.llms[drafter] = self.llm.with_drafter(drafter, self.k)
         return self.llms[drafter]
 
-    def draw(self, drafter: str, prompt: str, temperature: float, seeds: range, m: int, chat) -> Drawn:
-        params = [SamplingParams(temperature=temperature, max_tokens=m, seed=s) for s in seeds]
+    def draw(
+        self,
+        drafter: str,
+        prompt: str,
+        temperature: float,
+        seeds: range,
+        m: int,
+        chat,
+        fmt: StructuredOutputs | None = None,
+    ) -> Drawn:
+        params = [
+            SamplingParams(temperature=temperature, max_tokens=m, seed=s, structured_outputs=fmt)
+            for s in seeds
+        ]
         outs = self._with(drafter).generate([prompt] * len(params), params, chat=chat)
         return Drawn(
             [o.token_ids for o in outs],
@@ -82,13 +96,24 @@ class ServerSource:
         except (urllib.error.URLError, OSError) as e:
             raise UserError(f"cannot reach the server at {self.url}: {e}") from None
 
-    def draw(self, drafter: str, prompt: str, temperature: float, seeds: range, m: int, chat) -> Drawn:
+    def draw(
+        self,
+        drafter: str,
+        prompt: str,
+        temperature: float,
+        seeds: range,
+        m: int,
+        chat,
+        fmt: StructuredOutputs | None = None,
+    ) -> Drawn:
         spec = {"enabled": False} if drafter == PLAIN else {"drafter": drafter}
         if self.k is not None and drafter != PLAIN:
             spec["k"] = self.k
         path = "/v1/chat/completions" if chat else "/v1/completions"
         base = {"model": self.model, "max_tokens": m, "temperature": temperature, "speculative": spec}
         base |= {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+        if fmt is not None:
+            base["response_format"] = fmt.to_response_format()
         with ThreadPoolExecutor(self.concurrency) as pool:
             answers = list(pool.map(lambda s: self._call("POST", path, {**base, "seed": s}), seeds))
         texts = [a["choices"][0]["message"]["content"] if chat else a["choices"][0]["text"] for a in answers]
@@ -119,6 +144,7 @@ class Report:
     permutations: int
     seed: int
     alpha: float
+    response_format: dict | None = None  # both ways constrained by this format (None: free text)
     rows: list[Row] = field(default_factory=list)
     greedy: dict[str, list[bool]] = field(default_factory=dict)  # drafter -> per prompt: identical to plain
 
@@ -143,22 +169,25 @@ def audit(
     seed: int = 0,
     alpha: float = 0.01,
     chat: bool | None = False,
+    fmt: StructuredOutputs | None = None,
     name: str = "",
     log: Callable[[str], None] = lambda m: None,
 ) -> Report:
-    """The audit of every drafter at every temperature (> 0) on `prompts`, plus greedy identity."""
+    """The audit of every drafter at every temperature (> 0) on `prompts`, plus greedy identity; fmt:
+    structured outputs both ways (the draws are then constrained sampling with and without speculation)."""
     if samples < 2 or tokens < 1 or permutations < 1:
         raise UserError("audit: --samples >= 2, --tokens >= 1 and --permutations >= 1")
     if not prompts or not drafters:
         raise UserError("audit: no prompts or no drafters")
     report = Report(name, len(prompts), samples, tokens, permutations, seed, alpha)
+    report.response_format = fmt.to_response_format() if fmt is not None else None
     rng = np.random.default_rng(seed)
     plain_seeds = range(seed, seed + samples)
     spec_seeds = range(seed + samples, seed + 2 * samples)  # disjoint: the two samples are independent
     for t in [t for t in temperatures if t > 0]:
-        plain = [source.draw(PLAIN, p, t, plain_seeds, tokens, chat).outcomes for p in prompts]
+        plain = [source.draw(PLAIN, p, t, plain_seeds, tokens, chat, fmt).outcomes for p in prompts]
         for drafter in drafters:
-            drawn = [source.draw(drafter, p, t, spec_seeds, tokens, chat) for p in prompts]
+            drawn = [source.draw(drafter, p, t, spec_seeds, tokens, chat, fmt) for p in prompts]
             c = stats.compare(plain, [d.outcomes for d in drawn], source.view(tokens), permutations, rng)
             row = Row(
                 drafter,
@@ -174,9 +203,11 @@ def audit(
     for row, adjusted in zip(report.rows, stats.holm([r.p_value for r in report.rows])):
         row.p_holm = round(adjusted, 4)
     if greedy_tokens > 0:
-        plain = [source.draw(PLAIN, p, 0.0, range(1), greedy_tokens, chat).outcomes[0] for p in prompts]
+        plain = [source.draw(PLAIN, p, 0.0, range(1), greedy_tokens, chat, fmt).outcomes[0] for p in prompts]
         for drafter in drafters:
-            spec = [source.draw(drafter, p, 0.0, range(1), greedy_tokens, chat).outcomes[0] for p in prompts]
+            spec = [
+                source.draw(drafter, p, 0.0, range(1), greedy_tokens, chat, fmt).outcomes[0] for p in prompts
+            ]
             report.greedy[drafter] = [a == b for a, b in zip(plain, spec)]
     return report
 
@@ -184,7 +215,12 @@ def audit(
 def render(report: Report) -> str:
     lines = [
         f"audit of {report.source}: {report.prompts} prompts, {report.samples} samples of the first "
-        f"{report.tokens} tokens each way, {report.permutations} permutations",
+        f"{report.tokens} tokens each way, {report.permutations} permutations"
+        + (
+            f", both ways constrained by {json.dumps(report.response_format)}"
+            if report.response_format
+            else ""
+        ),
         "",
         "| drafter | T | drafted | α | TV (max view) | TV by view | p | p (Holm) | verdict |",
         "|---|---|---|---|---|---|---|---|---|",
