@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from specdecode.api.structured import StructuredOutputs
 from specdecode.core.config import Route, SpecConfig
 from specdecode.core.penalties import Penalties
 from specdecode.core.sampling import SamplingParams
@@ -208,15 +209,11 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
         """The request's response_format as a compiled grammar (None: free text); a bad one is a 400."""
         if fmt is None or fmt.type == "text":
             return None
-        grammars = engine.grammars()
-        try:
-            if fmt.type == "json_object":
-                return grammars.json_object()
-            if fmt.type == "json_schema":
-                return grammars.json_schema(fmt.json_schema.schema_)
-            if fmt.type == "regex":
-                return grammars.regex(fmt.pattern)
-            return grammars.lark(fmt.grammar)
+        try:  # the API's one reading of a response_format (api/structured.py)
+            structured = StructuredOutputs.from_response_format(
+                fmt.model_dump(by_alias=True, exclude_none=True)
+            )
+            return structured.compile(engine.grammars())
         except UserError as e:
             raise ApiError(400, str(e), param="response_format") from None
 
