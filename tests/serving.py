@@ -19,6 +19,26 @@ from specdecode.server.engine import Engine
 from specdecode.server.lifecycle import Server
 
 MODEL = "tiny"
+# Request fields the fuzz tests set to odd values (test_server_fuzz.py, test_server_hardening.py), each
+# adding its own: the completion and chat fields the server knows, so that mutations reach its checks.
+REQUEST_FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "seed",
+    "n",
+    "stream",
+    "speculative",
+    "task",
+    "ignore_eos",
+    "logprobs",
+    "stream_options",
+]
 
 
 @dataclass

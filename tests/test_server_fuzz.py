@@ -8,7 +8,7 @@ import random
 import httpx
 import pytest
 
-from serving import MODEL, reference, serve
+from serving import MODEL, REQUEST_FIELDS, reference, serve
 
 N = 2000
 
@@ -44,22 +44,7 @@ ODD_VALUES = [
     "ngram: 2-4",
 ]
 FIELDS = [
-    "model",
-    "prompt",
-    "messages",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop",
-    "seed",
-    "n",
-    "stream",
-    "speculative",
-    "task",
-    "ignore_eos",
-    "logprobs",
-    "stream_options",
+    *REQUEST_FIELDS,
     "user",
     "echo",
     "bogus",

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving import MODEL, scheduler_held, serve
+from serving import MODEL, REQUEST_FIELDS, scheduler_held, serve
 from specdecode.cli import main
 
 KEY = "s3cret-key"
@@ -268,22 +268,7 @@ def test_graceful_shutdown_finishes_in_flight_streams(target):
 
 
 _FIELDS = [
-    "model",
-    "prompt",
-    "messages",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop",
-    "seed",
-    "n",
-    "stream",
-    "speculative",
-    "task",
-    "ignore_eos",
-    "logprobs",
-    "stream_options",
+    *REQUEST_FIELDS,
     "role",
     "content",
 ]
