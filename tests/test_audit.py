@@ -3,6 +3,7 @@ deliberately biased verifier (p < 0.01) and passes the real one on the same setu
 control), free and under a grammar (structured outputs), and the CLI reports and exits accordingly."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from specdecode import LLM, StructuredOutputs
 from specdecode.audit import stats
-from specdecode.audit.run import PLAIN, LocalSource, audit, render
+from specdecode.audit.run import PLAIN, LocalSource, ServerSource, audit, render
 from specdecode.cli import main
 from specdecode.core import step
 from specdecode.core.verify import Verdict
@@ -118,6 +119,34 @@ def test_constrained_sampling_passes_the_audit_and_its_controls_fail(tiny_llm, m
     biased = run_audit(tiny_llm, "ngram", WORD_PROMPTS, WORDS)
     (row,) = biased.rows
     assert row.drafted > 0 and row.p_value < 0.01 and not biased.passed
+
+
+def test_a_server_audit_sends_the_format_both_ways(target):
+    """Against the real server: constrained completions with and without speculation, same answers."""
+    from serving import serve
+
+    with serve(target, load_control=False) as running:
+        report = audit(
+            ServerSource(running.url, k=2),
+            WORD_PROMPTS,
+            ["ngram"],
+            [1.0],
+            samples=30,
+            tokens=3,
+            greedy_tokens=12,
+            permutations=200,
+            fmt=WORDS,
+        )
+        (row,) = report.rows
+        assert (
+            row.drafted > 0
+            and row.p_value > 0.05
+            and report.passed
+            and report.greedy["ngram"] == [True, True]
+        )
+        source = ServerSource(running.url, k=2)
+        texts = source.draw("ngram", WORD_PROMPTS[0], 1.0, range(5), 40, False, WORDS).outcomes
+    assert all(re.fullmatch(WORDS.regex, t) for t in texts), texts
 
 
 def test_audit_cli_writes_its_report(capsys, tiny_model_dir, tmp_path):
