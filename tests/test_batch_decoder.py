@@ -11,6 +11,7 @@ import torch
 from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, batched
 from specdecode.core.batch_decoder import BatchDecoder, Sequence
 from specdecode.core.control import FixedK
+from specdecode.core.prefill import PrefillBudget
 from specdecode.core.sampling import SamplingParams
 from specdecode.drafters import NgramDrafter, NoDrafter, parse
 from test_decoder import MAX_NEW, cases  # noqa: F401 (cases: the fixture of prompts with clear greedy margins)
@@ -84,7 +85,7 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
     """Long prompts go in 5 tokens per step beside a short one that decodes from the first step: every
     output is still the plain greedy one."""
     lm = batched(target.model, 3)
-    core = BatchDecoder(lm)
+    core = BatchDecoder(lm, budget=PrefillBudget(5))
     (short, short_ref), *rest = cases[:3]
     long_jobs = [(p * 4, None) for p, _ in rest]  # prompts of ~4x the length
     seqs = [Sequence(short, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)]
@@ -95,7 +96,7 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
     steps_while_prefilling = 0
     while not all(s.finished for s in seqs):
         running = [s for s in seqs if not s.finished]
-        steps = core.step(running, prefill_budget=5)
+        steps = core.step(running)
         if any(s.prefilling for s in seqs[1:]):
             steps_while_prefilling += sum(len(st.tokens) for s, st in zip(running, steps) if s is seqs[0])
         assert all(not st.tokens for s, st in zip(running, steps) if st.prefilling)
@@ -118,13 +119,13 @@ def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chu
     shared = [t for p, _ in cases[:4] for t in p]  # ~a few dozen tokens
     prompts = [shared + p for p, _ in cases[4:7]] + [shared[:40]]
     cache = PrefixCache(block=8)
-    core = BatchDecoder(batched(target.model, 2), cache)
+    core = BatchDecoder(batched(target.model, 2), cache, PrefillBudget(16))
     outputs = []
     for prompt in prompts:  # one after another: each finds the blocks the earlier ones stored
         seq = Sequence(prompt, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)
         core.start([seq], chunked=chunked)
         while not seq.finished:
-            core.step([seq], prefill_budget=16)
+            core.step([seq])
         core.release(seq)
         outputs.append(seq.context[len(prompt) :])
     assert cache.hits >= 2 * (len(shared) // 8) and cache.hits < cache.queries
@@ -146,7 +147,7 @@ def test_prefix_cache_evicts_least_recently_used_blocks_within_its_bound():
 
 
 def test_prefill_chunks_shrink_as_the_context_grows_so_a_steps_cost_stays_within_the_budget():
-    from specdecode.core.batch_decoder import chunk_cost, chunk_size
+    from specdecode.core.prefill import chunk_cost, chunk_size
 
     sizes = [chunk_size(512, start, 10_000, 3072.0) for start in (0, 1000, 2000, 4000)]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > 2 * sizes[-1]
@@ -184,7 +185,7 @@ def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
     cache = lm.k_cache  # an empty cache has nothing to copy: allocated at once
     assert cache.shape[3] >= len(prompt) + 250
     while not seq.finished:
-        core.step([seq], prefill_budget=64)
+        core.step([seq])
     assert lm.k_cache is cache and len(seq.context) == len(prompt) + 250
     engine = build_engine(
         target,
@@ -208,7 +209,7 @@ def test_a_long_prompt_admitted_beside_a_running_row_grows_the_cache_without_pau
 
     lm = batched(target.model, 3)
     monkeypatch.setattr(lm.cache, "step_bytes", 1)
-    core = BatchDecoder(lm)
+    core = BatchDecoder(lm, budget=PrefillBudget(64))
     short, short_ref = cases[0]
     running = Sequence(short, DRAFTERS[0].fork(), FixedK(3), SamplingParams(), None, MAX_NEW)
     core.start([running], chunked=True)
@@ -221,32 +222,49 @@ def test_a_long_prompt_admitted_beside_a_running_row_grows_the_cache_without_pau
     moves = 0
     while lm.cache.moving is not None:
         before = len(running.context)
-        core.step([running, admitted], prefill_budget=64)
+        core.step([running, admitted])
         assert len(running.context) > before and admitted.prefilled <= small
         moves += 1
     assert moves == len(target.model.layers) and lm.room() >= len(prompt) + MAX_NEW
     while not (running.finished and admitted.finished):
-        core.step([s for s in (running, admitted) if not s.finished], prefill_budget=64)
+        core.step([s for s in (running, admitted) if not s.finished])
     assert running.context[len(short) :] == short_ref
     alone = generate(target, NoDrafter(), prompt, max_new_tokens=MAX_NEW).token_ids
     assert admitted.context[len(prompt) :] == alone
 
 
-def test_a_prompt_alone_goes_in_with_the_idle_budget_and_beside_decoding_rows_with_the_budget(target):
-    from specdecode.core.batch_decoder import IDLE_PREFILL, chunk_size
+def test_a_prompt_alone_goes_in_whole_chunks_and_beside_decoding_rows_as_the_budget_allows(target):
+    """The chunk a step carries is the one prefill.py's budget gives for that step's decode work: alone
+    (nothing decodes) the idle budget, beside a decoding row the live one, smaller; deeper into the
+    prompt the same budget buys fewer tokens; the prompt advances every step."""
+    from specdecode.core.prefill import IDLE_PREFILL, chunk_cost, chunk_size
 
     lm = batched(target.model, 2)
-    core = BatchDecoder(lm)
-    prompt = list(range(5, 300))
+    span = lm.attention_span
+    core = BatchDecoder(lm, budget=PrefillBudget(32))
+    prompt = [5 + i % 300 for i in range(395)]
+    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 4)
+    core.start([seq], chunked=True)
+    core.step([seq])
+    assert seq.prefilled == chunk_size(32 * IDLE_PREFILL, 0, len(prompt) - 1, span) > 4 * 32
+    core.release(seq)
 
-    def first_chunk(others):
-        seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 4)
-        core.start([seq], chunked=True)
-        core.step([seq, *others], prefill_budget=8)
-        core.release(seq)
-        return seq.prefilled
-
-    assert first_chunk([]) == chunk_size(8 * IDLE_PREFILL, 0, len(prompt) - 1, lm.attention_span) > 8
-    running = Sequence([7, 8, 9], NoDrafter().fork(), FixedK(1), SamplingParams(), None, 50)
+    running = Sequence([7, 8, 9], NoDrafter().fork(), FixedK(1), SamplingParams(), None, 200)
     core.start([running])
-    assert first_chunk([running]) == chunk_size(8, 0, len(prompt) - 1, lm.attention_span) <= 8
+    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 4)
+    core.start([seq], chunked=True)
+    chunks = []
+    while seq.prefilling:
+        work = core.budget.work(chunk_cost(1, len(running.context) - 1, span))  # the running row's one token
+        before = seq.prefilled
+        core.step([running, seq])
+        assert seq.prefilled - before == chunk_size(work, before, len(prompt) - 1 - before, span) >= 1
+        chunks.append(seq.prefilled - before)
+    assert max(chunks) <= 32 < len(prompt) - 1  # never more than --prefill-chunk beside a decoding row
+    assert running.context[3:] == generate_alone(target, [7, 8, 9], len(running.context) - 3)
+
+
+def generate_alone(target, prompt, n):
+    from specdecode.core.generation import generate
+
+    return generate(target, NoDrafter(), prompt, max_new_tokens=n).token_ids

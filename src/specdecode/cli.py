@@ -226,9 +226,10 @@ def parser() -> argparse.ArgumentParser:
         "--prefill-chunk",
         type=int,
         default=None,
-        help="prompt tokens prefilled per step, interleaved with running requests' decode steps "
-        "(deeper into a long prompt fewer: each token's attention over the context counts too; "
-        "default: the batched core's PREFILL_BUDGET)",
+        help="the most prompt tokens prefilled in a step beside running requests' decoding (fewer "
+        "while that keeps the step within twice their plain decode step, measured live; deeper into a "
+        "long prompt fewer: each token's attention over the context counts too; a step in which "
+        "nothing decodes prefills 8x as much; default: 128, core/prefill.py's PREFILL_BUDGET)",
     )
     s.add_argument(
         "--kv-reserve",

@@ -17,7 +17,6 @@ output is the one it gets alone.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import torch
 from specdecode.backends.batch_model import BatchLM, Row
 from specdecode.core.constraints import Constraints
 from specdecode.core.control import KPolicy
+from specdecode.core.prefill import PrefillBudget, chunk_cost, chunk_size
 from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step, plan, settle
@@ -61,41 +61,21 @@ class Sequence:
         return len(self.context) - len(self.prompt)
 
 
-PREFILL_BUDGET = 128  # prompt tokens (chunk_cost) a step may prefill beside the others' decoding: the default
-IDLE_PREFILL = 8  # prefill budget multiplier for steps in which nothing decodes (BatchDecoder.step)
-
-
-def chunk_cost(n: int, start: int, span: float | None) -> float:
-    """What n prompt tokens after `start` cached ones cost, in rows of matmuls: each token also attends
-    to the context before it, `span` tokens of which cost as much as its matmuls (the model's
-    attention_span; None: tokens only). A long prompt's later chunks get fewer tokens for the same
-    budget, so a step's time stays about flat instead of growing with the prompt."""
-    return float(n) if span is None else n * (1 + (start + (n + 1) / 2) / span)
-
-
-def chunk_size(budget: float, start: int, remaining: int, span: float | None) -> int:
-    """The most prompt tokens (at least 1, at most `remaining`) whose chunk_cost fits `budget`."""
-    if span is None:
-        n = int(budget)
-    else:  # n (1 + (start + 1/2) / span) + n^2 / (2 span) = budget, for n
-        b = 1 + (start + 0.5) / span
-        n = int(span * (math.sqrt(b * b + 2 * budget / span) - b))
-        while n > 1 and chunk_cost(n, start, span) > budget:  # float rounding
-            n -= 1
-    return max(1, min(n, remaining))
-
-
 class BatchDecoder:
-    def __init__(self, model: BatchLM, prefix_cache: PrefixCache | None = None):
-        """prefix_cache: reuse KV blocks of equal prompt prefixes (needs a model with read_kv/write_kv)."""
+    def __init__(
+        self, model: BatchLM, prefix_cache: PrefixCache | None = None, budget: PrefillBudget | None = None
+    ):
+        """prefix_cache: reuse KV blocks of equal prompt prefixes (needs a model with read_kv/write_kv);
+        budget: how much prompt a step prefills beside the others' decoding (prefill.py)."""
         self.model = model
+        self.budget = budget or PrefillBudget()
         self.prefix_cache = prefix_cache if model.copies_kv else None
         self.free = list(range(model.slots - 1, -1, -1))  # pop() hands out the lowest slot first
 
     def start(self, seqs: list[Sequence], chunked: bool = False) -> float:
         """Give each sequence a free slot and begin its drafter; prefill every prompt but its last token
         now in one batched forward (features to the drafters that read them), or, when `chunked`, in
-        chunks inside the next steps (step's prefill_budget) -> seconds taken."""
+        chunks inside the next steps (as the budget allows: prefill.py) -> seconds taken."""
         t0 = time.perf_counter()
         if seqs:  # room for the prompts and their outputs: chunked prompts wait for it, the others do not
             self.model.reserve(max(len(seq.prompt) + seq.max_new_tokens for seq in seqs), wait=not chunked)
@@ -151,35 +131,14 @@ class BatchDecoder:
             self.free.sort(reverse=True)
             seq.slot = None
 
-    def step(
-        self,
-        seqs: list[Sequence],
-        limit: Callable[[Sequence, int], int] | None = None,
-        prefill_budget: int = PREFILL_BUDGET,
-    ) -> list[Step]:
+    def step(self, seqs: list[Sequence], limit: Callable[[Sequence, int], int] | None = None) -> list[Step]:
         """One speculative step of every sequence (all started, none finished) -> their Steps.
         limit(seq, k): the k to use when its policy asks for k (default: k). A sequence whose drafter
         or verification raises gets a Step with `error` set and is finished; the others go on.
-        Sequences still prefilling (start(chunked=True)) share `prefill_budget` (chunk_cost: prompt
-        tokens, each weighted by the attention over the context before it), first come first served,
-        in the same forward as the others' verification; their Steps have `prefilling` set and no
-        tokens. The budget is there to keep the others' gaps between tokens short: when no sequence
-        is decoding, it is IDLE_PREFILL times larger."""
+        Sequences still prefilling (start(chunked=True)) get chunks of their prompts in the same
+        forward as the others' verification, as much as the budget (prefill.py) allows beside them,
+        first come first served; their Steps have `prefilling` set and no tokens."""
         failed: dict[int, Exception] = {}
-        idle = all(seq.prefilling for seq in seqs)
-        chunks, budget = [], prefill_budget * (IDLE_PREFILL if idle else 1)
-        span = self.model.attention_span
-        for seq in seqs:
-            if seq.prefilling and budget > 0:
-                remaining = len(seq.prompt) - 1 - seq.prefilled
-                if idle and self.model.room() < len(seq.prompt):
-                    self.model.reserve(len(seq.prompt))  # nobody decodes: growing now pauses no one
-                fits = min(remaining, self.model.room() - seq.prefilled)  # the cache may still be growing
-                if fits < 1:
-                    continue
-                n = chunk_size(budget, seq.prefilled, fits, span)
-                chunks.append((seq, n))
-                budget -= chunk_cost(n, seq.prefilled, span)
         rows, plans, bases, draft_s = [], {}, {}, {}
         for i, seq in enumerate(seqs):
             if seq.prefilling:
@@ -211,9 +170,15 @@ class BatchDecoder:
                     **plans[i].tree_args(bases[i]),
                 )
             )
+        span = self.model.attention_span
+        decode_work = sum(chunk_cost(len(row.tokens), bases[i], span) for row, i in zip(rows, bases))
+        chunks = self._chunks(seqs, self.budget.work(decode_work), idle=not rows)
+        prompt_work = sum(chunk_cost(n, seq.prefilled, span) for seq, n in chunks)
         t0 = time.perf_counter()
         outs = iter(self._prefill(chunks, rows))
         forward_s = time.perf_counter() - t0
+        if rows or chunks:
+            self.budget.observe(decode_work, prompt_work, forward_s)
 
         steps = []
         for i, seq in enumerate(seqs):
@@ -231,6 +196,23 @@ class BatchDecoder:
             seq.finished = True
             steps.append(Step([], 0, 0, 0.0, forward_s, finished=True, error=failed[i]))
         return steps
+
+    def _chunks(self, seqs: list[Sequence], budget: float, idle: bool) -> list[tuple[Sequence, int]]:
+        """-> (sequence, tokens) of the prompts still going in, as far as `budget` (chunk_cost) and the
+        cache's room allow: the first come get theirs first."""
+        chunks, span = [], self.model.attention_span
+        for seq in seqs:
+            if not seq.prefilling or budget <= 0:
+                continue
+            if idle and self.model.room() < len(seq.prompt):
+                self.model.reserve(len(seq.prompt))  # nobody decodes: growing now pauses no one
+            fits = min(len(seq.prompt) - 1 - seq.prefilled, self.model.room() - seq.prefilled)
+            if fits < 1:  # the cache is still growing
+                continue
+            n = chunk_size(budget, seq.prefilled, fits, span)
+            chunks.append((seq, n))
+            budget -= chunk_cost(n, seq.prefilled, span)
+        return chunks
 
     def _advance(self, seq: Sequence, planned, base: int, out, draft_s: float, forward_s: float) -> Step:
         """Settle one row (step.settle: verify, roll its slot back, feed its drafter, commit)."""

@@ -16,8 +16,8 @@ from __future__ import annotations
 from specdecode import drafters
 from specdecode.backends.batch_model import batched
 from specdecode.backends.models import LoadedModel
-from specdecode.core.batch_decoder import PREFILL_BUDGET
 from specdecode.core.config import Route, SpecConfig
+from specdecode.core.prefill import PREFILL_BUDGET
 from specdecode.core.prefix_cache import PrefixCache
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.engine import Engine

@@ -27,12 +27,13 @@ import torch
 
 from specdecode.backends.batch_model import BatchLM
 from specdecode.core import batch_decoder
-from specdecode.core.batch_decoder import PREFILL_BUDGET, BatchDecoder
+from specdecode.core.batch_decoder import BatchDecoder
 from specdecode.core.constraints import Constraints
 from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
 from specdecode.core.logprobs import TokenLogprob
 from specdecode.core.metrics import Stats, acceptance_rate, mean_acceptance_length
 from specdecode.core.penalties import Penalties
+from specdecode.core.prefill import PREFILL_BUDGET, PrefillBudget
 from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step
@@ -175,12 +176,10 @@ class Engine:
     ):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)
         self.k_for_batch = k_for_batch
-        self.core = BatchDecoder(model, prefix_cache)
+        # long prompts go in chunks beside the others' steps, at most prefill_budget of work a step
+        self.core = BatchDecoder(model, prefix_cache, PrefillBudget(prefill_budget))
         self.pool, self.metrics, self.costs = pool, metrics, costs
         self.queue_size = queue_size
-        self.prefill_budget = (
-            prefill_budget  # prompt tokens per step: long prompts go in chunks between steps
-        )
         self.threads = threads or torch.get_num_threads()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -397,11 +396,7 @@ class Engine:
     def _step(self) -> None:
         active = list(self.running)
         of = {seq.dec: seq for seq in active}
-        steps = self.core.step(
-            [seq.dec for seq in active],
-            lambda dec, k: self._limit(of[dec], k),
-            prefill_budget=self.prefill_budget,
-        )
+        steps = self.core.step([seq.dec for seq in active], lambda dec, k: self._limit(of[dec], k))
         decoded = [step for step in steps if step.error is None and not step.prefilling]
         if self.costs is not None and decoded and len(decoded) == len(steps):  # a step without prefill rows
             tokens = sum(step.drafted + 1 for step in decoded)
