@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving import MODEL, reference, serve
 from specdecode.drafters.ngram import NgramDrafter
+from specdecode.drafters.spec import parse
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -316,7 +317,7 @@ def test_a_tree_drafter_counts_positions_alike_in_generate_and_the_server(target
     with serve(target, drafter="ngram:b=3", k=k, max_batch=2, load_control=False) as srv:
         body = {"model": MODEL, "prompt": ids, "max_tokens": 40, "temperature": 0}
         r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
-        (stats,) = srv.engine.spec_stats.values()
+        stats = srv.engine.spec_stats.get(parse("ngram:b=3"))
     assert r["choices"][0]["text"] == want.text
     assert want.stats.drafted > sum(want.stats.drafted_by_pos), "a tree (more nodes than depths) was checked"
     got = (stats.drafted_by_pos, stats.accepted_by_pos, stats.reached_by_pos)

@@ -143,7 +143,7 @@ class BrokenDrafter(Drafter):
 
 def test_a_failing_row_fails_its_request_only(target, server):
     key = drafters.parse("ngram:1-1")
-    server.engine.pool.templates[key] = BrokenDrafter()
+    server.engine.pool.templates.put(key, BrokenDrafter())
     try:
         want = reference(target, target.tokenizer(PROMPT)["input_ids"], 12).text
         broken, normal = concurrently(
@@ -152,7 +152,7 @@ def test_a_failing_row_fails_its_request_only(target, server):
             engine=server.engine,
         )
     finally:
-        del server.engine.pool.templates[key]
+        server.engine.pool.templates.pop(key)
     assert broken.status_code == 500 and "out of range" in broken.json()["error"]["message"]
     assert broken.headers["connection"] == "close"
     assert normal.status_code == 200 and normal.json()["choices"][0]["text"] == want
@@ -300,6 +300,25 @@ def test_drafter_labels_come_from_the_configuration_whatever_clients_send(server
     assert "ngram:02-4" not in after and "ngram: 2-4" not in after
     assert drafted > 0 and after["ngram"] - before.get("ngram", 0) == drafted  # counted under the kind
     assert after["ngram:2-4"] > before["ngram:2-4"]  # the configured drafter keeps its own label
+
+
+def test_per_spec_state_stays_bounded_whatever_specs_clients_send(server):
+    """Drafter templates, acceptance stats and drafting times are kept per spec: the configured specs'
+    for good, 100 odd specs' among at most OTHERS (the latest), so the state does not grow with them."""
+    from specdecode.server.per_spec import OTHERS
+
+    engine = server.engine
+    odd = [drafters.parse(f"ngram:{1 + i % 3}-{50000 - i}") for i in range(100)]
+    for spec in odd:
+        r = complete(server.url, speculative={"drafter": str(spec)}, max_tokens=6)
+        assert r.status_code == 200, r.text
+    assert complete(server.url).status_code == 200  # the route's drafter, after all the junk
+    configured = drafters.parse("ngram")
+    for state in (engine.pool.templates, engine.spec_stats, engine.draft_s_per_token):
+        assert len(state) <= len(engine.pool.configured) + OTHERS
+    assert engine.spec_stats.get(configured).drafted > 0  # the configured drafter's stats stayed
+    assert engine.pool.templates.get(configured) is not None
+    assert engine.spec_stats.get(odd[-1]) is not None and engine.spec_stats.get(odd[0]) is None
 
 
 def test_prefix_caching_in_the_server_reuses_a_chat_history_and_keeps_output(target, server):

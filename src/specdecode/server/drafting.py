@@ -3,7 +3,7 @@
 Drafters may keep per-request state (begin/observe; a draft model keeps a KV cache), so each
 request gets its own copy of the spec's template (Drafter.fork). Model-backed drafters
 are loaded at start-up only: a request may name a weightless spec (`none`, `ngram[:MIN-MAX]`: built
-on the spot) or a spec the server preloaded.
+on the spot, kept among a bounded few: per_spec.py) or a spec the server preloaded (kept for good).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from specdecode import drafters
 from specdecode.errors import UserError
+from specdecode.server.per_spec import PerSpec
 from specdecode.server.suffix_cache import SuffixCaches
 
 
@@ -38,7 +39,8 @@ class DrafterPool:
     ):
         self.ctx = ctx
         self.caches = caches or SuffixCaches()
-        self.templates: dict[drafters.Spec, drafters.Drafter] = {}
+        preload = list(preload)
+        self.templates: PerSpec[drafters.Drafter] = PerSpec(preload)
         self.lock = threading.Lock()
         for spec in preload:
             self.template(spec, allow_load=True)
@@ -47,17 +49,23 @@ class DrafterPool:
         """The spec's drafter, built once (`ngram` and `ngram:2-4` are one spec, one template); every
         kind is servable: the batched core verifies trees and hands feature drafters their rows."""
         with self.lock:
-            if spec not in self.templates:
+            template = self.templates.get(spec)
+            if template is None:
                 if not spec.weightless and not allow_load:
                     raise UserError(
                         f"drafter {str(spec)!r} is not loaded on this server; "
                         f"available: {', '.join(self.available())}"
                     )
-                self.templates[spec] = drafters.build(spec, self.ctx)
-            return self.templates[spec]
+                template = self.templates.put(spec, drafters.build(spec, self.ctx))
+            return template
+
+    @property
+    def configured(self) -> frozenset[drafters.Spec]:
+        """The specs the server was started with."""
+        return self.templates.configured
 
     def available(self) -> list[str]:
-        return sorted({str(spec) for spec in self.templates} | set(_on_demand()))
+        return sorted({str(spec) for spec in self.templates.configured} | set(_on_demand()))
 
     def instance(self, spec: drafters.Spec, scope: str = "") -> drafters.Drafter:
         """A drafter for one request; a suffix drafter gets the response cache of its spec and scope."""

@@ -42,6 +42,7 @@ from specdecode.drafters.spec import Spec, parse
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.load import BatchCosts
 from specdecode.server.metrics import ServerMetrics
+from specdecode.server.per_spec import PerSpec
 
 log = logging.getLogger("specdecode.server")
 
@@ -187,8 +188,9 @@ class Engine:
         self.stopping = False
         self.thread: threading.Thread | None = None
         self.ids = count(1)
-        self.spec_stats: dict[Spec, Stats] = {}  # per drafter: acceptance profile for load control
-        self.draft_s_per_token: dict[Spec, float] = {}
+        # per drafter (bounded by the configuration: per_spec.py): acceptance profile and drafting time
+        self.spec_stats: PerSpec[Stats] = PerSpec(pool.configured)
+        self.draft_s_per_token: PerSpec[float] = PerSpec(pool.configured)
         self._grammars = None
 
     # -- API side (any thread) ----------------------------------------------------------------
@@ -275,7 +277,7 @@ class Engine:
             # acceptance, and a different k consumes its generator differently (not reproducible)
             return FixedK(spec.k(request.k))
         cost = (
-            self.costs.cost(1, self.draft_s_per_token.get(request.drafter, 0.0), request.k)
+            self.costs.cost(1, self.draft_s_per_token.get(request.drafter) or 0.0, request.k)
             if self.costs
             else CostModel(0.0, {})
         )
@@ -388,7 +390,10 @@ class Engine:
             k = min(
                 k,
                 self.costs.cap(
-                    len(self.running), known.conditional_acceptance, k, self.draft_s_per_token.get(spec, 0.0)
+                    len(self.running),
+                    known.conditional_acceptance,
+                    k,
+                    self.draft_s_per_token.get(spec) or 0.0,
                 ),
             )
         return k
@@ -425,11 +430,11 @@ class Engine:
         spec, now = seq.request.drafter, time.perf_counter()
         seq.stats.observe_step(step)
         seq.num_drafts += step.drafted > 0
-        self.spec_stats.setdefault(spec, Stats()).observe_step(step)
+        self.spec_stats.setdefault(spec, Stats).observe_step(step)
         if step.drafted:
             per_token = step.draft_s / step.drafted
             old = self.draft_s_per_token.get(spec)
-            self.draft_s_per_token[spec] = per_token if old is None else 0.9 * old + 0.1 * per_token
+            self.draft_s_per_token.put(spec, per_token if old is None else 0.9 * old + 0.1 * per_token)
         self.metrics.observe_step(
             seq.request.task, spec, step.drafted, step.accepted, len(step.tokens), step.depth
         )
