@@ -137,7 +137,7 @@ class BatchDecoder:
         or verification raises gets a Step with `error` set and is finished; the others go on.
         Sequences still prefilling (start(chunked=True)) get chunks of their prompts in the same
         forward as the others' verification, as much as the budget (prefill.py) allows beside them,
-        first come first served; their Steps have `prefilling` set and no tokens."""
+        shortest rest first; their Steps have `prefilling` set and no tokens."""
         failed: dict[int, Exception] = {}
         rows, plans, bases, draft_s = [], {}, {}, {}
         for i, seq in enumerate(seqs):
@@ -199,9 +199,10 @@ class BatchDecoder:
 
     def _chunks(self, seqs: list[Sequence], budget: float, idle: bool) -> list[tuple[Sequence, int]]:
         """-> (sequence, tokens) of the prompts still going in, as far as `budget` (chunk_cost) and the
-        cache's room allow: the first come get theirs first."""
+        cache's room allow: the shortest rest first, so that short prompts arriving while a long one goes
+        in start decoding at once instead of waiting for all of it."""
         chunks, span = [], self.model.attention_span
-        for seq in seqs:
+        for seq in sorted(seqs, key=lambda s: len(s.prompt) - s.prefilled):
             if not seq.prefilling or budget <= 0:
                 continue
             if idle and self.model.room() < len(seq.prompt):

@@ -7,8 +7,8 @@ line in its work W (decode rows and prompt rows alike),
 
     t(W) = fixed + per_unit * W,
 
-drawn live through two points: the mean (W, t) of recent steps that only decoded and the mean of
-recent steps that also prefilled (each an exponentially weighted average). A step beside decoding
+drawn live through two points: the median (W, t) of the recent steps that only decoded and that of
+the recent steps that also prefilled. A step beside decoding
 rows of work D may add prompt work P while it costs at most RATIO times the plain decode step:
 
     t(D + P) <= RATIO * t(D)   <=>   P <= (RATIO - 1) * t(D) / per_unit,
@@ -22,6 +22,8 @@ allows P = (RATIO - 1) * D. A step in which nothing decodes keeps nobody waiting
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 PREFILL_BUDGET = 128  # the most prompt work (chunk_cost) a step beside decoding rows carries: the default
 IDLE_PREFILL = 8  # a step in which nothing decodes prefills IDLE_PREFILL times as much
@@ -48,26 +50,27 @@ def chunk_size(budget: float, start: int, remaining: int, span: float | None) ->
     return max(1, min(n, remaining))
 
 
-class _Mean:
-    """An exponentially weighted mean point (work, seconds)."""
+class _Recent:
+    """The median point (work, seconds) of the last `size` steps of one kind: a slow step (the cache
+    growing, a busy neighbour on a shared machine) moves it little."""
 
-    def __init__(self, weight: float):
-        self.weight, self.work, self.seconds = weight, None, None
+    def __init__(self, size: int):
+        self.steps: deque[tuple[float, float]] = deque(maxlen=size)
 
     def add(self, work: float, seconds: float) -> None:
-        if self.work is None:
-            self.work, self.seconds = work, seconds
-        else:
-            w = self.weight
-            self.work = (1 - w) * self.work + w * work
-            self.seconds = (1 - w) * self.seconds + w * seconds
+        self.steps.append((work, seconds))
+
+    def point(self) -> tuple[float, float] | None:
+        if not self.steps:
+            return None
+        return statistics.median(w for w, _ in self.steps), statistics.median(t for _, t in self.steps)
 
 
 class PrefillBudget:
-    def __init__(self, chunk: int = PREFILL_BUDGET, ratio: float = RATIO, weight: float = 0.1):
+    def __init__(self, chunk: int = PREFILL_BUDGET, ratio: float = RATIO, window: int = 32):
         self.chunk, self.ratio = chunk, ratio
-        self.decoding = _Mean(weight)  # steps with decode rows only
-        self.prefilling = _Mean(weight)  # steps with prompt rows (beside decode rows or not)
+        self.decoding = _Recent(window)  # steps with decode rows only
+        self.prefilling = _Recent(window)  # steps with prompt rows (beside decode rows or not)
 
     def work(self, decode_work: float) -> float:
         """The prompt work (chunk_cost) a step may carry beside decode rows of `decode_work`."""
@@ -80,11 +83,11 @@ class PrefillBudget:
     def line(self) -> tuple[float, float]:
         """(fixed seconds, seconds per unit of work) of a step, from the two mean points; through the
         origin while they are unknown, too close to tell apart, or say a step gets cheaper with work."""
-        d, p = self.decoding, self.prefilling
-        if d.work is not None and p.work is not None and p.work - d.work >= 1:
-            per_unit = (p.seconds - d.seconds) / (p.work - d.work)
-            fixed = d.seconds - per_unit * d.work
-            if per_unit > 0 and fixed + per_unit * d.work > 0:
+        d, p = self.decoding.point(), self.prefilling.point()
+        if d is not None and p is not None and p[0] - d[0] >= 1:
+            per_unit = (p[1] - d[1]) / (p[0] - d[0])
+            fixed = d[1] - per_unit * d[0]
+            if per_unit > 0 and d[1] > 0:
                 return fixed, per_unit
         return 0.0, 1.0
 
