@@ -492,16 +492,16 @@ def cmd_bench(args) -> None:
 
 
 def cmd_advise(args) -> None:
+    if bool(args.prompts) == bool(args.from_metrics):
+        raise UserError("give either --prompts (measure here) or --from-metrics (read a server's counters)")
+    if args.from_metrics:
+        return _advise_from_metrics(args)
     from specdecode import drafters
     from specdecode.backends import models
     from specdecode.bench import advise
     from specdecode.core.generation import check_k
     from specdecode.corpora import load_prompts
 
-    if bool(args.prompts) == bool(args.from_metrics):
-        raise UserError("give either --prompts (measure here) or --from-metrics (read a server's counters)")
-    if args.from_metrics:
-        return _advise_from_metrics(args)
     args.k_max = 12 if args.k_max is None else args.k_max
     check_k(args.k_max)
     if args.max_new_tokens <= 0:
@@ -540,14 +540,10 @@ def cmd_advise(args) -> None:
 def _advise_from_metrics(args) -> None:
     """Counters over a window -> acceptance profile; our target's measured batch costs -> k per batch size."""
     from specdecode import drafters
-    from specdecode.backends import models
-    from specdecode.backends.batch_model import batched
-    from specdecode.core import costs
     from specdecode.core.config import Route, SpecConfig
-    from specdecode.core.generation import check_k, encode_prompt
+    from specdecode.core.generation import check_k
     from specdecode.core.step_fit import fit_step_costs
     from specdecode.monitor import advice, step_costs
-    from specdecode.server import load
 
     k_max = check_k(6 if args.k_max is None else args.k_max)
     if args.window < 0 or args.max_batch < 1:
@@ -565,15 +561,7 @@ def _advise_from_metrics(args) -> None:
         single, batch_sizes = fitted.cost_model(), [1]
         cost_at = lambda b: single  # noqa: E731
     else:
-        _setup(args)
-        target = models.load(args.target, args.dtype, args.device, args.backend)
-        built = drafters.build(spec, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
-        probe = encode_prompt(target.tokenizer, "Write a Python function that reverses a list.", None)
-        single = costs.measure(target.model, built, k_max, probe)  # the drafter's cost per drafted token
-        batch = load.measure(batched(target.model, args.max_batch), args.max_batch, k_max)
-        draft_s = single.draft_cost * single.step_s
-        cost_at = lambda b: single if b == 1 else batch.cost(b, draft_s, k_max)  # noqa: E731
-        batch_sizes = load.batch_sizes(args.max_batch)
+        single, cost_at, batch_sizes = _engine_costs(args, spec, k_max)
     result = advice.advise(prof, cost_at, batch_sizes, k_max)
     print(advice.render(prof, counts, result, span, args.from_metrics))
     if fitted:
@@ -613,6 +601,26 @@ def _advise_from_metrics(args) -> None:
         with open(args.report, "w") as f:
             json.dump(report, f, indent=1)
     print(f"config written to {args.out}", file=sys.stderr)
+
+
+def _engine_costs(args, spec, k_max: int):
+    """Our engine's costs measured here -> (one sequence's CostModel, cost_at(batch size), batch sizes)."""
+    from specdecode import drafters
+    from specdecode.backends import models
+    from specdecode.backends.batch_model import batched
+    from specdecode.core import costs
+    from specdecode.core.generation import encode_prompt
+    from specdecode.server import load
+
+    _setup(args)
+    target = models.load(args.target, args.dtype, args.device, args.backend)
+    built = drafters.build(spec, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
+    probe = encode_prompt(target.tokenizer, "Write a Python function that reverses a list.", None)
+    single = costs.measure(target.model, built, k_max, probe)  # the drafter's cost per drafted token
+    batch = load.measure(batched(target.model, args.max_batch), args.max_batch, k_max)
+    draft_s = single.draft_cost * single.step_s
+    cost_at = lambda b: single if b == 1 else batch.cost(b, draft_s, k_max)  # noqa: E731
+    return single, cost_at, load.batch_sizes(args.max_batch)
 
 
 def _served_drafter(source: str) -> str:
