@@ -153,9 +153,14 @@ def _median(rows, key):
 
 def summary(ks, measurements, kept_rounds) -> dict[int, dict]:
     out = {}
+    round_median = {
+        r: statistics.median(m["tokens_per_s"] for m in measurements if m["round"] == r)
+        for r in {m["round"] for m in measurements}
+    }
     for k in ks:
         mine = [m for m in measurements if m["k"] == k]
         kept = [m for m in mine if m["round"] in kept_rounds]
+        relative = [m["tokens_per_s"] / round_median[m["round"]] for m in kept or mine]
         out[k] = {
             "k": k,
             "kept": len(kept),
@@ -172,9 +177,26 @@ def summary(ks, measurements, kept_rounds) -> dict[int, dict]:
             "draft_tokens_per_step": _median(kept or mine, "draft_tokens_per_step"),
             "tau": _median(kept or mine, "tau"),
             "tokens_per_server_cpu_s": _median(kept or mine, "tokens_per_server_cpu_s"),
+            "relative_to_round_median": round(statistics.median(relative), 4) if relative else None,
             "outside_cores": _median(mine, "outside_cores"),
         }
     return out
+
+
+def analyse(ks, measurements, failed, max_outside_cores) -> dict:
+    """Measurements -> kept rounds, per-k medians and the best k (by wall-clock tokens/s medians)."""
+    rounds = sorted({m["round"] for m in measurements})
+    noisy = {m["round"] for m in measurements if m["outside_cores"] > max_outside_cores}
+    kept = [r for r in rounds if r not in noisy and r not in {m["round"] for m in failed}]
+    per_k = summary(ks, measurements, set(kept) if len(kept) >= 2 else set(rounds))
+    best = max((r for r in per_k.values() if r["tokens_per_s"]), key=lambda r: r["tokens_per_s"])
+    return {
+        "rounds": len(rounds),
+        "rounds_kept": kept,
+        "medians_over": "kept rounds" if len(kept) >= 2 else "all rounds (fewer than two rounds kept)",
+        "per_k": per_k,
+        "best": best,
+    }
 
 
 def cli_advice(args, scrapes: dict[int, Path], acceptance_from: Path, cost_ks, name: str) -> dict:
@@ -203,15 +225,35 @@ def kept_rounds_advice(acceptance_from: Path, per_k: dict[int, dict], k_max: int
 
 
 def scored(advised: dict, per_k: dict[int, dict], best: dict) -> dict:
+    """The advised k's medians as fractions of the best k's: wall-clock tokens/s (the goal's figure),
+    and, as cross-checks less moved by contention, the tokens/s relative to each round's median and
+    the tokens per server CPU second (each against the best k by that figure)."""
     k = advised.get("k")
     row = per_k.get(k)
     if row is None or not row["tokens_per_s"]:
         return {"k": k, "tokens_per_s": None, "of_best": None}
+    top = lambda key: max(r[key] for r in per_k.values() if r[key])  # noqa: E731
     return {
         "k": k,
         "tokens_per_s": row["tokens_per_s"],
         "of_best": round(row["tokens_per_s"] / best["tokens_per_s"], 3),
+        "of_best_relative_to_round": round(
+            row["relative_to_round_median"] / top("relative_to_round_median"), 3
+        ),
+        "of_best_per_server_cpu_s": round(row["tokens_per_server_cpu_s"] / top("tokens_per_server_cpu_s"), 3),
     }
+
+
+def reanalyse(path: Path, max_outside_cores: float) -> None:
+    """A result file's measurements analysed again (the summary's figures, a threshold), advice kept."""
+    result = json.loads(path.read_text())
+    ks = [r["k"] for r in result["per_k"]]
+    found = analyse(ks, result["measurements"], result["failed"], max_outside_cores)
+    result["conditions"]["max_outside_cores"] = max_outside_cores
+    result.update({**found, "per_k": list(found["per_k"].values())})
+    result["advised"] = {n: scored(a, found["per_k"], found["best"]) for n, a in result["advice"].items()}
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({"best": found["best"], "advised": result["advised"]}, indent=1))
 
 
 def main() -> int:
@@ -241,7 +283,10 @@ def main() -> int:
     p.add_argument("--vllm-args", default="", help="more vllm serve arguments, e.g. -O0 (no torch.compile)")
     p.add_argument("--machine", default="", help="the machine, in words, for the result file")
     p.add_argument("--out", required=True)
+    p.add_argument("--reanalyse", action="store_true", help="analyse --out's measurements again, run nothing")
     args = p.parse_args()
+    if args.reanalyse:
+        return reanalyse(Path(args.out), args.max_outside_cores) or 0
     if not args.taskset.isdigit():
         raise SystemExit("--taskset must be one core (the outside load is measured on it)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on kill too
@@ -302,12 +347,8 @@ def main() -> int:
                 with contextlib.ExitStack() as stack:
                     group = order[first : first + alive]
                     measure_all(start(group, stack), r, group, first)
-    rounds = sorted({m["round"] for m in measurements})
-    noisy = {m["round"] for m in measurements if m["outside_cores"] > args.max_outside_cores}
-    kept = [r for r in rounds if r not in noisy and r not in {m["round"] for m in failed}]
-    per_k = summary(ks, measurements, set(kept) if len(kept) >= 2 else set(rounds))
-    best = max((r for r in per_k.values() if r["tokens_per_s"]), key=lambda r: r["tokens_per_s"])
-    k_max = max(ks)
+    found = analyse(ks, measurements, failed, args.max_outside_cores)
+    per_k, best, k_max = found["per_k"], found["best"], max(ks)
     Path(args.out).with_suffix(".measurements.json").write_text(json.dumps(measurements + failed, indent=1))
     advices = {}
     for name, make in [
@@ -335,12 +376,9 @@ def main() -> int:
             "load1_at_end": os.getloadavg()[0],
             "max_outside_cores": args.max_outside_cores,
         },
-        "rounds": len(rounds),
-        "rounds_kept": kept,
-        "medians_over": "kept rounds" if len(kept) >= 2 else "all rounds (fewer than two rounds kept)",
+        **found,
         "orders": orders,
         "per_k": list(per_k.values()),
-        "best": best,
         "advice": advices,
         "advised": {name: scored(a, per_k, best) for name, a in advices.items()},
         "measurements": measurements,
