@@ -163,7 +163,7 @@ def summary(ks, measurements, kept_rounds) -> dict[int, dict]:
         relative = [m["tokens_per_s"] / round_median[m["round"]] for m in kept or mine]
         out[k] = {
             "k": k,
-            "kept": len(kept),
+            "in_medians": len(kept or mine),
             "measured": len(mine),
             "tokens_per_s": _median(kept or mine, "tokens_per_s"),
             "tokens_per_s_all_rounds": _median(mine, "tokens_per_s"),
