@@ -15,7 +15,8 @@ per k the medians over the kept rounds decide the best k (over all rounds, flagg
 two rounds are kept). The tokens per server-CPU-second beside it barely move with contention.
 
 Advice, all from vLLM's own figures: acceptance from the largest k's counters (totals); costs from
-the step times of (a) every k's final scrape (the CLI: `advise --step-costs-from`), (b) the kept
+the step times of (a) every k's final scrape (the CLI: `advise --step-costs-from`; the last
+round's servers when they restart per round), (b) the kept
 rounds' median step times, (c) the runs at the smallest and largest k only (the cheap recipe: two
 servers). Each advised k is scored by its measured median against the best.
 
