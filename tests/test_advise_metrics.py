@@ -190,3 +190,45 @@ def test_our_server_counts_drafts_reaching_each_position():
     assert counts.by_drafted_position == pytest.approx([1.0, 2 / 3, 0.0, 0.0])
     assert counts.by_position == pytest.approx([1.0, 2 / 3])  # per draft: positions with an acceptance
     assert counts.to_json()["acceptance_by_drafted_position"] == [1.0, 0.6667, 0.0, 0.0]
+
+
+def test_cli_prices_k_with_the_serving_engines_own_step_times(tmp_path, capsys):
+    """Acceptance from the real k = 6 scrape; step times of runs at k = 1..6 from a line T(k) = T0 + t·k
+    (no model is loaded: the costs are vLLM's). Cheap tokens give long drafts, dear ones short."""
+    prof = advice.profile(totals("v032/eagle3_k6_scrape.txt"))
+    picks = {}
+    for per_token_s in (0.0005, 0.03):
+        sources = []
+        for k in range(1, 7):
+            path = tmp_path / f"k{k}_{per_token_s}.txt"
+            step_s = 0.1 + per_token_s * k
+            path.write_text(
+                f"vllm:spec_decode_num_drafts_total 100\nvllm:spec_decode_num_draft_tokens_total {100 * k}\n"
+                f"vllm:inter_token_latency_seconds_sum {100 * step_s}\n"
+                "vllm:inter_token_latency_seconds_count 100\n"
+            )
+            sources.append(str(path))
+        out, report = tmp_path / "cfg.json", tmp_path / "report.json"
+        argv = ["advise", "--from-metrics", str(FIXTURES / "v032" / "eagle3_k6_scrape.txt"), "--window", "0"]
+        argv += ["--drafter", "eagle", "--step-costs-from", ",".join(sources), "--max-batch", "8"]
+        assert cli.main([*argv, "--out", str(out), "--report", str(report)]) == 0
+        assert "costs fitted from" in capsys.readouterr().out
+        rep, config = json.loads(report.read_text()), load_config(out)
+        expected, reach, by_k = 1.0, 1.0, {}  # E(k) / T(k), written out
+        for k, a in enumerate(prof.acceptance, 1):
+            reach *= a
+            expected += reach
+            by_k[k] = expected / (0.1 + per_token_s * k)
+        best = max(by_k, key=by_k.get)
+        assert rep["k"] == best and config.k_by_batch_size == [(1, 1, best)] and not config.costs
+        assert rep["step_costs"]["fit"]["base_s"] == pytest.approx(0.1)
+        assert rep["step_costs"]["predicted_tokens_per_s_by_k"][str(best)] == pytest.approx(by_k[best], 1e-3)
+        picks[per_token_s] = best
+    assert picks[0.0005] > picks[0.03] == 1
+
+
+def test_cli_step_costs_need_two_draft_lengths(tmp_path, capsys):
+    scrape = str(FIXTURES / "v032" / "eagle3_k6_scrape.txt")
+    argv = ["advise", "--from-metrics", scrape, "--window", "0", "--drafter", "eagle"]
+    assert cli.main([*argv, "--step-costs-from", f"{scrape},{scrape}", "--out", str(tmp_path / "c")]) == 2
+    assert "two or more draft lengths" in capsys.readouterr().err

@@ -60,3 +60,27 @@ def test_a_server_that_dies_is_an_error_with_its_log(venv, tmp_path):
     with pytest.raises(UserError, match="exited with 3(.|\n)*not initialized"):
         with vllm_local.serving(script, _port(), tmp_path / "log", timeout_s=30):
             pass
+
+
+def test_started_server_reports_its_processes_memory_cpu_time_and_can_be_pinned(venv, tmp_path):
+    port = _port()
+    busy = textwrap.dedent(f"""
+        import http.server, time
+        t = time.process_time()
+        while time.process_time() - t < 0.3:  # some CPU time to account for
+            pass
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200); self.end_headers()
+        http.server.HTTPServer(("127.0.0.1", {port}), H).serve_forever()
+    """)
+    (tmp_path / "server.py").write_text(busy)
+    script = tmp_path / "serve.sh"
+    script.write_text(f'"$VLLM_VENV/bin/python" {tmp_path / "server.py"} & wait\n')  # a child in its group
+    with vllm_local.started(script, port, tmp_path / "log", timeout_s=30) as server:
+        pids = server.pids()
+        assert server.pgid in pids and len(pids) == 2
+        assert server.cpu_s() >= 0.25 and 0 < server.pss_gib() < 1
+        server.pin("0")
+        assert all(os.sched_getaffinity(pid) == {0} for pid in pids)
+    assert server.pids() == []

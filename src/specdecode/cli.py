@@ -170,6 +170,13 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--max-batch", type=int, default=32, help="with --from-metrics: largest batch size of the schedule"
     )
+    a.add_argument(
+        "--step-costs-from",
+        metavar="SOURCES",
+        help="with --from-metrics: comma-separated vLLM /metrics URLs or saved scrapes of runs at two or "
+        "more k; the costs are fitted from their step times (the serving engine's own) instead of "
+        "measured here on our engine",
+    )
     a.add_argument("--out", required=True, help="where to write the config JSON")
     a.add_argument("--report", help="also write the full measurements as JSON here")
     a.add_argument("--candidates", default="ngram", help="comma-separated drafters to consider")
@@ -486,16 +493,16 @@ def cmd_bench(args) -> None:
 
 
 def cmd_advise(args) -> None:
+    if bool(args.prompts) == bool(args.from_metrics):
+        raise UserError("give either --prompts (measure here) or --from-metrics (read a server's counters)")
+    if args.from_metrics:
+        return _advise_from_metrics(args)
     from specdecode import drafters
     from specdecode.backends import models
     from specdecode.bench import advise
     from specdecode.core.generation import check_k
     from specdecode.corpora import load_prompts
 
-    if bool(args.prompts) == bool(args.from_metrics):
-        raise UserError("give either --prompts (measure here) or --from-metrics (read a server's counters)")
-    if args.from_metrics:
-        return _advise_from_metrics(args)
     args.k_max = 12 if args.k_max is None else args.k_max
     check_k(args.k_max)
     if args.max_new_tokens <= 0:
@@ -534,13 +541,10 @@ def cmd_advise(args) -> None:
 def _advise_from_metrics(args) -> None:
     """Counters over a window -> acceptance profile; our target's measured batch costs -> k per batch size."""
     from specdecode import drafters
-    from specdecode.backends import models
-    from specdecode.backends.batch_model import batched
-    from specdecode.core import costs
     from specdecode.core.config import Route, SpecConfig
-    from specdecode.core.generation import check_k, encode_prompt
-    from specdecode.monitor import advice
-    from specdecode.server import load
+    from specdecode.core.generation import check_k
+    from specdecode.core.step_fit import fit_step_costs
+    from specdecode.monitor import advice, step_costs
 
     k_max = check_k(6 if args.k_max is None else args.k_max)
     if args.window < 0 or args.max_batch < 1:
@@ -551,22 +555,27 @@ def _advise_from_metrics(args) -> None:
     if not spec.speculates:
         raise UserError(f"--drafter {drafter} does not speculate: nothing to advise")
     prof = advice.profile(counts)
-    _setup(args)
-    target = models.load(args.target, args.dtype, args.device, args.backend)
-    built = drafters.build(spec, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
-    probe = encode_prompt(target.tokenizer, "Write a Python function that reverses a list.", None)
-    single = costs.measure(target.model, built, k_max, probe)  # the drafter's cost per drafted token
-    batch = load.measure(batched(target.model, args.max_batch), args.max_batch, k_max)
-    draft_s = single.draft_cost * single.step_s
-    cost_at = lambda b: single if b == 1 else batch.cost(b, draft_s, k_max)  # noqa: E731
-    result = advice.advise(prof, cost_at, load.batch_sizes(args.max_batch), k_max)
+    fitted, sources = None, [s for s in (args.step_costs_from or "").split(",") if s]
+    if sources:  # the serving engine's own costs, at batch size 1 (the runs' traffic)
+        timings = [step_costs.read(s) for s in sources]
+        fitted = fit_step_costs(timings)
+        single, batch_sizes = fitted.cost_model(), [1]
+        cost_at = lambda b: single  # noqa: E731
+    else:
+        single, cost_at, batch_sizes = _engine_costs(args, spec, k_max)
+    result = advice.advise(prof, cost_at, batch_sizes, k_max)
     print(advice.render(prof, counts, result, span, args.from_metrics))
+    if fitted:
+        print(
+            f"costs fitted from {args.step_costs_from}: step {fitted.base_s * 1e3:.1f} ms + "
+            f"{fitted.per_token_s * 1e3:.1f} ms per drafted token (c = {single.draft_cost:.3f})"
+        )
     top = max(k for _, _, k in result.schedule)
     route = Route(spec, top, True) if top > 0 else Route(drafters.parse("none"), 1, False)
     config = SpecConfig(
         default=route,
         candidates=[drafters.parse("none"), spec],
-        costs={spec: single},
+        costs={} if fitted else {spec: single},  # another engine's costs would misprice ours
         target=args.target,
         dtype=args.dtype,
         k_by_batch_size=result.schedule if top > 0 else None,
@@ -581,9 +590,38 @@ def _advise_from_metrics(args) -> None:
             "profile": prof.to_json(),
             **result.to_json(),
         }
+        if fitted:
+            report["step_costs"] = {
+                "sources": sources,
+                "timings": [t.to_json() for t in timings],
+                "fit": fitted.to_json(),
+                "predicted_tokens_per_s_by_k": {
+                    str(k): round(v / fitted.base_s, 3) for k, v in result.by_k.items()
+                },
+            }
         with open(args.report, "w") as f:
             json.dump(report, f, indent=1)
     print(f"config written to {args.out}", file=sys.stderr)
+
+
+def _engine_costs(args, spec, k_max: int):
+    """Our engine's costs measured here -> (one sequence's CostModel, cost_at(batch size), batch sizes)."""
+    from specdecode import drafters
+    from specdecode.backends import models
+    from specdecode.backends.batch_model import batched
+    from specdecode.core import costs
+    from specdecode.core.generation import encode_prompt
+    from specdecode.server import load
+
+    _setup(args)
+    target = models.load(args.target, args.dtype, args.device, args.backend)
+    built = drafters.build(spec, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
+    probe = encode_prompt(target.tokenizer, "Write a Python function that reverses a list.", None)
+    single = costs.measure(target.model, built, k_max, probe)  # the drafter's cost per drafted token
+    batch = load.measure(batched(target.model, args.max_batch), args.max_batch, k_max)
+    draft_s = single.draft_cost * single.step_s
+    cost_at = lambda b: single if b == 1 else batch.cost(b, draft_s, k_max)  # noqa: E731
+    return single, cost_at, load.batch_sizes(args.max_batch)
 
 
 def _served_drafter(source: str) -> str:

@@ -15,6 +15,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.errors import UserError
@@ -45,8 +46,54 @@ def _healthy(url: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Server:
+    url: str  # http://127.0.0.1:PORT
+    pgid: int  # its process group: the API server, the engine core and their workers
+
+    def pids(self) -> list[int]:
+        """The processes of the server's group now alive."""
+        out = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == self.pgid:  # fields after the name: state, ppid, pgrp, ...
+                    out.append(int(stat.parent.name))
+        return out
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) its live processes have used, threads included."""
+        tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+        for pid in self.pids():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        return total
+
+    def pss_gib(self) -> float:
+        """Its proportional set size (memory shared between processes counted once), GiB."""
+        kib = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError, ValueError, StopIteration):
+                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+                kib += int(next(ln for ln in rollup if ln.startswith("Pss:")).split()[1])
+        return kib / 2**20
+
+    def pin(self, cpus: str) -> None:
+        """Move every thread of every process of the server onto `cpus` (e.g. "1")."""
+        for pid in self.pids():
+            subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], capture_output=True, check=False)
+
+
 @contextlib.contextmanager
-def serving(
+def serving(serve_sh: Path, port: int, log: Path, **options):
+    """`started` -> its base URL only."""
+    with started(serve_sh, port, log, **options) as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def started(
     serve_sh: Path,
     port: int,
     log: Path,
@@ -56,7 +103,7 @@ def serving(
     taskset: str | None = None,
     timeout_s: float = START_TIMEOUT_S,
 ):
-    """Run `serve_sh` (an export's serve.sh, its --port given as `port`) until the block ends -> base URL.
+    """Run `serve_sh` (an export's serve.sh, its --port given as `port`) until the block ends -> Server.
     Raises UserError with the log's tail when it exits or does not answer /health within timeout_s."""
     where = venv()
     if where is None:
@@ -87,7 +134,7 @@ def serving(
                 )
                 raise UserError(f"vLLM ({serve_sh}) {why}; the end of {log}:\n{tail}")
             time.sleep(2)
-        yield url
+        yield Server(url, proc.pid)
     finally:
         _stop(proc)
 
