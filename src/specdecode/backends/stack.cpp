@@ -308,7 +308,7 @@ class Stack {
 };
 
 void bind_stack(pybind11::module& m) {
-  pybind11::class_<Stack>(m, "Stack", "A Llama-form model's layers on the interleaved VNNI kernels, one call a forward")
+  pybind11::class_<Stack>(m, "Stack", pybind11::module_local(), "A Llama-form model's layers on the interleaved VNNI kernels, one call a forward")
       .def(pybind11::init<const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
                           const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor, std::vector<int64_t>,
