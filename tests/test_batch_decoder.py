@@ -202,9 +202,9 @@ def test_a_long_prompt_admitted_beside_a_running_row_grows_the_cache_without_pau
     target, cases, monkeypatch
 ):
     """Admission beside a decoding row grows the cache ahead: nothing is copied then, each forward moves
-    one layer into the larger tensors (step_bytes=1) while the running row decodes on, the new prompt
-    goes in only as far as the old capacity until the move is done, and every output is still the one
-    each request gets alone."""
+    one piece (a layer of a slot) into the larger tensors (step_bytes=1) while the running row decodes
+    on, the new prompt goes in only as far as the old capacity until the move is done, and every output
+    is still the one each request gets alone."""
     from specdecode.core.generation import generate
 
     lm = batched(target.model, 3)
@@ -225,7 +225,7 @@ def test_a_long_prompt_admitted_beside_a_running_row_grows_the_cache_without_pau
         core.step([running, admitted])
         assert len(running.context) > before and admitted.prefilled <= small
         moves += 1
-    assert moves == len(target.model.layers) and lm.room() >= len(prompt) + MAX_NEW
+    assert moves == lm.cache.pieces() and lm.room() >= len(prompt) + MAX_NEW
     while not (running.finished and admitted.finished):
         core.step([s for s in (running, admitted) if not s.finished])
     assert running.context[len(short) :] == short_ref

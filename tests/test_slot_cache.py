@@ -1,6 +1,6 @@
-"""The batched model's KV cache grows ahead without losing a write: while layers move into the larger
-tensors, the owner keeps appending and rolling back in the old ones, and after the swap every slot
-holds exactly what it would have held in a cache that had always been large enough."""
+"""The batched model's KV cache grows ahead without losing a write: while pieces (one layer of one slot)
+move into the larger tensors, the owner keeps appending and rolling back in the old ones, and after the
+swap every slot holds exactly what it would have held in a cache that had always been large enough."""
 
 import torch
 
@@ -40,7 +40,7 @@ def _cache(step_bytes: int = 1) -> SlotCache:
     return SlotCache(DIMS, 2048, torch.float32, torch.device("cpu"), step_bytes=step_bytes)
 
 
-def test_growing_ahead_moves_a_layer_a_step_and_keeps_every_write_made_meanwhile():
+def test_growing_ahead_moves_a_piece_a_step_and_keeps_every_write_made_meanwhile():
     owner = Owner(_cache())
     for slot, n in enumerate((40, 10, 60)):
         owner.append(slot, n)
@@ -56,7 +56,9 @@ def test_growing_ahead_moves_a_layer_a_step_and_keeps_every_write_made_meanwhile
         assert cache.k is old and cache.capacity == 256  # the forward keeps the old tensors meanwhile
         cache.advance(owner.lengths)
         steps += 1
-    assert steps == DIMS[0] and cache.capacity == 512  # 2x, in CACHE_BLOCK multiples
+    assert (
+        steps == DIMS[0] * DIMS[1] and cache.capacity == 512
+    )  # a piece a step; 2x, in CACHE_BLOCK multiples
     owner.assert_intact()
     assert (
         not cache.k[:, :, :, 256:].any() and not cache.v[:, :, :, 256:].any()
