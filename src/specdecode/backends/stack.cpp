@@ -1,13 +1,13 @@
 // The whole layer stack of a Llama-form model in one call (`--dtype gguf` on AVX-512 VNNI): every
 // layer's norms, matmuls, attention and residual adds for the rows of any sequences, inside one
-// OpenMP team that meets at a barrier between stages, nothing crossing into Python per layer.
+// OpenMP team that works through the stages together, nothing crossing into Python per layer.
 //
 // Why: the per-op path (fast_llama.fused_layers) makes ~9 calls a layer, 270 a forward for the
 // default model, each paying Python dispatch, tensor allocation and a fork/join of the thread pool;
 // the matmuls of a layer are small (the output projection is 0.2 MB, ~7 us of streaming), so a
-// one-row decoding step spent ~1.7x the memory floor. Here a stage splits its work between the
-// threads (weight groups for a matmul, (head, row) for attention, rows for the rest) and the next
-// stage waits at a barrier (~0.3 us with both threads spinning).
+// one-row decoding step spent ~1.7x the memory floor. Here a stage's work (weight groups for a matmul,
+// (head, row) for attention, rows for the rest) is shared out as in Stages, and the next stage starts
+// when all of it is done.
 // Invariant: the stages run the functions of the per-op kernels (vnni_tile.h, attention_row.h,
 // rowops.h) on the same inputs, and a row's result never depends on the other rows or on which
 // thread computed it: a stack row has the bits of the per-op path's row and of a one-token step.
@@ -19,8 +19,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <memory>
 #include <optional>
+#include <thread>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -28,6 +31,10 @@
 #include "attention_row.h"
 #include "rowops.h"
 #include "vnni_tile.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -71,6 +78,70 @@ Linear make_linear(const std::vector<PartSpec>& specs, const char* name) {
 // [begin, end) of `total` items for thread t of T, in contiguous even shares
 std::pair<int64_t, int64_t> share(int64_t total, int t, int T) { return {total * t / T, total * (t + 1) / T}; }
 
+// Synchronisation of a stage without a barrier: thread t owns its share of the items and takes it front
+// to back, a chunk at a time; a thread with nothing left takes chunks from the back of the others'
+// shares; the stage is over when every item is done, whoever did it. With a barrier a thread the OS had
+// preempted (for the server's HTTP loop, a client on the same cores) stalled its partner at each of
+// ~300 barriers a forward: under one streaming client 70% of the forward was spent waiting there.
+// Which thread computes an item never changes its bits. Counters start at zero (no set-up per stage).
+struct alignas(64) Counter {
+  std::atomic<uint64_t> v{0};  // a share: (items taken from its front << 32) | items taken from its back
+};
+
+class Stages {
+ public:
+  Stages(int64_t stages, int threads) : T_(threads), c_(new Counter[stages * (threads + 1)]) {}
+
+  // f(begin, end) over items [0, n) of stage `s` (chunks of at most `chunk`) -> once all n are done
+  template <typename F>
+  void run(int64_t s, int t, int64_t n, int64_t chunk, F&& f) {
+    Counter* shares = c_.get() + s * (T_ + 1);
+    std::atomic<uint64_t>& done = shares[T_].v;
+    int64_t b, e;
+    for (auto [lo, hi] = share(n, t, T_); take(shares[t].v, lo, hi, chunk, true, b, e);) {
+      f(b, e);
+      done.fetch_add(e - b, std::memory_order_release);
+    }
+    for (int k = 1; k < T_; ++k) {
+      const int u = (t + k) % T_;
+      for (auto [lo, hi] = share(n, u, T_); take(shares[u].v, lo, hi, chunk, false, b, e);) {
+        f(b, e);
+        done.fetch_add(e - b, std::memory_order_release);
+      }
+    }
+    for (int spins = 0; done.load(std::memory_order_acquire) < static_cast<uint64_t>(n); ++spins) {
+      if (spins >= 2000)
+        std::this_thread::yield();
+#if defined(__x86_64__)
+      else
+        _mm_pause();
+#endif
+    }
+  }
+
+ private:
+  // up to `chunk` untaken items of share [lo, hi) from its front (or back) -> [b, e); false: none left
+  static bool take(std::atomic<uint64_t>& v, int64_t lo, int64_t hi, int64_t chunk, bool front, int64_t& b,
+                   int64_t& e) {
+    uint64_t cur = v.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t f = static_cast<int64_t>(cur >> 32), k = static_cast<int64_t>(cur & 0xffffffffu);
+      const int64_t left = (hi - k) - (lo + f);
+      if (left <= 0) return false;
+      const int64_t n = std::min(chunk, left);
+      const uint64_t next = front ? cur + (static_cast<uint64_t>(n) << 32) : cur + static_cast<uint64_t>(n);
+      if (v.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
+        b = front ? lo + f : hi - k - n;
+        e = b + n;
+        return true;
+      }
+    }
+  }
+
+  int T_;
+  std::unique_ptr<Counter[]> c_;
+};
+
 // Activation rows quantized for the tiles: room for M rows of up to K inputs.
 struct QuantBuffer {
   torch::Tensor q, d, S, h;
@@ -93,9 +164,8 @@ struct QuantBuffer {
 };
 
 #if SPECDECODE_VNNI
-// Thread t's share of lin's weight groups, for all M quantized rows -> y [M, lin.N]
-void linear_share(const Linear& lin, const vnni::QuantRows& x, int64_t M, float* y, int t, int T) {
-  const auto [b, e] = share(lin.groups, t, T);
+// Weight groups b..e-1 of lin (counted over its parts), for all M quantized rows -> y [M, lin.N]
+void linear_range(const Linear& lin, const vnni::QuantRows& x, int64_t M, float* y, int64_t b, int64_t e) {
   int64_t first = 0, col = 0;  // the part's first group among all, its first output column
   for (const Part& p : lin.parts) {
     const int64_t g0 = std::max<int64_t>(b - first, 0), g1 = std::min(e - first, p.groups), G = lin.K / 32;
@@ -219,13 +289,21 @@ class Stack {
     const attn::query_fn query = attn::for_width(d_);
     const int threads = omp_in_parallel() ? 1 : at::get_num_threads();
     const int64_t H = H_, I = I_;
+    Stages stages(1 + 10 * layers, threads);  // 10 stages a layer, one before
 #pragma omp parallel num_threads(threads)
     {
-      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      const int t = omp_get_thread_num();
       std::vector<float> q(d_), p(layout.longest + attn::L);
+      int64_t stage = 0;
+      auto each = [&](int64_t n, int64_t chunk, auto&& f) { stages.run(stage++, t, n, chunk, f); };
       auto rows = [&](auto&& f) {
-        const auto [b, e] = share(N, t, T);
-        for (int64_t i = b; i < e; ++i) f(i);
+        each(N, 1, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) f(i);
+        });
+      };
+      auto linear = [&](const Linear& lin, float* y) {  // chunks of a quarter of a thread's share
+        each(lin.groups, std::max<int64_t>(1, lin.groups / (4 * threads)),
+             [&](int64_t b, int64_t e) { linear_range(lin, qr, N, y, b, e); });
       };
       // the residual stream x += delta (unless first), normed by w into xn, quantized for the next linear
       auto norm = [&](bool add, const torch::Tensor& w, int64_t layer_before, bool quantize) {
@@ -238,11 +316,9 @@ class Stack {
         });
       };
       norm(false, norm1_[0], -1, true);
-#pragma omp barrier
       for (int64_t l = 0; l < layers; ++l) {
         const Layer& w = layers_[l];
-        linear_share(w.qkv, qr, N, qkvp, t, T);
-#pragma omp barrier
+        linear(w.qkv, qkvp);
         const auto& mask = masks[window_kind_[l]];
         const attn::Step step{layout,
                               qkvp,
@@ -258,34 +334,23 @@ class Stack {
                               d_,
                               cap,
                               scale_};
-        {
-          const auto [b, e] = share(N * kv_heads_, t, T);
+        each(N * kv_heads_, 1, [&](int64_t b, int64_t e) {
           for (int64_t task = b; task < e; ++task) step.write(task);
-        }
-#pragma omp barrier
-        {
-          const auto [b, e] = share(heads_ * N, t, T);
+        });
+        each(heads_ * N, 1, [&](int64_t b, int64_t e) {
           for (int64_t task = b; task < e; ++task) step.query(task, query, q.data(), p.data());
-        }
-#pragma omp barrier
+        });
         rows([&](int64_t i) { qb.row(attp, i, hd); });
-#pragma omp barrier
-        linear_share(w.o, qr, N, dp, t, T);
-#pragma omp barrier
+        linear(w.o, dp);
         norm(true, norm2_[l], -1, true);
-#pragma omp barrier
-        linear_share(w.gate_up, qr, N, gup, t, T);
-#pragma omp barrier
+        linear(w.gate_up, gup);
         rows([&](int64_t i) {
           rowops::silu_mul_row(gup + i * 2 * I, gup + i * 2 * I + I, actp + i * I, I);
           qb.row(actp, i, I);
         });
-#pragma omp barrier
-        linear_share(w.down, qr, N, dp, t, T);
-#pragma omp barrier
+        linear(w.down, dp);
         const bool last = l == layers - 1;
         norm(true, last ? final_norm_ : norm1_[l + 1], l, !last);
-#pragma omp barrier
       }
     }
     return out;
