@@ -21,15 +21,7 @@
 #include <vector>
 
 #include "attention_row.h"
-
-namespace {
-
-void check(const torch::Tensor& t, const char* name, torch::ScalarType type = torch::kFloat32) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.is_contiguous(), name,
-              ": expected a contiguous CPU tensor of ", type);
-}
-
-}  // namespace
+#include "checks.h"
 
 // qkv: [N, (h + 2 kvh) d] projections of N new tokens, the rows of sequence b at offsets
 // sum(counts[:b]).. ; k_cache, v_cache: [S, kvh, cap, d] one layer's caches of S slots: sequence b's
@@ -42,20 +34,13 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
                         torch::Tensor sin, std::optional<torch::Tensor> mask, torch::Tensor slots,
                         torch::Tensor starts, torch::Tensor counts, int64_t heads, int64_t kv_heads, double qk_scale) {
   for (auto& [t, name] : {std::pair{qkv, "qkv"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {cos, "cos"}, {sin, "sin"}})
-    check(t, name);
-  for (auto& [t, name] : {std::pair{slots, "slots"}, {starts, "starts"}, {counts, "counts"}}) check(t, name, torch::kLong);
+    checks::tensor(t, name);
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "k_cache, v_cache: expected [slots, kv_heads, cap, d]");
-  const int64_t N = qkv.size(0), S = k_cache.size(0), cap = k_cache.size(2), d = k_cache.size(3), B = slots.numel();
+  const int64_t N = qkv.size(0), S = k_cache.size(0), cap = k_cache.size(2), d = k_cache.size(3);
   TORCH_CHECK(k_cache.size(1) == kv_heads && heads % kv_heads == 0, "k_cache: expected ", kv_heads, " kv heads");
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * d, "qkv: expected (heads + 2 kv_heads) * head_dim columns");
   TORCH_CHECK(cos.size(0) == N && sin.size(0) == N && cos.size(1) == d && sin.size(1) == d, "cos/sin: expected [N, head_dim]");
-  TORCH_CHECK(starts.numel() == B && counts.numel() == B, "slots, starts, counts: one entry per sequence");
-  const int64_t *sl = slots.data_ptr<int64_t>(), *st = starts.data_ptr<int64_t>(), *ct = counts.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(sl[b] >= 0 && sl[b] < S && st[b] >= 0 && ct[b] >= 0 && st[b] + ct[b] <= cap,
-                "attention: sequence ", b, " (slot ", sl[b], ", positions ", st[b], "..", st[b] + ct[b], ") outside the cache");
-  const attn::Layout layout(sl, st, ct, B);
-  TORCH_CHECK(layout.rows == N, "counts: expected ", N, " rows in all, got ", layout.rows);
+  const attn::Layout layout = checks::layout(slots, starts, counts, S, cap, N);
   const bool* mp = nullptr;
   int64_t mask_cols = 0;
   if (mask) {

@@ -25,7 +25,7 @@ SOURCES = [
 ]
 HEADERS = [
     Path(__file__).with_name(name)
-    for name in ("tiles.h", "vecmath.h", "rowops.h", "vnni_tile.h", "attention_row.h")
+    for name in ("tiles.h", "vecmath.h", "rowops.h", "vnni_tile.h", "attention_row.h", "checks.h")
 ]
 
 # Products of more rows than this (a long prefill, a big batch) go to torch's dense GEMM (oneDNN/MKL)

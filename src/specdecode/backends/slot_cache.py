@@ -117,7 +117,7 @@ class SlotCache:
         m.pieces_done += 1
 
     def _swap(self, lengths: list[int]) -> None:
-        """Every layer is in: re-copy what was written since the migration began, then switch."""
+        """Every piece is in: re-copy what was written since the migration began, then switch."""
         m = self.moving
         for slot, (low, length) in enumerate(zip(m.low, lengths)):
             if low < length:

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "attention_row.h"
+#include "checks.h"
 #include "rowops.h"
 #include "vnni_tile.h"
 
@@ -145,8 +146,7 @@ class Stages {
 // Activation rows quantized for the tiles: room for M rows of up to K inputs.
 struct QuantBuffer {
   torch::Tensor q, d, S, h;
-  int64_t K;
-  QuantBuffer(int64_t M, int64_t K) : K(K) {
+  QuantBuffer(int64_t M, int64_t K) {
     q = torch::empty({M, K}, torch::kInt8);
     d = torch::empty({M, K / 32});
     S = torch::empty({M, K / 32});
@@ -186,11 +186,6 @@ void linear_range(const Linear& lin, const vnni::QuantRows& x, int64_t M, float*
 }
 #endif
 
-void check(const torch::Tensor& t, const char* name, torch::ScalarType type = torch::kFloat32) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.is_contiguous(), name,
-              ": expected a contiguous CPU tensor of ", type);
-}
-
 }  // namespace
 
 // The layers of a Llama-form model (pre-norm, SiLU-gated MLP, no q/k norms, no biases) whose linears
@@ -222,10 +217,10 @@ class Stack {
     }
     for (auto* norms : {&norm1_, &norm2_})
       for (auto& t : *norms) {
-        check(t, "norm");
+        checks::tensor(t, "norm");
         TORCH_CHECK(t.numel() == H_, "norm: expected ", H_, " weights");
       }
-    check(final_norm_, "final_norm");
+    checks::tensor(final_norm_, "final_norm");
     scale_ = qk_scale > 0 ? static_cast<float>(qk_scale) : 1.f / std::sqrt(static_cast<float>(d_));
   }
 
@@ -239,27 +234,20 @@ class Stack {
                                      std::vector<std::optional<torch::Tensor>> masks, torch::Tensor slots,
                                      torch::Tensor starts, torch::Tensor counts, std::vector<int64_t> capture) {
 #if SPECDECODE_VNNI
-    check(x, "x");
-    check(k_cache, "k_cache");
-    check(v_cache, "v_cache");
-    for (auto* t : {&slots, &starts, &counts}) check(*t, "slots/starts/counts", torch::kLong);
-    const int64_t N = x.size(0), layers = static_cast<int64_t>(layers_.size()), B = slots.numel();
+    checks::tensor(x, "x");
+    checks::tensor(k_cache, "k_cache");
+    checks::tensor(v_cache, "v_cache");
+    const int64_t N = x.size(0), layers = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(x.dim() == 2 && x.size(1) == H_, "x: expected [N, ", H_, "]");
     TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes() && k_cache.size(0) == layers &&
                     k_cache.size(2) == kv_heads_ && k_cache.size(4) == d_,
                 "k_cache, v_cache: expected [", layers, ", slots, ", kv_heads_, ", cap, ", d_, "]");
-    TORCH_CHECK(starts.numel() == B && counts.numel() == B, "slots, starts, counts: one entry per sequence");
     const int64_t S = k_cache.size(1), cap = k_cache.size(3);
-    const int64_t *sl = slots.data_ptr<int64_t>(), *st = starts.data_ptr<int64_t>(), *ct = counts.data_ptr<int64_t>();
-    for (int64_t b = 0; b < B; ++b)
-      TORCH_CHECK(sl[b] >= 0 && sl[b] < S && st[b] >= 0 && ct[b] >= 0 && st[b] + ct[b] <= cap, "stack: sequence ", b,
-                  " (slot ", sl[b], ", positions ", st[b], "..", st[b] + ct[b], ") outside the cache");
-    const attn::Layout layout(sl, st, ct, B);
-    TORCH_CHECK(layout.rows == N, "counts: expected ", N, " rows in all, got ", layout.rows);
+    const attn::Layout layout = checks::layout(slots, starts, counts, S, cap, N);
     TORCH_CHECK(cos.size() == sin.size(), "cos, sin: one table each per rotary kind");
     for (size_t k = 0; k < cos.size(); ++k) {
-      check(cos[k], "cos");
-      check(sin[k], "sin");
+      checks::tensor(cos[k], "cos");
+      checks::tensor(sin[k], "sin");
       TORCH_CHECK(cos[k].dim() == 2 && cos[k].size(0) == N && cos[k].size(1) == d_ && sin[k].sizes() == cos[k].sizes(),
                   "cos/sin: expected [N, ", d_, "]");
     }
