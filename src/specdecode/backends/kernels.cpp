@@ -306,25 +306,27 @@ std::vector<torch::Tensor> unpack_q8_vnni(torch::Tensor ps, torch::Tensor pq, in
 void bind_stack(pybind11::module& m);  // stack.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("add_rms_norm", &add_rms_norm, "x += delta (if given); return rms_norm(x) * w", py::arg("x"),
+  // the compute calls let other Python threads run (the server's event loop sends chunks meanwhile)
+  const auto release = py::call_guard<py::gil_scoped_release>();
+  m.def("add_rms_norm", &add_rms_norm, release, "x += delta (if given); return rms_norm(x) * w", py::arg("x"),
         py::arg("delta"), py::arg("w"), py::arg("eps"));
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of [n, 2I] -> [n, I]");
-  m.def("linear", &linear, "x W^T for a few rows of x, W float32 or bfloat16");
-  m.def("linear_q4", &linear_q4, "x W^T, W 4-bit with a float32 scale and offset per 32 weights");
-  m.def("linear_q8", &linear_q8, "x W^T, W 8-bit with a float32 scale per 16 weights");
-  m.def("linear_q4_i8", &linear_q4_i8, "x W^T, W 4-bit, x quantized to 8 bits per row and block of 32");
-  m.def("linear_q8_i8", &linear_q8_i8, "x W^T, W 8-bit, x quantized to 8 bits per row and block of 32");
+  m.def("silu_mul", &silu_mul, release, "silu(gate) * up of [n, 2I] -> [n, I]");
+  m.def("linear", &linear, release, "x W^T for a few rows of x, W float32 or bfloat16");
+  m.def("linear_q4", &linear_q4, release, "x W^T, W 4-bit with a float32 scale and offset per 32 weights");
+  m.def("linear_q8", &linear_q8, release, "x W^T, W 8-bit with a float32 scale per 16 weights");
+  m.def("linear_q4_i8", &linear_q4_i8, release, "x W^T, W 4-bit, x quantized to 8 bits per row and block of 32");
+  m.def("linear_q8_i8", &linear_q8_i8, release, "x W^T, W 8-bit, x quantized to 8 bits per row and block of 32");
   m.def("dequantize_q4", &dequantize_q4, "4-bit rows -> float32 [N, K], the kernels' values");
   m.def("dequantize_q8", &dequantize_q8, "8-bit rows -> float32 [N, K], the kernels' values");
   m.def("vnni_rows", &vnni_rows, "weight rows interleaved by the VNNI kernels (16), or 0 without AVX-512 VNNI");
-  m.def("linear_q4_vnni", &linear_q4_vnni, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits",
+  m.def("linear_q4_vnni", &linear_q4_vnni, release, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
-  m.def("linear_q8_vnni", &linear_q8_vnni, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits",
+  m.def("linear_q8_vnni", &linear_q8_vnni, release, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("pack_q4_vnni", &pack_q4_vnni, "4-bit rows -> (scales, quants) interleaved for linear_q4_vnni");
   m.def("pack_q8_vnni", &pack_q8_vnni, "8-bit rows -> (scales, quants) interleaved for linear_q8_vnni");
   m.def("unpack_q4_vnni", &unpack_q4_vnni, "pack_q4_vnni's inverse");
   m.def("unpack_q8_vnni", &unpack_q8_vnni, "pack_q8_vnni's inverse");
   bind_stack(m);
-  m.def("attention", &attention, "rotary + KV-cache writes + attention for the rows of any sequences");
+  m.def("attention", &attention, release, "rotary + KV-cache writes + attention for the rows of any sequences");
 }

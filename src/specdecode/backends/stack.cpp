@@ -366,6 +366,6 @@ void bind_stack(pybind11::module& m) {
                           const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor, std::vector<int64_t>,
                           std::vector<int64_t>, int64_t, int64_t, int64_t, double, double>())
-      .def("forward", &Stack::forward,
+      .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "the layers for rows of any sequences -> [rows after the final norm, captured layers' outputs...]");
 }
