@@ -107,6 +107,7 @@ def test_bench_with_hf_peers_sweep_markdown_and_plots(capsys, tiny_model_dir, ti
     "argv,message",
     [
         (["--peers", "vllm"], "unknown peer"),
+        (["--peers", "hf", "--dtype", "gguf-exact"], "keeps none"),
         (["--peers", "hf-lookup:x"], "must be an integer"),
         (["--peers", "hf-assist:ngram"], "must be a draft model"),
         (["--sweep-temperatures", "0,hot"], "comma-separated numbers"),

@@ -527,3 +527,23 @@ def test_features_fed_in_short_calls_are_the_rows_decoding_computes(tiny_gguf, p
     assert torch.equal(whole[start:], fed[start:]) == (ops.vnni_rows() > 0)
     assert features.Source(target, "gguf", 4).key("fp") != features.Source(target, "gguf").key("fp") != "fp"
     assert features.Source(target, "gguf-exact").key("fp") == "fp"
+
+
+def test_bench_runs_hf_peers_in_the_float_pass_of_a_mixed_dtype_run(tiny_gguf, tmp_path, capsys):
+    from specdecode.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "a b c a b c a b", "category": "code"}) + "\n")
+    out = tmp_path / "r.json"
+    argv = ["bench", "--target", tiny_gguf, "--prompts", str(prompts), "--drafters", "ngram", "--k", "2"]
+    argv += ["--max-new-tokens", "6", "--threads", "1", "--peers", "hf", "--out", str(out)]
+    assert main(argv + ["--dtype", "fp32,gguf"]) == 0, capsys.readouterr().err
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["category"] == "ALL"]
+    ran = {dtype: {r["drafter"] for r in rows if r["dtype"] == dtype} for dtype in ("fp32", "gguf")}
+    assert ran["fp32"] == ran["gguf"] | {"hf"} and len(ran["gguf"]) == 2  # none and the n-gram drafter
+    peer = next(r for r in rows if r["drafter"] == "hf")
+    assert peer["peer"] and peer["tokens"] > 0
+    gguf = next(r for r in rows if r["dtype"] == "gguf" and r["drafter"] == "none")
+    assert set(gguf["speedup_vs_peers"]) == {"fp32 hf"}  # our quantized run against the float peer
+    assert main(argv + ["--dtype", "gguf"]) == 2  # no float pass: refused before loading anything
+    assert "keeps none" in capsys.readouterr().err

@@ -424,6 +424,7 @@ def cmd_check_tokenizers(args) -> int:
 
 
 def cmd_bench(args) -> None:
+    from specdecode.backends.models import QUANTIZED
     from specdecode.bench import peers
     from specdecode.bench import suite as bench
     from specdecode.core.generation import check_k
@@ -458,13 +459,19 @@ def cmd_bench(args) -> None:
             "--repeats > 1 would let a learning drafter (suffix) propose from its own answers to "
             "the same prompts; use --passes to serve a set again on purpose"
         )
+    dtypes = [d for d in args.dtype.split(",") if d]
+    if peer_specs and all(d in QUANTIZED for d in dtypes):
+        raise UserError(
+            f"--peers run the float32 or bf16 model, and --dtype {args.dtype} keeps none: "
+            "add fp32 or bf16 (e.g. --dtype fp32,gguf; peers run in those dtypes only)"
+        )
     prompts = bench.passes(load_prompts(args.prompts), args.passes)
     _setup(args)
     report = bench.run(
         prompts,
         specs,
         target=args.target,
-        dtypes=[d for d in args.dtype.split(",") if d],
+        dtypes=dtypes,
         device=args.device,
         backend=args.backend,
         target_quant=args.target_quant,

@@ -50,7 +50,7 @@ def _runner(loaded, **generate_kwargs) -> Peer:
     if any(p.numel() == 0 for p in hf.parameters()):  # --dtype gguf released the float32 linears
         raise UserError(
             "Hugging Face peers run the float32 or bf16 model: use them with --dtype fp32 or bf16, "
-            "not gguf (bench --dtype fp32,gguf runs peers once per dtype)"
+            "not gguf (bench --dtype fp32,gguf runs them in the fp32 pass only)"
         )
     eos = sorted(loaded.eos_ids)
 

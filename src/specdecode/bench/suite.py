@@ -122,7 +122,7 @@ def run(
     (specdecode.bench.peers) run on the same token ids, labelled by their spec. temperatures: afterwards,
     α of every fixed-k drafter run at each of these temperatures (one pass, no timing)."""
     runs = variants(drafter_specs, ks, adaptive)
-    labels = [label for label, _, _ in runs] + [str(p) for p in peer_specs]
+    own = [label for label, _, _ in runs]
     speculates = {label: spec.speculates for label, spec, _ in runs}
     cells: dict[tuple[str, str], Cell] = {}
     sweep: dict[str, dict] = {}
@@ -130,7 +130,9 @@ def run(
         loaded = models.load(target, dtype, device, backend, target_quant)
         ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend, drafter_quant)
         ids = {p.id: encode_prompt(loaded.tokenizer, p.prompt, None) for p in prompts}
-        fns, costs, built = _runners(loaded, ctx, runs, peer_specs, k_max, ids[prompts[0].id], params, seed)
+        here = () if dtype in models.QUANTIZED else peer_specs  # peers run the float model only
+        labels = own + [str(p) for p in here]
+        fns, costs, built = _runners(loaded, ctx, runs, here, k_max, ids[prompts[0].id], params, seed)
         learners = {label for label, spec, _ in runs if spec.learns}
         fresh = {label: fork(built[label]) for label in learners}
         for label in labels:  # warm-up, excluded
@@ -163,7 +165,7 @@ def run(
         peak_rss = memory.peak_rss_bytes()
         for label in labels:
             cells[(dtype, label)].peak_rss = peak_rss
-    out = report(prompts, cells, dtypes, labels, {str(p) for p in peer_specs})
+    out = report(prompts, cells, dtypes, {str(p) for p in peer_specs})
     out["alpha_vs_temperature"] = sweep
     return out
 
@@ -259,16 +261,15 @@ def ideal_speedup(stats: Stats, cost) -> float | None:
     return speedup(stats.tokens_per_step, [count / stats.steps for count in exactly], cost)
 
 
-def report(
-    prompts: list[Prompt], cells: dict, dtypes: list[str], labels: list[str], peer_labels=frozenset()
-) -> dict:
-    """Rows per (dtype, label, category) and ALL; speedups are ratios of tokens/s over the same
-    prompts in this run (per-prompt wall times: the median over repeats). Schema: docs/benchmarks.md."""
+def report(prompts: list[Prompt], cells: dict, dtypes: list[str], peer_labels=frozenset()) -> dict:
+    """Rows per (dtype, label, category) and ALL, for the (dtype, label) cells run; speedups are ratios
+    of tokens/s over the same prompts in this run (per-prompt wall times: the median over repeats).
+    Schema: docs/benchmarks.md."""
     categories = sorted({p.category for p in prompts}) + ["ALL"]
     rows = []
     for dtype in dtypes:
         base = cells[(dtype, str(PLAIN))]
-        for label in labels:
+        for label in [label for d, label in cells if d == dtype]:
             cell = cells[(dtype, label)]
             for cat in categories:
                 ids = [p.id for p in prompts if cat == "ALL" or p.category == cat]
@@ -282,10 +283,10 @@ def report(
             for q in overall
             if q["peer"] and q["tokens_per_s"]
         }
-    costs = {
-        dtype: {label: cells[(dtype, label)].cost.to_json() for label in labels if cells[(dtype, label)].cost}
-        for dtype in dtypes
-    }
+    costs = {dtype: {} for dtype in dtypes}
+    for (dtype, label), cell in cells.items():
+        if cell.cost:
+            costs[dtype][label] = cell.cost.to_json()
     return {"rows": rows, "best_plain_tokens_per_s": best_plain, "costs": costs}
 
 
