@@ -59,6 +59,7 @@ def load():
 
     key = hashlib.sha256(
         b"".join(s.read_bytes() for s in SOURCES + HEADERS)
+        + str(SOURCES[0].parent).encode()  # torch writes the sources' paths into the build: one per checkout
         + torch.__version__.encode()
         + _cpu_flags().encode()
     ).hexdigest()[:12]
