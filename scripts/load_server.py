@@ -21,7 +21,9 @@ Reported: the running streams' gap between chunks, median over the run and p99 w
 admitted (its arrival to its first token), and their ratio (goal <= 3); also the median of the gaps
 before it arrived (plain decode steps: a long admission weighs on the median over the run) and the
 p99 while admitted over that. Start a fresh server for each run: the first long prompt is the one
-whose admission grows the KV cache.
+whose admission grows the KV cache. With `serve --trace-steps N` the report puts the server's own step
+times beside them (GET /stats/steps: interval between step starts, each step's whole time, its forward
+and the rest, p50/p99, over the trace and while admitted, and the slowest steps while admitted).
 
   python3 scripts/load_server.py --url http://127.0.0.1:8000 --clients 16 --seconds 120 [--out r.json]
 """
@@ -86,8 +88,8 @@ def filler(tokens: int, tag: str) -> str:
 
 async def stream(client: httpx.AsyncClient, url: str, body: dict, path: str = "/v1/completions") -> dict:
     """One streamed request -> {"text", "stamps" (s after sending, per non-empty chunk), "start"
-    (perf_counter at sending)} or {"error"}."""
-    t0 = time.perf_counter()
+    (perf_counter at sending), "wall" (Unix time at sending)} or {"error"}."""
+    t0, wall = time.perf_counter(), time.time()
     stamps, parts, error, done = [], [], None, False
     try:
         async with client.stream("POST", url + path, json=body) as r:
@@ -112,7 +114,7 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict, path: str = "/
         return {"error": f"{type(e).__name__}: {e}"}
     if error or not done:
         return {"error": error or "stream ended without [DONE]"}
-    return {"text": "".join(parts), "stamps": stamps, "start": t0}
+    return {"text": "".join(parts), "stamps": stamps, "start": t0, "wall": wall}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -205,6 +207,7 @@ async def admission(
         **report,
         "ttft_s": round(long["stamps"][0], 2),
         "gap_median_s": round(median, 4),
+        "gap_p99_s": round(pct(gaps, 99), 4),
         "gaps_while_admitted": len(admitted),
         "gap_p99_while_admitted_s": round(pct(admitted, 99), 4) if admitted else None,
         "gap_max_while_admitted_s": round(max(admitted), 4) if admitted else None,
@@ -212,6 +215,40 @@ async def admission(
         "p99_over_median_overall": round(pct(gaps, 99) / median, 2),
         "gap_median_before_admission_s": round(plain, 4),
         "p99_while_admitted_over_median_before": round(pct(admitted, 99) / plain, 2) if admitted else None,
+        "server_steps": await server_steps(client, url, long["wall"], long["wall"] + long["stamps"][0]),
+    }
+
+
+async def server_steps(client, url: str, start: float, end: float) -> dict | None:
+    """The server's own step trace (`serve --trace-steps N`, GET /stats/steps) beside the client's gaps:
+    p50/p99 of the interval between step starts (the shortest gap a stream can see), of the steps' whole
+    time, forward and the rest, over the trace and while the prompt was admitted ([start, end], Unix
+    time) -> None when the server keeps no trace."""
+    r = await client.get(url + "/stats/steps")
+    if r.status_code != 200:
+        return None
+    steps = r.json()["steps"]
+
+    def summary(records: list[dict]) -> dict:
+        starts = [s["t"] for s in records]
+        out = {"steps": len(records)}
+        for name, values in (
+            ("interval", [b - a for a, b in zip(starts, starts[1:])]),
+            ("step", [s["step_s"] for s in records]),
+            ("forward", [s["forward_s"] for s in records]),
+            ("python", [s["python_s"] for s in records]),
+        ):
+            for q in (50, 99):
+                v = pct(values, q)
+                out[f"{name}_p{q}_s"] = None if v is None else round(v, 4)
+        return out
+
+    return {
+        "traced": summary(steps),
+        "while_admitted": summary([s for s in steps if start <= s["t"] <= end]),
+        "slowest_while_admitted": sorted(
+            (s for s in steps if start <= s["t"] <= end), key=lambda s: -s["step_s"]
+        )[:5],
     }
 
 

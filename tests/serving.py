@@ -62,6 +62,7 @@ def serve(
     start_engine=True,
     drain_s=5.0,
     suffix_caches=None,
+    trace_steps=0,
     **opts,
 ):
     routes = routes or default_routes(parse(drafter), k, adaptive)
@@ -73,6 +74,7 @@ def serve(
         queue_size=queue,
         load_control=load_control,
         suffix_caches=suffix_caches,
+        trace_steps=trace_steps,
     )
     app = create_app(engine, ServeOptions(MODEL, routes, **opts), start_engine=start_engine)
     server = Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"), engine, drain_s=drain_s)

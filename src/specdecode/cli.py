@@ -247,6 +247,14 @@ def parser() -> argparse.ArgumentParser:
         "growing copies every slot's cache, a pause of seconds for a long prompt beside many slots)",
     )
     s.add_argument(
+        "--trace-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep the last N engine steps' timings and rows (start, forward and other seconds, decode "
+        "and prompt rows) for GET /stats/steps (0: off)",
+    )
+    s.add_argument(
         "--prefix-cache-mb",
         type=int,
         default=256,
@@ -698,6 +706,8 @@ def cmd_serve(args) -> None:
         raise UserError(f"--timeout must be positive, got {args.timeout}")
     if args.kv_reserve < 0:
         raise UserError(f"--kv-reserve must be >= 0, got {args.kv_reserve}")
+    if args.trace_steps < 0:
+        raise UserError(f"--trace-steps must be >= 0, got {args.trace_steps}")
     try:
         import uvicorn
 
@@ -737,6 +747,7 @@ def cmd_serve(args) -> None:
         **({"prefill_budget": args.prefill_chunk} if args.prefill_chunk is not None else {}),
         prefix_cache_mb=args.prefix_cache_mb,
         kv_reserve=args.kv_reserve,
+        trace_steps=args.trace_steps,
     )
     opts = ServeOptions(
         name,

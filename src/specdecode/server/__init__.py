@@ -7,6 +7,7 @@ load.py                        measured verify cost at each batch size -> k unde
 drafting.py                    one drafter object per request
 suffix_cache.py                suffix decoding's response caches: scopes, persistence, warming
 lifecycle.py                   shutdown: drain, then fail what still runs (error event + [DONE], 503)
+trace.py                       per-step timings and rows (--trace-steps), for finding where a gap comes from
 metrics.py                     Prometheus counters/gauges/histograms, defined once; /stats view
 schemas.py, app.py             pydantic bodies, routes, SSE streaming, auth, limits, errors
 """
@@ -24,6 +25,7 @@ from specdecode.server.engine import Engine
 from specdecode.server.load import measure
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.suffix_cache import SuffixCaches
+from specdecode.server.trace import StepTrace
 
 
 def build_engine(
@@ -43,11 +45,12 @@ def build_engine(
     prefill_budget: int = PREFILL_BUDGET,
     prefix_cache_mb: int = 256,
     kv_reserve: int = 0,
+    trace_steps: int = 0,
 ) -> Engine:
     """Everything the server runs on: batched target (its KV cache sized for `kv_reserve` positions
     per slot now, else grown ahead of admitted requests without pausing the others), drafters (model
     drafters loaded now), the measured batch costs (when load_control) and the metrics (drafter labels
-    from the configured routes)."""
+    from the configured routes); `trace_steps` > 0 keeps that many steps' timings (trace.py)."""
     model = batched(target.model, max_batch)
     if kv_reserve:
         model.reserve(kv_reserve)
@@ -71,6 +74,7 @@ def build_engine(
         prefill_budget=prefill_budget,
         prefix_cache=PrefixCache(max_bytes=prefix_cache_mb << 20) if prefix_cache_mb > 0 else None,
         k_for_batch=routes.k_for_batch if routes.k_by_batch_size else None,
+        trace=StepTrace(trace_steps) if trace_steps else None,
     )
 
 

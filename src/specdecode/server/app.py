@@ -1,7 +1,8 @@
 """HTTP layer: OpenAI-compatible routes, server-sent events, auth, body limit, errors.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (both with `stream`), GET /v1/models,
-/health, /metrics (Prometheus text), /stats (JSON). /v1/* and /stats need the API key when one
+/health, /metrics (Prometheus text), /stats (JSON), /stats/steps (the step trace, with --trace-steps).
+/v1/* and /stats* need the API key when one
 is set; /health and /metrics stay open for probes and scrapers.
 """
 
@@ -394,5 +395,11 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
     @app.get("/stats")
     async def stats():
         return engine.metrics.stats()
+
+    @app.get("/stats/steps")
+    async def steps():
+        if engine.trace is None:
+            raise ApiError(404, "no step trace: start the server with --trace-steps N", "not_found_error")
+        return engine.trace.to_json()
 
     return Guard(app, opts.api_key, opts.max_body_bytes)

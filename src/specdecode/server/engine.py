@@ -43,6 +43,7 @@ from specdecode.server.drafting import DrafterPool
 from specdecode.server.load import BatchCosts
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.per_spec import PerSpec
+from specdecode.server.trace import StepRecord, StepTrace
 
 log = logging.getLogger("specdecode.server")
 
@@ -174,6 +175,7 @@ class Engine:
         prefill_budget: int = PREFILL_BUDGET,
         prefix_cache: PrefixCache | None = None,
         k_for_batch=None,  # (batch size, k) -> k capped by a config's k_by_batch_size (SpecConfig)
+        trace: StepTrace | None = None,  # record each step's timing and rows (trace.py)
     ):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)
         self.k_for_batch = k_for_batch
@@ -192,6 +194,7 @@ class Engine:
         self.spec_stats: PerSpec[Stats] = PerSpec(pool.configured)
         self.draft_s_per_token: PerSpec[float] = PerSpec(pool.configured)
         self._grammars = None
+        self.trace = trace
 
     # -- API side (any thread) ----------------------------------------------------------------
 
@@ -308,10 +311,11 @@ class Engine:
                     admitted.append(seq)
                 self._gauges()
             try:
+                t0, began = time.perf_counter(), time.time()
                 if admitted:
                     self._prefill(admitted)
                 if self.running:
-                    self._step()
+                    self._step(t0, began)
             except Exception as e:  # a bug must not take the server down: fail this batch, go on
                 log.exception(
                     "engine step failed (requests %s)", " ".join(s.request.request_id for s in self.running)
@@ -398,10 +402,14 @@ class Engine:
             )
         return k
 
-    def _step(self) -> None:
+    def _step(self, t0: float, began: float) -> None:
+        """One step of the core for every running request, then their accounting and delivery; t0
+        (perf_counter) and began (Unix time): when this iteration began, for the trace."""
         active = list(self.running)
         of = {seq.dec: seq for seq in active}
+        prefilled = [seq.dec.prefilled for seq in active]
         steps = self.core.step([seq.dec for seq in active], lambda dec, k: self._limit(of[dec], k))
+        prompt = [seq.dec.prefilled - n for seq, n in zip(active, prefilled) if seq.dec.prefilled > n]
         decoded = [step for step in steps if step.error is None and not step.prefilling]
         if self.costs is not None and decoded and len(decoded) == len(steps):  # a step without prefill rows
             tokens = sum(step.drafted + 1 for step in decoded)
@@ -424,6 +432,17 @@ class Engine:
             if reason := seq.text.finish_reason:
                 with self.cv:
                     self._finish(seq, reason, Done(reason, self._usage(seq), seq.logprobs))
+        if self.trace is not None:
+            self.trace.add(
+                StepRecord(
+                    began,
+                    time.perf_counter() - t0,
+                    steps[0].verify_s if steps else 0.0,  # every row of a batched step carries its forward's
+                    len(decoded),
+                    len(prompt),
+                    sum(prompt),
+                )
+            )
 
     def _account(self, seq: Sequence, step: Step) -> None:
         """One definition of what a step adds: request usage, engine-wide stats, Prometheus."""
