@@ -255,10 +255,11 @@ def test_a_prompt_alone_goes_in_whole_chunks_and_beside_decoding_rows_as_the_bud
     core.start([seq], chunked=True)
     chunks = []
     while seq.prefilling:
-        work = core.budget.work(chunk_cost(1, len(running.context) - 1, span))  # the running row's one token
+        now = core.budget.span(span)  # the model's, until steps beside decoding have measured it
+        work = core.budget.work(chunk_cost(1, len(running.context) - 1, now))  # the running row's one token
         before = seq.prefilled
         core.step([running, seq])
-        assert seq.prefilled - before == chunk_size(work, before, len(prompt) - 1 - before, span) >= 1
+        assert seq.prefilled - before == chunk_size(work, before, len(prompt) - 1 - before, now) >= 1
         chunks.append(seq.prefilled - before)
     assert max(chunks) <= 32 < len(prompt) - 1  # never more than --prefill-chunk beside a decoding row
     assert running.context[3:] == generate_alone(target, [7, 8, 9], len(running.context) - 3)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.core.prefill import IDLE_PREFILL, MIN_PREFILL, PrefillBudget, chunk_cost, chunk_size
+from specdecode.core.prefill import (
+    IDLE_PREFILL,
+    MIN_PREFILL,
+    SPAN_STEPS,
+    PrefillBudget,
+    chunk_cost,
+    chunk_size,
+    keys,
+)
 
 
 def timed(decode: tuple[float, float], prefill: tuple[float, float], chunk: int = 128) -> PrefillBudget:
@@ -61,3 +69,34 @@ def test_deep_context_buys_fewer_tokens_with_the_same_budget(span):
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
     for start, n in zip((0, 1000, 2000, 4000), sizes):
         assert chunk_cost(n, start, span) <= work
+
+
+def plane(budget: PrefillBudget, steps, fixed=0.01, per_row=0.001, per_key=0.000002) -> None:
+    """Feed steps (decode rows at a context, prompt rows at a depth) timed by an exact plane."""
+    for (n, ctx), (m, depth) in steps:
+        rows, k = n + m, keys(n, ctx) + keys(m, depth)
+        work = chunk_cost(n, ctx, 3072.0), chunk_cost(m, depth, 3072.0) if m else 0.0
+        budget.observe(*work, fixed + per_row * rows + per_key * k, rows, k)
+
+
+def test_the_span_is_measured_from_the_steps_beside_decoding():
+    """Forward time 10 ms + 1 ms a row + 2 us a cached key: 500 keys cost a row (FLOPs said 3,072)."""
+    budget = PrefillBudget(128)
+    assert budget.span(None) is None and budget.span(3072.0) == 3072.0  # nothing measured yet
+    decode = [((8, 200 + i), (0, 0)) for i in range(SPAN_STEPS)]
+    plane(budget, decode)
+    assert budget.span(3072.0) == 3072.0  # decoding alone says nothing about keys vs rows
+    plane(
+        budget, [((8, 200), (m, depth)) for m, depth in zip([16, 9, 4, 3, 2, 2, 2, 2], range(0, 4000, 500))]
+    )
+    assert budget.span(3072.0) == pytest.approx(500.0)
+    assert budget.span(None) is None  # a model without a span (rows only) keeps none
+    assert budget.span(300.0) == 300.0  # never above the FLOP count's
+    deep = [chunk_size(budget.work(40), 3500, 10_000, span) for span in (3072.0, budget.span(3072.0))]
+    assert deep[1] < deep[0]  # the measured span buys a deep chunk fewer tokens
+
+
+def test_a_plane_that_says_keys_are_free_is_not_believed():
+    budget = PrefillBudget(128)
+    plane(budget, [((8, 200), (m, 100 * m)) for m in range(2, 2 + 2 * SPAN_STEPS)], per_key=0.0)
+    assert budget.span(3072.0) == 3072.0

@@ -26,7 +26,7 @@ import torch
 from specdecode.backends.batch_model import BatchLM, Row
 from specdecode.core.constraints import Constraints
 from specdecode.core.control import KPolicy
-from specdecode.core.prefill import PrefillBudget, chunk_cost, chunk_size
+from specdecode.core.prefill import PrefillBudget, chunk_cost, chunk_size, keys
 from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step, plan, settle
@@ -170,14 +170,20 @@ class BatchDecoder:
                     **plans[i].tree_args(bases[i]),
                 )
             )
-        span = self.model.attention_span
+        span = self.budget.span(self.model.attention_span)
         decode_work = sum(chunk_cost(len(row.tokens), bases[i], span) for row, i in zip(rows, bases))
-        chunks = self._chunks(seqs, self.budget.work(decode_work), idle=not rows)
+        chunks = self._chunks(seqs, self.budget.work(decode_work), span, idle=not rows)
         prompt_work = sum(chunk_cost(n, seq.prefilled, span) for seq, n in chunks)
+        shape = [(len(row.tokens), bases[i]) for row, i in zip(rows, bases)] + [
+            (n, s.prefilled) for s, n in chunks
+        ]
         t0 = time.perf_counter()
         outs = iter(self._prefill(chunks, rows))
         forward_s = time.perf_counter() - t0
-        if rows or chunks:
+        if rows:  # the span is measured beside decoding rows, where it decides a chunk's size
+            n_rows, n_keys = sum(n for n, _ in shape), sum(keys(n, start) for n, start in shape)
+            self.budget.observe(decode_work, prompt_work, forward_s, n_rows, n_keys)
+        elif chunks:
             self.budget.observe(decode_work, prompt_work, forward_s)
 
         steps = []
@@ -197,11 +203,13 @@ class BatchDecoder:
             steps.append(Step([], 0, 0, 0.0, forward_s, finished=True, error=failed[i]))
         return steps
 
-    def _chunks(self, seqs: list[Sequence], budget: float, idle: bool) -> list[tuple[Sequence, int]]:
-        """-> (sequence, tokens) of the prompts still going in, as far as `budget` (chunk_cost) and the
-        cache's room allow: the shortest rest first, so that short prompts arriving while a long one goes
-        in start decoding at once instead of waiting for all of it."""
-        chunks, span = [], self.model.attention_span
+    def _chunks(
+        self, seqs: list[Sequence], budget: float, span: float | None, idle: bool
+    ) -> list[tuple[Sequence, int]]:
+        """-> (sequence, tokens) of the prompts still going in, as far as `budget` (chunk_cost with this
+        `span`) and the cache's room allow: the shortest rest first, so that short prompts arriving while
+        a long one goes in start decoding at once instead of waiting for all of it."""
+        chunks = []
         for seq in sorted(seqs, key=lambda s: len(s.prompt) - s.prefilled):
             if not seq.prefilling or budget <= 0:
                 continue

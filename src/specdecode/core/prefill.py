@@ -14,9 +14,14 @@ rows of work D may add prompt work P while it costs at most RATIO times the plai
     t(D + P) <= RATIO * t(D)   <=>   P <= (RATIO - 1) * t(D) / per_unit,
 
 at most `chunk` (serve --prefill-chunk) and at least MIN_PREFILL, so a long prompt advances every
-step. Until both points are known the line goes through the origin (t proportional to W), which
-allows P = (RATIO - 1) * D. A step in which nothing decodes keeps nobody waiting: its prompts get
-`chunk` * IDLE_PREFILL.
+step. The span (cached tokens whose attention costs a row its matmuls) starts from the model's FLOP
+count (batch_model.attention_span) and is then measured: a plane t = c + a * rows + b * keys through
+the recent steps' forwards (keys: the cached positions their rows attend to) gives span = a / b. On
+the int8 kernels the matmuls run ~7x faster per multiply-add than attention's float32 ones (and deep
+keys stream from memory), so the FLOP span (3,072 for SmolLM2) counted a chunk 3,500 tokens deep at a
+tenth of its cost and such steps took 3 plain ones (the server's step trace). Until both points are
+known the line goes through the origin (t proportional to W), which allows P = (RATIO - 1) * D. A
+step in which nothing decodes keeps nobody waiting: its prompts get `chunk` * IDLE_PREFILL.
 """
 
 from __future__ import annotations
@@ -25,10 +30,19 @@ import math
 import statistics
 from collections import deque
 
+import numpy as np
+
 PREFILL_BUDGET = 128  # the most prompt work (chunk_cost) a step beside decoding rows carries: the default
 IDLE_PREFILL = 8  # a step in which nothing decodes prefills IDLE_PREFILL times as much
 RATIO = 2.0  # a step that prefills beside decoding rows costs at most this many plain decode steps
 MIN_PREFILL = 16  # ... but carries at least this much prompt work: a long prompt is never starved
+MIN_SPAN = 16.0  # a measured span below this is not believed (noise on a shared machine)
+SPAN_STEPS = 8  # the span is measured once this many recent steps carried prompt rows
+
+
+def keys(n: int, start: int) -> int:
+    """Cached positions n rows after `start` cached ones attend to (each row also to itself)."""
+    return n * start + n * (n + 1) // 2
 
 
 def chunk_cost(n: int, start: int, span: float | None) -> float:
@@ -71,6 +85,20 @@ class PrefillBudget:
         self.chunk, self.ratio = chunk, ratio
         self.decoding = _Recent(window)  # steps with decode rows only
         self.prefilling = _Recent(window)  # steps with prompt rows (beside decode rows or not)
+        self.shapes: deque[tuple[int, int, float, bool]] = deque(maxlen=2 * window)  # rows, keys, s, prompt?
+
+    def span(self, flops: float | None) -> float | None:
+        """The measured span (see the module's docstring), or `flops` (the model's FLOP-count span;
+        None: rows only) until SPAN_STEPS recent steps carried prompt rows or when the plane says a
+        row or a key is free; never above `flops` (attention is not cheaper than its FLOPs say)."""
+        if flops is None or sum(p for *_, p in self.shapes) < SPAN_STEPS:
+            return flops
+        a = np.array([(1.0, r, k) for r, k, _, _ in self.shapes])
+        t = np.array([s for _, _, s, _ in self.shapes])
+        (_, per_row, per_key), *_ = np.linalg.lstsq(a, t, rcond=None)
+        if per_row <= 0 or per_key <= 0:
+            return flops
+        return float(min(flops, max(MIN_SPAN, per_row / per_key)))
 
     def work(self, decode_work: float) -> float:
         """The prompt work (chunk_cost) a step may carry beside decode rows of `decode_work`."""
@@ -91,6 +119,11 @@ class PrefillBudget:
                 return fixed, per_unit
         return 0.0, 1.0
 
-    def observe(self, decode_work: float, prompt_work: float, seconds: float) -> None:
-        """One step's forward: its decode rows' and prompt rows' work and its time."""
+    def observe(
+        self, decode_work: float, prompt_work: float, seconds: float, rows: int = 0, keys: int = 0
+    ) -> None:
+        """One step's forward: its decode rows' and prompt rows' work, its time, and its rows and the
+        cached positions they attend to (keys(); 0, 0: not known, the span stays the model's)."""
         (self.prefilling if prompt_work else self.decoding).add(decode_work + prompt_work, seconds)
+        if rows:
+            self.shapes.append((rows, keys, seconds, bool(prompt_work)))
