@@ -18,7 +18,7 @@ from specdecode.core.prefill import (
 
 def timed(decode: tuple[float, float], prefill: tuple[float, float], chunk: int = 128) -> PrefillBudget:
     """A budget that has seen steps of (work, seconds) `decode` (decoding only) and `prefill`."""
-    budget = PrefillBudget(chunk)
+    budget = PrefillBudget(chunk, ratio=2.0)
     for _ in range(3):
         budget.observe(decode[0], 0, decode[1])
         budget.observe(decode[0], prefill[0] - decode[0], prefill[1])
@@ -31,8 +31,8 @@ def test_alone_a_prompt_gets_the_idle_budget_whatever_the_timings():
 
 
 def test_before_any_timing_a_step_may_add_as_much_work_as_it_decodes():
-    budget = PrefillBudget(128)
-    assert budget.work(40) == 40  # RATIO 2: through the origin, t(80) = 2 t(40)
+    budget = PrefillBudget(128, ratio=2.0)
+    assert budget.work(40) == 40  # ratio 2: through the origin, t(80) = 2 t(40)
     assert budget.work(500) == 128  # never more than the chunk beside decoding rows
     assert budget.work(2) == MIN_PREFILL  # never less than MIN_PREFILL: the prompt advances
 

@@ -34,7 +34,7 @@ import numpy as np
 
 PREFILL_BUDGET = 128  # the most prompt work (chunk_cost) a step beside decoding rows carries: the default
 IDLE_PREFILL = 8  # a step in which nothing decodes prefills IDLE_PREFILL times as much
-RATIO = 2.0  # a step that prefills beside decoding rows costs at most this many plain decode steps
+RATIO = 1.75  # a step that prefills beside decoding rows costs at most this many plain decode steps
 MIN_PREFILL = 16  # ... but carries at least this much prompt work: a long prompt is never starved
 MIN_SPAN = 16.0  # a measured span below this is not believed (noise on a shared machine)
 SPAN_STEPS = 8  # the span is measured once this many recent steps carried prompt rows
