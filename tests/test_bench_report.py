@@ -146,3 +146,19 @@ def test_heldout_set_avoids_the_shipped_drafters_training_prompts():
     assert not trained_on & {p.id for p in held}
     assert [p.id for p in held if p.category == "code"] == ["HumanEval/162", "HumanEval/163"]
     assert len(held) == 8 + 2 + 2 + 2 and len({p.category for p in held}) == 11
+
+
+def test_itl_counts_each_prompts_own_time_to_first_token():
+    """Three prompts, one with a long prefill: the median TTFT times three (what the row used before)
+    is not the time the walls spent before their first tokens; each prompt's own TTFT is."""
+    from specdecode.bench.suite import Cell, _row
+    from specdecode.core.generation import Result
+
+    cell = Cell()
+    for pid, wall, ttft in (("a", 0.5, 0.05), ("b", 0.5, 0.06), ("long", 1.0, 0.9)):
+        cell.results[pid] = Result("", list(range(11)), Stats(), "length")
+        cell.walls[pid].append(wall)
+        cell.ttfts[pid].append(ttft)
+    row = _row("fp32", "none", "ALL", ["a", "b", "long"], cell, cell, peer=False)
+    assert row["ttft_ms"] == pytest.approx(60.0)  # the median over prompts
+    assert row["itl_ms"] == pytest.approx((2.0 - 1.01) / 30 * 1000)  # 30 tokens after the first ones

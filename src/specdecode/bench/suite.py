@@ -300,6 +300,7 @@ def _row(dtype: str, label: str, cat: str, ids: list[str], cell: Cell, base: Cel
     base_wall = sum(statistics.median(base.walls[pid]) for pid in ids)
     same = sum(cell.results[pid].token_ids == base.results[pid].token_ids for pid in ids)
     ttft = statistics.median(t for pid in ids for t in cell.ttfts[pid])
+    first = sum(statistics.median(cell.ttfts[pid]) for pid in ids)  # the walls' time to first tokens
     later = tokens - len(ids)
     tps = tokens / wall if wall else 0.0
     speedup = tps / (base_tokens / base_wall) if base_wall else None
@@ -322,7 +323,7 @@ def _row(dtype: str, label: str, cat: str, ids: list[str], cell: Cell, base: Cel
         "measured_over_ideal": round(speedup / ideal, 3) if ideal and speedup else None,
         "identical_to_none": round(same / len(ids), 3),
         "ttft_ms": round(ttft * 1000, 1),
-        "itl_ms": round((wall - ttft * len(ids)) / later * 1000, 2) if later > 0 else None,
+        "itl_ms": round((wall - first) / later * 1000, 2) if later > 0 else None,
         "time_split_s": None
         if peer
         else {
