@@ -234,7 +234,7 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="the most prompt tokens prefilled in a step beside running requests' decoding (fewer "
-        "while that keeps the step within twice their plain decode step, measured live; deeper into a "
+        "while that keeps the step within 1.75 of their plain decode steps, measured live; deeper into a "
         "long prompt fewer: each token's attention over the context counts too; a step in which "
         "nothing decodes prefills 8x as much; default: 128, core/prefill.py's PREFILL_BUDGET)",
     )

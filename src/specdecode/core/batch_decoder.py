@@ -171,16 +171,16 @@ class BatchDecoder:
                 )
             )
         span = self.budget.span(self.model.attention_span)
-        decode_work = sum(chunk_cost(len(row.tokens), bases[i], span) for row, i in zip(rows, bases))
+        decode = [(len(row.tokens), bases[i]) for row, i in zip(rows, bases)]  # (tokens, cached before them)
+        decode_work = sum(chunk_cost(n, start, span) for n, start in decode)
         chunks = self._chunks(seqs, self.budget.work(decode_work), span, idle=not rows)
-        prompt_work = sum(chunk_cost(n, seq.prefilled, span) for seq, n in chunks)
-        shape = [(len(row.tokens), bases[i]) for row, i in zip(rows, bases)] + [
-            (n, s.prefilled) for s, n in chunks
-        ]
+        prompt = [(n, seq.prefilled) for seq, n in chunks]
+        prompt_work = sum(chunk_cost(n, start, span) for n, start in prompt)
         t0 = time.perf_counter()
         outs = iter(self._prefill(chunks, rows))
         forward_s = time.perf_counter() - t0
         if rows:  # the span is measured beside decoding rows, where it decides a chunk's size
+            shape = decode + prompt
             n_rows, n_keys = sum(n for n, _ in shape), sum(keys(n, start) for n, start in shape)
             self.budget.observe(decode_work, prompt_work, forward_s, n_rows, n_keys)
         elif chunks:

@@ -120,10 +120,10 @@ class PrefillBudget:
         return 0.0, 1.0
 
     def observe(
-        self, decode_work: float, prompt_work: float, seconds: float, rows: int = 0, keys: int = 0
+        self, decode_work: float, prompt_work: float, seconds: float, rows: int = 0, attended: int = 0
     ) -> None:
         """One step's forward: its decode rows' and prompt rows' work, its time, and its rows and the
         cached positions they attend to (keys(); 0, 0: not known, the span stays the model's)."""
         (self.prefilling if prompt_work else self.decoding).add(decode_work + prompt_work, seconds)
         if rows:
-            self.shapes.append((rows, keys, seconds, bool(prompt_work)))
+            self.shapes.append((rows, attended, seconds, bool(prompt_work)))

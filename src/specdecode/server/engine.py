@@ -407,9 +407,8 @@ class Engine:
         (perf_counter) and began (Unix time): when this iteration began, for the trace."""
         active = list(self.running)
         of = {seq.dec: seq for seq in active}
-        prefilled = [seq.dec.prefilled for seq in active]
+        prefilled = [seq.dec.prefilled for seq in active] if self.trace is not None else []
         steps = self.core.step([seq.dec for seq in active], lambda dec, k: self._limit(of[dec], k))
-        prompt = [seq.dec.prefilled - n for seq, n in zip(active, prefilled) if seq.dec.prefilled > n]
         decoded = [step for step in steps if step.error is None and not step.prefilling]
         if self.costs is not None and decoded and len(decoded) == len(steps):  # a step without prefill rows
             tokens = sum(step.drafted + 1 for step in decoded)
@@ -433,6 +432,7 @@ class Engine:
                 with self.cv:
                     self._finish(seq, reason, Done(reason, self._usage(seq), seq.logprobs))
         if self.trace is not None:
+            prompt = [seq.dec.prefilled - n for seq, n in zip(active, prefilled) if seq.dec.prefilled > n]
             self.trace.add(
                 StepRecord(
                     began,
