@@ -53,13 +53,7 @@ class Server:
 
     def pids(self) -> list[int]:
         """The processes of the server's group now alive."""
-        out = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == self.pgid:  # fields after the name: state, ppid, pgrp, ...
-                    out.append(int(stat.parent.name))
-        return out
+        return _group_pids(self.pgid)
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) its live processes have used, threads included."""
@@ -139,15 +133,29 @@ def started(
         _stop(proc)
 
 
+def _group_pids(pgid: int) -> list[int]:
+    """The live processes of group `pgid` (zombies, dead but not yet reaped, left out)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name: state, ppid, pgrp, ...
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                out.append(int(stat.parent.name))
+    return out
+
+
 def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL after 20 s."""
-    if proc.poll() is not None:
-        return
+    """SIGTERM to the server's process group, SIGKILL after 20 s; returns once every process of the
+    group is gone (the leader's children outlive it by a moment: they are no longer its to wait for)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    for sig, grace_s in ((signal.SIGKILL, 20.0), (None, 10.0)):
+        deadline = time.monotonic() + grace_s
+        while (proc.poll() is None or _group_pids(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is not None and not _group_pids(proc.pid):
+            return
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+    proc.wait(timeout=1)
