@@ -288,12 +288,14 @@ def test_gguf_rows_get_the_same_bits_in_any_call(tiny_gguf):
 
 @needs_vnni
 def test_the_native_stack_gives_the_per_op_paths_bits(tiny_gguf):
-    """backends/stack.py runs all layers in one native call; its logits and captured layer outputs
-    equal those of fused_layers' per-op path bit for bit: a prefill, a chain, a tree, batched rows."""
+    """backends/stack.py runs all layers and the LM head in one native call; its logits and captured
+    layer outputs equal those of fused_layers' per-op path (the head a call of its own) bit for bit:
+    a prefill, a chain, a tree, batched rows."""
     from specdecode.backends.batch_model import Row, batched
 
     model = models.load(tiny_gguf, "gguf", "cpu").model
     assert model.stack is not None  # a Llama-form file on VNNI: every forward goes through it
+    assert model.stack.head is None  # ... its LM head included
     g = torch.Generator().manual_seed(3)
     seqs = [torch.randint(model.vocab_size, (n,), generator=g) for n in (40, 7)]
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)

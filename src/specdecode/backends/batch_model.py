@@ -181,14 +181,24 @@ class BatchedLlama:
         windows = {layer.window for layer in f.layers if layer.window}
         x = f.embed_tokens(torch.cat([r.tokens for r in rows]))  # [N, hidden]
         wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
+        keep = [r.num_logits or n for r, n in zip(rows, counts)]  # rows with logits: each row's last `keep`
+        picked = [i for o, n, m in zip(offsets, counts, keep) for i in range(o + n - m, o + n)]
         fused = f.kernels is not None and len(x) <= f.fused_rows  # the fused kernels, as FastLlama's forward
         if fused and not trees and not windows:  # causal rows: the kernels need no mask, only positions
             ropes = {kind: (cos[pos], sin[pos]) for kind, (cos, sin) in f.rope.items()}
             where = (slot_t, torch.tensor(starts), torch.tensor(counts))
-            x, captured = fused_layers(
-                f, x.float().contiguous(), self.k_cache, self.v_cache, ropes, {None: None}, where, wanted
+            logits, captured = fused_layers(
+                f,
+                x.float().contiguous(),
+                self.k_cache,
+                self.v_cache,
+                ropes,
+                {None: None},
+                where,
+                wanted,
+                picked,
             )
-            return self._outputs(rows, counts, offsets, ends, x, captured, normed=True)
+            return self._outputs(rows, counts, offsets, ends, keep, logits, captured)
         slot_of = slot_t[row_of]  # [N]
         # query t of row b (position start_b + t) sees keys 0..start_b + t of its own slot
         keys = torch.arange(l_max, device=dev)
@@ -216,10 +226,10 @@ class BatchedLlama:
             where = (slot_t.cpu(), torch.tensor(starts), torch.tensor(counts))
             per_row = {w: m[row_of, 0, t_of].contiguous() for w, m in masks.items()}  # [N, l_max]
             row_masks = {w: m if (w is not None or trees) else None for w, m in per_row.items()}
-            x, captured = fused_layers(
-                f, x.float().contiguous(), self.k_cache, self.v_cache, ropes, row_masks, where, wanted
+            logits, captured = fused_layers(
+                f, x.float().contiguous(), self.k_cache, self.v_cache, ropes, row_masks, where, wanted, picked
             )
-            return self._outputs(rows, counts, offsets, ends, x, captured, normed=True)
+            return self._outputs(rows, counts, offsets, ends, keep, logits, captured)
         groups = [
             _Group(idx, counts, ends, slot_ids, row_of, t_of, masks, dev)
             for idx in _attention_groups(counts, ends)
@@ -263,19 +273,16 @@ class BatchedLlama:
         last = len(f.layers) - 1
         if last in wanted:  # as HF's output_hidden_states: the last entry is after the final norm
             captured[last] = rms_norm(x, f.final_norm, f.eps)
-        return self._outputs(rows, counts, offsets, ends, x, captured, normed=False)
+        logits = f.lm_head(rms_norm(x[torch.tensor(picked, device=dev)], f.final_norm, f.eps)).float()
+        return self._outputs(rows, counts, offsets, ends, keep, logits, captured)
 
-    def _outputs(self, rows, counts, offsets, ends, x, captured, normed: bool) -> list[Output]:
-        """Each row's logits (its last num_logits tokens, or all) and features from the layers' rows;
-        x [N, hidden]: the last layer's output, after the final norm when `normed`."""
-        f, dev = self.fast, self.device
+    def _outputs(self, rows, counts, offsets, ends, keep, logits, captured) -> list[Output]:
+        """Each row's logits and features: logits [sum keep, V], row b's last keep[b] tokens'; captured:
+        {layer: its rows [N, hidden]}."""
+        f = self.fast
         for r, end in zip(rows, ends):
             self.lengths[r.slot] = end
         self.cache.advance(self.lengths)  # a growing cache: this forward's share of the move
-        keep = [r.num_logits or n for r, n in zip(rows, counts)]
-        picked = torch.cat([torch.arange(o + n - m, o + n) for o, n, m in zip(offsets, counts, keep)]).to(dev)
-        x = x[picked] if normed else rms_norm(x[picked], f.final_norm, f.eps)
-        logits = f.lm_head(x).float()  # [sum keep, V]
         outputs = []
         for r, o, n, row_logits in zip(rows, offsets, counts, logits.split(keep)):
             ids = layer_ids(r.layers, len(f.layers))

@@ -491,21 +491,26 @@ class FastLlama:
         n, start = tokens.shape[0], self.length
         x = self.embed_tokens(tokens).float().contiguous()  # [n, hidden]
         where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([n]))  # slot 0
-        xn, captured = fused_layers(self, x, self.k_cache, self.v_cache, ropes, masks, where, capture)
+        rows = list(range(n - num_logits if num_logits else 0, n))
+        logits, captured = fused_layers(
+            self, x, self.k_cache, self.v_cache, ropes, masks, where, capture, rows
+        )
         self.length = start + n
-        return self.lm_head(xn[-num_logits:] if num_logits else xn).float(), captured
+        return logits, captured
 
 
-def fused_layers(m: FastLlama, x, k_cache, v_cache, ropes, masks, where, capture: set[int]):
-    """The layers through kernels.cpp for rows of any sequences (FastLlama's one sequence, or
-    BatchedLlama's rows of many): x [N, hidden] float32, the residual stream (updated in place);
-    k_cache, v_cache [layers, slots, kv_heads, cap, d]; ropes: rotary kind -> (cos, sin) [N, d];
+def fused_layers(
+    m: FastLlama, x, k_cache, v_cache, ropes, masks, where, capture: set[int], logit_rows: list[int]
+):
+    """The layers and the LM head through kernels.cpp for rows of any sequences (FastLlama's one
+    sequence, or BatchedLlama's rows of many): x [N, hidden] float32, the residual stream (updated in
+    place); k_cache, v_cache [layers, slots, kv_heads, cap, d]; ropes: rotary kind -> (cos, sin) [N, d];
     masks: window (None: full) -> [N, L] bool (row i sees key j of its slot where true), or None for
-    causal rows; where: (slots, starts, counts) [B] long, sequence b's rows next in x ->
-    (the rows after the final norm [N, hidden], {layer: its output [N, hidden]} for `capture`, the
-    last one after the final norm)."""
+    causal rows; where: (slots, starts, counts) [B] long, sequence b's rows next in x; logit_rows: the
+    rows whose logits are wanted -> (their logits [len(logit_rows), V] float32, {layer: its output
+    [N, hidden]} for `capture`, the last one after the final norm)."""
     if m.stack is not None:
-        return m.stack(x, k_cache, v_cache, ropes, masks, where, capture)
+        return m.stack(x, k_cache, v_cache, ropes, masks, where, capture, logit_rows)
     ops = m.kernels
     xn = ops.add_rms_norm(x, None, m.layers[0].norm1, m.eps)
     norms = [layer.norm1 for layer in m.layers[1:]] + [m.final_norm]  # the norm after each layer
@@ -541,4 +546,4 @@ def fused_layers(m: FastLlama, x, k_cache, v_cache, ropes, masks, where, capture
             captured[i] = x.clone()
     if len(m.layers) - 1 in capture:
         captured[len(m.layers) - 1] = xn  # as HF's output_hidden_states: the last entry is after the norm
-    return xn, captured
+    return m.lm_head(xn[logit_rows]).float(), captured

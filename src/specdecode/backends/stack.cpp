@@ -153,10 +153,12 @@ struct QuantBuffer {
     h = torch::empty({M, K / 32, 2}, torch::kInt32);
   }
   // row i of x [., k] (k <= K, rows k apart) into the buffer laid out for width k
-  void row(const float* x, int64_t i, int64_t k) {
+  void row(const float* x, int64_t i, int64_t k) { put(x + i * k, i, k); }
+  // the k values at src into row i of the buffer laid out for width k
+  void put(const float* src, int64_t i, int64_t k) {
     const int64_t G = k / 32;
-    vnni::quantize(x + i * k, 1, k, q.data_ptr<int8_t>() + i * k, d.data_ptr<float>() + i * G,
-                   S.data_ptr<float>() + i * G, h.data_ptr<int32_t>() + i * 2 * G);
+    vnni::quantize(src, 1, k, q.data_ptr<int8_t>() + i * k, d.data_ptr<float>() + i * G, S.data_ptr<float>() + i * G,
+                   h.data_ptr<int32_t>() + i * 2 * G);
   }
   vnni::QuantRows rows() const {
     return {q.data_ptr<int8_t>(), d.data_ptr<float>(), S.data_ptr<float>(), h.data_ptr<int32_t>()};
@@ -189,16 +191,19 @@ void linear_range(const Linear& lin, const vnni::QuantRows& x, int64_t M, float*
 }  // namespace
 
 // The layers of a Llama-form model (pre-norm, SiLU-gated MLP, no q/k norms, no biases) whose linears
-// are all interleaved VNNI matrices; made once at load (gguf_weights.keep_quantized).
+// are all interleaved VNNI matrices, and its LM head when that is one too; made once at load
+// (gguf_weights.keep_quantized). The head in the same call: no second call and fork of the thread pool,
+// and its weight groups shared out like a layer's, so a thread the OS preempted is not waited for.
 class Stack {
  public:
   // qkv, o, gate_up, down: per layer, the linear's parts; norm1, norm2: per layer [H]; rope_kind,
-  // window_kind: per layer, the index of its rotary table and mask in forward's lists.
+  // window_kind: per layer, the index of its rotary table and mask in forward's lists; head: the LM
+  // head's parts, or none (the caller applies its head).
   Stack(const std::vector<std::vector<PartSpec>>& qkv, const std::vector<std::vector<PartSpec>>& o,
         const std::vector<std::vector<PartSpec>>& gate_up, const std::vector<std::vector<PartSpec>>& down,
         std::vector<torch::Tensor> norm1, std::vector<torch::Tensor> norm2, torch::Tensor final_norm,
         std::vector<int64_t> rope_kind, std::vector<int64_t> window_kind, int64_t heads, int64_t kv_heads,
-        int64_t head_dim, double eps, double qk_scale)
+        int64_t head_dim, double eps, double qk_scale, const std::vector<PartSpec>& head)
       : norm1_(std::move(norm1)), norm2_(std::move(norm2)), final_norm_(final_norm), rope_kind_(std::move(rope_kind)),
         window_kind_(std::move(window_kind)), heads_(heads), kv_heads_(kv_heads), d_(head_dim), eps_(eps) {
     const size_t n = qkv.size();
@@ -222,17 +227,25 @@ class Stack {
       }
     checks::tensor(final_norm_, "final_norm");
     scale_ = qk_scale > 0 ? static_cast<float>(qk_scale) : 1.f / std::sqrt(static_cast<float>(d_));
+    if (!head.empty()) {
+      head_ = make_linear(head, "head");
+      TORCH_CHECK(head_->K == H_, "head: expected ", H_, " inputs");
+    }
   }
+
+  bool has_head() const { return head_.has_value(); }
 
   // x [N, H] float32: the embedded rows (the residual stream, updated in place); k_cache, v_cache
   // [layers, slots, kv_heads, cap, d]; cos, sin: per rotary kind [N, d]; masks: per window kind
   // [N, >= start + count] bool or none (causal); slots, starts, counts [B] long: sequence b's rows
-  // next in x; capture: layer ids whose output rows to return -> [the rows after the final norm
-  // [N, H], then each captured layer's output [N, H] (the last layer's: after the final norm)]
+  // next in x; capture: layer ids whose output rows to return; logit_rows: the rows whose logits to
+  // return (needs a head) -> [the rows after the final norm [N, H], their logits [len(logit_rows), V],
+  // then each captured layer's output [N, H] (the last layer's: after the final norm)]
   std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor k_cache, torch::Tensor v_cache,
                                      std::vector<torch::Tensor> cos, std::vector<torch::Tensor> sin,
                                      std::vector<std::optional<torch::Tensor>> masks, torch::Tensor slots,
-                                     torch::Tensor starts, torch::Tensor counts, std::vector<int64_t> capture) {
+                                     torch::Tensor starts, torch::Tensor counts, std::vector<int64_t> capture,
+                                     std::vector<int64_t> logit_rows) {
 #if SPECDECODE_VNNI
     checks::tensor(x, "x");
     checks::tensor(k_cache, "k_cache");
@@ -259,7 +272,10 @@ class Stack {
     for (int64_t l = 0; l < layers; ++l)
       TORCH_CHECK(rope_kind_[l] < static_cast<int64_t>(cos.size()) && window_kind_[l] < static_cast<int64_t>(masks.size()),
                   "stack: layer ", l, " has no rotary table or mask in this call");
-    std::vector<torch::Tensor> out{torch::empty({N, H_})};
+    TORCH_CHECK(logit_rows.empty() || head_, "logit_rows: this stack has no LM head");
+    for (int64_t r : logit_rows) TORCH_CHECK(r >= 0 && r < N, "logit_rows: no row ", r, " of ", N);
+    const int64_t M = static_cast<int64_t>(logit_rows.size());
+    std::vector<torch::Tensor> out{torch::empty({N, H_}), torch::empty({M, head_ ? head_->N : 0})};
     std::vector<float*> captured(layers, nullptr);
     for (int64_t c : capture) {
       TORCH_CHECK(c >= 0 && c < layers, "capture: no layer ", c);
@@ -269,15 +285,15 @@ class Stack {
     const int64_t hd = heads_ * d_, row_qkv = (heads_ + 2 * kv_heads_) * d_;
     auto qkv = torch::empty({N, row_qkv}), att = torch::empty({N, hd}), delta = torch::empty({N, H_});
     auto gate_up = torch::empty({N, 2 * I_}), act = torch::empty({N, I_});
-    QuantBuffer qb(N, std::max({H_, hd, I_}));
+    QuantBuffer qb(std::max(N, M), std::max({H_, hd, I_}));
     float *xp = x.data_ptr<float>(), *xn = out[0].data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
     float *attp = att.data_ptr<float>(), *dp = delta.data_ptr<float>(), *gup = gate_up.data_ptr<float>();
-    float* actp = act.data_ptr<float>();
+    float *actp = act.data_ptr<float>(), *logitp = out[1].data_ptr<float>();
     const vnni::QuantRows qr = qb.rows();
     const attn::query_fn query = attn::for_width(d_);
     const int threads = omp_in_parallel() ? 1 : at::get_num_threads();
     const int64_t H = H_, I = I_;
-    Stages stages(1 + 10 * layers, threads);  // 10 stages a layer, one before
+    Stages stages(1 + 10 * layers + 2, threads);  // 10 stages a layer, one before, two for the head
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num();
@@ -289,9 +305,9 @@ class Stack {
           for (int64_t i = b; i < e; ++i) f(i);
         });
       };
-      auto linear = [&](const Linear& lin, float* y) {  // chunks of a quarter of a thread's share
+      auto linear = [&](const Linear& lin, float* y, int64_t rows_in = -1) {  // chunks: a quarter of a share
         each(lin.groups, std::max<int64_t>(1, lin.groups / (4 * threads)),
-             [&](int64_t b, int64_t e) { linear_range(lin, qr, N, y, b, e); });
+             [&](int64_t b, int64_t e) { linear_range(lin, qr, rows_in < 0 ? N : rows_in, y, b, e); });
       };
       // the residual stream x += delta (unless first), normed by w into xn, quantized for the next linear
       auto norm = [&](bool add, const torch::Tensor& w, int64_t layer_before, bool quantize) {
@@ -340,6 +356,12 @@ class Stack {
         const bool last = l == layers - 1;
         norm(true, last ? final_norm_ : norm1_[l + 1], l, !last);
       }
+      if (M > 0) {  // the LM head for the rows asked for, their normed rows quantized first
+        each(M, 1, [&](int64_t b, int64_t e) {
+          for (int64_t m = b; m < e; ++m) qb.put(xn + logit_rows[m] * H, m, H);
+        });
+        linear(*head_, logitp, M);
+      }
     }
     return out;
 #else
@@ -352,6 +374,7 @@ class Stack {
     Linear qkv, o, gate_up, down;
   };
   std::vector<Layer> layers_;
+  std::optional<Linear> head_;
   std::vector<torch::Tensor> norm1_, norm2_;
   torch::Tensor final_norm_;
   std::vector<int64_t> rope_kind_, window_kind_;
@@ -365,7 +388,9 @@ void bind_stack(pybind11::module& m) {
       .def(pybind11::init<const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
                           const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor, std::vector<int64_t>,
-                          std::vector<int64_t>, int64_t, int64_t, int64_t, double, double>())
+                          std::vector<int64_t>, int64_t, int64_t, int64_t, double, double, const std::vector<PartSpec>&>())
+      .def_property_readonly("has_head", &Stack::has_head)
       .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
-           "the layers for rows of any sequences -> [rows after the final norm, captured layers' outputs...]");
+           "the layers (and head) for rows of any sequences -> [rows after the final norm, logits of logit_rows, "
+           "captured layers' outputs...]");
 }

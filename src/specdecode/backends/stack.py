@@ -2,8 +2,9 @@
 
 fast_llama.fused_layers runs a forward as ~9 kernel calls per layer; for a Llama-form model whose
 linears are all interleaved VNNI matrices, `build` makes one kernels.Stack at load instead, and
-fused_layers hands it the whole forward. Its rows carry the bits of the per-op path (tested), so
-every invariant of that path (a row never depends on the others) holds unchanged.
+fused_layers hands it the whole forward, the LM head included when that is interleaved too. Its rows
+carry the bits of the per-op path (tested), so every invariant of that path (a row never depends on
+the others) holds unchanged.
 """
 
 from __future__ import annotations
@@ -34,17 +35,22 @@ class NativeStack:
             model.head_dim,
             model.eps,
             model.qk_scale or 0.0,
+            model.lm_head.interleaved_parts() or [],
         )
+        self.head = None if self.native.has_head else model.lm_head  # applied here when not native
 
-    def __call__(self, x, k_cache, v_cache, ropes, masks, where, capture: set[int]):
+    def __call__(self, x, k_cache, v_cache, ropes, masks, where, capture: set[int], logit_rows: list[int]):
         """As fast_llama.fused_layers (its arguments and results)."""
         cos = [ropes[kind][0].contiguous() for kind in self.kinds]
         sin = [ropes[kind][1].contiguous() for kind in self.kinds]
         ids = sorted(capture)
-        xn, *outs = self.native.forward(
-            x, k_cache, v_cache, cos, sin, [masks[w] for w in self.windows], *where, ids
+        native_rows = logit_rows if self.head is None else []
+        xn, logits, *outs = self.native.forward(
+            x, k_cache, v_cache, cos, sin, [masks[w] for w in self.windows], *where, ids, native_rows
         )
-        return xn, dict(zip(ids, outs))
+        if self.head is not None:
+            logits = self.head(xn[logit_rows]).float()
+        return logits, dict(zip(ids, outs))
 
 
 def build(model) -> NativeStack | None:
