@@ -3,11 +3,51 @@
 The text is the detokenized completion, cut before the earliest stop string; what is streamed is
 only the part that cannot change any more: no tail that could still grow into a stop string, no
 incomplete multi-byte character. The decoder works on token ids only; this layer owns the tokenizer.
+
+Detokenizing is incremental (`Detokenizer`): decoding the whole completion at every step cost
+0.24 ms at 1,000 tokens and 0.54 ms at 2,000 (SmolLM2's tokenizer, AMD EPYC Zen 4), paid per stream
+per step, so a server step with 16 long streams spent ~4 ms on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+WINDOW = 6  # tokens of context decoded before the new ones (as vLLM's incremental detokenizer)
+
+
+class Detokenizer:
+    """decode(tokens) of a growing token list, decoding only a window at the end each time.
+
+    The text of tokens[:read] is kept; new tokens are decoded together with the WINDOW tokens before
+    `read` and the window's own text is cut off the front, so whatever a decoder does at the start
+    of a decode (SentencePiece drops a leading space) happens alike to both. Where that cannot be
+    trusted it decodes everything, exactly as before: when the window's text is not a prefix of the
+    longer decode (a tokenizer's clean-up, " ." -> ".", joined text across the boundary), and while
+    the text ends in an incomplete multi-byte character (U+FFFD: more bytes may complete it), the
+    read point does not move."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.read = 0  # tokens whose text is `text_read`
+        self.text_read = ""
+
+    def text(self, tokens: list[int]) -> str:
+        """decode(tokens, skip_special_tokens=True); tokens extend those of the previous call."""
+        start = max(self.read - WINDOW, 0)
+        window = self._decode(tokens[start : self.read])
+        longer = self._decode(tokens[start:])
+        if not longer.startswith(window):
+            text = self._decode(tokens)  # the boundary's text changed: decode everything
+            self.read, self.text_read = (len(tokens), text) if not text.endswith("\ufffd") else (0, "")
+            return text
+        text = self.text_read + longer[len(window) :]
+        if not text.endswith("\ufffd"):
+            self.read, self.text_read = len(tokens), text
+        return text
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
 
 
 class TextStream:
@@ -15,6 +55,7 @@ class TextStream:
         self, tokenizer, stops: Sequence[str] = (), eos_ids: set[int] | frozenset[int] = frozenset()
     ):
         self.tokenizer, self.eos_ids = tokenizer, eos_ids
+        self.detokenizer = Detokenizer(tokenizer)
         self.stops = [s for s in stops if s]
         self.hold = (
             max((len(s) for s in self.stops), default=1) - 1
@@ -31,7 +72,7 @@ class TextStream:
         safe to deliver. After a stop string, or when finished, `finish_reason` is set and everything
         left is delivered."""
         self.tokens.extend(tokens)
-        text = self._decode(self.tokens)
+        text = self.detokenizer.text(self.tokens)
         cut = self._find(text)
         if cut >= 0:
             text, self.finish_reason = text[:cut], "stop"
