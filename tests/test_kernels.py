@@ -265,17 +265,34 @@ def test_eager_fastllama_speculation_is_token_identical(hf):
     assert _greedy(eager, NgramDrafter(), prompt) == _greedy(eager, NoDrafter(), prompt)
 
 
-def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
-    """cpp_extension waits forever on a lock left by a killed build; one older than any build goes."""
-    import os
-    import time
+def test_a_build_lock_left_by_a_killed_build_goes_and_a_live_builder_is_waited_for(tmp_path):
+    """cpp_extension waits forever on its lock file, which a killed build leaves behind: while a
+    process of ours holds the build guard its lock stays (it is building); once it died, it goes."""
+    import fcntl
+    import subprocess
+    import sys
 
-    from specdecode.backends.kernels import STALE_LOCK_S, clear_stale_lock
+    from specdecode.backends.kernels import build_guard
 
-    assert not clear_stale_lock(tmp_path)  # no lock: nothing to do
-    lock = tmp_path / "lock"
-    lock.touch()
-    assert not clear_stale_lock(tmp_path) and lock.exists()  # a build may be running
-    old = time.time() - STALE_LOCK_S - 60
-    os.utime(lock, (old, old))
-    assert clear_stale_lock(tmp_path) and not lock.exists()
+    hold = (
+        "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print(1, flush=True); "
+        "sys.stdin.read()"
+    )
+    builder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(tmp_path / "builder.lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert builder.stdout.readline().strip() == b"1"  # it holds the guard
+        lock = tmp_path / "lock"
+        lock.touch()  # its build's lock
+        with open(tmp_path / "builder.lock", "a") as probe:
+            with pytest.raises(BlockingIOError):  # build_guard would wait here
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert lock.exists()
+    finally:
+        builder.kill()  # the build is killed mid-way
+        builder.wait()
+    with build_guard(tmp_path):
+        assert not lock.exists()

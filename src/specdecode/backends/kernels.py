@@ -10,10 +10,11 @@ same tokens, only slower.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import platform
 import sys
-import time
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -66,36 +67,31 @@ def load():
     build = cache_root() / key
     try:
         build.mkdir(parents=True, exist_ok=True)
-        clear_stale_lock(build)
-        return cpp_extension.load(
-            name=f"specdecode_kernels_{key}",
-            sources=[str(s) for s in SOURCES],
-            build_directory=str(build),
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        with build_guard(build):
+            return cpp_extension.load(
+                name=f"specdecode_kernels_{key}",
+                sources=[str(s) for s in SOURCES],
+                build_directory=str(build),
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast"],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
     except Exception as e:  # no compiler, no ninja, an unwritable cache, a failed build: eager ops still work
         reason = f"{type(e).__name__}: {e}".splitlines()[0]
         print(f"specdecode: fused CPU kernels unavailable, using eager ops ({reason})", file=sys.stderr)
         return None
 
 
-STALE_LOCK_S = 1200  # a build takes about a minute alone, several on a loaded machine; never 20
-
-
-def clear_stale_lock(build: Path, max_age_s: float = STALE_LOCK_S) -> bool:
-    """Remove the build directory's lock when its builder must be gone (older than any build): torch's
-    cpp_extension waits on that file forever, so a build killed mid-way (a stopped session, an OOM)
-    would hang every later start. -> whether a lock was removed."""
-    lock = build / "lock"
-    try:
-        if time.time() - lock.stat().st_mtime > max_age_s:
-            lock.unlink()
-            return True
-    except FileNotFoundError:
-        pass
-    return False
+@contextmanager
+def build_guard(build: Path):
+    """Held while this process builds or loads the kernels in `build`: an advisory lock the OS drops
+    when its holder dies. torch's cpp_extension waits forever on its own lock file, which a build
+    killed mid-way (a stopped session, Ctrl-C at the first start, an OOM) leaves behind; with the
+    guard held no live process of ours is building, so such a file is stale and goes."""
+    with open(build / "builder.lock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # waits while another process builds, not after it died
+        (build / "lock").unlink(missing_ok=True)
+        yield
 
 
 def rows_exact_int8() -> bool:
