@@ -32,6 +32,7 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from anatomy import cpu_name  # noqa: E402
 from load_server import pct, stream  # noqa: E402
 from vllm_e2e import ROOT, _export, load_prompts, vllm_local  # noqa: E402
 
@@ -184,7 +185,8 @@ def main() -> int:
             rows.append({"engine": engine, "drafter": drafter, "error": f"{type(e).__name__}: {e}"[-1500:]})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     result = {
-        "machine": "AMD EPYC Zen 4 (AVX-512), 2 cores shared with other workers during the run",
+        "cpu": cpu_name(),
+        "cpus": os.cpu_count(),
         "taskset": args.taskset,
         "threads": args.threads,
         "prompts": args.prompts,
