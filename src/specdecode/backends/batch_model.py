@@ -184,21 +184,18 @@ class BatchedLlama:
         keep = [r.num_logits or n for r, n in zip(rows, counts)]  # rows with logits: each row's last `keep`
         picked = [i for o, n, m in zip(offsets, counts, keep) for i in range(o + n - m, o + n)]
         fused = f.kernels is not None and len(x) <= f.fused_rows  # the fused kernels, as FastLlama's forward
-        if fused and not trees and not windows:  # causal rows: the kernels need no mask, only positions
-            ropes = {kind: (cos[pos], sin[pos]) for kind, (cos, sin) in f.rope.items()}
-            where = (slot_t, torch.tensor(starts), torch.tensor(counts))
+
+        def fused_outputs(ropes, row_masks) -> list[Output]:  # ropes, masks: as fused_layers takes them
+            where = (slot_t.cpu(), torch.tensor(starts), torch.tensor(counts))
             logits, captured = fused_layers(
-                f,
-                x.float().contiguous(),
-                self.k_cache,
-                self.v_cache,
-                ropes,
-                {None: None},
-                where,
-                wanted,
-                picked,
+                f, x.float().contiguous(), self.k_cache, self.v_cache, ropes, row_masks, where, wanted, picked
             )
             return self._outputs(rows, counts, offsets, ends, keep, logits, captured)
+
+        if fused and not trees and not windows:  # causal rows: the kernels need no mask, only positions
+            return fused_outputs(
+                {kind: (cos[pos], sin[pos]) for kind, (cos, sin) in f.rope.items()}, {None: None}
+            )
         slot_of = slot_t[row_of]  # [N]
         # query t of row b (position start_b + t) sees keys 0..start_b + t of its own slot
         keys = torch.arange(l_max, device=dev)
@@ -223,13 +220,10 @@ class BatchedLlama:
             qpos[row_of, t_of] = rotary
             masks |= {w: (mask & (qpos[:, :, None] - keys[None, None, :] < w))[:, None] for w in windows}
         if fused:
-            where = (slot_t.cpu(), torch.tensor(starts), torch.tensor(counts))
             per_row = {w: m[row_of, 0, t_of].contiguous() for w, m in masks.items()}  # [N, l_max]
-            row_masks = {w: m if (w is not None or trees) else None for w, m in per_row.items()}
-            logits, captured = fused_layers(
-                f, x.float().contiguous(), self.k_cache, self.v_cache, ropes, row_masks, where, wanted, picked
+            return fused_outputs(
+                ropes, {w: m if (w is not None or trees) else None for w, m in per_row.items()}
             )
-            return self._outputs(rows, counts, offsets, ends, keep, logits, captured)
         groups = [
             _Group(idx, counts, ends, slot_ids, row_of, t_of, masks, dev)
             for idx in _attention_groups(counts, ends)
