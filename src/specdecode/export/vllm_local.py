@@ -149,7 +149,7 @@ def _stop(proc: subprocess.Popen) -> None:
     group is gone (the leader's children outlive it by a moment: they are no longer its to wait for)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-    for sig, grace_s in ((signal.SIGKILL, 20.0), (None, 10.0)):
+    for sig, grace_s in ((signal.SIGKILL, 20.0), (None, 10.0)):  # wait grace_s for the group, then send sig
         deadline = time.monotonic() + grace_s
         while (proc.poll() is None or _group_pids(proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
