@@ -35,10 +35,10 @@ class Detokenizer:
     def text(self, tokens: list[int]) -> str:
         """decode(tokens, skip_special_tokens=True); tokens extend those of the previous call."""
         start = max(self.read - WINDOW, 0)
-        window = self._decode(tokens[start : self.read])
-        longer = self._decode(tokens[start:])
+        window = self.decode(tokens[start : self.read])
+        longer = self.decode(tokens[start:])
         if not longer.startswith(window):
-            text = self._decode(tokens)  # the boundary's text changed: decode everything
+            text = self.decode(tokens)  # the boundary's text changed: decode everything
             self.read, self.text_read = (len(tokens), text) if not text.endswith("\ufffd") else (0, "")
             return text
         text = self.text_read + longer[len(window) :]
@@ -46,7 +46,8 @@ class Detokenizer:
             self.read, self.text_read = len(tokens), text
         return text
 
-    def _decode(self, tokens: list[int]) -> str:
+    def decode(self, tokens: list[int]) -> str:
+        """The text of any token ids, decoded whole (skip_special_tokens, as everywhere here)."""
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
 
 
@@ -54,7 +55,7 @@ class TextStream:
     def __init__(
         self, tokenizer, stops: Sequence[str] = (), eos_ids: set[int] | frozenset[int] = frozenset()
     ):
-        self.tokenizer, self.eos_ids = tokenizer, eos_ids
+        self.eos_ids = eos_ids
         self.detokenizer = Detokenizer(tokenizer)
         self.stops = [s for s in stops if s]
         self.hold = (
@@ -76,7 +77,7 @@ class TextStream:
         cut = self._find(text)
         if cut >= 0:
             text, self.finish_reason = text[:cut], "stop"
-            while len(self.tokens) > 1 and self._find(self._decode(self.tokens[:-1])) >= 0:
+            while len(self.tokens) > 1 and self._find(self.detokenizer.decode(self.tokens[:-1])) >= 0:
                 self.tokens.pop()  # drop the tokens that only carry the stop string
         elif finished:
             self.finish_reason = "stop" if self.tokens and self.tokens[-1] in self.eos_ids else "length"
@@ -86,9 +87,6 @@ class TextStream:
             return ""
         delta, self.streamed = text[self.streamed : end], end
         return delta
-
-    def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def _find(self, text: str) -> int:
         hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
