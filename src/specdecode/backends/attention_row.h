@@ -1,6 +1,6 @@
-// One attention row (attention.cpp's pieces, described there), shared by attention.cpp's per-layer
-// call and stack.cpp's whole forward, so both give a (row, head) the same bits: rotary, the cache
-// writes of new rows, and one query against its sequence's keys.
+// Attention's pieces (attention.cpp describes them), shared by attention.cpp's per-layer call and
+// stack.cpp's whole forward, so both give a (row, head) the same bits: rotary, the cache writes of new
+// rows, and groups of queries against their sequence's keys.
 #pragma once
 
 #include <algorithm>
@@ -24,87 +24,96 @@ inline void rope(const float* x, const float* cos, const float* sin, float* out,
   }
 }
 
-inline float dot(const float* q, const float* k, int64_t d) {
-  float s = 0.f;
-  for (int64_t c = 0; c < d; ++c) s += q[c] * k[c];
-  return s;
+// Up to G queries that read the same keys (the heads of one kv head, the rows of one sequence):
+// q [G, d] (rotated and scaled) against keys j < ends[g] of one head's K, V [cap, d], key j visible
+// to query g where seen[g] is null or seen[g][j] -> out[g] [d]; p: scratch [G, stride], stride >= the
+// largest end + L. d = NV * L: each key and value row is loaded into registers once for all G queries
+// (the loads, not the arithmetic, bounded the one-query loop). Query g's bits do not depend on the
+// others: a hidden or later key scores -inf, weighs an exact 0 and adds 0 to its sum.
+template <int NV, int G>
+void queries(const float* q, const float* K, const float* V, const int64_t* ends, const bool* const* seen,
+             float* p, int64_t stride, float* const* out) {
+  constexpr int64_t d = NV * L;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  int64_t end = 0;
+  for (int g = 0; g < G; ++g) end = std::max(end, ends[g]);
+  vec qv[G][NV];
+  float top[G];
+  for (int g = 0; g < G; ++g) {
+    for (int v = 0; v < NV; ++v) qv[g][v] = load(q + g * d + v * L);
+    top[g] = ninf;
+  }
+  for (int64_t j = 0; j < end; ++j) {  // scores: p[g, j] = q_g . K[j]
+    vec k[NV];
+    for (int v = 0; v < NV; ++v) k[v] = load(K + j * d + v * L);
+    for (int g = 0; g < G; ++g) {
+      vec acc = fma(qv[g][0], k[0], vec{});
+      for (int v = 1; v < NV; ++v) acc = fma(qv[g][v], k[v], acc);
+      const bool shown = j < ends[g] && (!seen[g] || seen[g][j]);
+      const float s = shown ? reduce(acc) : ninf;
+      p[g * stride + j] = s;
+      top[g] = std::max(top[g], s);
+    }
+  }
+  for (int g = 0; g < G; ++g) {  // p = exp(p - top), -inf past the end up to a whole vector
+    float* pg = p + g * stride;
+    std::fill(pg + end, pg + (end + L - 1) / L * L, ninf);
+    for (int64_t j = 0; j < end; j += L) store(pg + j, vexp(load(pg + j) - top[g]));
+  }
+  vec acc[G][NV] = {};
+  float sum[G] = {};  // added key by key in order: the same bits wherever a tree puts its keys
+  for (int64_t j = 0; j < end; ++j) {
+    vec vr[NV];
+    for (int v = 0; v < NV; ++v) vr[v] = load(V + j * d + v * L);
+    for (int g = 0; g < G; ++g) {
+      const float w = p[g * stride + j];
+      sum[g] += w;
+      for (int v = 0; v < NV; ++v) acc[g][v] = fma(splat(w), vr[v], acc[g][v]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int v = 0; v < NV; ++v) store(out[g] + v * L, acc[g][v] * (1.f / sum[g]));
 }
 
-// One query's scores: p[j] = q . K[j] for the visible keys (else -inf) -> the largest.
-// NV > 0: d = NV * L, the query held in registers.
-template <int NV>
-float scores(const float* q, const float* K, int64_t d, int64_t end, const bool* seen, float* p) {
+// One query of any width d (no register blocking): the same passes, scalar.
+inline void query_any(const float* q, const float* K, const float* V, int64_t d, int64_t end, const bool* seen,
+                      float* p, float* out) {
   const float ninf = -std::numeric_limits<float>::infinity();
   float top = ninf;
-  vec qv[NV > 0 ? NV : 1];
-  for (int v = 0; v < NV; ++v) qv[v] = load(q + v * L);
   for (int64_t j = 0; j < end; ++j) {
-    if (seen && !seen[j]) {
-      p[j] = ninf;
-      continue;
-    }
-    float s;
-    if constexpr (NV > 0) {
-      vec acc = qv[0] * load(K + j * d);
-      for (int v = 1; v < NV; ++v) acc += qv[v] * load(K + j * d + v * L);
-      s = reduce(acc);
-    } else {
-      s = dot(q, K + j * d, d);
-    }
-    p[j] = s;
-    top = std::max(top, s);
+    float s = 0.f;
+    for (int64_t c = 0; c < d; ++c) s = std::fma(q[c], K[j * d + c], s);
+    p[j] = seen && !seen[j] ? ninf : s;
+    top = std::max(top, p[j]);
   }
-  return top;
-}
-
-// out [d] = sum_j p[j] V[j] / sum_j p[j]
-template <int NV>
-void weighted_values(const float* p, const float* V, int64_t d, int64_t end, float sum, float* out) {
-  const float inv = 1.f / sum;
-  if constexpr (NV > 0) {
-    vec acc[NV] = {};
-    for (int64_t j = 0; j < end; ++j) {
-      if (p[j] == 0.f) continue;
-      const vec w = splat(p[j]);
-      for (int v = 0; v < NV; ++v) acc[v] += w * load(V + j * d + v * L);
-    }
-    for (int v = 0; v < NV; ++v) store(out + v * L, acc[v] * inv);
-  } else {
-    std::fill(out, out + d, 0.f);
-    for (int64_t j = 0; j < end; ++j)
-      for (int64_t c = 0; c < d; ++c) out[c] += p[j] * V[j * d + c];
-    for (int64_t c = 0; c < d; ++c) out[c] *= inv;
-  }
-}
-
-// p[j] = exp(p[j] - top) -> their sum, added key by key in order: a tree node sees its ancestors at
-// other cache slots than a decoding step sees the same tokens, so the sum must not depend on where a
-// key sits (hidden keys add exact zeros; the visible ones come in the same order either way).
-inline float exponentiate(float* p, int64_t end, float top) {
-  std::fill(p + end, p + (end + L - 1) / L * L, -std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < end; j += L) store(p + j, vexp(load(p + j) - top));
   float sum = 0.f;
-  for (int64_t j = 0; j < end; ++j) sum += p[j];
-  return sum;
-}
-
-// q [d] against keys 0..end-1 (visible where `seen`) of one head's K [cap, d], V: -> out [d]
-template <int NV>
-void one_query(const float* q, const float* K, const float* V, int64_t d, int64_t end, const bool* seen,
-               float* p, float* out) {
-  const float top = scores<NV>(q, K, d, end, seen, p);
-  weighted_values<NV>(p, V, d, end, exponentiate(p, end, top), out);
-}
-
-using query_fn = void (*)(const float*, const float*, const float*, int64_t, int64_t, const bool*, float*, float*);
-
-inline query_fn for_width(int64_t d) {  // the query kept in registers for the common head widths
-  switch (d) {
-    case 4 * L: return one_query<4>;
-    case 8 * L: return one_query<8>;
-    case 16 * L: return one_query<16>;
-    default: return one_query<0>;
+  std::fill(out, out + d, 0.f);
+  for (int64_t j = 0; j < end; ++j) {
+    p[j] = p[j] == ninf ? 0.f : std::exp(p[j] - top);
+    sum += p[j];
+    for (int64_t c = 0; c < d; ++c) out[c] = std::fma(p[j], V[j * d + c], out[c]);
   }
+  for (int64_t c = 0; c < d; ++c) out[c] *= 1.f / sum;
+}
+
+// The most queries a group holds for head width d: its queries' and one key's vectors in registers.
+inline int group_limit(int64_t d) {
+  const int64_t nv = d % L == 0 ? d / L : 0, registers = L == 16 ? 32 : 16;
+  if (nv != 4 && nv != 8 && nv != 16) return 1;
+  return static_cast<int>(std::clamp<int64_t>((registers - 2 - nv) / nv, 1, 6));
+}
+
+using group_fn = void (*)(const float*, const float*, const float*, const int64_t*, const bool* const*, float*,
+                          int64_t, float* const*);
+
+// The kernel for G <= group_limit(d) queries of width d, or null where query_any serves.
+inline group_fn for_group(int64_t d, int G) {
+  static constexpr group_fn four[] = {queries<4, 1>, queries<4, 2>, queries<4, 3>,
+                                      queries<4, 4>, queries<4, 5>, queries<4, 6>};
+  if (d == 4 * L) return four[std::clamp(G, 1, 6) - 1];
+  if (d == 8 * L) return G >= 2 ? queries<8, 2> : queries<8, 1>;
+  if (d == 16 * L) return queries<16, 1>;
+  return nullptr;
 }
 
 // Where a forward's rows sit: sequence b's counts[b] rows come next in the rows, at cache positions
@@ -123,6 +132,27 @@ struct Layout {
     }
   }
 };
+
+// A task of a layer's attention: heads h0..h0+nh-1 (of one kv head) of rows r0..r0+nr-1 (of one
+// sequence), queries that read the same keys; the same tasks serve every layer of a forward.
+struct Group {
+  int64_t r0, nr, h0, nh;
+};
+
+// The forward's groups, each of at most `limit` queries: as many heads of a kv head as divide its
+// share and fit, then as many rows as fit beside them.
+inline std::vector<Group> groups(const Layout& lay, int64_t heads, int64_t kv_heads, int limit) {
+  const int64_t per = heads / kv_heads;
+  int64_t nh = std::min<int64_t>(per, limit);
+  while (per % nh) --nh;
+  const int64_t nr = std::max<int64_t>(1, limit / nh);
+  std::vector<Group> out;
+  for (size_t b = 0; b < lay.first.size(); ++b)
+    for (int64_t h0 = 0; h0 < heads; h0 += nh)
+      for (int64_t r = lay.first[b]; r < lay.first[b] + lay.counts[b]; r += nr)
+        out.push_back({r, std::min(nr, lay.first[b] + lay.counts[b] - r), h0, nh});
+  return out;
+}
 
 // One layer's attention for a forward's rows: heads h, kv heads kvh, width d, cache capacity cap;
 // mask [N, mask_cols] bool or null (causal); scale of q.k.
@@ -145,15 +175,26 @@ struct Step {
     rope(k, cos + i * d, sin + i * d, k_cache + cache_row(i, g), d);
     std::copy(k + kv_heads * d, k + kv_heads * d + d, v_cache + cache_row(i, g));
   }
-  // task hh * N + i: row i's head hh against its sequence's keys -> out [N, h d]; q [d] and
-  // p [longest + L] scratch
-  void query(int64_t task, query_fn fn, float* q, float* p) const {
-    const int64_t N = lay.rows, hh = task / N, i = task % N, g = hh / (heads / kv_heads), b = lay.seq_of[i];
-    const int64_t row = (heads + 2 * kv_heads) * d;
-    rope(qkv + i * row + hh * d, cos + i * d, sin + i * d, q, d, scale);
+  // heads h0.. of row r0.. of one sequence, at most group_limit(d) queries (Groups) -> their rows of
+  // out [N, h d]; q [limit, d] and p [limit, stride] scratch, stride >= longest + L
+  void group(const Group& gr, float* q, float* p, int64_t stride) const {
+    const int64_t b = lay.seq_of[gr.r0], row = (heads + 2 * kv_heads) * d, g = gr.h0 / (heads / kv_heads);
+    int64_t ends[6];
+    const bool* seen[6];
+    float* outs[6];
+    int n = 0;
+    for (int64_t i = gr.r0; i < gr.r0 + gr.nr; ++i)
+      for (int64_t hh = gr.h0; hh < gr.h0 + gr.nh; ++hh, ++n) {
+        rope(qkv + i * row + hh * d, cos + i * d, sin + i * d, q + n * d, d, scale);
+        ends[n] = mask ? lay.starts[b] + lay.counts[b] : lay.starts[b] + i - lay.first[b] + 1;
+        seen[n] = mask ? mask + i * mask_cols : nullptr;
+        outs[n] = out + (i * heads + hh) * d;
+      }
     const int64_t base = (lay.slots[b] * kv_heads + g) * cap * d;
-    const int64_t end = mask ? lay.starts[b] + lay.counts[b] : lay.starts[b] + i - lay.first[b] + 1;
-    fn(q, k_cache + base, v_cache + base, d, end, mask ? mask + i * mask_cols : nullptr, p, out + (i * heads + hh) * d);
+    if (const group_fn fn = for_group(d, n))
+      fn(q, k_cache + base, v_cache + base, ends, seen, p, stride, outs);
+    else
+      for (int m = 0; m < n; ++m) query_any(q + m * d, k_cache + base, v_cache + base, d, ends[m], seen[m], p, outs[m]);
   }
 };
 

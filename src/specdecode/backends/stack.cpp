@@ -6,7 +6,7 @@
 // default model, each paying Python dispatch, tensor allocation and a fork/join of the thread pool;
 // the matmuls of a layer are small (the output projection is 0.2 MB, ~7 us of streaming), so a
 // one-row decoding step spent ~1.7x the memory floor. Here a stage's work (weight groups for a matmul,
-// (head, row) for attention, rows for the rest) is shared out as in Stages, and the next stage starts
+// groups of queries for attention, rows for the rest) is shared out as in Stages, and the next stage starts
 // when all of it is done.
 // Invariant: the stages run the functions of the per-op kernels (vnni_tile.h, attention_row.h,
 // rowops.h) on the same inputs, and a row's result never depends on the other rows or on which
@@ -290,14 +290,16 @@ class Stack {
     float *attp = att.data_ptr<float>(), *dp = delta.data_ptr<float>(), *gup = gate_up.data_ptr<float>();
     float *actp = act.data_ptr<float>(), *logitp = out[1].data_ptr<float>();
     const vnni::QuantRows qr = qb.rows();
-    const attn::query_fn query = attn::for_width(d_);
+    const int limit = attn::group_limit(d_);
+    const auto groups = attn::groups(layout, heads_, kv_heads_, limit);
+    const int64_t stride = layout.longest + attn::L;
     const int threads = omp_in_parallel() ? 1 : at::get_num_threads();
     const int64_t H = H_, I = I_;
     Stages stages(1 + 10 * layers + 2, threads);  // 10 stages a layer, one before, two for the head
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num();
-      std::vector<float> q(d_), p(layout.longest + attn::L);
+      std::vector<float> q(limit * d_), p(limit * stride);
       int64_t stage = 0;
       auto each = [&](int64_t n, int64_t chunk, auto&& f) { stages.run(stage++, t, n, chunk, f); };
       auto rows = [&](auto&& f) {
@@ -341,8 +343,8 @@ class Stack {
         each(N * kv_heads_, 1, [&](int64_t b, int64_t e) {
           for (int64_t task = b; task < e; ++task) step.write(task);
         });
-        each(heads_ * N, 1, [&](int64_t b, int64_t e) {
-          for (int64_t task = b; task < e; ++task) step.query(task, query, q.data(), p.data());
+        each(static_cast<int64_t>(groups.size()), 1, [&](int64_t b, int64_t e) {
+          for (int64_t task = b; task < e; ++task) step.group(groups[task], q.data(), p.data(), stride);
         });
         rows([&](int64_t i) { qb.row(attp, i, hd); });
         linear(w.o, dp);

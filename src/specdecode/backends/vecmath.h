@@ -29,6 +29,33 @@ inline vec load(const float* p) {
 inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
 inline vec splat(float x) { return vec{} + x; }
 
+// a * b + c rounded once, written out: a compiler may contract `a * b + c` differently in each place
+// it inlines it, and callers that must agree to the bit (attention_row.h) cannot leave that open.
+inline vec fma(vec a, vec b, vec c) {
+#if defined(__AVX512F__) || defined(__FMA__)
+#ifdef __AVX512F__
+  __m512 x, y, z;
+#else
+  __m256 x, y, z;
+#endif
+  std::memcpy(&x, &a, sizeof x);
+  std::memcpy(&y, &b, sizeof y);
+  std::memcpy(&z, &c, sizeof z);
+#ifdef __AVX512F__
+  const __m512 r = _mm512_fmadd_ps(x, y, z);
+#else
+  const __m256 r = _mm256_fmadd_ps(x, y, z);
+#endif
+  vec out;
+  std::memcpy(&out, &r, sizeof out);
+  return out;
+#else
+  vec out;
+  for (int i = 0; i < L; ++i) out[i] = std::fma(a[i], b[i], c[i]);
+  return out;
+#endif
+}
+
 inline float reduce(vec v) {  // the lanes' sum, in a fixed order
 #ifdef __AVX512F__
   __m512 r;
