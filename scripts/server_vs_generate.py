@@ -7,10 +7,14 @@
 Each round runs both sides, in turns (the order alternates between rounds, so a slow phase of the
 machine hits them alike):
 - generate: a worker process of its own loads the LLM API (what `specdecode generate` runs), warms up
-  on the first prompt, then completes every prompt alone, greedily (chat template, `--max-tokens`);
+  on the longest prompt (warm_up_prompt), then completes every prompt alone, greedily (chat template,
+  `--max-tokens`);
 - serve: a fresh `specdecode serve` (scripts/peer_load.py's `ours`, defaults but the drafter, k and
-  threads) gets one warm-up request, then one streaming client (scripts/load_server.py's `stream`)
+  threads) gets the same warm-up request, then one streaming client (scripts/load_server.py's `stream`)
   sends every prompt in turn as a greedy chat completion.
+The warm-up asks for `--max-tokens` on the longest prompt so that both sides have grown their KV caches
+to what the run needs before it is timed (a running server has; a fresh one would otherwise move its
+slots' caches into larger tensors during the first timed requests, ~0.1 s for 8 slots at 512 positions).
 Reported per side (medians over rounds of the sums over prompts): decode tokens/s after the first
 token ((tokens - 1) / (last token - first token), per prompt, summed) and end-to-end tokens/s (with
 the time to first token; the server's measured at the client, from sending to [DONE]); the ratio
@@ -41,15 +45,21 @@ from load_server import stream  # noqa: E402
 from peer_load import ours  # noqa: E402
 
 
+def warm_up_prompt(prompts: list) -> str:
+    """The longest prompt, so the caches grow before the timed requests, with other first tokens, so no
+    timed request finds its blocks in the server's prefix cache."""
+    return "(warm-up) " + max(prompts, key=lambda p: len(p.prompt)).prompt
+
+
 def worker(a) -> None:
-    """Prints {"id", "text", "tokens", "ttft_s", "wall_s"} per prompt, after a warm-up on the first."""
+    """Prints {"id", "text", "tokens", "ttft_s", "wall_s"} per prompt, after a warm-up (warm_up_prompt)."""
     from specdecode.api import LLM, SamplingParams
     from specdecode.corpora import load_prompts
 
     llm = LLM(None, a.drafter, k=a.k, threads=a.threads)
     prompts = load_prompts(a.prompts)
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
-    llm.generate(prompts[0].prompt, SamplingParams(temperature=0.0, max_tokens=16), chat=None)  # warm-up
+    llm.generate(warm_up_prompt(prompts), params, chat=None)  # warm-up
     for p in prompts:
         out = llm.generate(p.prompt, params, chat=None)[0]
         done = out.outputs[0]
@@ -75,7 +85,7 @@ async def client(url: str, prompts: list, max_tokens: int) -> list[dict]:
             msgs = [{"role": "user", "content": prompt}]
             return {"model": model, "messages": msgs, "max_tokens": n, "temperature": 0, "stream": True}
 
-        await stream(http, url, body(prompts[0].prompt, 16), "/v1/chat/completions")  # warm-up
+        await stream(http, url, body(warm_up_prompt(prompts), max_tokens), "/v1/chat/completions")  # warm-up
         rows = []
         for p in prompts:
             r = await stream(http, url, body(p.prompt, max_tokens), "/v1/chat/completions")
