@@ -17,7 +17,7 @@ from conftest import make_llama, make_tokenizer
 from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
 from helpers import assert_lossless
 from specdecode import drafters
-from specdecode.backends import gguf_weights, kernels, models
+from specdecode.backends import fast_llama, gguf_weights, kernels, models
 from specdecode.core.generation import generate
 from specdecode.errors import UserError
 from train_fixtures import PROMPTS
@@ -496,6 +496,8 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     target = models.load(tiny_gguf, "gguf", "cpu")
     ctx = drafters.DrafterContext(target, "gguf")
     plain, head = drafters.build("none", ctx), drafters.build(f"eagle:{tmp_path / 'gguf'}", ctx)
+    packed = [m.linear for m in head.head.modules() if isinstance(m, fast_llama.PackedLinear)]
+    assert packed and all(isinstance(f, gguf_weights.QuantLinear) == (ops.vnni_rows() > 0) for f in packed)
     assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
 
     capsys.readouterr()
@@ -503,6 +505,29 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     assert (
         "learns from the target in fp32, bf16, gguf, gguf-exact (--dtype q4 given)" in capsys.readouterr().err
     )
+
+
+def test_quantize_q8_rounds_each_16_weights_to_their_scale():
+    w = torch.randn(6, 64, generator=torch.Generator().manual_seed(5))
+    w[0, :16] = 0.0  # an all-zero 16: scale 0, quants 0
+    m = gguf_weights.quantize_q8(w)
+    assert m.kind == "q8" and m.shape == (6, 64) and m.quants.dtype == torch.int8
+    scale = w.view(6, 4, 16).abs().amax(-1, keepdim=True) / 127
+    err = (m.dequantize() - w).view(6, 4, 16).abs()
+    assert (err <= scale / 2 + 1e-6).all() and torch.equal(m.dequantize()[0, :16], torch.zeros(16))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gguf_weights.quantize_q8(torch.randn(4, 48))
+
+
+@needs_vnni
+def test_a_drafter_head_beside_an_int8_target_takes_the_targets_int8_path():
+    g = torch.Generator().manual_seed(6)
+    w, b, x = torch.randn(40, 64, generator=g), torch.randn(40, generator=g), torch.randn(3, 64, generator=g)
+    int8 = fast_llama.head_linear(w, ops, b, int8=True)
+    assert isinstance(int8, gguf_weights.QuantLinear) and int8.interleaved
+    ref = x @ w.T + b
+    torch.testing.assert_close(int8(x), ref, rtol=0, atol=0.03 * float(ref.abs().max()))
+    assert isinstance(fast_llama.head_linear(w, ops, b), fast_llama.FusedLinear)  # beside a float target
 
 
 @needs_kernels

@@ -24,6 +24,7 @@ from torch import nn
 
 from specdecode.backends import kernels as fused_kernels
 from specdecode.backends import quant
+from specdecode.backends.gguf_weights import QuantLinear, quantize_q8
 from specdecode.backends.lm import Output, layer_ids
 
 # Families whose forward is Llama's up to named switches (Layer, FastLlama.__init__): q/k/v biases
@@ -86,10 +87,15 @@ class FusedLinear:
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def head_linear(weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None):
-    """A drafter's linear at inference: with the target's fused kernels (`ops`, FastLlama.kernels)
-    FusedLinear over the weight in bfloat16, which reads half of fp32's bytes and, for the one row
-    of a draft step, took a third of oneDNN's fp32 time for the EAGLE head (Zen 4); else Linear."""
+def head_linear(weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None, int8: bool = False):
+    """A drafter's linear at inference: beside a target whose linears take 8-bit activations (`int8`,
+    `--dtype gguf`) on AVX-512 VNNI, the target's own path: the weight quantized to 8 bits per 16
+    (gguf_weights.quantize_q8) in the interleaved layout, a quarter of fp32's bytes; else with the
+    target's fused kernels (`ops`, FastLlama.kernels) FusedLinear over the weight in bfloat16, which
+    reads half of fp32's bytes and, for the one row of a draft step, took a third of oneDNN's fp32 time
+    for the EAGLE head (Zen 4); else Linear."""
+    if int8 and ops is not None and ops.vnni_rows() > 0 and weight.shape[1] % 32 == 0:
+        return QuantLinear(ops, [quantize_q8(weight)], int8_activations=True, bias=bias)
     if ops is not None and weight.shape[1] % 16 == 0:
         return FusedLinear(ops, weight.bfloat16(), bias)
     return Linear(weight, bias)
@@ -98,23 +104,24 @@ def head_linear(weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None
 class PackedLinear(nn.Module):
     """Inference-only stand-in for an nn.Linear (head_linear)."""
 
-    def __init__(self, linear: nn.Linear, ops=None):
+    def __init__(self, linear: nn.Linear, ops=None, int8: bool = False):
         super().__init__()
         bias = linear.bias.detach() if linear.bias is not None else None
-        self.linear = head_linear(linear.weight.detach(), ops, bias)
+        self.linear = head_linear(linear.weight.detach(), ops, bias, int8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
 
 
-def pack_linears(module: nn.Module, ops=None) -> nn.Module:
+def pack_linears(module: nn.Module, ops=None, int8: bool = False) -> nn.Module:
     """Replace every nn.Linear inside `module` by a PackedLinear (for drafter heads at inference);
-    ops: the target's fused kernels (FastLlama.kernels), None for oneDNN's fp32 path."""
+    ops: the target's fused kernels (FastLlama.kernels), None for oneDNN's fp32 path; int8: the
+    target's linears take 8-bit activations (head_linear)."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child, ops))
+            setattr(module, name, PackedLinear(child, ops, int8))
         else:
-            pack_linears(child, ops)
+            pack_linears(child, ops, int8)
     return module
 
 
@@ -297,6 +304,7 @@ class FastLlama:
         cpu = self.device.type == "cpu" and hf_model.dtype in (torch.float32, torch.bfloat16)
         widths = (cfg.hidden_size, cfg.intermediate_size, self.heads * self.head_dim)  # the linears' inputs
         self.kernels = fused_kernels.load() if fused and cpu and all(w % 16 == 0 for w in widths) else None
+        self.int8_activations = False  # gguf_weights.keep_quantized sets it for `--dtype gguf`
         # dtype of activations and the KV cache (int8 linears keep fp32 activations)
         self.dtype = torch.float32 if self.kernels else hf_model.dtype
         linear = partial(FusedLinear, self.kernels) if self.kernels else Linear

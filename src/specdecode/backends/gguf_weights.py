@@ -90,6 +90,21 @@ class Interleaved:
         )
 
 
+def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
+    """[N, K] float weights (K a multiple of 32) -> a "q8" QuantMatrix: each weight an int8 of its 16's
+    scale (max |w| / 127), rounded to nearest. For weights trained in float that run beside a GGUF
+    target's (fast_llama.head_linear: drafter heads)."""
+    n, k = weight.shape
+    if k % 32:
+        raise ValueError(f"quantize_q8: {k} inputs is not a multiple of 32")
+    w = weight.detach().float().reshape(n, k // 16, 16)
+    s = w.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(s > 0, w / s.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+    return QuantMatrix(
+        "q8", s.reshape(n, k // 32, 2), q.round().clamp(-127, 127).to(torch.int8).reshape(n, k)
+    )
+
+
 def concat(matrices: list[QuantMatrix]) -> QuantMatrix | None:
     """Row-wise concatenation (fused q|k|v, gate|up), or None when the layouts differ."""
     if len({m.kind for m in matrices}) != 1 or len({m.shape[1] for m in matrices}) != 1:
@@ -391,6 +406,7 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
     """In place: FastLlama `model` (loaded from the dequantized copy of `path`) computes its layers
     and LM head from the file's quantized blocks; the dequantized linear weights are released.
     int8_activations: see QuantLinear."""
+    model.int8_activations = int8_activations
     arch, tensors = read(path)
     permuted = arch == "llama"  # llama.cpp rotates q/k rows for its llama architecture only
     linear = partial(QuantLinear, model.kernels, int8_activations=int8_activations)

@@ -45,6 +45,7 @@ class CausalLM(Protocol):
     length: int  # tokens currently held in the KV cache
     hf: torch.nn.Module  # the transformers module the weights come from (config, embedding, rotary)
     kernels: object | None  # the fused CPU kernels its linears run on (kernels.py); None: none
+    int8_activations: bool  # its linears quantize their input rows to 8 bits (`--dtype gguf`)
 
     def fork(self) -> "CausalLM":
         """The same weights with an empty KV cache of its own (a draft model per request)."""

@@ -35,6 +35,7 @@ class HFModel:
     """A transformers causal LM with one sequence's KV cache (a DynamicCache cropped on rollback)."""
 
     kernels = None  # transformers' own ops
+    int8_activations = False
 
     def __init__(self, hf_model):
         self.hf = hf_model.eval()

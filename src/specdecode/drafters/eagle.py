@@ -182,7 +182,7 @@ class EagleDrafter(Drafter):
     ):
         """target: the target's CausalLM; the decoder feeds this drafter the rows of its layers
         `layer_ids` (self.layers). branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
-        self.head = pack_linears(head.eval(), target.kernels)
+        self.head = pack_linears(head.eval(), target.kernels, target.int8_activations)
         self.branches, self.nodes = branches, nodes
         self.target = target
         self.layers = tuple(layer_ids)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdecode.backends.fast_llama import head_linear
 from specdecode.core.sampling import SamplingParams, sample, warp
 from specdecode.core.tree import Tree
 from specdecode.drafters.base import Drafter, Proposal
@@ -61,6 +62,14 @@ class MedusaDrafter(Drafter):
         self.target = target
         self.token_map = token_map.to(target.device)
         self.project = target.head_rows(self.token_map)
+        # the heads' K [H, H] matrices as one [K H, H] linear on the target's path (head_linear)
+        K, H = heads.weight.shape[:2]
+        self.mix = head_linear(
+            heads.weight.detach().reshape(K * H, H),
+            target.kernels,
+            heads.bias.detach().reshape(K * H),
+            target.int8_activations,
+        )
         self.h: torch.Tensor | None = None  # [H] the target's last hidden row of the committed context
 
     def begin(self, prompt):
@@ -76,7 +85,10 @@ class MedusaDrafter(Drafter):
         h = self.h
         if h is None or k <= 0:
             return None
-        return self.heads(h.float()[None], self.project, heads=k)[0]
+        k = min(k, self.heads.num_heads)
+        h = h.float()
+        z = h + F.silu(self.mix(h[None]).view(-1, h.shape[-1])[:k])  # [k', H], as MedusaHeads.forward
+        return self.project(z)
 
     def propose(self, context, k, params: SamplingParams, generator):
         logits = self.candidates(k)
