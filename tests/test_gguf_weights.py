@@ -507,6 +507,26 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     )
 
 
+@needs_vnni
+def test_a_distilled_draft_beside_an_int8_target_runs_on_its_int8_stack(tiny_gguf, pair, tmp_path):
+    from specdecode.train import draft
+    from train_fixtures import make_data
+
+    data_dir = make_data(pair[0], tmp_path / "data", max_new_tokens=24)
+    draft.train(pair[0], data_dir, tmp_path / "draft", steps=3, batch_tokens=64, vocab=200, window=32)
+    target = models.load(tiny_gguf, "gguf", "cpu")
+    ctx = drafters.DrafterContext(target, "gguf")
+    plain, drafter = drafters.build("none", ctx), drafters.build(f"draft:{tmp_path / 'draft'}", ctx)
+    model = drafter.model
+    assert model.int8_activations and model.stack is not None
+    assert all(
+        isinstance(lin, gguf_weights.QuantLinear) and lin.interleaved
+        for lin in (model.layers[0].qkv, model.lm_head)
+    )
+    _, drafted = assert_lossless(target, plain, drafter, PROMPTS[:3], k=3, max_new_tokens=30)
+    assert drafted > 0
+
+
 def test_quantize_q8_rounds_each_16_weights_to_their_scale():
     w = torch.randn(6, 64, generator=torch.Generator().manual_seed(5))
     w[0, :16] = 0.0  # an all-zero 16: scale 0, quants 0

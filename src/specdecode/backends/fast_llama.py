@@ -24,6 +24,7 @@ from torch import nn
 
 from specdecode.backends import kernels as fused_kernels
 from specdecode.backends import quant
+from specdecode.backends import stack as native_stack
 from specdecode.backends.gguf_weights import QuantLinear, quantize_q8
 from specdecode.backends.lm import Output, layer_ids
 
@@ -99,6 +100,11 @@ def head_linear(weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None
     if ops is not None and weight.shape[1] % 16 == 0:
         return FusedLinear(ops, weight.bfloat16(), bias)
     return Linear(weight, bias)
+
+
+def _int8_linear(ops, weight: torch.Tensor, bias: torch.Tensor | None):
+    """FastLlama(int8=True)'s linears: float weights quantized onto the target's 8-bit path."""
+    return QuantLinear(ops, [quantize_q8(weight.detach())], int8_activations=True, bias=bias)
 
 
 class PackedLinear(nn.Module):
@@ -290,9 +296,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 class FastLlama:
     """CausalLM protocol (reset / extend / truncate, extend_tree / keep) for LlamaForCausalLM weights."""
 
-    def __init__(self, hf_model, max_length: int | None = None, fused: bool = True):
+    def __init__(self, hf_model, max_length: int | None = None, fused: bool = True, int8: bool = False):
         """fused: run fp32 and bf16 on CPU through kernels.cpp when it builds (see kernels.py);
-        there bf16 means bf16 weights with float32 activations, cache and accumulation."""
+        there bf16 means bf16 weights with float32 activations, cache and accumulation. int8: float
+        weights beside a `--dtype gguf` target (a distilled draft) take its path where the CPU has the
+        VNNI kernels: every linear quantized to 8 bits per 16 (head_linear), 8-bit activations, every
+        forward row-exact, the layers in one native stack."""
         cfg = hf_model.config
         check_config(cfg, max_length)
         self.hf = hf_model.eval()
@@ -308,6 +317,14 @@ class FastLlama:
         # dtype of activations and the KV cache (int8 linears keep fp32 activations)
         self.dtype = torch.float32 if self.kernels else hf_model.dtype
         linear = partial(FusedLinear, self.kernels) if self.kernels else Linear
+        int8 = (
+            int8
+            and self.kernels is not None
+            and self.kernels.vnni_rows() > 0
+            and all(w % 32 == 0 for w in widths)
+        )
+        if int8:
+            linear = partial(_int8_linear, self.kernels)
         self.eps = cfg.rms_norm_eps
         self.max_length = max_length or getattr(cfg, "max_position_embeddings", 2048)
         if _rope_type(cfg) == "longrope":  # Phi-3: its short factors hold up to the original context
@@ -353,6 +370,10 @@ class FastLlama:
         self.k_cache = self.v_cache = None
         self.fused_rows = _FUSED_MAX_TOKENS  # longer forwards: SDPA and dense GEMMs (see rows_independent)
         self.stack = None  # the layers in one native call (backends/stack.py), set by keep_quantized
+        if int8:
+            self.int8_activations = True
+            self.rows_independent()
+            self.stack = native_stack.build(self)
         self.reset()
 
     def rows_independent(self) -> None:

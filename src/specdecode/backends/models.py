@@ -256,14 +256,15 @@ def load_tokenizer(spec: str | None):
 BACKENDS = ("auto", "fast", "hf")
 
 
-def wrap(hf_model, backend: str = "auto") -> CausalLM:
-    """The lean FastLlama forward for Llama-architecture models, HF's own forward otherwise."""
+def wrap(hf_model, backend: str = "auto", int8: bool = False) -> CausalLM:
+    """The lean FastLlama forward for Llama-architecture models, HF's own forward otherwise; int8: float
+    weights beside a `--dtype gguf` target, on its 8-bit path (FastLlama's int8)."""
     if backend not in BACKENDS:
         raise UserError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "hf":
         return HFModel(hf_model)
     try:
-        return FastLlama(hf_model)
+        return FastLlama(hf_model, int8=int8)
     except ValueError as e:
         if backend == "fast":
             raise UserError(f"--backend fast: {e}") from None

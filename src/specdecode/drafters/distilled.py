@@ -60,6 +60,7 @@ def load(spec: str | None, ctx):
     quant.check(ctx.quant, ctx.dtype, ctx.device)
     tensors, config = checkpoint.load(spec, "draft", ctx.target)
     hf = build_model(ctx.target.model.hf, config["num_layers"], tensors)
-    if ctx.quant == "int8":
+    int8 = ctx.target.model.int8_activations  # beside a --dtype gguf target: its 8-bit path
+    if ctx.quant == "int8" and not int8:
         quant.quantize(hf)
-    return models.wrap(hf, ctx.backend)
+    return models.wrap(hf, ctx.backend, int8)
