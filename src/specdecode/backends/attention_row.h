@@ -108,11 +108,13 @@ inline void query_any(const float* q, const float* K, const float* V, int64_t d,
   for (int64_t c = 0; c < d; ++c) out[c] *= 1.f / sum;
 }
 
+constexpr int MAX_GROUP = 6;  // queries a group task holds at most (for_group's kernels, Step::group's arrays)
+
 // The most queries a group holds for head width d: its queries' and one key's vectors in registers.
 inline int group_limit(int64_t d) {
   const int64_t nv = d % L == 0 ? d / L : 0, registers = L == 16 ? 32 : 16;
   if (nv != 4 && nv != 8 && nv != 16) return 1;
-  return static_cast<int>(std::clamp<int64_t>((registers - 2 - nv) / nv, 1, 6));
+  return static_cast<int>(std::clamp<int64_t>((registers - 2 - nv) / nv, 1, MAX_GROUP));
 }
 
 using group_fn = void (*)(const float*, const float*, const float*, const int64_t*, const bool* const*, float*,
@@ -120,9 +122,9 @@ using group_fn = void (*)(const float*, const float*, const float*, const int64_
 
 // The kernel for G <= group_limit(d) queries of width d, or null where query_any serves.
 inline group_fn for_group(int64_t d, int G) {
-  static constexpr group_fn four[] = {queries<4, 1>, queries<4, 2>, queries<4, 3>,
-                                      queries<4, 4>, queries<4, 5>, queries<4, 6>};
-  if (d == 4 * L) return four[std::clamp(G, 1, 6) - 1];
+  static constexpr group_fn four[MAX_GROUP] = {queries<4, 1>, queries<4, 2>, queries<4, 3>,
+                                                queries<4, 4>, queries<4, 5>, queries<4, 6>};
+  if (d == 4 * L) return four[std::clamp(G, 1, MAX_GROUP) - 1];
   if (d == 8 * L) return G >= 2 ? queries<8, 2> : queries<8, 1>;
   if (d == 16 * L) return queries<16, 1>;
   return nullptr;
@@ -191,9 +193,9 @@ struct Step {
   // out [N, h d]; q [limit, d] and p [limit, stride] scratch, stride >= longest + L
   void group(const Group& gr, float* q, float* p, int64_t stride) const {
     const int64_t b = lay.seq_of[gr.r0], row = (heads + 2 * kv_heads) * d, g = gr.h0 / (heads / kv_heads);
-    int64_t ends[6];
-    const bool* seen[6];
-    float* outs[6];
+    int64_t ends[MAX_GROUP];
+    const bool* seen[MAX_GROUP];
+    float* outs[MAX_GROUP];
     int n = 0;
     for (int64_t i = gr.r0; i < gr.r0 + gr.nr; ++i)
       for (int64_t hh = gr.h0; hh < gr.h0 + gr.nh; ++hh, ++n) {

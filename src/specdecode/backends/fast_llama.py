@@ -102,11 +102,6 @@ def head_linear(weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None
     return Linear(weight, bias)
 
 
-def _int8_linear(ops, weight: torch.Tensor, bias: torch.Tensor | None):
-    """FastLlama(int8=True)'s linears: float weights quantized onto the target's 8-bit path."""
-    return QuantLinear(ops, [quantize_q8(weight.detach())], int8_activations=True, bias=bias)
-
-
 class PackedLinear(nn.Module):
     """Inference-only stand-in for an nn.Linear (head_linear)."""
 
@@ -316,15 +311,17 @@ class FastLlama:
         self.int8_activations = False  # gguf_weights.keep_quantized sets it for `--dtype gguf`
         # dtype of activations and the KV cache (int8 linears keep fp32 activations)
         self.dtype = torch.float32 if self.kernels else hf_model.dtype
-        linear = partial(FusedLinear, self.kernels) if self.kernels else Linear
         int8 = (
             int8
             and self.kernels is not None
             and self.kernels.vnni_rows() > 0
             and all(w % 32 == 0 for w in widths)
         )
-        if int8:
-            linear = partial(_int8_linear, self.kernels)
+
+        def int8_linear(weight, bias):  # float weights onto the target's 8-bit path
+            return head_linear(weight, self.kernels, bias, int8=True)
+
+        linear = int8_linear if int8 else partial(FusedLinear, self.kernels) if self.kernels else Linear
         self.eps = cfg.rms_norm_eps
         self.max_length = max_length or getattr(cfg, "max_position_embeddings", 2048)
         if _rope_type(cfg) == "longrope":  # Phi-3: its short factors hold up to the original context
