@@ -240,6 +240,21 @@ def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
     assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
 
 
+@needs_vnni
+def test_medusa_beside_an_int8_target_mixes_on_its_int8_path_losslessly(tiny_gguf, pair, tmp_path):
+    from specdecode.train import medusa
+    from train_fixtures import make_data
+
+    data_dir = make_data(pair[0], tmp_path / "data", max_new_tokens=24)
+    medusa.train(pair[0], data_dir, tmp_path / "medusa", steps=20, lr=1e-2, batch_tokens=128, vocab=300)
+    target = models.load(tiny_gguf, "gguf", "cpu")
+    ctx = drafters.DrafterContext(target, "gguf")
+    plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'medusa'}", ctx)
+    assert isinstance(head.mix, gguf_weights.QuantLinear) and head.mix.interleaved
+    _, drafted = assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
+    assert drafted > 0
+
+
 @needs_kernels
 def test_int8_activations_keep_greedy_speculation_lossless(tiny_gguf):
     target = models.load(tiny_gguf, "gguf", "cpu")
