@@ -32,25 +32,28 @@ inline vec splat(float x) { return vec{} + x; }
 // a * b + c rounded once, written out: a compiler may contract `a * b + c` differently in each place
 // it inlines it, and callers that must agree to the bit (attention_row.h) cannot leave that open.
 inline vec fma(vec a, vec b, vec c) {
-  vec out;
+#if defined(__AVX512F__) || defined(__FMA__)
 #ifdef __AVX512F__
   __m512 x, y, z;
-  std::memcpy(&x, &a, sizeof x);
-  std::memcpy(&y, &b, sizeof y);
-  std::memcpy(&z, &c, sizeof z);
-  const __m512 r = _mm512_fmadd_ps(x, y, z);
-  std::memcpy(&out, &r, sizeof out);
-#elif defined(__FMA__)
-  __m256 x, y, z;
-  std::memcpy(&x, &a, sizeof x);
-  std::memcpy(&y, &b, sizeof y);
-  std::memcpy(&z, &c, sizeof z);
-  const __m256 r = _mm256_fmadd_ps(x, y, z);
-  std::memcpy(&out, &r, sizeof out);
 #else
-  for (int i = 0; i < L; ++i) out[i] = std::fma(a[i], b[i], c[i]);
+  __m256 x, y, z;
 #endif
+  std::memcpy(&x, &a, sizeof x);
+  std::memcpy(&y, &b, sizeof y);
+  std::memcpy(&z, &c, sizeof z);
+#ifdef __AVX512F__
+  const __m512 r = _mm512_fmadd_ps(x, y, z);
+#else
+  const __m256 r = _mm256_fmadd_ps(x, y, z);
+#endif
+  vec out;
+  std::memcpy(&out, &r, sizeof out);
   return out;
+#else
+  vec out;
+  for (int i = 0; i < L; ++i) out[i] = std::fma(a[i], b[i], c[i]);
+  return out;
+#endif
 }
 
 inline float reduce(vec v) {  // the lanes' sum, in a fixed order
