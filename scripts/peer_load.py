@@ -6,7 +6,10 @@ streamed chat requests (the prompt set in turn, `--max-tokens` each) back to bac
 running at the end are awaited and counted. Reported per run: requests, errors, output tokens per
 second (tokens counted with the target's tokenizer, the same for both servers), TTFT and ITL (per
 request: (last chunk - first chunk) / (tokens - 1)) at p50 and p99. Streaming is measured with
-scripts/load_server.py's `stream`. One command re-runs the whole table:
+scripts/load_server.py's `stream`. `--passes P` replays instead of timing: the clients send every
+prompt once (untimed: the prefix cache and a suffix drafter's tree learn the set), then P rounds of
+the set in a fixed order, timed; both sides of a comparison do the same work. One command re-runs
+the whole table:
 
   python3 scripts/peer_load.py --out docs/results/peer_load_<cpu>.json
 
@@ -68,8 +71,12 @@ def ours(drafter: str, k: int, port: int, taskset: str, threads: int, log: Path,
             proc.wait(timeout=10)
 
 
-async def load(url: str, prompts: list[str], clients: int, seconds: float, max_tokens: int, count) -> dict:
-    """`clients` loops of streamed greedy chat requests for `seconds` -> the run's figures."""
+async def load(
+    url: str, prompts: list[str], clients: int, seconds: float, max_tokens: int, count, passes: int = 0
+) -> dict:
+    """`clients` loops of streamed greedy chat requests for `seconds` (or, with `passes`, every prompt
+    once untimed and then `passes` times in a fixed order, shared out among the clients) -> the run's
+    figures."""
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as client:
         model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
 
@@ -83,12 +90,17 @@ async def load(url: str, prompts: list[str], clients: int, seconds: float, max_t
                 "stream": True,
             }
 
-        await stream(client, url, body(prompts[0]), "/v1/chat/completions")  # warm-up
         results, deadline = [], time.monotonic() + seconds
+        if passes:  # the whole set once, untimed (prefix cache, suffix tree), then `passes` timed rounds
+            warm = [await stream(client, url, body(text), "/v1/chat/completions") for text in prompts]
+            if any("error" in r for r in warm):
+                raise RuntimeError(f"warm-up pass failed: {[r['error'] for r in warm if 'error' in r][:2]}")
+        else:
+            await stream(client, url, body(prompts[0]), "/v1/chat/completions")  # warm-up
 
         async def worker(i: int):
             n = i
-            while time.monotonic() < deadline:
+            while n < passes * len(prompts) if passes else time.monotonic() < deadline:
                 results.append(
                     await stream(client, url, body(prompts[n % len(prompts)]), "/v1/chat/completions")
                 )
@@ -102,6 +114,11 @@ async def load(url: str, prompts: list[str], clients: int, seconds: float, max_t
     itl = [(r["stamps"][-1] - r["stamps"][0]) / (n - 1) for r, n in zip(ok, tokens) if n > 1]
     ttft = [r["stamps"][0] for r in ok]
     ms = lambda x: None if x is None else round(1000 * x, 1)  # noqa: E731
+    decode = [
+        (n - 1) / (r["stamps"][-1] - r["stamps"][0])
+        for r, n in zip(ok, tokens)
+        if n > 1 and r["stamps"][-1] > r["stamps"][0]
+    ]
     return {
         "clients": clients,
         "requests": len(results),
@@ -112,6 +129,7 @@ async def load(url: str, prompts: list[str], clients: int, seconds: float, max_t
         "tokens_per_s": round(sum(tokens) / wall, 1),
         "ttft_ms": {"p50": ms(pct(ttft, 50)), "p99": ms(pct(ttft, 99))},
         "itl_ms": {"p50": ms(pct(itl, 50)), "p99": ms(pct(itl, 99))},
+        "decode_tokens_per_s_p50": round(pct(decode, 50), 1) if decode else None,
     }
 
 
@@ -123,6 +141,12 @@ def main() -> int:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--clients", default="1,8,32")
     p.add_argument("--seconds", type=float, default=20.0, help="load per client count (bounded)")
+    p.add_argument(
+        "--passes",
+        type=int,
+        default=0,
+        help="replay: every prompt once untimed, then PASSES timed rounds of the set in a fixed order",
+    )
     p.add_argument("--prompts", default="heldout:2")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--taskset", default="1", help="CPUs of the server under test ('' for none)")
@@ -170,7 +194,9 @@ def main() -> int:
             with ctx as url:
                 start_s = round(time.monotonic() - started, 1)
                 for clients in [int(c) for c in args.clients.split(",")]:
-                    row = asyncio.run(load(url, prompts, clients, args.seconds, args.max_tokens, count))
+                    row = asyncio.run(
+                        load(url, prompts, clients, args.seconds, args.max_tokens, count, args.passes)
+                    )
                     rows.append(
                         {
                             "engine": engine,
@@ -192,7 +218,8 @@ def main() -> int:
         "prompts": args.prompts,
         "n_prompts": len(prompts),
         "max_tokens": args.max_tokens,
-        "seconds_per_run": args.seconds,
+        "seconds_per_run": None if args.passes else args.seconds,
+        "timed_passes": args.passes or None,
         "vllm_dtype": args.vllm_dtype,
         "rows": rows,
     }

@@ -30,7 +30,7 @@ from specdecode import shards
 from specdecode.core.sampling import SamplingParams
 from specdecode.corpora import jsonl_rows
 from specdecode.drafters.base import Drafter, Learned, Proposal
-from specdecode.drafters.suffix_tree import SuffixTrie, grow
+from specdecode.drafters.suffix_tree import SuffixTrie
 from specdecode.errors import UserError
 
 DEFAULTS = {
@@ -138,7 +138,7 @@ class SuffixDrafter(Drafter):
             if node is None or length < self.min_match:
                 continue
             limit = min(k, max(1, int(self.factor * length)))  # nodes, hence also depth <= k
-            tokens, parents, probs = grow(node, limit, self.min_prob, self.branches)
+            tokens, parents, probs = trie.grow(node, limit, self.min_prob, self.branches)
             if sum(probs) > best[0]:
                 best = (sum(probs), tokens, parents, probs)
         _, tokens, parents, probs = best
