@@ -133,6 +133,34 @@ def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chu
         assert out == generate(target, NoDrafter(), prompt, max_new_tokens=MAX_NEW).token_ids
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_repeated_prompt_prefills_nothing_and_keeps_greedy_output(target, cases, chunked):
+    """The part of a prompt after its last full block is cached too: the same prompt again starts
+    decoding at once; a prompt that differs only in that part gets the full blocks alone."""
+    from specdecode.core.generation import generate
+    from specdecode.core.prefix_cache import PrefixCache
+
+    prompt = [t for p, _ in cases for t in p][:29]  # 3 blocks of 8, then 4 tokens, then the last
+    variant = prompt[:26] + [prompt[26] + 1] + prompt[27:]  # differs inside the partial block
+    assert len(prompt) == 29
+    cache = PrefixCache(block=8)
+    core = BatchDecoder(batched(target.model, 2), cache, PrefillBudget(16))
+    outputs, reused = [], []
+    for p in (prompt, prompt, variant):
+        seq = Sequence(p, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)
+        hits = cache.hits
+        core.start([seq], chunked=chunked)
+        reused.append(cache.hits - hits)
+        assert not seq.prefilling or chunked
+        while not seq.finished:
+            core.step([seq])
+        core.release(seq)
+        outputs.append(seq.context[len(p) :])
+    assert reused == [0, 4, 3]  # the repeat: 3 blocks and the 4-token rest; the variant: the blocks
+    assert outputs[0] == outputs[1] == generate(target, NoDrafter(), prompt, max_new_tokens=MAX_NEW).token_ids
+    assert outputs[2] == generate(target, NoDrafter(), variant, max_new_tokens=MAX_NEW).token_ids
+
+
 def test_prefix_cache_evicts_least_recently_used_blocks_within_its_bound():
     from specdecode.core.prefix_cache import PrefixCache
 
@@ -144,6 +172,22 @@ def test_prefix_cache_evicts_least_recently_used_blocks_within_its_bound():
     cache.store([9, 9, 9, 9], read)  # a third block evicts the least recently used
     assert cache.bytes <= 2 * block_bytes and len(cache.blocks) == 2
     assert len(cache.lookup([9, 9, 9, 9])) == 1
+
+
+def test_a_partial_last_block_is_found_only_by_a_prompt_that_ends_where_it_did():
+    from specdecode.core.prefix_cache import PrefixCache
+
+    cache = PrefixCache(block=4)
+    read = lambda a, b: (torch.full((3, 1, b - a, 2), float(a)), torch.zeros(3, 1, b - a, 2))  # noqa: E731
+    cache.store(list(range(10)), read)  # blocks 0-3, 4-7 and the partial 8-9
+    found = cache.lookup(list(range(10)))
+    assert [k.shape[2] for k, _ in found] == [4, 4, 2] and found[2][0][0, 0, 0, 0] == 8.0
+    assert [k.shape[2] for k, _ in cache.lookup(list(range(9)) + [99])] == [4, 4]  # its rest differs
+    assert [k.shape[2] for k, _ in cache.lookup(list(range(12)))] == [
+        4,
+        4,
+    ]  # 8-11 is a full block: not stored
+    assert [k.shape[2] for k, _ in cache.lookup(list(range(9)))] == [4, 4]  # a shorter rest: not stored
 
 
 def test_prefill_chunks_shrink_as_the_context_grows_so_a_steps_cost_stays_within_the_budget():

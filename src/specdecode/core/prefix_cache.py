@@ -4,9 +4,12 @@ A prompt's tokens are cut into blocks of `block` tokens; block i is keyed by a h
 of block i-1's key (a chain: equal keys mean equal whole prefixes, as vLLM's automatic prefix
 caching). After a sequence's prefill its full blocks are stored (keys and values of every layer,
 read from its KV slot); a later prompt starting with the same blocks gets them written into its slot
-and prefills only the rest. Blocks are evicted least recently used beyond `max_bytes`. Only for
-models that can read and write KV rows (the fused Llama batch) and drafters that need no target
-features of the prompt (Medusa/EAGLE read every prompt row).
+and prefills only the rest. The part after the last full block is stored too, keyed by the chain
+and its tokens, and found only by a prompt that goes on exactly as far: a repeated prompt (an agent's
+retry, a replayed request) prefills nothing, where it prefilled up to a block less one token (one
+forward of up to 31 rows, ~10 ms of its TTFT on the default model). Blocks are evicted least
+recently used beyond `max_bytes`. Only for models that can read and write KV rows (the fused Llama
+batch) and drafters that need no target features of the prompt (Medusa/EAGLE read every prompt row).
 """
 
 from __future__ import annotations
@@ -27,17 +30,16 @@ class PrefixCache:
         self.queries = self.hits = 0  # in blocks
 
     def keys(self, tokens: list[int]) -> list[bytes]:
-        """Chain hashes of the full blocks of `tokens`."""
+        """Chain hashes of the blocks of `tokens`, the last one partial if they end inside one."""
         out, prev = [], b""
-        for i in range(len(tokens) // self.block):
-            prev = hashlib.sha256(
-                prev + repr(tokens[i * self.block : (i + 1) * self.block]).encode()
-            ).digest()
+        for start in range(0, len(tokens), self.block):
+            prev = hashlib.sha256(prev + repr(tokens[start : start + self.block]).encode()).digest()
             out.append(prev)
         return out
 
     def lookup(self, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The cached blocks that begin `tokens`, in order (stops at the first miss)."""
+        """The cached blocks that begin `tokens`, in order (stops at the first miss); the last may be
+        a partial block, when `tokens` end exactly where a stored prompt's did."""
         found = []
         keys = self.keys(tokens)
         self.queries += len(keys)
@@ -51,12 +53,13 @@ class PrefixCache:
         return found
 
     def store(self, tokens: list[int], read) -> None:
-        """Cache the full blocks of `tokens` not cached yet; read(start, end) -> (k, v) of those positions."""
+        """Cache the blocks of `tokens` (the last one partial if they end inside one) not cached yet;
+        read(start, end) -> (k, v) of those positions."""
         for i, key in enumerate(self.keys(tokens)):
             if key in self.blocks:
                 self.blocks.move_to_end(key)
                 continue
-            k, v = read(i * self.block, (i + 1) * self.block)
+            k, v = read(i * self.block, min((i + 1) * self.block, len(tokens)))
             self.blocks[key] = (k, v)
             self.bytes += k.numel() * k.element_size() + v.numel() * v.element_size()
             while self.bytes > self.max_bytes and self.blocks:
