@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from specdecode.core.sampling import SamplingParams, next_token, sample, warp
+from specdecode.core.sampling import SamplingParams, argmax, next_token, sample, warp
 from specdecode.errors import UserError
 
 
@@ -147,3 +147,14 @@ def test_sampling_params_reject_bad_values(kwargs, message):
 def test_sampling_params_accept_boundary_values():
     SamplingParams(temperature=0.0, top_p=1.0, top_k=0)
     SamplingParams(temperature=100.0, top_p=1e-9, top_k=1)
+
+
+def test_argmax_is_torchs_with_ties_infinities_and_any_shape():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (6, 1000), generator=g).float()  # many ties: the first of equals wins
+    logits[2] = -math.inf
+    logits[3, 500:] = math.inf
+    for x in (logits, logits[1], logits.T.contiguous().T, logits.double()):
+        got = argmax(x)
+        assert got.dtype == torch.long and torch.equal(got, x.argmax(-1))
+    assert argmax(logits.half()).tolist() == logits.argmax(-1).tolist()  # other dtypes: torch's own

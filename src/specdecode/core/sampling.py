@@ -60,8 +60,18 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.where(overflow | probs.isnan().any(-1, keepdim=True), _one_hot_argmax(logits), probs)
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> each row's index of its largest value (the first of equal ones), long [...].
+    On the CPU through numpy: torch's CPU argmax goes one element at a time (5 rows of the default
+    model's 49,152 logits: 165 us on 2 threads, 320 on one; numpy 25 us, Zen 4), paid on every
+    greedy step and verification."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return torch.as_tensor(logits.detach().numpy().argmax(-1))
+    return logits.argmax(-1)
+
+
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).float()
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -72,5 +82,5 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """logits: [V] -> the next token: argmax when greedy, else a draw from warp(logits)."""
     if params.greedy:
-        return int(logits.argmax())
+        return int(argmax(logits))
     return sample(warp(logits, params), generator)

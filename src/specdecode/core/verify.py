@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdecode.core.sampling import argmax
+
 
 def check_inputs(draft: torch.Tensor, vocab_size: int, *probs: torch.Tensor | None) -> None:
     """Raise ValueError on a draft id outside [0, vocab_size) or a non-finite or negative
@@ -43,7 +45,7 @@ class Verdict:
 def verify_greedy(draft: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """draft: [k] token ids; target_logits: [k+1, V] -> accept while draft == target argmax."""
     check_inputs(draft, target_logits.shape[-1])
-    choice = target_logits.argmax(-1)  # [k+1]
+    choice = argmax(target_logits)  # [k+1]
     k = draft.shape[0]
     mismatch = (draft != choice[:k]).nonzero()
     accepted = int(mismatch[0]) if mismatch.numel() else k

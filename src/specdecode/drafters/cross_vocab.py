@@ -24,7 +24,7 @@ import torch
 
 from specdecode.backends.models import CausalLM
 from specdecode.backends.tokenizer_check import token_bytes
-from specdecode.core.sampling import SamplingParams, sample, warp
+from specdecode.core.sampling import SamplingParams, argmax, sample, warp
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
 
@@ -100,7 +100,7 @@ class CrossVocabDrafter(DraftLM):
         new: list[int] = []
         proposal: list[int] = []
         for _ in range(2 * k + 4):  # draft tokens per step, whatever their text holds
-            token = int(logits.argmax())
+            token = int(argmax(logits))
             if token in self.draft_eos and self.target_eos is not None:
                 return _chain(
                     (proposal + [self.target_eos])[:k]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.core.sampling import SamplingParams, sample, warp
+from specdecode.core.sampling import SamplingParams, argmax, sample, warp
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
 
@@ -19,7 +19,7 @@ class DraftModelDrafter(DraftLM):
         tokens, probs = [], []
         for i in range(k):
             if params.greedy:
-                token = int(logits.argmax())
+                token = int(argmax(logits))
             else:
                 q = warp(logits, params)
                 token = sample(q, generator)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.sampling import SamplingParams, argmax, warp
 from specdecode.core.tree import Tree
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
@@ -95,7 +95,7 @@ class _Growth(Growth):
                 probs.append(rows)
                 chosen = torch.multinomial(rows, 1, generator=generator)[:, 0].tolist()
             else:
-                chosen = logits.argmax(-1).tolist()
+                chosen = argmax(logits).tolist()
             frontier = [self.add(node, x) for node, x in zip(frontier, chosen)]
         tree = Tree(self.tokens, self.parents)  # nodes level by level, as the rows of probs
         return Proposal.of_tree(tree, torch.cat(probs) if probs else None)

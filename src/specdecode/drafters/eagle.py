@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.backends.fast_llama import pack_linears, rope
-from specdecode.core.sampling import SamplingParams, sample, warp
+from specdecode.core.sampling import SamplingParams, argmax, sample, warp
 from specdecode.core.tree import Tree
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_vocab import scatter_probs
@@ -270,7 +270,7 @@ class EagleDrafter(Drafter):
         if self.branches > 1:
             return self.tree(context, k, params)
         if params.greedy:
-            tokens = self.chain(context, k, lambda logits: int(logits.argmax()))
+            tokens = self.chain(context, k, lambda logits: int(argmax(logits)))
             return Proposal(torch.tensor(tokens, dtype=torch.long))
         qs = []
 

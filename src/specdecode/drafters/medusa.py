@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.backends.fast_llama import head_linear
-from specdecode.core.sampling import SamplingParams, sample, warp
+from specdecode.core.sampling import SamplingParams, argmax, sample, warp
 from specdecode.core.tree import Tree
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_vocab import scatter_probs
@@ -108,7 +108,7 @@ class MedusaDrafter(Drafter):
                 Tree(self.token_map[tree.tokens].tolist(), tree.parents), confidence=confidence
             )
         if params.greedy:
-            return Proposal(self.token_map[logits.argmax(-1)].cpu())
+            return Proposal(self.token_map[argmax(logits)].cpu())
         q = warp(logits, params)  # [k, Vd]
         picks = torch.tensor([sample(row, generator) for row in q], device=q.device)
         return Proposal(self.token_map[picks].cpu(), scatter_probs(q, self.token_map, self.target.vocab_size))
