@@ -100,7 +100,7 @@ async def load(
 
         async def worker(i: int):
             n = i
-            while n < passes * len(prompts) if passes else time.monotonic() < deadline:
+            while (n < passes * len(prompts)) if passes else (time.monotonic() < deadline):
                 results.append(
                     await stream(client, url, body(prompts[n % len(prompts)]), "/v1/chat/completions")
                 )

@@ -67,14 +67,13 @@ class SuffixTrie:
         """The node of the longest suffix of `context` (at most `longest`, default depth - 1 tokens)
         that occurs in the trie with a continuation, and that suffix's length (None, 0: no match).
         A match of m tokens leaves depth - m levels of continuation below it."""
-        kids = self.kids
         for length in range(min(longest or self.depth - 1, self.depth - 1, len(context)), 0, -1):
             node: int | None = self.ROOT
             for t in context[len(context) - length :]:
-                node = (kids[node] or {}).get(t)
+                node = self.children(node).get(t)
                 if node is None:
                     break
-            if node is not None and kids[node]:
+            if node is not None and self.kids[node]:
                 return node, length
         return None, 0
 
