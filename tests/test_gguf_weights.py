@@ -333,6 +333,34 @@ def test_the_native_stack_gives_the_per_op_paths_bits(tiny_gguf):
         assert torch.equal(a, b)
 
 
+@needs_vnni
+def test_a_chain_from_token_ids_gives_the_stacks_bits_and_names_a_bad_id(tiny_gguf):
+    """FastLlama's chains go to the native stack as token ids (forward_ids gathers the embedding and
+    rotary rows); prefill, decoding step and draft chain keep the bits of the stack fed torch's rows.
+    An id outside the vocabulary is an error naming it, and leaves the cache as it was."""
+    model = models.load(tiny_gguf, "gguf", "cpu").model
+    assert model.stack is not None and model.stack.by_ids
+    seq = torch.randint(model.vocab_size, (25,), generator=torch.Generator().manual_seed(5))
+    last = model.config.num_hidden_layers - 1
+
+    def run():
+        model.reset()
+        outs = [model.forward(seq[:20], num_logits=1, layers=(0, last)), model.forward(seq[20:21])]
+        outs.append(model.forward(seq[21:], layers=(1,)))
+        return [o.logits for o in outs] + [outs[0].features, outs[2].features]
+
+    by_ids = run()
+    model.stack.by_ids = False
+    by_rows = run()
+    model.stack.by_ids = True
+    assert [t.shape[0] for t in by_ids] == [1, 1, 4, 20, 4]
+    for a, b in zip(by_ids, by_rows):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match=f"id {model.vocab_size} outside the vocabulary"):
+        model.forward(torch.tensor([3, model.vocab_size]))
+    assert model.length == 25
+
+
 def test_gguf_dtype_needs_a_gguf_file(tiny_model_dir):
     with pytest.raises(UserError, match="is not a .gguf file"):
         models.load(tiny_model_dir, "gguf", "cpu")

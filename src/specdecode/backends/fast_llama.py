@@ -433,6 +433,12 @@ class FastLlama:
         sees no key before p - window + 1."""
         n, start = tokens.shape[0], self.length
         self._check_room(start + n)
+        ids = layer_ids(layers, len(self.layers))
+        if tree_mask is None and self.stack is not None and self.stack.by_ids:  # no torch ops per step
+            rows = list(range(n - num_logits if num_logits else 0, n))
+            logits, captured = self.stack.chain(self, tokens.tolist(), start, set(ids), rows)
+            self.length = start + n
+            return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)
         if tree_mask is not None:
             positions = positions.to(self.device)
             prefix = torch.ones(n, start + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
@@ -449,7 +455,6 @@ class FastLlama:
         masks = {None: mask} | {
             w: _window(mask, positions, start + n, w) for w in {layer.window for layer in self.layers} if w
         }
-        ids = layer_ids(layers, len(self.layers))
         forward = self._forward_fused if self.kernels is not None and n <= self.fused_rows else self._forward
         logits, captured = forward(tokens, ropes, masks, num_logits, set(ids))
         return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)

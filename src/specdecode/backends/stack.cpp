@@ -235,6 +235,43 @@ class Stack {
 
   bool has_head() const { return head_.has_value(); }
 
+  // forward for one sequence's chain from its token ids at positions start.. of a slot, causal (no
+  // layer with a sliding window), the rows' embedding and rotary rows gathered here. Why: a forward
+  // streams ~100 MB of weights through the caches, so every torch op between two forwards starts cold
+  // (the arange, rotary gathers, embedding and index tensors of a decoding step: ~40 us each after a
+  // forward against 2-5 warm, Zen 4); FastLlama's chains come here instead (stack.py).
+  // tokens [N] ids; embed [V, H] float32; cos, sin: per rotary kind [positions, d] -> as forward.
+  std::vector<torch::Tensor> forward_ids(const std::vector<int64_t>& tokens, int64_t slot, int64_t start,
+                                         const torch::Tensor& embed, torch::Tensor k_cache, torch::Tensor v_cache,
+                                         const std::vector<torch::Tensor>& cos, const std::vector<torch::Tensor>& sin,
+                                         std::vector<int64_t> capture, std::vector<int64_t> logit_rows) {
+    for (int64_t w : window_kind_) TORCH_CHECK(w == 0, "forward_ids: a layer with a sliding window needs masks");
+    checks::tensor(embed, "embed");
+    TORCH_CHECK(embed.dim() == 2 && embed.size(1) == H_, "embed: expected [vocab, ", H_, "]");
+    TORCH_CHECK(cos.size() == sin.size(), "cos, sin: one table each per rotary kind");
+    const int64_t N = static_cast<int64_t>(tokens.size()), V = embed.size(0);
+    auto x = torch::empty({N, H_});
+    for (int64_t i = 0; i < N; ++i) {
+      TORCH_CHECK(tokens[i] >= 0 && tokens[i] < V, "tokens: id ", tokens[i], " outside the vocabulary of ", V);
+      std::copy_n(embed.data_ptr<float>() + tokens[i] * H_, H_, x.data_ptr<float>() + i * H_);
+    }
+    std::vector<torch::Tensor> rows_cos, rows_sin;
+    for (size_t k = 0; k < cos.size(); ++k) {
+      checks::tensor(cos[k], "cos");
+      checks::tensor(sin[k], "sin");
+      TORCH_CHECK(cos[k].dim() == 2 && cos[k].size(1) == d_ && sin[k].sizes() == cos[k].sizes(),
+                  "cos/sin: expected [positions, ", d_, "] tables");
+      TORCH_CHECK(start >= 0 && start + N <= cos[k].size(0), "positions ", start, "..", start + N,
+                  " outside the rotary tables of ", cos[k].size(0));
+      rows_cos.push_back(cos[k].narrow(0, start, N).clone());
+      rows_sin.push_back(sin[k].narrow(0, start, N).clone());
+    }
+    const auto longs = torch::TensorOptions().dtype(torch::kLong);
+    return forward(x, k_cache, v_cache, rows_cos, rows_sin, std::vector<std::optional<torch::Tensor>>(1),
+                   torch::full({1}, slot, longs), torch::full({1}, start, longs), torch::full({1}, N, longs),
+                   std::move(capture), std::move(logit_rows));
+  }
+
   // x [N, H] float32: the embedded rows (the residual stream, updated in place); k_cache, v_cache
   // [layers, slots, kv_heads, cap, d]; cos, sin: per rotary kind [N, d]; masks: per window kind
   // [N, >= start + count] bool or none (causal); slots, starts, counts [B] long: sequence b's rows
@@ -392,6 +429,9 @@ void bind_stack(pybind11::module& m) {
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor, std::vector<int64_t>,
                           std::vector<int64_t>, int64_t, int64_t, int64_t, double, double, const std::vector<PartSpec>&>())
       .def_property_readonly("has_head", &Stack::has_head)
+      .def("forward_ids", &Stack::forward_ids, pybind11::call_guard<pybind11::gil_scoped_release>(),
+           "forward for one sequence's token ids at positions start.. of a slot, causal, embedding and "
+           "rotary rows gathered natively")
       .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "the layers (and head) for rows of any sequences -> [rows after the final norm, logits of logit_rows, "
            "captured layers' outputs...]");

@@ -38,6 +38,14 @@ class NativeStack:
             model.lm_head.interleaved_parts() or [],
         )
         self.head = None if self.native.has_head else model.lm_head  # applied here when not native
+        # a chain of one sequence goes to forward_ids (its embedding and rotary rows gathered natively)
+        # when no layer has a sliding window (their masks), nor the embedding a scale (Gemma)
+        self.by_ids = (
+            self.windows == [None]
+            and model.embed_scale is None
+            and model.embed.dtype == torch.float32
+            and model.embed.is_contiguous()
+        )
 
     def __call__(self, x, k_cache, v_cache, ropes, masks, where, capture: set[int], logit_rows: list[int]):
         """As fast_llama.fused_layers (its arguments and results)."""
@@ -47,6 +55,20 @@ class NativeStack:
         native_rows = logit_rows if self.head is None else []
         xn, logits, *outs = self.native.forward(
             x, k_cache, v_cache, cos, sin, [masks[w] for w in self.windows], *where, ids, native_rows
+        )
+        if self.head is not None:
+            logits = self.head(xn[logit_rows]).float()
+        return logits, dict(zip(ids, outs))
+
+    def chain(self, model, tokens: list[int], start: int, capture: set[int], logit_rows: list[int]):
+        """As __call__ for one sequence's tokens at positions start.. of model's cache (slot 0), causal,
+        through forward_ids (needs by_ids)."""
+        ids = sorted(capture)
+        cos = [model.rope[kind][0] for kind in self.kinds]
+        sin = [model.rope[kind][1] for kind in self.kinds]
+        native_rows = logit_rows if self.head is None else []
+        xn, logits, *outs = self.native.forward_ids(
+            tokens, 0, start, model.embed, model.k_cache, model.v_cache, cos, sin, ids, native_rows
         )
         if self.head is not None:
             logits = self.head(xn[logit_rows]).float()

@@ -44,12 +44,13 @@ class Verdict:
 
 def verify_greedy(draft: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """draft: [k] token ids; target_logits: [k+1, V] -> accept while draft == target argmax."""
-    check_inputs(draft, target_logits.shape[-1])
-    choice = argmax(target_logits)  # [k+1]
-    k = draft.shape[0]
-    mismatch = (draft != choice[:k]).nonzero()
-    accepted = int(mismatch[0]) if mismatch.numel() else k
-    return Verdict(accepted, int(choice[accepted]))
+    vocab = target_logits.shape[-1]
+    drafted = draft.tolist()  # in lists: a torch op after a forward starts cold (stack.cpp's forward_ids)
+    if any(t < 0 or t >= vocab for t in drafted):
+        raise ValueError(f"draft token id out of range [0, {vocab}): {drafted}")
+    choice = argmax(target_logits).tolist()  # [k+1]
+    accepted = next((i for i, (d, c) in enumerate(zip(drafted, choice)) if d != c), len(drafted))
+    return Verdict(accepted, choice[accepted])
 
 
 def verify_rejection(
