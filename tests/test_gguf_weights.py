@@ -335,9 +335,12 @@ def test_the_native_stack_gives_the_per_op_paths_bits(tiny_gguf):
 
 @needs_vnni
 def test_a_chain_from_token_ids_gives_the_stacks_bits_and_names_a_bad_id(tiny_gguf):
-    """FastLlama's chains go to the native stack as token ids (forward_ids gathers the embedding and
-    rotary rows); prefill, decoding step and draft chain keep the bits of the stack fed torch's rows.
-    An id outside the vocabulary is an error naming it, and leaves the cache as it was."""
+    """FastLlama's and BatchedLlama's chains go to the native stack as token ids (forward_ids gathers
+    the embedding and rotary rows); prefill, decoding step, draft chain and batched rows keep the bits of
+    the stack fed torch's rows. An id outside the vocabulary is an error naming it, and leaves the cache
+    as it was."""
+    from specdecode.backends.batch_model import Row, batched
+
     model = models.load(tiny_gguf, "gguf", "cpu").model
     assert model.stack is not None and model.stack.by_ids
     seq = torch.randint(model.vocab_size, (25,), generator=torch.Generator().manual_seed(5))
@@ -347,13 +350,16 @@ def test_a_chain_from_token_ids_gives_the_stacks_bits_and_names_a_bad_id(tiny_gg
         model.reset()
         outs = [model.forward(seq[:20], num_logits=1, layers=(0, last)), model.forward(seq[20:21])]
         outs.append(model.forward(seq[21:], layers=(1,)))
-        return [o.logits for o in outs] + [outs[0].features, outs[2].features]
+        lm = batched(model, 2)
+        outs += lm.forward([Row(0, seq[:9]), Row(1, seq[3:5], layers=(0,))])
+        outs += lm.forward([Row(1, seq[5:6]), Row(0, seq[9:12])])
+        return [o.logits for o in outs] + [outs[0].features, outs[2].features, outs[4].features]
 
     by_ids = run()
     model.stack.by_ids = False
     by_rows = run()
     model.stack.by_ids = True
-    assert [t.shape[0] for t in by_ids] == [1, 1, 4, 20, 4]
+    assert [t.shape[0] for t in by_ids] == [1, 1, 4, 9, 2, 1, 3, 20, 4, 2]
     for a, b in zip(by_ids, by_rows):
         assert torch.equal(a, b)
     with pytest.raises(RuntimeError, match=f"id {model.vocab_size} outside the vocabulary"):

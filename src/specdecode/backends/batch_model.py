@@ -17,6 +17,7 @@ some layers (Output.features), so one batch can verify trees and feed Medusa/EAG
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
 
 import torch
@@ -162,12 +163,24 @@ class BatchedLlama:
     def forward(self, rows: list[Row]) -> list[Output]:
         f, dev = self.fast, self.device
         counts = [r.tokens.shape[0] for r in rows]
-        offsets = torch.tensor([0] + counts[:-1]).cumsum(0).tolist()  # row b's tokens start at offsets[b]
+        offsets = list(accumulate([0] + counts[:-1]))  # row b's tokens start at offsets[b]
         starts = [self.lengths[r.slot] for r in rows]
         ends = [s + n for s, n in zip(starts, counts)]
         if max(ends) > self.max_length:
             raise ValueError(f"sequence of {max(ends)} tokens exceeds max_length {self.max_length}")
         self.cache.ensure(max(ends), self.lengths)  # grown ahead at admission: normally there already
+        wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
+        keep = [r.num_logits or n for r, n in zip(rows, counts)]  # rows with logits: each row's last `keep`
+        picked = [i for o, n, m in zip(offsets, counts, keep) for i in range(o + n - m, o + n)]
+        slot_ids = [r.slot for r in rows]
+        trees = any(r.tree_mask is not None for r in rows)
+        if (
+            f.stack is not None and f.stack.by_ids and not trees
+        ):  # chains as token ids: no torch ops (stack.cpp)
+            tokens = [t for r in rows for t in r.tokens.tolist()]
+            where = (slot_ids, starts, counts)
+            logits, captured = f.stack.chains(f, self.k_cache, self.v_cache, tokens, where, wanted, picked)
+            return self._outputs(rows, counts, offsets, ends, keep, logits, captured)
         b, s_max, l_max = len(rows), max(counts), max(ends)
         h, d, kvh = f.heads, f.head_dim, f.kv_heads
 
@@ -175,14 +188,9 @@ class BatchedLlama:
         t_of = torch.cat([torch.arange(n) for n in counts]).to(dev)  # [N] index within the row
         start_t = torch.tensor(starts, device=dev)
         pos = start_t[row_of] + t_of  # [N] cache positions
-        slot_ids = [r.slot for r in rows]
         slot_t = torch.tensor(slot_ids, device=dev)
-        trees = any(r.tree_mask is not None for r in rows)
         windows = {layer.window for layer in f.layers if layer.window}
         x = f.embed_tokens(torch.cat([r.tokens for r in rows]))  # [N, hidden]
-        wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
-        keep = [r.num_logits or n for r, n in zip(rows, counts)]  # rows with logits: each row's last `keep`
-        picked = [i for o, n, m in zip(offsets, counts, keep) for i in range(o + n - m, o + n)]
         fused = f.kernels is not None and len(x) <= f.fused_rows  # the fused kernels, as FastLlama's forward
 
         def fused_outputs(ropes, row_masks) -> list[Output]:  # ropes, masks: as fused_layers takes them

@@ -436,7 +436,10 @@ class FastLlama:
         ids = layer_ids(layers, len(self.layers))
         if tree_mask is None and self.stack is not None and self.stack.by_ids:  # no torch ops per step
             rows = list(range(n - num_logits if num_logits else 0, n))
-            logits, captured = self.stack.chain(self, tokens.tolist(), start, set(ids), rows)
+            where = ([0], [start], [n])
+            logits, captured = self.stack.chains(
+                self, self.k_cache, self.v_cache, tokens.tolist(), where, set(ids), rows
+            )
             self.length = start + n
             return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)
         if tree_mask is not None:

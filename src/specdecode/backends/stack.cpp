@@ -281,13 +281,15 @@ class Stack {
 
   bool has_head() const { return head_.has_value(); }
 
-  // forward for one sequence's chain from its token ids at positions start.. of a slot, causal (no
-  // layer with a sliding window), the rows' embedding and rotary rows gathered here. Why: a forward
-  // streams ~100 MB of weights through the caches, so every torch op between two forwards starts cold
-  // (the arange, rotary gathers, embedding and index tensors of a decoding step: ~40 us each after a
-  // forward against 2-5 warm, Zen 4); FastLlama's chains come here instead (stack.py).
-  // tokens [N] ids; embed [V, H] float32; cos, sin: per rotary kind [positions, d] -> as forward.
-  std::vector<torch::Tensor> forward_ids(const std::vector<int64_t>& tokens, int64_t slot, int64_t start,
+  // forward for chains of tokens given as ids, causal (no layer with a sliding window): sequence b's
+  // counts[b] tokens at positions starts[b].. of slot slots[b], their embedding and rotary rows gathered
+  // here. Why: a forward streams ~100 MB of weights through the caches, so every torch op between two
+  // forwards starts cold (the arange, rotary gathers, embedding and index tensors of a decoding step:
+  // ~40 us each after a forward against 2-5 warm, Zen 4); FastLlama's and BatchedLlama's chains come
+  // here instead (stack.py). tokens [N] ids; embed [V, H] float32; cos, sin: per rotary kind
+  // [positions, d] tables; the rest as forward.
+  std::vector<torch::Tensor> forward_ids(const std::vector<int64_t>& tokens, std::vector<int64_t> slots,
+                                         std::vector<int64_t> starts, std::vector<int64_t> counts,
                                          const torch::Tensor& embed, torch::Tensor k_cache, torch::Tensor v_cache,
                                          const std::vector<torch::Tensor>& cos, const std::vector<torch::Tensor>& sin,
                                          std::vector<int64_t> capture, std::vector<int64_t> logit_rows) {
@@ -295,7 +297,14 @@ class Stack {
     checks::tensor(embed, "embed");
     TORCH_CHECK(embed.dim() == 2 && embed.size(1) == H_, "embed: expected [vocab, ", H_, "]");
     TORCH_CHECK(cos.size() == sin.size(), "cos, sin: one table each per rotary kind");
+    TORCH_CHECK(starts.size() == slots.size() && counts.size() == slots.size(),
+                "slots, starts, counts: one entry per sequence");
     const int64_t N = static_cast<int64_t>(tokens.size()), V = embed.size(0);
+    std::vector<int64_t> positions;
+    for (size_t b = 0; b < slots.size(); ++b)
+      for (int64_t i = 0; i < counts[b]; ++i) positions.push_back(starts[b] + i);
+    TORCH_CHECK(static_cast<int64_t>(positions.size()) == N, "counts: expected ", N, " tokens in all, got ",
+                positions.size());
     auto x = torch::empty({N, H_});
     for (int64_t i = 0; i < N; ++i) {
       TORCH_CHECK(tokens[i] >= 0 && tokens[i] < V, "tokens: id ", tokens[i], " outside the vocabulary of ", V);
@@ -307,15 +316,19 @@ class Stack {
       checks::tensor(sin[k], "sin");
       TORCH_CHECK(cos[k].dim() == 2 && cos[k].size(1) == d_ && sin[k].sizes() == cos[k].sizes(),
                   "cos/sin: expected [positions, ", d_, "] tables");
-      TORCH_CHECK(start >= 0 && start + N <= cos[k].size(0), "positions ", start, "..", start + N,
-                  " outside the rotary tables of ", cos[k].size(0));
-      rows_cos.push_back(cos[k].narrow(0, start, N).clone());
-      rows_sin.push_back(sin[k].narrow(0, start, N).clone());
+      rows_cos.push_back(torch::empty({N, d_}));
+      rows_sin.push_back(torch::empty({N, d_}));
+      for (int64_t i = 0; i < N; ++i) {
+        TORCH_CHECK(positions[i] >= 0 && positions[i] < cos[k].size(0), "position ", positions[i],
+                    " outside the rotary tables of ", cos[k].size(0));
+        std::copy_n(cos[k].data_ptr<float>() + positions[i] * d_, d_, rows_cos[k].data_ptr<float>() + i * d_);
+        std::copy_n(sin[k].data_ptr<float>() + positions[i] * d_, d_, rows_sin[k].data_ptr<float>() + i * d_);
+      }
     }
     const auto longs = torch::TensorOptions().dtype(torch::kLong);
+    auto tensor = [&](std::vector<int64_t>& v) { return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, longs); };
     return forward(x, k_cache, v_cache, rows_cos, rows_sin, std::vector<std::optional<torch::Tensor>>(1),
-                   torch::full({1}, slot, longs), torch::full({1}, start, longs), torch::full({1}, N, longs),
-                   std::move(capture), std::move(logit_rows));
+                   tensor(slots), tensor(starts), tensor(counts), std::move(capture), std::move(logit_rows));
   }
 
   // x [N, H] float32: the embedded rows (the residual stream, updated in place); k_cache, v_cache
@@ -480,8 +493,8 @@ void bind_stack(pybind11::module& m) {
                           std::vector<int64_t>, int64_t, int64_t, int64_t, double, double, const std::vector<PartSpec>&>())
       .def_property_readonly("has_head", &Stack::has_head)
       .def("forward_ids", &Stack::forward_ids, pybind11::call_guard<pybind11::gil_scoped_release>(),
-           "forward for one sequence's token ids at positions start.. of a slot, causal, embedding and "
-           "rotary rows gathered natively")
+           "forward for chains of token ids (sequence b's counts[b] at positions starts[b].. of slot slots[b]), "
+           "causal, embedding and rotary rows gathered natively")
       .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "the layers (and head) for rows of any sequences -> [rows after the final norm, logits of logit_rows, "
            "captured layers' outputs...]");

@@ -60,15 +60,15 @@ class NativeStack:
             logits = self.head(xn[logit_rows]).float()
         return logits, dict(zip(ids, outs))
 
-    def chain(self, model, tokens: list[int], start: int, capture: set[int], logit_rows: list[int]):
-        """As __call__ for one sequence's tokens at positions start.. of model's cache (slot 0), causal,
-        through forward_ids (needs by_ids)."""
+    def chains(self, m, k_cache, v_cache, tokens: list[int], where, capture: set[int], logit_rows: list[int]):
+        """As __call__ for chains of token ids, causal (needs by_ids): where = (slots, starts, counts),
+        lists of ints; m: the FastLlama whose embedding and rotary tables to use."""
         ids = sorted(capture)
-        cos = [model.rope[kind][0] for kind in self.kinds]
-        sin = [model.rope[kind][1] for kind in self.kinds]
+        cos = [m.rope[kind][0] for kind in self.kinds]
+        sin = [m.rope[kind][1] for kind in self.kinds]
         native_rows = logit_rows if self.head is None else []
         xn, logits, *outs = self.native.forward_ids(
-            tokens, 0, start, model.embed, model.k_cache, model.v_cache, cos, sin, ids, native_rows
+            tokens, *where, m.embed, k_cache, v_cache, cos, sin, ids, native_rows
         )
         if self.head is not None:
             logits = self.head(xn[logit_rows]).float()
