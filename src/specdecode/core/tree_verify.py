@@ -36,7 +36,7 @@ import torch
 
 from specdecode.core.sampling import argmax
 from specdecode.core.tree import Tree
-from specdecode.core.verify import check_inputs
+from specdecode.core.verify import check_ids, check_inputs
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class TreeVerdict:
 
 def verify_tree_greedy(tree: Tree, target_logits: torch.Tensor) -> TreeVerdict:
     """target_logits: [N+1, V] (+1 layout) -> the longest path that follows the target's argmax."""
-    check_inputs(torch.as_tensor(tree.tokens, dtype=torch.long), target_logits.shape[-1])
+    check_ids(tree.tokens, target_logits.shape[-1])
     choice = argmax(target_logits).tolist()  # [N+1]
     path, node = [], -1
     while (child := tree.child(node, choice[node + 1])) is not None:
