@@ -441,7 +441,14 @@ class FastLlama:
                 self, self.k_cache, self.v_cache, tokens.tolist(), where, set(ids), rows
             )
             self.length = start + n
-            return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)
+        else:
+            logits, captured = self._forward_rows(tokens, num_logits, positions, tree_mask, set(ids))
+        return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)
+
+    def _forward_rows(self, tokens, num_logits: int, positions, tree_mask, capture: set[int]):
+        """forward's rows prepared in torch (rotary rows, masks) for _forward or _forward_fused ->
+        (logits, {layer: its output})."""
+        n, start = tokens.shape[0], self.length
         if tree_mask is not None:
             positions = positions.to(self.device)
             prefix = torch.ones(n, start + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
@@ -459,8 +466,7 @@ class FastLlama:
             w: _window(mask, positions, start + n, w) for w in {layer.window for layer in self.layers} if w
         }
         forward = self._forward_fused if self.kernels is not None and n <= self.fused_rows else self._forward
-        logits, captured = forward(tokens, ropes, masks, num_logits, set(ids))
-        return Output(logits, torch.cat([captured[i] for i in ids], -1) if ids else None)
+        return forward(tokens, ropes, masks, num_logits, capture)
 
     @torch.inference_mode()
     def keep(self, length: int, indices: list[int]) -> None:

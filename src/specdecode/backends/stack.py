@@ -38,8 +38,9 @@ class NativeStack:
             model.lm_head.interleaved_parts() or [],
         )
         self.head = None if self.native.has_head else model.lm_head  # applied here when not native
-        # a chain of one sequence goes to forward_ids (its embedding and rotary rows gathered natively)
-        # when no layer has a sliding window (their masks), nor the embedding a scale (Gemma)
+        # chains (FastLlama's sequence, BatchedLlama's rows without trees) go to forward_ids, their
+        # embedding and rotary rows gathered natively, when no layer has a sliding window (their
+        # masks) nor the embedding a scale (Gemma)
         self.by_ids = (
             self.windows == [None]
             and model.embed_scale is None
