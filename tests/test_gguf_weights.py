@@ -111,7 +111,10 @@ def test_interleaved_matmul_is_the_int8_kernel_reordered_and_row_invariant(type_
     assert torch.equal(back.scales, m.scales) and torch.equal(back.quants, m.quants)
     # the file's fp16 scales stay 16-bit; K-quants' products of two scales need float32
     assert packed.scales.dtype == (torch.float32 if type_name in ("Q4_K", "Q6_K") else torch.float16)
-    f = ops.linear_q4_vnni if m.kind == "q4" else ops.linear_q8_vnni
+    # one scale a block of 32 (Q8_0's d; Q5_0's, widened to 8 bits) is kept once: "q8_0"
+    assert packed.kind == {"Q8_0": "q8_0", "Q5_0": "q8_0"}.get(type_name, m.kind)
+    assert packed.scales.shape[2] == (1 if packed.kind == "q8_0" else 2)
+    f = {"q4": ops.linear_q4_vnni, "q8": ops.linear_q8_vnni, "q8_0": ops.linear_q8_0_vnni}[packed.kind]
     x = torch.randn(37, 512, generator=torch.Generator().manual_seed(6))
     y = f(x, packed.scales, packed.quants, rows)
     old = (ops.linear_q4_i8 if m.kind == "q4" else ops.linear_q8_i8)(x, m.scales, m.quants)
@@ -134,6 +137,11 @@ def test_interleaved_shapes_are_checked():
         ops.linear_q4_vnni(torch.randn(1, 64), packed.scales, packed.quants, 40)
     with pytest.raises(RuntimeError, match="quants"):
         ops.linear_q8_vnni(torch.randn(1, 64), packed.scales, packed.quants, 20)
+    q8_0 = gguf_weights.Interleaved.pack(ops, gguf_weights.repack("Q8_0", raw_matrix("Q8_0", 20, 64)))
+    with pytest.raises(RuntimeError, match=r"K / 32, 2, 16\]"):  # two scales a block expected
+        ops.linear_q8_vnni(torch.randn(1, 64), q8_0.scales, q8_0.quants, 20)
+    with pytest.raises(RuntimeError, match=r"K / 32, 1, 16\]"):
+        ops.linear_q8_0_vnni(torch.randn(1, 64), torch.cat([q8_0.scales] * 2, 2), q8_0.quants, 20)
 
 
 @needs_kernels

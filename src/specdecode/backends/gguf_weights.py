@@ -63,8 +63,9 @@ class QuantMatrix:
 @dataclass
 class Interleaved:
     """A QuantMatrix of `n` rows in kernels_vnni.cpp's layout: rows interleaved 16 at a time so one
-    AVX-512 VNNI instruction serves 16 weight rows (scales [ceil(n/16), K/32, 2, 16], quants uint8
-    [ceil(n/16), K/32, 256 (q4) or 512 (q8)]). Made and undone by the kernels (pack/unpack)."""
+    AVX-512 VNNI instruction serves 16 weight rows (scales [ceil(n/16), K/32, 2, 16], or 1 for
+    "q8_0"; quants uint8 [ceil(n/16), K/32, 256 (q4) or 512 (q8, q8_0)]). Made and undone by the
+    kernels (pack/unpack)."""
 
     kind: str
     scales: torch.Tensor
@@ -77,14 +78,23 @@ class Interleaved:
 
     @classmethod
     def pack(cls, ops, m: QuantMatrix) -> Interleaved:
-        """Scales in float16 where that holds them exactly (fewer bytes a step), else float32."""
+        """Scales in float16 where that holds them exactly (fewer bytes a step), else float32. A "q8"
+        matrix whose two scales are equal in every block (Q8_0: the default model's LM head) becomes
+        "q8_0", one scale a block: half the scale bytes, and its kernel converts and scales one sum a
+        block instead of two (linear_q8_0_vnni)."""
         scales, quants = getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants)
+        kind = m.kind
+        if kind == "q8" and torch.equal(scales[:, :, 0], scales[:, :, 1]):
+            kind, scales = "q8_0", scales[:, :, :1].contiguous()
         half = scales.half()
         if torch.equal(half.float(), scales):
             scales = half
-        return cls(m.kind, scales, quants, m.shape[0])
+        return cls(kind, scales, quants, m.shape[0])
 
     def unpack(self, ops) -> QuantMatrix:
+        if self.kind == "q8_0":  # both halves of a block the one scale
+            two = self.scales.expand(-1, -1, 2, -1).contiguous()
+            return QuantMatrix("q8", *ops.unpack_q8_vnni(two, self.quants, self.n))
         return QuantMatrix(
             self.kind, *getattr(ops, f"unpack_{self.kind}_vnni")(self.scales, self.quants, self.n)
         )
@@ -245,7 +255,7 @@ class QuantLinear:
             if int8_activations
             else {"q4": ops.linear_q4, "q8": ops.linear_q8}
         )
-        self.vnni = {"q4": ops.linear_q4_vnni, "q8": ops.linear_q8_vnni}
+        self.vnni = {"q4": ops.linear_q4_vnni, "q8": ops.linear_q8_vnni, "q8_0": ops.linear_q8_0_vnni}
         for m in matrices:
             if self.parts and isinstance(m, QuantMatrix) and isinstance(self.parts[-1], QuantMatrix):
                 joined = concat([self.parts[-1], m])

@@ -299,6 +299,7 @@ torch::Tensor linear_q8_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor 
 int64_t vnni_rows();  // kernels_vnni.cpp
 torch::Tensor linear_q4_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 torch::Tensor linear_q8_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q8_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 std::vector<torch::Tensor> pack_q4_vnni(torch::Tensor scales, torch::Tensor quants);
 std::vector<torch::Tensor> pack_q8_vnni(torch::Tensor scales, torch::Tensor quants);
 std::vector<torch::Tensor> unpack_q4_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N);
@@ -322,6 +323,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q4_vnni", &linear_q4_vnni, release, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("linear_q8_vnni", &linear_q8_vnni, release, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits",
+        py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
+  m.def("linear_q8_0_vnni", &linear_q8_0_vnni, release,
+        "linear_q8_vnni for rows with one scale per block of 32 (Q8_0): scales [groups, K / 32, 1, 16]",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("pack_q4_vnni", &pack_q4_vnni, "4-bit rows -> (scales, quants) interleaved for linear_q4_vnni");
   m.def("pack_q8_vnni", &pack_q8_vnni, "8-bit rows -> (scales, quants) interleaved for linear_q8_vnni");

@@ -29,6 +29,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "vnni_tile.h"
 
@@ -36,7 +37,7 @@ namespace {
 
 using namespace vnni;
 
-template <bool Q4>
+template <bool Q4, bool ONE = false>
 torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const torch::Tensor& quants, int64_t N) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2,
               "x: expected a contiguous CPU float32 [M, K] tensor");
@@ -47,8 +48,9 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const 
               "quants: expected a contiguous uint8 [ceil(N / 16), K / 32, ", Q4 ? 256 : 512, "] tensor");
   const bool half = scales.scalar_type() == torch::kHalf;
   TORCH_CHECK(scales.is_contiguous() && (half || scales.scalar_type() == torch::kFloat32) && scales.dim() == 4 &&
-                  scales.size(0) == groups && scales.size(1) == G && scales.size(2) == 2 && scales.size(3) == R,
-              "scales: expected a contiguous float32 or float16 [ceil(N / 16), K / 32, 2, 16] tensor");
+                  scales.size(0) == groups && scales.size(1) == G && scales.size(2) == (ONE ? 1 : 2) &&
+                  scales.size(3) == R,
+              "scales: expected a contiguous float32 or float16 [ceil(N / 16), K / 32, ", ONE ? 1 : 2, ", 16] tensor");
 #if SPECDECODE_VNNI
   auto xq = torch::empty({M, K}, x.options().dtype(torch::kInt8));
   auto xd = torch::empty({M, G}, x.options()), xS = torch::empty({M, G}, x.options());
@@ -60,7 +62,8 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const 
   const QuantRows rows{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xS.data_ptr<float>(), xh.data_ptr<int32_t>()};
   float* yp = y.data_ptr<float>();
   auto run = [&](auto* ws) {
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) { vnni::groups<Q4>(wq, ws, rows, yp, N, M, G, N, g0, g1); });
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) { vnni::groups<Q4, std::remove_pointer_t<decltype(ws)>, ONE>(wq, ws, rows, yp, N, M, G, N, g0, g1);
+    });
   };
   if (half)
     run(scales.data_ptr<at::Half>());
@@ -146,6 +149,12 @@ torch::Tensor linear_q4_vnni(torch::Tensor x, torch::Tensor scales, torch::Tenso
 // The same for 8-bit rows (pack_q8_vnni)
 torch::Tensor linear_q8_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
   return matmul<false>(x, scales, quants, N);
+}
+
+// The same for 8-bit rows with one scale per block of 32 (Q8_0; pack_q8_vnni's scales, one of each
+// block's two equal halves kept: [ceil(N / 16), K / 32, 1, 16])
+torch::Tensor linear_q8_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+  return matmul<false, true>(x, scales, quants, N);
 }
 
 std::vector<torch::Tensor> pack_q4_vnni(torch::Tensor scales, torch::Tensor quants) { return pack<true>(scales, quants); }

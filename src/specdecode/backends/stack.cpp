@@ -29,6 +29,7 @@
 #include <thread>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "attention_row.h"
@@ -44,7 +45,7 @@ namespace {
 
 // One interleaved matrix (gguf_weights.Interleaved): n rows in ceil(n / 16) groups.
 struct Part {
-  bool q4, half;
+  bool q4, half, one;  // one: a single scale per block of 32 (q8_0)
   torch::Tensor scales, quants;
   int64_t n, groups;
 };
@@ -60,20 +61,20 @@ using PartSpec = std::tuple<std::string, torch::Tensor, torch::Tensor, int64_t>;
 Linear make_linear(const std::vector<PartSpec>& specs, const char* name) {
   Linear lin;
   for (const auto& [kind, scales, quants, n] : specs) {
-    TORCH_CHECK(kind == "q4" || kind == "q8", name, ": unknown interleaved kind ", kind);
-    const bool q4 = kind == "q4", half = scales.scalar_type() == torch::kHalf;
+    TORCH_CHECK(kind == "q4" || kind == "q8" || kind == "q8_0", name, ": unknown interleaved kind ", kind);
+    const bool q4 = kind == "q4", half = scales.scalar_type() == torch::kHalf, one = kind == "q8_0";
     const int64_t groups = (n + vnni::R - 1) / vnni::R, G = scales.size(1);
     TORCH_CHECK(quants.is_contiguous() && quants.scalar_type() == torch::kUInt8 && quants.dim() == 3 &&
                     quants.size(0) == groups && quants.size(2) == (q4 ? 256 : 512),
                 name, ": quants are not an interleaved ", kind, " matrix of ", n, " rows");
     TORCH_CHECK(scales.is_contiguous() && (half || scales.scalar_type() == torch::kFloat32) && scales.dim() == 4 &&
-                    scales.size(0) == groups && scales.size(2) == 2 && scales.size(3) == vnni::R,
+                    scales.size(0) == groups && scales.size(2) == (one ? 1 : 2) && scales.size(3) == vnni::R,
                 name, ": scales are not an interleaved matrix's");
     TORCH_CHECK(lin.parts.empty() || G * 32 == lin.K, name, ": parts with different input widths");
     lin.K = G * 32;
     lin.N += n;
     lin.groups += groups;
-    lin.parts.push_back({q4, half, scales, quants, n, groups});
+    lin.parts.push_back({q4, half, one, scales, quants, n, groups});
   }
   TORCH_CHECK(!lin.parts.empty(), name, ": no matrices");
   return lin;
@@ -200,14 +201,19 @@ void linear_range(const Linear& lin, const vnni::QuantRows& x, int64_t M, float*
     const int64_t g0 = std::max<int64_t>(b - first, 0), g1 = std::min(e - first, p.groups), G = lin.K / 32;
     if (g0 < g1) {
       const auto* wq = p.quants.data_ptr<uint8_t>();
-      if (p.q4 && p.half)
-        vnni::groups<true>(wq, p.scales.data_ptr<at::Half>(), x, y + col, lin.N, M, G, p.n, g0, g1);
-      else if (p.q4)
-        vnni::groups<true>(wq, p.scales.data_ptr<float>(), x, y + col, lin.N, M, G, p.n, g0, g1);
-      else if (p.half)
-        vnni::groups<false>(wq, p.scales.data_ptr<at::Half>(), x, y + col, lin.N, M, G, p.n, g0, g1);
+      auto run = [&](auto* ws) {
+        using Scale = std::remove_pointer_t<decltype(ws)>;
+        if (p.q4)
+          vnni::groups<true, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        else if (p.one)
+          vnni::groups<false, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        else
+          vnni::groups<false, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+      };
+      if (p.half)
+        run(p.scales.data_ptr<at::Half>());
       else
-        vnni::groups<false>(wq, p.scales.data_ptr<float>(), x, y + col, lin.N, M, G, p.n, g0, g1);
+        run(p.scales.data_ptr<float>());
     }
     first += p.groups;
     col += p.n;
@@ -225,7 +231,7 @@ void plan_ahead(const Linear& lin, int t, int T, Ahead& ahead) {
   for (const Part& p : lin.parts) {
     const int64_t g0 = std::max<int64_t>(b - first, 0), g1 = std::min(e - first, p.groups);
     if (g0 < g1) {
-      const int64_t qb = G * (p.q4 ? 256 : 512), sb = G * 32 * (p.half ? 2 : 4);
+      const int64_t qb = G * (p.q4 ? 256 : 512), sb = G * (p.one ? 16 : 32) * (p.half ? 2 : 4);
       ahead.add(static_cast<const char*>(p.scales.data_ptr()) + g0 * sb, (g1 - g0) * sb);
       ahead.add(p.quants.data_ptr<uint8_t>() + g0 * qb, (g1 - g0) * qb);
     }
