@@ -18,7 +18,8 @@
 //       by signed bytes; 128 * sum(x) is subtracted back exactly, in integers).
 //   scales [groups, G, 2, 16]: q4 (s, o) of the 16 rows, q8 (s of weights 0..15, of 16..31); float16
 //       where that holds them exactly (the fp16 d and m of Q4_0/Q4_1/Q5_0/Q8_0: 14% fewer bytes per
-//       step), else float32 (K-quants' sub-block scales).
+//       step), else float32 (K-quants' sub-block scales). q8_0 (linear_q8_0_vnni): a q8 matrix whose two
+//       scales are equal in every block (Q8_0, Q5_0) keeps one, [groups, G, 1, 16].
 // Invariant, as in kernels_i8.cpp: each row of x is quantized on its own (the same bytes as there)
 // and its sums are formed in the same order whatever the other rows: verifying k drafts gives the
 // bits of k single-token steps, and a batch gives each request the bits it gets alone.
@@ -62,7 +63,9 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const 
   const QuantRows rows{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xS.data_ptr<float>(), xh.data_ptr<int32_t>()};
   float* yp = y.data_ptr<float>();
   auto run = [&](auto* ws) {
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) { vnni::groups<Q4, std::remove_pointer_t<decltype(ws)>, ONE>(wq, ws, rows, yp, N, M, G, N, g0, g1);
+    using Scale = std::remove_pointer_t<decltype(ws)>;
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      vnni::groups<Q4, Scale, ONE>(wq, ws, rows, yp, N, M, G, N, g0, g1);
     });
   };
   if (half)
