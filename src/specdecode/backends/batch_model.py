@@ -174,9 +174,8 @@ class BatchedLlama:
         picked = [i for o, n, m in zip(offsets, counts, keep) for i in range(o + n - m, o + n)]
         slot_ids = [r.slot for r in rows]
         trees = any(r.tree_mask is not None for r in rows)
-        if (
-            f.stack is not None and f.stack.by_ids and not trees
-        ):  # chains as token ids: no torch ops (stack.cpp)
+        # chains as token ids: the native call gathers their rows, no torch ops (stack.cpp's forward_ids)
+        if f.stack is not None and f.stack.by_ids and not trees:
             tokens = [t for r in rows for t in r.tokens.tolist()]
             where = (slot_ids, starts, counts)
             logits, captured = f.stack.chains(f, self.k_cache, self.v_cache, tokens, where, wanted, picked)

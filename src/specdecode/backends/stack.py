@@ -53,13 +53,10 @@ class NativeStack:
         cos = [ropes[kind][0].contiguous() for kind in self.kinds]
         sin = [ropes[kind][1].contiguous() for kind in self.kinds]
         ids = sorted(capture)
-        native_rows = logit_rows if self.head is None else []
-        xn, logits, *outs = self.native.forward(
-            x, k_cache, v_cache, cos, sin, [masks[w] for w in self.windows], *where, ids, native_rows
-        )
-        if self.head is not None:
-            logits = self.head(xn[logit_rows]).float()
-        return logits, dict(zip(ids, outs))
+        masks = [masks[w] for w in self.windows]
+        native_rows = self._native_rows(logit_rows)
+        out = self.native.forward(x, k_cache, v_cache, cos, sin, masks, *where, ids, native_rows)
+        return self._results(out, ids, logit_rows)
 
     def chains(self, m, k_cache, v_cache, tokens: list[int], where, capture: set[int], logit_rows: list[int]):
         """As __call__ for chains of token ids, causal (needs by_ids): where = (slots, starts, counts),
@@ -67,10 +64,18 @@ class NativeStack:
         ids = sorted(capture)
         cos = [m.rope[kind][0] for kind in self.kinds]
         sin = [m.rope[kind][1] for kind in self.kinds]
-        native_rows = logit_rows if self.head is None else []
-        xn, logits, *outs = self.native.forward_ids(
-            tokens, *where, m.embed, k_cache, v_cache, cos, sin, ids, native_rows
+        out = self.native.forward_ids(
+            tokens, *where, m.embed, k_cache, v_cache, cos, sin, ids, self._native_rows(logit_rows)
         )
+        return self._results(out, ids, logit_rows)
+
+    def _native_rows(self, logit_rows: list[int]) -> list[int]:
+        """The rows whose logits the native call computes: all asked for, unless the head is applied here."""
+        return logit_rows if self.head is None else []
+
+    def _results(self, out, ids: list[int], logit_rows: list[int]):
+        """A native call's [normed rows, logits, captured...] -> (logits of logit_rows, {layer: output})."""
+        xn, logits, *outs = out
         if self.head is not None:
             logits = self.head(xn[logit_rows]).float()
         return logits, dict(zip(ids, outs))
