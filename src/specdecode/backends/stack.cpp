@@ -194,49 +194,50 @@ struct QuantBuffer {
 };
 
 #if SPECDECODE_VNNI
-// Weight groups b..e-1 of lin (counted over its parts), for all M quantized rows -> y [M, lin.N]
-void linear_range(const Linear& lin, const vnni::QuantRows& x, int64_t M, float* y, int64_t b, int64_t e) {
+// f(part, g0, g1, col) for each part of lin that weight groups b..e-1 (counted over the parts) reach:
+// its groups g0..g1-1, its first output column col
+template <typename F>
+void for_parts(const Linear& lin, int64_t b, int64_t e, F&& f) {
   int64_t first = 0, col = 0;  // the part's first group among all, its first output column
   for (const Part& p : lin.parts) {
-    const int64_t g0 = std::max<int64_t>(b - first, 0), g1 = std::min(e - first, p.groups), G = lin.K / 32;
-    if (g0 < g1) {
-      const auto* wq = p.quants.data_ptr<uint8_t>();
-      auto run = [&](auto* ws) {
-        using Scale = std::remove_pointer_t<decltype(ws)>;
-        if (p.q4)
-          vnni::groups<true, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
-        else if (p.one)
-          vnni::groups<false, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
-        else
-          vnni::groups<false, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
-      };
-      if (p.half)
-        run(p.scales.data_ptr<at::Half>());
-      else
-        run(p.scales.data_ptr<float>());
-    }
+    const int64_t g0 = std::max<int64_t>(b - first, 0), g1 = std::min(e - first, p.groups);
+    if (g0 < g1) f(p, g0, g1, col);
     first += p.groups;
     col += p.n;
   }
 }
-#endif
 
-#if SPECDECODE_VNNI
+// Weight groups b..e-1 of lin, for all M quantized rows -> y [M, lin.N]
+void linear_range(const Linear& lin, const vnni::QuantRows& x, int64_t M, float* y, int64_t b, int64_t e) {
+  const int64_t G = lin.K / 32;
+  for_parts(lin, b, e, [&](const Part& p, int64_t g0, int64_t g1, int64_t col) {
+    const auto* wq = p.quants.data_ptr<uint8_t>();
+    auto run = [&](auto* ws) {
+      using Scale = std::remove_pointer_t<decltype(ws)>;
+      if (p.q4)
+        vnni::groups<true, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+      else if (p.one)
+        vnni::groups<false, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+      else
+        vnni::groups<false, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+    };
+    if (p.half)
+      run(p.scales.data_ptr<at::Half>());
+    else
+      run(p.scales.data_ptr<float>());
+  });
+}
+
 // thread t's share of lin's weight groups (quants and scales), in the order it reads them -> ahead
 void plan_ahead(const Linear& lin, int t, int T, Ahead& ahead) {
   ahead.reset();
   const auto [b, e] = share(lin.groups, t, T);
   const int64_t G = lin.K / 32;
-  int64_t first = 0;
-  for (const Part& p : lin.parts) {
-    const int64_t g0 = std::max<int64_t>(b - first, 0), g1 = std::min(e - first, p.groups);
-    if (g0 < g1) {
-      const int64_t qb = G * (p.q4 ? 256 : 512), sb = G * (p.one ? 16 : 32) * (p.half ? 2 : 4);
-      ahead.add(static_cast<const char*>(p.scales.data_ptr()) + g0 * sb, (g1 - g0) * sb);
-      ahead.add(p.quants.data_ptr<uint8_t>() + g0 * qb, (g1 - g0) * qb);
-    }
-    first += p.groups;
-  }
+  for_parts(lin, b, e, [&](const Part& p, int64_t g0, int64_t g1, int64_t) {
+    const int64_t qb = G * (p.q4 ? 256 : 512), sb = G * (p.one ? 16 : 32) * (p.half ? 2 : 4);
+    ahead.add(static_cast<const char*>(p.scales.data_ptr()) + g0 * sb, (g1 - g0) * sb);
+    ahead.add(p.quants.data_ptr<uint8_t>() + g0 * qb, (g1 - g0) * qb);
+  });
 }
 #endif
 
