@@ -19,6 +19,7 @@ from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends import fast_llama, gguf_weights, kernels, models
 from specdecode.core.generation import generate
+from specdecode.core.sampling import SamplingParams
 from specdecode.errors import UserError
 from train_fixtures import PROMPTS
 
@@ -373,6 +374,59 @@ def test_a_chain_from_token_ids_gives_the_stacks_bits_and_names_a_bad_id(tiny_gg
     with pytest.raises(RuntimeError, match=f"id {model.vocab_size} outside the vocabulary"):
         model.forward(torch.tensor([3, model.vocab_size]))
     assert model.length == 25
+
+
+@needs_vnni
+def test_the_eagle_heads_native_step_follows_its_torch_step(tiny_gguf):
+    """Beside a gguf target on VNNI, an EAGLE draft step is one native call (a one-layer stack whose q|k|v
+    read the pair [norm_emb(embed(token)); norm_feat(feature)]): the features it syncs, the logits and
+    outputs of its chain and tree steps follow the head's torch step on the same 8-bit linears, and it
+    drafts the same tokens. A pair stack refuses a call without the embedding rows."""
+    import copy
+
+    from specdecode.drafters.eagle import EagleDrafter, EagleHead
+
+    target = models.load(tiny_gguf, "gguf", "cpu").model
+    torch.manual_seed(0)
+    head = EagleHead(256, 2 * 256, 4, 2, 64, 512, eps=1e-5)
+    for p in head.parameters():  # trained-looking norms, not all ones
+        p.data.add_(0.05 * torch.randn_like(p))
+    token_map = torch.randperm(target.vocab_size)[:200]
+    native = EagleDrafter(copy.deepcopy(head), token_map, target, (0, 1))
+    eager = EagleDrafter(head, token_map, target, (0, 1))
+    assert native.native is not None
+    eager.native = None
+    context = torch.randint(target.vocab_size, (30,), generator=torch.Generator().manual_seed(1)).tolist()
+    features = torch.randn(29, 2 * 256)
+    results = []
+    for d in (native, eager):
+        with torch.inference_mode():
+            results.append(_eagle_steps(d, context, features))
+    assert results[0][0] == results[1][0] and len(results[0][0]) == 4
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert results[0][2:] == results[1][2:]
+    k, v = native.cache.reserve(40)
+    with pytest.raises(RuntimeError, match="feat: a stack with a pair norm needs the residual rows"):
+        native.native.stack.forward_ids(
+            [1], [0], [0], [1], native.embed, k, v, [native.cos], [native.sin], [], [], None
+        )
+
+
+def _eagle_steps(d, context: list[int], features):
+    """An EAGLE drafter's greedy chain, its synced root and logits, a two-row chain step, a two-sibling tree
+    step and an EAGLE-2 tree, on one context."""
+    d.begin(context)
+    d.feed(features)
+    greedy = d.propose(context, 4, SamplingParams(), None).tokens.tolist()
+    d._sync(context)
+    rows = [d.root_logits, d.root.clone()]
+    rows += d._rows([context[3], context[7]], d.root.expand(2, -1).clone())  # a two-row chain
+    mask = torch.tensor([[True, False], [False, True]])  # two siblings under the root
+    rows += d._rows([context[5], context[9]], d.root.expand(2, -1).clone(), [29, 29], mask)
+    d.branches, d.nodes = 2, 5
+    tree = d.propose(context, 3, SamplingParams(), None)
+    return greedy, rows, tree.tokens.tolist(), tree.parents
 
 
 def test_gguf_dtype_needs_a_gguf_file(tiny_model_dir):

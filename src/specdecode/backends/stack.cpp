@@ -251,14 +251,17 @@ class Stack {
  public:
   // qkv, o, gate_up, down: per layer, the linear's parts; norm1, norm2: per layer [H]; rope_kind,
   // window_kind: per layer, the index of its rotary table and mask in forward's lists; head: the LM
-  // head's parts, or none (the caller applies its head).
+  // head's parts, or none (the caller applies its head); pair_norm: empty, or [H] for a first layer whose
+  // q|k|v read two rows side by side, [pair_norm(emb); norm1(x)] (2H inputs, an EAGLE head's layer:
+  // forward's `emb`, the token's embedding, beside the residual stream x, the feature it continues).
   Stack(const std::vector<std::vector<PartSpec>>& qkv, const std::vector<std::vector<PartSpec>>& o,
         const std::vector<std::vector<PartSpec>>& gate_up, const std::vector<std::vector<PartSpec>>& down,
         std::vector<torch::Tensor> norm1, std::vector<torch::Tensor> norm2, torch::Tensor final_norm,
         std::vector<int64_t> rope_kind, std::vector<int64_t> window_kind, int64_t heads, int64_t kv_heads,
-        int64_t head_dim, double eps, double qk_scale, const std::vector<PartSpec>& head)
-      : norm1_(std::move(norm1)), norm2_(std::move(norm2)), final_norm_(final_norm), rope_kind_(std::move(rope_kind)),
-        window_kind_(std::move(window_kind)), heads_(heads), kv_heads_(kv_heads), d_(head_dim), eps_(eps) {
+        int64_t head_dim, double eps, double qk_scale, const std::vector<PartSpec>& head, torch::Tensor pair_norm)
+      : pair_norm_(pair_norm), pair_(pair_norm.numel() > 0), norm1_(std::move(norm1)), norm2_(std::move(norm2)),
+        final_norm_(final_norm), rope_kind_(std::move(rope_kind)), window_kind_(std::move(window_kind)),
+        heads_(heads), kv_heads_(kv_heads), d_(head_dim), eps_(eps) {
     const size_t n = qkv.size();
     TORCH_CHECK(o.size() == n && gate_up.size() == n && down.size() == n && norm1_.size() == n && norm2_.size() == n &&
                     rope_kind_.size() == n && window_kind_.size() == n,
@@ -267,10 +270,10 @@ class Stack {
       layers_.push_back({make_linear(qkv[i], "qkv"), make_linear(o[i], "o"), make_linear(gate_up[i], "gate_up"),
                          make_linear(down[i], "down")});
       const auto& l = layers_.back();
-      H_ = l.qkv.K;
+      H_ = l.o.N;
       I_ = l.down.K;
-      TORCH_CHECK(l.qkv.N == (heads + 2 * kv_heads) * head_dim && l.o.K == heads * head_dim && l.o.N == H_ &&
-                      l.gate_up.K == H_ && l.gate_up.N == 2 * I_ && l.down.N == H_,
+      TORCH_CHECK(l.qkv.N == (heads + 2 * kv_heads) * head_dim && l.qkv.K == (pair_ && i == 0 ? 2 : 1) * H_ &&
+                      l.o.K == heads * head_dim && l.gate_up.K == H_ && l.gate_up.N == 2 * I_ && l.down.N == H_,
                   "Stack: layer ", i, "'s matrices do not fit heads ", heads, ", kv heads ", kv_heads, ", width ", head_dim);
     }
     for (auto* norms : {&norm1_, &norm2_})
@@ -279,6 +282,10 @@ class Stack {
         TORCH_CHECK(t.numel() == H_, "norm: expected ", H_, " weights");
       }
     checks::tensor(final_norm_, "final_norm");
+    if (pair_) {
+      checks::tensor(pair_norm_, "pair_norm");
+      TORCH_CHECK(pair_norm_.numel() == H_, "pair_norm: expected ", H_, " weights");
+    }
     scale_ = qk_scale > 0 ? static_cast<float>(qk_scale) : 1.f / std::sqrt(static_cast<float>(d_));
     if (!head.empty()) {
       head_ = make_linear(head, "head");
@@ -294,12 +301,14 @@ class Stack {
   // forwards starts cold (the arange, rotary gathers, embedding and index tensors of a decoding step:
   // ~40 us each after a forward against 2-5 warm, Zen 4); FastLlama's and BatchedLlama's chains come
   // here instead (stack.py). tokens [N] ids; embed [V, H] float32; cos, sin: per rotary kind
-  // [positions, d] tables; the rest as forward.
+  // [positions, d] tables; feat: with a pair norm, the residual rows [N, H] (updated in place) beside the
+  // tokens' embeddings (EAGLE's draft steps), else none; the rest as forward.
   std::vector<torch::Tensor> forward_ids(const std::vector<int64_t>& tokens, std::vector<int64_t> slots,
                                          std::vector<int64_t> starts, std::vector<int64_t> counts,
                                          const torch::Tensor& embed, torch::Tensor k_cache, torch::Tensor v_cache,
                                          const std::vector<torch::Tensor>& cos, const std::vector<torch::Tensor>& sin,
-                                         std::vector<int64_t> capture, std::vector<int64_t> logit_rows) {
+                                         std::vector<int64_t> capture, std::vector<int64_t> logit_rows,
+                                         std::optional<torch::Tensor> feat) {
     for (int64_t w : window_kind_) TORCH_CHECK(w == 0, "forward_ids: a layer with a sliding window needs masks");
     checks::tensor(embed, "embed");
     TORCH_CHECK(embed.dim() == 2 && embed.size(1) == H_, "embed: expected [vocab, ", H_, "]");
@@ -334,27 +343,41 @@ class Stack {
     }
     const auto longs = torch::TensorOptions().dtype(torch::kLong);
     auto tensor = [&](std::vector<int64_t>& v) { return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, longs); };
+    std::optional<torch::Tensor> emb;
+    TORCH_CHECK(feat.has_value() == pair_, pair_ ? "feat: a stack with a pair norm needs the residual rows"
+                                                 : "feat: only a stack with a pair norm takes residual rows");
+    if (feat) {  // the gathered rows are the embeddings beside the residual stream
+      emb = x;
+      x = *feat;
+    }
     return forward(x, k_cache, v_cache, rows_cos, rows_sin, std::vector<std::optional<torch::Tensor>>(1),
-                   tensor(slots), tensor(starts), tensor(counts), std::move(capture), std::move(logit_rows));
+                   tensor(slots), tensor(starts), tensor(counts), std::move(capture), std::move(logit_rows), emb);
   }
 
   // x [N, H] float32: the embedded rows (the residual stream, updated in place); k_cache, v_cache
   // [layers, slots, kv_heads, cap, d]; cos, sin: per rotary kind [N, d]; masks: per window kind
   // [N, >= start + count] bool or none (causal); slots, starts, counts [B] long: sequence b's rows
   // next in x; capture: layer ids whose output rows to return; logit_rows: the rows whose logits to
-  // return (needs a head) -> [the rows after the final norm [N, H], their logits [len(logit_rows), V],
-  // then each captured layer's output [N, H] (the last layer's: after the final norm)]
+  // return (needs a head); emb: with a pair norm, the rows [N, H] read beside x by the first q|k|v, else
+  // none -> [the rows after the final norm [N, H], their logits [len(logit_rows), V], then each captured
+  // layer's output [N, H] (the last layer's: after the final norm)]
   std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor k_cache, torch::Tensor v_cache,
                                      std::vector<torch::Tensor> cos, std::vector<torch::Tensor> sin,
                                      std::vector<std::optional<torch::Tensor>> masks, torch::Tensor slots,
                                      torch::Tensor starts, torch::Tensor counts, std::vector<int64_t> capture,
-                                     std::vector<int64_t> logit_rows) {
+                                     std::vector<int64_t> logit_rows, std::optional<torch::Tensor> emb) {
 #if SPECDECODE_VNNI
     checks::tensor(x, "x");
     checks::tensor(k_cache, "k_cache");
     checks::tensor(v_cache, "v_cache");
     const int64_t N = x.size(0), layers = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(x.dim() == 2 && x.size(1) == H_, "x: expected [N, ", H_, "]");
+    TORCH_CHECK(emb.has_value() == pair_, pair_ ? "emb: a stack with a pair norm needs the embedding rows"
+                                                : "emb: only a stack with a pair norm takes embedding rows");
+    if (emb) {
+      checks::tensor(*emb, "emb");
+      TORCH_CHECK(emb->sizes() == x.sizes(), "emb: expected [N, ", H_, "] as x");
+    }
     TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes() && k_cache.size(0) == layers &&
                     k_cache.size(2) == kv_heads_ && k_cache.size(4) == d_,
                 "k_cache, v_cache: expected [", layers, ", slots, ", kv_heads_, ", cap, ", d_, "]");
@@ -388,7 +411,8 @@ class Stack {
     const int64_t hd = heads_ * d_, row_qkv = (heads_ + 2 * kv_heads_) * d_;
     auto qkv = torch::empty({N, row_qkv}), att = torch::empty({N, hd}), delta = torch::empty({N, H_});
     auto gate_up = torch::empty({N, 2 * I_}), act = torch::empty({N, I_});
-    QuantBuffer qb(std::max(N, M), std::max({H_, hd, I_}));
+    QuantBuffer qb(std::max(N, M), std::max({(pair_ ? 2 : 1) * H_, hd, I_}));
+    auto pair = torch::empty({pair_ ? N : 0, 2 * H_});  // [pair_norm(emb); norm1(x)] rows
     float *xp = x.data_ptr<float>(), *xn = out[0].data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
     float *attp = att.data_ptr<float>(), *dp = delta.data_ptr<float>(), *gup = gate_up.data_ptr<float>();
     float *actp = act.data_ptr<float>(), *logitp = out[1].data_ptr<float>();
@@ -428,7 +452,15 @@ class Stack {
           if (quantize) qb.row(xn, i, H);
         });
       };
-      norm(false, norm1_[0], -1, true);
+      if (pair_)
+        rows([&](int64_t i) {
+          float* row = pair.data_ptr<float>() + i * 2 * H;
+          rowops::rms_norm_row(emb->data_ptr<float>() + i * H, pair_norm_.data_ptr<float>(), row, H, eps_);
+          rowops::rms_norm_row(xp + i * H, norm1_[0].data_ptr<float>(), row + H, H, eps_);
+          qb.put(row, i, 2 * H);
+        });
+      else
+        norm(false, norm1_[0], -1, true);
       for (int64_t l = 0; l < layers; ++l) {
         const Layer& w = layers_[l];
         linear(w.qkv, qkvp, &w.o);
@@ -484,6 +516,8 @@ class Stack {
   };
   std::vector<Layer> layers_;
   std::optional<Linear> head_;
+  torch::Tensor pair_norm_;
+  bool pair_;
   std::vector<torch::Tensor> norm1_, norm2_;
   torch::Tensor final_norm_;
   std::vector<int64_t> rope_kind_, window_kind_;
@@ -497,7 +531,8 @@ void bind_stack(pybind11::module& m) {
       .def(pybind11::init<const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
                           const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor, std::vector<int64_t>,
-                          std::vector<int64_t>, int64_t, int64_t, int64_t, double, double, const std::vector<PartSpec>&>())
+                          std::vector<int64_t>, int64_t, int64_t, int64_t, double, double, const std::vector<PartSpec>&,
+                          torch::Tensor>())
       .def_property_readonly("has_head", &Stack::has_head)
       .def("forward_ids", &Stack::forward_ids, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "forward for chains of token ids (sequence b's counts[b] at positions starts[b].. of slot slots[b]), "

@@ -36,6 +36,7 @@ class NativeStack:
             model.eps,
             model.qk_scale or 0.0,
             model.lm_head.interleaved_parts() or [],
+            torch.empty(0),  # no pair norm: every layer reads its own residual stream
         )
         self.head = None if self.native.has_head else model.lm_head  # applied here when not native
         # chains (FastLlama's sequence, BatchedLlama's rows without trees) go to forward_ids, their
@@ -55,7 +56,7 @@ class NativeStack:
         ids = sorted(capture)
         masks = [masks[w] for w in self.windows]
         native_rows = self._native_rows(logit_rows)
-        out = self.native.forward(x, k_cache, v_cache, cos, sin, masks, *where, ids, native_rows)
+        out = self.native.forward(x, k_cache, v_cache, cos, sin, masks, *where, ids, native_rows, None)
         return self._results(out, ids, logit_rows)
 
     def chains(self, m, k_cache, v_cache, tokens: list[int], where, capture: set[int], logit_rows: list[int]):
@@ -65,7 +66,7 @@ class NativeStack:
         cos = [m.rope[kind][0] for kind in self.kinds]
         sin = [m.rope[kind][1] for kind in self.kinds]
         out = self.native.forward_ids(
-            tokens, *where, m.embed, k_cache, v_cache, cos, sin, ids, self._native_rows(logit_rows)
+            tokens, *where, m.embed, k_cache, v_cache, cos, sin, ids, self._native_rows(logit_rows), None
         )
         return self._results(out, ids, logit_rows)
 

@@ -17,6 +17,11 @@ o = x + MLP(norm(x)), logits = lm_head[token_map] · norm(o). The embedding and 
 target's, frozen and not stored; the LM head is restricted to a draft vocabulary of frequent tokens,
 which cuts its cost (it dominates a 135M model's draft step). The head keeps its own KV cache;
 rolling back is a change of length (as in fast_llama.py).
+
+Beside a `--dtype gguf` target on AVX-512 VNNI the head's linears are the target's interleaved 8-bit
+matrices, and a draft step (its layer and the draft vocabulary's logits) is one call of the target's
+native stack (`NativeHead`, stack.cpp with a pair norm): in torch it was ~30 ops, each starting cold
+after the target's forward has streamed its weights through the caches.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.backends.fast_llama import pack_linears, rope
+from specdecode.backends.gguf_weights import QuantLinear
 from specdecode.core.sampling import SamplingParams, argmax, sample, warp
 from specdecode.core.tree import Tree
 from specdecode.drafters.base import Drafter, Proposal
@@ -159,13 +165,81 @@ class KVCache:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v: [kvh, m, d] -> all keys and values so far [kvh, length, d]."""
         end = self.length + k.shape[1]
+        self.reserve(end)
+        self.k[:, self.length : end], self.v[:, self.length : end] = k, v
+        self.length = end
+        return self.k[:, :end], self.v[:, :end]
+
+    def reserve(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room for `end` positions -> all of k, v as one layer's one slot [1, 1, kvh, cap, d] (stack.cpp)."""
         if end > self.k.shape[1]:
             cap = -(-end // self.block) * self.block
             grow = torch.zeros(self.kv_heads, cap - self.k.shape[1], self.head_dim, device=self.device)
             self.k, self.v = torch.cat([self.k, grow], 1), torch.cat([self.v, grow], 1)
-        self.k[:, self.length : end], self.v[:, self.length : end] = k, v
-        self.length = end
-        return self.k[:, :end], self.v[:, :end]
+        return self.k[None, None], self.v[None, None]
+
+
+class NativeHead:
+    """The head's layer and its LM head over the draft vocabulary in one kernels.Stack call (a one-layer
+    stack whose q|k|v read [norm_emb(embed(token)); norm_feat(feature)]): the target's 8-bit path, the
+    embedding and rotary rows gathered natively. `build` returns None where a linear is not interleaved."""
+
+    def __init__(self, head: EagleHead, project: QuantLinear, ops, embed: torch.Tensor, cos, sin):
+        weight = lambda w: w.detach().float().contiguous()  # noqa: E731
+        self.stack = ops.Stack(
+            [head.qkv.linear.interleaved_parts()],
+            [head.o.linear.interleaved_parts()],
+            [head.gate_up.linear.interleaved_parts()],
+            [head.down.linear.interleaved_parts()],
+            [weight(head.norm_feat)],
+            [weight(head.norm_mlp)],
+            weight(head.norm_out),
+            [0],
+            [0],
+            head.heads,
+            head.kv_heads,
+            head.head_dim,
+            head.eps,
+            0.0,
+            project.interleaved_parts(),
+            weight(head.norm_emb),
+        )
+        self.embed, self.cos, self.sin = embed, cos.contiguous(), sin.contiguous()
+
+    @staticmethod
+    def build(head: EagleHead, project, ops, embed: torch.Tensor, cos, sin) -> "NativeHead | None":
+        linears = [head.qkv.linear, head.o.linear, head.gate_up.linear, head.down.linear, project]
+        if not all(isinstance(lin, QuantLinear) and lin.interleaved_parts() for lin in linears):
+            return None  # float linears (an fp32 target, or no VNNI): the torch path
+        if embed.dtype != torch.float32 or not embed.is_contiguous():
+            return None
+        return NativeHead(head, project, ops, embed, cos, sin)
+
+    def chain(self, tokens: list[int], feat: torch.Tensor, cache: KVCache, logit_rows: list[int]):
+        """tokens [m] target ids at the cache's next positions, feat [m, H] the features they continue
+        (updated in place into the head's outputs o) -> logits [len(logit_rows), Vd]; appends to the cache."""
+        m, start = len(tokens), cache.length
+        k, v = cache.reserve(start + m)
+        _, logits = self.stack.forward_ids(
+            tokens, [0], [start], [m], self.embed, k, v, [self.cos], [self.sin], [], logit_rows, feat
+        )
+        cache.length = start + m
+        return logits
+
+    def tree(self, tokens: list[int], feat: torch.Tensor, cache: KVCache, positions: list[int], mask):
+        """As chain for a tree's frontier: token i at rotary position positions[i], seeing the slots of the
+        last mask.shape[1] where mask [m, t] and every slot before -> logits [m, Vd] (all rows)."""
+        m, start = len(tokens), cache.length
+        k, v = cache.reserve(start + m)
+        full = torch.cat([torch.ones(m, start + m - mask.shape[1], dtype=torch.bool), mask], 1)
+        at = torch.tensor(positions)
+        emb = self.embed[tokens]
+        where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([m]))
+        _, logits = self.stack.forward(
+            feat, k, v, [self.cos[at]], [self.sin[at]], [full], *where, [], list(range(m)), emb
+        )
+        cache.length = start + m
+        return logits
 
 
 class EagleDrafter(Drafter):
@@ -187,9 +261,13 @@ class EagleDrafter(Drafter):
         self.target = target
         self.layers = tuple(layer_ids)
         self.token_map = token_map.to(target.device)
+        self.token_ids = token_map.tolist()  # draft index -> target id, without a tensor op a draft
         self.embed = target.hf.get_input_embeddings().weight.detach()
         self.project = target.head_rows(self.token_map)
         self.cos, self.sin = rope_tables(target.hf, target.max_length + 64)
+        self.native = NativeHead.build(
+            self.head, self.project, target.kernels, self.embed, self.cos, self.sin
+        )
 
     def begin(self, prompt):
         self.cache = KVCache(
@@ -197,6 +275,7 @@ class EagleDrafter(Drafter):
         )  # a copy's own (server)
         self.fed = 0  # positions whose target features the head's cache holds
         self.root = None  # the head's output [1, H] at the last fed position: the first draft's input
+        self.root_logits = None  # its logits over the draft vocabulary [1, Vd]: the first draft's
         self.pending: list[torch.Tensor] = []  # target features [n, F] of positions fed.. (not yet fed)
 
     def feed(self, features):
@@ -213,11 +292,8 @@ class EagleDrafter(Drafter):
                     f"eagle: features for {self.fed + len(feats)} positions, context {len(context)}"
                 )
             self.cache.length = self.fed  # drop the previous step's drafted positions
-            tokens = torch.tensor(context[self.fed + 1 :], device=self.embed.device)
-            o = self.head.step(
-                F.embedding(tokens, self.embed).float(), self.head.fuse(feats), self.cache, self.cos, self.sin
-            )
-            self.fed, self.pending, self.root = len(context) - 1, [], o[-1:]
+            logits, o = self._rows(context[self.fed + 1 :], self.head.fuse(feats), last_only=True)
+            self.fed, self.pending, self.root, self.root_logits = len(context) - 1, [], o[-1:], logits
         elif self.root is None or self.fed != len(context) - 1:
             return False  # no target features for this context yet
         self.cache.length = self.fed  # drafting again for the same context (e.g. timing) redrafts
@@ -228,15 +304,28 @@ class EagleDrafter(Drafter):
         """Draft up to k tokens (target ids), choosing each with pick(logits [Vd]) -> draft index."""
         if not self._sync(context):
             return []
-        drafted = []
-        x = self.root
+        drafted, logits, x = [], self.root_logits, self.root
         for i in range(k):
-            choice = pick(self.head.logits(x[-1:], self.project)[0])
-            drafted.append(int(self.token_map[choice]))
+            drafted.append(self.token_ids[pick(logits[0])])
             if i < k - 1:
-                emb = F.embedding(self.token_map[choice].view(1), self.embed).float()
-                x = self.head.step(emb, x, self.cache, self.cos, self.sin)
+                logits, x = self._rows(drafted[-1:], x.clone())
         return drafted
+
+    def _rows(self, tokens: list[int], feat: torch.Tensor, positions=None, mask=None, last_only=False):
+        """The head over tokens (target ids) [m] continuing the features feat [m, H] (consumed), at the
+        cache's next positions, causal, or as a tree (positions [m], mask [m, t]: as EagleHead.step)
+        -> (logits [m, Vd], or the last row's [1, Vd] with last_only; the head's outputs o [m, H])."""
+        m = len(tokens)
+        if self.native is not None:
+            if mask is None:
+                logits = self.native.chain(tokens, feat, self.cache, [m - 1] if last_only else list(range(m)))
+            else:
+                logits = self.native.tree(tokens, feat, self.cache, positions, mask)
+            return logits, feat
+        emb = F.embedding(torch.tensor(tokens, device=self.embed.device), self.embed).float()
+        at = None if positions is None else torch.tensor(positions, device=self.cos.device)
+        o = self.head.step(emb, feat, self.cache, self.cos, self.sin, at, mask)
+        return self.head.logits(o[-1:] if last_only else o, self.project), o
 
     @torch.inference_mode()
     def tree(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
@@ -245,22 +334,19 @@ class EagleDrafter(Drafter):
             return Proposal.empty()
         growth, outputs = Growth(), {-1: self.root}  # node -> the head's output after it [1, H]
 
-        def logq(o: torch.Tensor) -> torch.Tensor:
-            return draft_dist(self.head.logits(o, self.project), params).log()
+        def logq(logits: torch.Tensor) -> torch.Tensor:
+            return draft_dist(logits, params).log()
 
         def children_logq(frontier: list[int]) -> torch.Tensor:
-            mask = growth.feed_mask(frontier)
-            positions = torch.tensor(
-                [self.fed - 1 + growth.depth[n] for n in frontier], device=self.cos.device
-            )
-            emb = F.embedding(self.token_map[[growth.tokens[n] for n in frontier]], self.embed).float()
+            positions = [self.fed - 1 + growth.depth[n] for n in frontier]
+            tokens = [self.token_ids[growth.tokens[n]] for n in frontier]
             feat = torch.cat([outputs[growth.parents[n]] for n in frontier])
-            o = self.head.step(emb, feat, self.cache, self.cos, self.sin, positions, mask)  # [F, H]
+            logits, o = self._rows(tokens, feat, positions, growth.feed_mask(frontier))  # o [F, H]
             outputs.update((n, o[i : i + 1]) for i, n in enumerate(frontier))
-            return logq(o)
+            return logq(logits)
 
         tree, confidence = growth.dynamic(
-            logq(self.root)[0], k, self.branches, self.nodes or self.branches * k, children_logq
+            logq(self.root_logits)[0], k, self.branches, self.nodes or self.branches * k, children_logq
         )
         return Proposal.of_tree(
             Tree(self.token_map[tree.tokens].tolist(), tree.parents), confidence=confidence
