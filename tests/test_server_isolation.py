@@ -101,7 +101,7 @@ def test_verifiers_refuse_out_of_range_ids_and_non_finite_probabilities():
     with pytest.raises(ValueError, match="out of range"):
         verify_rejection(torch.tensor([-1, 2]), None, p, None)
     with pytest.raises(ValueError, match="out of range"):
-        verify_greedy(torch.tensor([10, 2]), torch.randn(3, 10))
+        verify_greedy([10, 2], torch.randn(3, 10))
     bad = p.clone()
     bad[1, 3] = float("nan")
     with pytest.raises(ValueError, match="finite"):

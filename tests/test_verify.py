@@ -29,7 +29,7 @@ def logits_with_argmax(argmaxes, vocab=V):
     ],
 )
 def test_verify_greedy(draft, argmaxes, expected):
-    verdict = verify_greedy(torch.tensor(draft, dtype=torch.long), logits_with_argmax(argmaxes))
+    verdict = verify_greedy(list(draft), logits_with_argmax(argmaxes))
     assert verdict == expected
     assert isinstance(verdict.next_token, int) and isinstance(verdict.accepted, int)
 

@@ -70,6 +70,14 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 
 
+def argmax_ids(logits: torch.Tensor) -> list[int] | int:
+    """As argmax, as Python ints (a list for [n, V], an int for [V]) without a tensor in between: each
+    torch call after a forward starts cold (~40 us, native_forward.md), and verification asks every step."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return logits.detach().numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
+
+
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).float()
 

@@ -86,9 +86,11 @@ def plan(
         return Plan(torch.tensor([last]), None, None)
     probs = proposal.probs
     if proposal.parents is None:
-        draft = proposal.tokens[:budget]
+        draft = proposal.tokens.tolist()[:budget]
         return Plan(
-            torch.cat([torch.tensor([last]), draft]), None, probs[: len(draft)] if probs is not None else None
+            torch.tensor([last] + draft, dtype=torch.long),
+            None,
+            probs[: len(draft)] if probs is not None else None,
         )
     tree, confidence = proposal.tree(), proposal.confidence
     kept = tree.up_to_depth(budget)
@@ -127,13 +129,15 @@ def check(
 ) -> Checked:
     """logits: [1 + n, V], the target's rows for plan.tokens -> the verdict (verify.py, tree_verify.py)."""
     if plan.tree is None:
-        draft = plan.tokens[1:].to(logits.device)
-        if params.greedy:
-            verdict = verify_greedy(draft, logits)
+        if params.greedy:  # on lists: every torch call after a forward starts cold
+            drafted = plan.tokens.tolist()[1:]
+            verdict = verify_greedy(drafted, logits)
         else:
+            draft = plan.tokens[1:].to(logits.device)
             verdict = verify_rejection(draft, plan.probs, warp(logits, params), generator)
+            drafted = draft.tolist()
         a = verdict.accepted
-        return Checked(list(range(a)), draft[:a].tolist(), verdict.next_token, len(draft), len(draft))
+        return Checked(list(range(a)), drafted[:a], verdict.next_token, len(drafted), len(drafted))
     tree = plan.tree
     if params.greedy:
         verdict = verify_tree_greedy(tree, logits)
@@ -197,7 +201,8 @@ def settle(
         cache.keep(*checked.kept(base))  # move the accepted path up to follow the root
     drafter.observe(checked.drafted, len(checked.accepted))
     if drafter.layers:
-        drafter.feed(out.features[checked.rows])
+        rows = checked.rows  # a chain keeps its first rows: a view, not a gather
+        drafter.feed(out.features[: len(rows)] if planned.tree is None else out.features[rows])
     new, finished = commit(checked, eos_ids, room)
     if constraints is not None:
         constraints.commit(new)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.core.sampling import argmax
+from specdecode.core.sampling import argmax_ids
 from specdecode.core.tree import Tree
 from specdecode.core.verify import check_ids, check_inputs
 
@@ -52,7 +52,7 @@ class TreeVerdict:
 def verify_tree_greedy(tree: Tree, target_logits: torch.Tensor) -> TreeVerdict:
     """target_logits: [N+1, V] (+1 layout) -> the longest path that follows the target's argmax."""
     check_ids(tree.tokens, target_logits.shape[-1])
-    choice = argmax(target_logits).tolist()  # [N+1]
+    choice = argmax_ids(target_logits)  # N+1
     path, node = [], -1
     while (child := tree.child(node, choice[node + 1])) is not None:
         path.append(child)

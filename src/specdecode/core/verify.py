@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.core.sampling import argmax
+from specdecode.core.sampling import argmax_ids
 
 
 def check_ids(ids: list[int], vocab_size: int) -> None:
@@ -48,11 +48,10 @@ class Verdict:
     next_token: int  # recovered token if accepted < k, else the bonus token
 
 
-def verify_greedy(draft: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
-    """draft: [k] token ids; target_logits: [k+1, V] -> accept while draft == target argmax."""
-    drafted = draft.tolist()  # lists, as check_ids
+def verify_greedy(drafted: list[int], target_logits: torch.Tensor) -> Verdict:
+    """drafted: k token ids; target_logits: [k+1, V] -> accept while draft == target argmax."""
     check_ids(drafted, target_logits.shape[-1])
-    choice = argmax(target_logits).tolist()  # [k+1]
+    choice = argmax_ids(target_logits)  # k+1
     accepted = next((i for i, (d, c) in enumerate(zip(drafted, choice)) if d != c), len(drafted))
     return Verdict(accepted, choice[accepted])
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.backends.gguf_weights import QuantLinear
-from specdecode.core.sampling import SamplingParams, argmax, sample, warp
+from specdecode.core.sampling import SamplingParams, argmax_ids, sample, warp
 from specdecode.core.tree import Tree
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_vocab import scatter_probs
@@ -286,7 +286,7 @@ class EagleDrafter(Drafter):
         """Feed the head the target features it has not seen; True when it holds the whole context
         (its output at the last position, `root`, is the first draft's input)."""
         if self.pending:
-            feats = torch.cat(self.pending)
+            feats = self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending)
             if self.fed + len(feats) != len(context) - 1:  # the decoder always keeps them in step
                 raise RuntimeError(
                     f"eagle: features for {self.fed + len(feats)} positions, context {len(context)}"
@@ -356,7 +356,7 @@ class EagleDrafter(Drafter):
         if self.branches > 1:
             return self.tree(context, k, params)
         if params.greedy:
-            tokens = self.chain(context, k, lambda logits: int(argmax(logits)))
+            tokens = self.chain(context, k, argmax_ids)
             return Proposal(torch.tensor(tokens, dtype=torch.long))
         qs = []
 
