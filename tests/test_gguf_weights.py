@@ -609,7 +609,15 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     plain, head = drafters.build("none", ctx), drafters.build(f"eagle:{tmp_path / 'gguf'}", ctx)
     packed = [m.linear for m in head.head.modules() if isinstance(m, fast_llama.PackedLinear)]
     assert packed and all(isinstance(f, gguf_weights.QuantLinear) == (ops.vnni_rows() > 0) for f in packed)
+    assert (head.native is not None) == (ops.vnni_rows() > 0)  # on VNNI a draft step is one native call
     assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
+    # the server's batched core: three rows at once, each with its fork of the head (the native stack shared)
+    from specdecode.backends.batch_model import batched
+    from test_batch_decoder import MAX_NEW, together
+
+    ids = [target.tokenizer(p)["input_ids"] for p in PROMPTS[:3]]
+    outputs, _ = together(batched(target.model, 3), [(p, head) for p in ids], 3)
+    assert outputs == [generate(target, plain, p, max_new_tokens=MAX_NEW).token_ids for p in ids]
 
     capsys.readouterr()
     assert main(["train", "eagle", *common, "--out", str(tmp_path / "bad"), "--dtype", "q4"]) == 2
