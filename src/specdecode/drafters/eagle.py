@@ -185,7 +185,9 @@ class NativeHead:
     embedding and rotary rows gathered natively. `build` returns None where a linear is not interleaved."""
 
     def __init__(self, head: EagleHead, project: QuantLinear, ops, embed: torch.Tensor, cos, sin):
-        weight = lambda w: w.detach().float().contiguous()  # noqa: E731
+        def weight(w: torch.Tensor) -> torch.Tensor:
+            return w.detach().float().contiguous()
+
         self.stack = ops.Stack(
             [head.qkv.linear.interleaved_parts()],
             [head.o.linear.interleaved_parts()],
@@ -349,7 +351,7 @@ class EagleDrafter(Drafter):
             logq(self.root_logits)[0], k, self.branches, self.nodes or self.branches * k, children_logq
         )
         return Proposal.of_tree(
-            Tree(self.token_map[tree.tokens].tolist(), tree.parents), confidence=confidence
+            Tree([self.token_ids[t] for t in tree.tokens], tree.parents), confidence=confidence
         )
 
     def propose(self, context, k, params: SamplingParams, generator):
