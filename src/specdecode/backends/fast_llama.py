@@ -26,7 +26,7 @@ from specdecode.backends import kernels as fused_kernels
 from specdecode.backends import quant
 from specdecode.backends import stack as native_stack
 from specdecode.backends.gguf_weights import QuantLinear, quantize_q8
-from specdecode.backends.lm import Output, layer_ids
+from specdecode.backends.lm import Output, layer_ids, tree_attention
 
 # Families whose forward is Llama's up to named switches (Layer, FastLlama.__init__): q/k/v biases
 # (Qwen2), per-head q/k RMSNorm (Qwen3), fused qkv and gate_up matrices (Phi-3); Mistral is Llama.
@@ -435,10 +435,9 @@ class FastLlama:
         self._check_room(start + n)
         ids = layer_ids(layers, len(self.layers))
         if tree_mask is None and self.stack is not None and self.stack.by_ids:  # no torch ops per step
-            rows = list(range(n - num_logits if num_logits else 0, n))
             where = ([0], [start], [n])
             logits, captured = self.stack.chains(
-                self, self.k_cache, self.v_cache, tokens.tolist(), where, set(ids), rows
+                self, self.k_cache, self.v_cache, tokens.tolist(), where, set(ids), _last_rows(n, num_logits)
             )
             self.length = start + n
         else:
@@ -451,8 +450,7 @@ class FastLlama:
         n, start = tokens.shape[0], self.length
         if tree_mask is not None:
             positions = positions.to(self.device)
-            prefix = torch.ones(n, start + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
-            mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)  # [n, start+n]
+            mask = tree_attention(tree_mask.to(self.device), start)  # [n, start+n]
         else:
             # a fresh prefill is plain causal attention: SDPA's fused causal kernel, no [n, n] mask
             mask = (
@@ -531,12 +529,16 @@ class FastLlama:
         n, start = tokens.shape[0], self.length
         x = self.embed_tokens(tokens).float().contiguous()  # [n, hidden]
         where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([n]))  # slot 0
-        rows = list(range(n - num_logits if num_logits else 0, n))
         logits, captured = fused_layers(
-            self, x, self.k_cache, self.v_cache, ropes, masks, where, capture, rows
+            self, x, self.k_cache, self.v_cache, ropes, masks, where, capture, _last_rows(n, num_logits)
         )
         self.length = start + n
         return logits, captured
+
+
+def _last_rows(n: int, num_logits: int) -> list[int]:
+    """The rows of an n-row forward whose logits are returned: the last num_logits, all when 0."""
+    return list(range(n - num_logits if num_logits else 0, n))
 
 
 def fused_layers(

@@ -26,6 +26,15 @@ class Output:
     features: torch.Tensor | None = None  # [n, len(layers) * H]: every new row, the asked layers concatenated
 
 
+def tree_attention(tree_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """A tree forward's mask over the whole cache: tree_mask [n, t] (its n rows against the cache's last
+    t slots, themselves among them) after `length` cached slots -> [n, length + n] bool, every slot before
+    those t visible to every row (CausalLM.forward's tree_mask)."""
+    n = tree_mask.shape[0]
+    prefix = torch.ones(n, length + n - tree_mask.shape[1], dtype=torch.bool, device=tree_mask.device)
+    return torch.cat([prefix, tree_mask], dim=1)
+
+
 def layer_ids(layers: tuple[int, ...], num_layers: int) -> list[int]:
     """Requested layers with negative ids resolved; an id out of range is an error."""
     ids = [i + num_layers if i < 0 else i for i in layers]

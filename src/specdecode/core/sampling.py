@@ -65,17 +65,22 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     On the CPU through numpy: torch's CPU argmax goes one element at a time (5 rows of the default
     model's 49,152 logits: 165 us on 2 threads, 320 on one; numpy 25 us, Zen 4), paid on every
     greedy step and verification."""
-    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
-        return torch.as_tensor(logits.detach().numpy().argmax(-1))
-    return logits.argmax(-1)
+    picked = _numpy_argmax(logits)
+    return logits.argmax(-1) if picked is None else torch.as_tensor(picked)
 
 
 def argmax_ids(logits: torch.Tensor) -> list[int] | int:
     """As argmax, as Python ints (a list for [n, V], an int for [V]) without a tensor in between: each
     torch call after a forward starts cold (~40 us, native_forward.md), and verification asks every step."""
+    picked = _numpy_argmax(logits)
+    return (logits.argmax(-1) if picked is None else picked).tolist()
+
+
+def _numpy_argmax(logits: torch.Tensor):
+    """numpy's argmax over the last axis of CPU float logits (argmax says why), else None."""
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
-        return logits.detach().numpy().argmax(-1).tolist()
-    return logits.argmax(-1).tolist()
+        return logits.detach().numpy().argmax(-1)
+    return None
 
 
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:

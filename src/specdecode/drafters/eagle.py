@@ -34,6 +34,7 @@ from torch import nn
 
 from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.backends.gguf_weights import QuantLinear
+from specdecode.backends.lm import tree_attention
 from specdecode.core.sampling import SamplingParams, argmax_ids, sample, warp
 from specdecode.core.tree import Tree
 from specdecode.drafters.base import Drafter, Proposal
@@ -110,8 +111,7 @@ class EagleHead(nn.Module):
         q, k, v = self._qkv(emb[None], feat[None], cos, sin)
         keys, values = cache.append(k[0], v[0])
         if tree_mask is not None:
-            prefix = torch.ones(m, start + m - tree_mask.shape[1], dtype=torch.bool, device=emb.device)
-            mask = torch.cat([prefix, tree_mask.to(emb.device)], 1)
+            mask = tree_attention(tree_mask.to(emb.device), start)
         else:
             mask = (
                 torch.ones(m, start + m, dtype=torch.bool, device=emb.device).tril(start) if m > 1 else None
@@ -233,12 +233,20 @@ class NativeHead:
         last mask.shape[1] where mask [m, t] and every slot before -> logits [m, Vd] (all rows)."""
         m, start = len(tokens), cache.length
         k, v = cache.reserve(start + m)
-        full = torch.cat([torch.ones(m, start + m - mask.shape[1], dtype=torch.bool), mask], 1)
         at = torch.tensor(positions)
         emb = self.embed[tokens]
         where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([m]))
         _, logits = self.stack.forward(
-            feat, k, v, [self.cos[at]], [self.sin[at]], [full], *where, [], list(range(m)), emb
+            feat,
+            k,
+            v,
+            [self.cos[at]],
+            [self.sin[at]],
+            [tree_attention(mask, start)],
+            *where,
+            [],
+            list(range(m)),
+            emb,
         )
         cache.length = start + m
         return logits
