@@ -108,9 +108,9 @@ def reference(target, ids: list[int], max_tokens: int, stop=(), drafter=None):
 
 @contextmanager
 def scheduler_held(engine: Engine):
-    """Freeze the scheduler at the top of its next iteration (it takes this lock every iteration), so
-    that a request is deterministically mid-flight: the tiny model would otherwise finish 480 tokens
-    in tens of milliseconds, faster than a test can act. The HTTP side keeps serving, except calls
-    that need the lock (submit, cancel), which wait for the release."""
-    with engine.cv:
+    """Park the scheduler at the top of its next iteration (Engine.paused), so that a request is
+    deterministically mid-flight: the tiny model would otherwise finish 480 tokens in tens of
+    milliseconds, faster than a test can act. The lock stays free: the HTTP side keeps serving and
+    submits, cancels and shutdown go through while it is held."""
+    with engine.paused():
         yield

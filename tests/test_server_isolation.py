@@ -231,6 +231,8 @@ def test_a_full_queue_answers_429_with_retry_after(target):
 
 
 def test_shutdown_ends_running_streams_with_an_error_event_and_done_and_others_with_503(target):
+    """Parked scheduler (lock free): the second request queues, should_exit starts the 0.3 s drain, and
+    the engine is stopped while both requests are still in flight, whatever the machine's speed."""
     long = {"max_tokens": 480, "ignore_eos": True, "speculative": {"enabled": False}}
     with serve(target, max_batch=2, load_control=False, drain_s=0.3) as srv:
         plain = []
@@ -244,14 +246,22 @@ def test_shutdown_ends_running_streams_with_an_error_event_and_done_and_others_w
             with scheduler_held(srv.engine):  # neither request can finish before the drain time is up
                 t = threading.Thread(target=lambda: plain.append(complete(srv.url, prompt="Hi", **long)))
                 t.start()
-                time.sleep(0.3)
+                until(lambda: len(srv.engine.waiting) == 1)
                 srv.server.should_exit = True
-                time.sleep(0.6)
+                until(lambda: srv.engine.stopping)
             rest = [line for line in lines if line]
         t.join(30)
     assert rest[-1] == "data: [DONE]"
     assert "error" in json.loads(rest[-2][6:])
     assert plain and plain[0].status_code == 503
+
+
+def until(condition, timeout: float = 30.0) -> None:
+    """Wait for a state instead of sleeping a guess: slow or busy machines only take longer."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the server's state"
+        time.sleep(0.01)
 
 
 # -- seeds and labels ------------------------------------------------------------------------------

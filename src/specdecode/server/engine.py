@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -188,6 +189,7 @@ class Engine:
         self.running: list[Sequence] = []
         self.cv = threading.Condition()
         self.stopping = False
+        self.held = 0  # paused(): the scheduler waits at the top of its loop while > 0
         self.thread: threading.Thread | None = None
         self.ids = count(1)
         # per drafter (bounded by the configuration: per_spec.py): acceptance profile and drafting time
@@ -256,6 +258,21 @@ class Engine:
             seq.cancelled = True
             self.cv.notify()
 
+    @contextmanager
+    def paused(self):
+        """Park the scheduler at the top of its next iteration, with the lock released: the API side
+        (submit, cancel, stop, metrics) keeps working and `stop` still ends the loop, but no request is
+        admitted or stepped until the block exits (tests use it to keep requests deterministically in
+        flight; the current step, if any, finishes first)."""
+        with self.cv:
+            self.held += 1
+        try:
+            yield
+        finally:
+            with self.cv:
+                self.held -= 1
+                self.cv.notify()
+
     def start(self) -> None:
         self.thread = threading.Thread(target=self._loop, name="specdecode-engine", daemon=True)
         self.thread.start()
@@ -296,7 +313,7 @@ class Engine:
         torch.set_num_threads(self.threads)
         while True:
             with self.cv:
-                while not (self.stopping or self.waiting or self.running):
+                while not (self.stopping or (not self.held and (self.waiting or self.running))):
                     self.cv.wait()
                 if self.stopping:
                     break
