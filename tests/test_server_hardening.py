@@ -154,8 +154,8 @@ def test_oversized_bodies_get_413(guarded):
 
 
 def test_full_queue_gets_429_and_a_vanished_client_is_cancelled(target):
-    """The scheduler is held back, so the queue state is exact: one request waits, the next is refused.
-    The waiting client then gives up; once the scheduler runs, it drops that request (abort)."""
+    """The scheduler is held back, so the queue state is exact: max_batch + queue = 2 requests wait, the
+    next is refused. The waiting clients then give up; once the scheduler runs, it drops them (abort)."""
     with serve(target, queue=1, max_batch=1, start_engine=False, load_control=False) as srv:
         body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}
         outcome = []
@@ -166,19 +166,21 @@ def test_full_queue_gets_429_and_a_vanished_client_is_cancelled(target):
             except httpx.ReadTimeout:
                 outcome.append("gave up")
 
-        first = threading.Thread(target=give_up_after_half_a_second)
-        first.start()
+        clients = [threading.Thread(target=give_up_after_half_a_second) for _ in range(2)]
+        for client in clients:
+            client.start()
         deadline = time.monotonic() + 10
-        while _metric(srv, "specdecode:num_requests_waiting") < 1:
+        while _metric(srv, "specdecode:num_requests_waiting") < 2:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         err = _assert_error(httpx.post(srv.url + "/v1/completions", json=body), 429)
         assert err["code"] == "queue_full"
-        first.join()
-        assert outcome == ["gave up"]
+        for client in clients:
+            client.join()
+        assert outcome == ["gave up"] * 2
         time.sleep(0.6)  # the server notices the disconnect within its 0.25 s poll
         srv.engine.start()
-        while _metric(srv, "specdecode:request_success_total", finished_reason="abort") < 1:
+        while _metric(srv, "specdecode:request_success_total", finished_reason="abort") < 2:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert _metric(srv, "specdecode:num_requests_waiting") == 0

@@ -232,7 +232,10 @@ class Engine:
         with self.cv:
             if self.stopping:
                 raise ShuttingDown("the server is shutting down")
-            if len(self.waiting) >= self.queue_size:
+            # running + waiting against slots + queue, not waiting against the queue: requests stay in
+            # `waiting` until the scheduler thread next moves them into free slots, and a burst that
+            # comes before it does must still find its B + Q places
+            if len(self.running) + len(self.waiting) >= self.model.slots + self.queue_size:
                 raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
             self.waiting.append(seq)
             self._gauges()
