@@ -165,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
         "--window",
         type=float,
         default=60.0,
-        help="with --from-metrics: seconds between the two scrapes (0: totals)",
+        help="with --from-metrics: seconds between the two scrapes (0: totals; a saved scrape: its totals)",
     )
     a.add_argument(
         "--max-batch", type=int, default=32, help="with --from-metrics: largest batch size of the schedule"

@@ -67,7 +67,10 @@ def profile(counts: Counts) -> Profile:
 
 
 def read(source: str, window_s: float, timeout: float = 5.0) -> tuple[Counts, float]:
-    """The counters over `window_s` seconds (two scrapes), or their totals (window 0) -> (counts, span)."""
+    """The counters over `window_s` seconds (two scrapes), or their totals (window 0) -> (counts, span).
+    A saved scrape file gives its totals at once, whatever the window: it does not change while we
+    wait, so a window over it would only sleep and then hold no drafts."""
+    live = prom.is_live(source)
     tracker = Tracker(window_s=max(window_s, 1.0), min_draft_tokens=0)
 
     def scrape():
@@ -80,8 +83,14 @@ def read(source: str, window_s: float, timeout: float = 5.0) -> tuple[Counts, fl
     first = scrape()
     if first.prefix is None:
         raise UserError(f"no spec_decode counters at {source}: is the server speculating?")
-    if window_s <= 0:
-        return first.groups["all"].total, 0.0
+    totals = first.groups["all"].total
+    if not live and not totals.drafts:  # profile's hint (send traffic, widen the window) is a live server's
+        raise UserError(
+            f"{source} holds no drafts in its spec_decode counters: save a scrape taken after the "
+            "server has served speculative traffic"
+        )
+    if window_s <= 0 or not live:
+        return totals, 0.0
     time.sleep(window_s)
     snap = scrape()
     return snap.groups["all"].window, snap.window_s
@@ -130,7 +139,9 @@ def advise(prof: Profile, cost_at, batch_sizes: list[int], k_max: int) -> Advice
 
 
 def render(prof: Profile, counts: Counts, advice: Advice, span_s: float, source: str) -> str:
-    window = f"over {span_s:.0f} s" if span_s else "totals"
+    window = (
+        f"over {span_s:.0f} s" if span_s else "totals" if prom.is_live(source) else "saved scrape, totals"
+    )
     lines = [
         f"{source} ({window}): {counts.drafts:.0f} drafts, α {counts.alpha:.3f}, τ {counts.tau:.2f}, "
         f"mean draft length {counts.mean_draft_length:.2f} of k={prof.served_k}",

@@ -75,13 +75,26 @@ def parse(text: str) -> list[Sample]:
     return samples
 
 
+def locate(source: str) -> str:
+    """Where `fetch` reads a source: an http(s) URL (a bare host:port gets http:// and /metrics) or a
+    file path (a file:// URL loses its scheme); callers that treat a live server and a saved scrape
+    differently (advice.read) ask this rather than guess."""
+    if source.startswith("file://"):
+        return source[len("file://") :]
+    if not source.startswith(("http://", "https://")) and not Path(source).exists():
+        if ":" in source and "/" not in source:  # host:port
+            return f"http://{source}/metrics"
+    return source
+
+
+def is_live(source: str) -> bool:
+    """A running server's endpoint (scraped over HTTP), not a saved scrape file."""
+    return locate(source).startswith(("http://", "https://"))
+
+
 def fetch(source: str, timeout: float = 5.0) -> str:
     """An http(s) URL (a bare host:port gets http:// and /metrics), a file:// URL or a file path -> text."""
-    if source.startswith("file://"):
-        source = source[len("file://") :]
-    elif not source.startswith(("http://", "https://")) and not Path(source).exists():
-        if ":" in source and "/" not in source:  # host:port
-            source = f"http://{source}/metrics"
+    source = locate(source)
     if source.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(source, timeout=timeout) as response:
