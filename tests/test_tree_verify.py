@@ -1,6 +1,8 @@
 """Tree verification: greedy walks the target's argmax; multi-draft rejection sampling commits tokens
 distributed exactly as the target's, checked on the pure function and through the real loop."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -154,6 +156,27 @@ def test_distribution_check_catches_a_wrong_tree_verifier(tables, monkeypatch):
     drafter, prompt = NgramDrafter(max_n=1, min_n=1, branches=2), ngram_tree_prompt(target.table)
     counts, *_ = first_two_counts(target, drafter, prompt, params, n)
     assert tv(counts, joint_two(target.table, 2, params)) > tv_bound(64, n)
+
+
+def test_distribution_check_catches_siblings_without_the_renormalised_q(tables, monkeypatch):
+    """Negative control for the draft-tree rule: siblings drawn without replacement must each carry q
+    with the earlier siblings removed and renormalised; reporting the plain q for every root sibling
+    (what a drafter forgetting the rule would do) biases the committed tokens, and the check sees it."""
+    target, draft_model = tables
+    drafter = DraftTreeDrafter(draft_model, V, branches=2)
+    real = drafter.propose
+
+    def plain_q(context, k, params, generator):
+        proposal = real(context, k, params, generator)
+        probs, first = proposal.probs.clone(), proposal.tree().children[0]
+        probs[first[1:]] = probs[first[0]].clone()  # sibling 0's row is q itself
+        return replace(proposal, probs=probs)
+
+    monkeypatch.setattr(drafter, "propose", plain_q)
+    params = SamplingParams(temperature=0.8, top_k=4)
+    counts, *_ = first_two_counts(target, drafter, [2], params, N)
+    exact = joint_two(target.table, 2, params)
+    assert tv(counts, exact) > tv_bound(int((exact > 0).sum()), N)
 
 
 def test_self_draft_tree_sampling_accepts_the_whole_depth(tables):
