@@ -125,10 +125,14 @@ def joint_two(table: torch.Tensor, last: int, params: SamplingParams) -> torch.T
     return p1[:, None] * p2
 
 
-def assert_lossless(target, plain, drafter, prompts: list[str], k: int, max_new_tokens: int):
+def assert_lossless(
+    target, plain, drafter, prompts: list[str], k: int, max_new_tokens: int, min_accepted: int = 1
+):
     """Greedy decoding with `drafter` gives `plain`'s tokens on every prompt (target: a LoadedModel)
-    -> (plain decoding's token ids per prompt, tokens drafted in all)."""
-    outputs, drafted = [], 0
+    -> (plain decoding's token ids per prompt, tokens drafted in all). Speculation must have happened:
+    drafts proposed and at least `min_accepted` accepted, or the identity would hold with speculation
+    switched off (0 only where the caller checks the accepting path with another drafter)."""
+    outputs, drafted, accepted = [], 0, 0
     for prompt in prompts:
         ids = target.tokenizer(prompt)["input_ids"]
         a = generate(target, plain, ids, max_new_tokens=max_new_tokens)
@@ -136,4 +140,6 @@ def assert_lossless(target, plain, drafter, prompts: list[str], k: int, max_new_
         assert a.token_ids == b.token_ids, prompt
         outputs.append(a.token_ids)
         drafted += b.stats.drafted
+        accepted += b.stats.accepted
+    assert drafted > 0 and accepted >= min_accepted, f"drafted {drafted}, accepted {accepted}"
     return outputs, drafted

@@ -95,13 +95,18 @@ def family_target(request, tmp_path_factory, tiny_tokenizer):
     return models.load(str(path), "fp32", "cpu")
 
 
-@pytest.mark.parametrize("spec", ["ngram", "draft:{draft}"])
+@pytest.mark.parametrize("spec", ["ngram", "draft:{draft}", "draft:{self}"])
 def test_greedy_speculation_equals_plain(family_target, tiny_draft_dir, spec):
+    """n-gram and an unrelated random draft are (almost) never accepted by a random family model: they
+    check the rejection path; the family's own weights as the draft check acceptance and bonus tokens."""
     assert isinstance(family_target.model, FastLlama)
     ctx = drafters.DrafterContext(family_target)
-    plain, drafter = drafters.build("none", ctx), drafters.build(spec.format(draft=tiny_draft_dir), ctx)
-    _, drafted = assert_lossless(family_target, plain, drafter, PROMPTS[:3], k=4, max_new_tokens=30)
-    assert drafted > 0
+    own = spec == "draft:{self}"
+    spec = spec.format(draft=tiny_draft_dir, self=family_target.name)
+    plain, drafter = drafters.build("none", ctx), drafters.build(spec, ctx)
+    assert_lossless(
+        family_target, plain, drafter, PROMPTS[:3], k=4, max_new_tokens=30, min_accepted=30 if own else 0
+    )
 
 
 def test_unsupported_variants_fall_back_with_a_reason(capsys):
@@ -167,10 +172,17 @@ def test_every_trainer_runs_on_the_family_its_drafter_is_lossless_and_exports(
             )
             == 0
         )
-        _, drafted = assert_lossless(
-            target, plain, drafters.build(f"{trainer}:{out}", ctx), PROMPTS[:2], k=3, max_new_tokens=20
+        # a few training steps on a random model: drafts are proposed, rarely accepted (the accepting
+        # path of each trained drafter: tests/test_gguf_weights.py and test_medusa_eagle.py)
+        assert_lossless(
+            target,
+            plain,
+            drafters.build(f"{trainer}:{out}", ctx),
+            PROMPTS[:2],
+            k=3,
+            max_new_tokens=20,
+            min_accepted=0,
         )
-        assert drafted > 0
         capsys.readouterr()
         code = cli.main(
             [

@@ -73,11 +73,12 @@ def _decode(target, drafter, prompt, k, constraints, n=40):
         eos_ids=target.eos_ids,
         constraints=constraints,
     )
-    tokens, drafted = [], 0
+    tokens, drafted, accepted = [], 0, 0
     for step in steps:
         tokens += step.tokens
         drafted += step.drafted
-    return tokens, drafted
+        accepted += step.accepted
+    return tokens, (drafted, accepted)
 
 
 @pytest.mark.parametrize("kind", ["regex", "schema"])
@@ -85,7 +86,7 @@ def test_greedy_constrained_output_is_identical_with_and_without_speculation(tar
     tok = target.tokenizer
     compiled = grammars.regex(REGEX) if kind == "regex" else grammars.json_schema(SCHEMA)
     prompts = ["the cat sat on the mat. the dog sat on the", '{"name": "Paris", "age": 3} {"name": "']
-    drafted_in_all = 0
+    drafted_in_all = accepted_in_all = 0
     for text in prompts:
         prompt = _ids(tok, text)
         plain, _ = _decode(
@@ -99,10 +100,11 @@ def test_greedy_constrained_output_is_identical_with_and_without_speculation(tar
             jsonschema.validate(json.loads(out), SCHEMA)
         for drafter in (NgramDrafter(min_n=1), NgramDrafter(min_n=1, branches=3)):
             constraints = Constraints(prompt, grammar=grammars.matcher(compiled))
-            spec, drafted = _decode(target, drafter, prompt, 4, constraints)
+            spec, (drafted, accepted) = _decode(target, drafter, prompt, 4, constraints)
             assert spec == plain, (text, drafter)
             drafted_in_all += drafted
-    assert drafted_in_all > 0  # drafts survived the grammar and were verified
+            accepted_in_all += accepted
+    assert drafted_in_all > 0 and accepted_in_all > 0  # drafts survived the grammar, some were kept
 
 
 def test_bad_grammars_are_user_errors(grammars):

@@ -230,16 +230,22 @@ def test_fused_verification_equals_decode_steps_bit_for_bit(ops, hf):
     assert torch.equal(block, steps)
 
 
-def _greedy(model, drafter, prompt):
-    steps = decode(
-        model,
-        drafter,
-        prompt,
-        k=4,
-        params=SamplingParams(),
-        max_new_tokens=24,
-        generator=torch.Generator().manual_seed(0),
+def _greedy(model, drafter, prompt, counts=None):
+    """Greedy tokens; counts (a dict) collects drafted / accepted."""
+    steps = list(
+        decode(
+            model,
+            drafter,
+            prompt,
+            k=4,
+            params=SamplingParams(),
+            max_new_tokens=24,
+            generator=torch.Generator().manual_seed(0),
+        )
     )
+    if counts is not None:
+        counts["drafted"] = sum(s.drafted for s in steps)
+        counts["accepted"] = sum(s.accepted for s in steps)
     return [t for s in steps for t in s.tokens]
 
 
@@ -253,7 +259,9 @@ def test_bf16_weights_fused_speculation_is_token_identical(ops, hf):
     assert bf16.layers[0].qkv.weight.dtype == torch.bfloat16
     prompt = ([5, 9, 11, 7] * 6)[:22]
     plain = _greedy(bf16, NoDrafter(), prompt)
-    assert _greedy(bf16, NgramDrafter(), prompt) == plain
+    counts = {}
+    assert _greedy(bf16, NgramDrafter(), prompt, counts) == plain
+    assert counts["drafted"] > 0 and counts["accepted"] > 0  # speculation happened
     # and it is the fp32 model with its weights rounded to bf16
     rounded = FastLlama(copy.deepcopy(hf).to(torch.bfloat16).float())
     bf16.reset(), rounded.reset()

@@ -88,8 +88,17 @@ def test_greedy_output_equals_plain_decoding(target, trained, kind, k):
     ctx = drafters.DrafterContext(target)
     plain, drafter = drafters.build("none", ctx), drafters.build(f"{kind}:{path}", ctx)
     # "x": a one-token prompt has no prefill to read features from
-    _, drafted = assert_lossless(target, plain, drafter, PROMPTS[:3] + ["x"], k=k, max_new_tokens=30)
-    assert drafted > 0
+    # Medusa's heads are accepted on this target; EAGLE's few-step head is not (its accepting path:
+    # test_gguf_weights.py's gguf-trained head, which is)
+    assert_lossless(
+        target,
+        plain,
+        drafter,
+        PROMPTS[:3] + ["x"],
+        k=k,
+        max_new_tokens=30,
+        min_accepted=int(kind == "medusa"),
+    )
 
 
 def test_heads_draft_through_the_targets_kernels_in_bf16(target, target_hf, trained):
@@ -131,7 +140,7 @@ def test_fallback_lets_ngram_draft_where_it_finds_a_match_and_eagle_elsewhere(ta
     lookup.propose, head.propose = counted(lookup, "ngram"), counted(head, "eagle")
     prompts = PROMPTS[:4] + ["one two three one two three one two"]
     _, drafted = assert_lossless(
-        target, drafters.build("none", ctx), drafter, prompts, k=k, max_new_tokens=30
+        target, drafters.build("none", ctx), drafter, prompts, k=k, max_new_tokens=30, min_accepted=0
     )
     asked_head = len(lengths["eagle"])
     assert asked_head == lengths["ngram"].count(0)  # the head is asked exactly when lookup has nothing
