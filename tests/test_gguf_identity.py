@@ -1,0 +1,91 @@
+"""Greedy speculation on a GGUF target through every way in that batches: the Python API (the batched
+core) and the server. The tiny GGUF Llama runs at `gguf-exact` everywhere and at `gguf` (8-bit
+activations) where AVX-512 VNNI makes every row's bits independent of the batch; batched speculative
+answers must equal each prompt decoded alone without speculation, and speculation must have happened
+(drafts proposed and some accepted), or the identity would say nothing."""
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import make_llama, make_tokenizer
+from gguf_fixtures import write_tiny_gguf
+from serving import MODEL, reference, scheduler_held, serve
+from specdecode import LLM, SamplingParams
+from specdecode.backends import kernels, models
+
+ops = kernels.load()
+DTYPES = [
+    pytest.param("gguf-exact", marks=pytest.mark.skipif(ops is None, reason="no C++ compiler: no kernels")),
+    pytest.param(
+        "gguf",
+        marks=pytest.mark.skipif(
+            ops is None or ops.vnni_rows() == 0, reason="batch-invariant 8-bit rows need AVX-512 VNNI"
+        ),
+    ),
+]
+# repetitive prompts: n-gram lookup has something to propose on a random tiny model
+PROMPTS = [
+    "the cat sat on the mat. the cat sat on the",
+    "1 2 3 1 2 3 1 2 3 1 2",
+    "def f(x): return x def f(x):",
+]
+TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_1", "ffn_up": "Q4_1", "ffn_down": "Q5_0", "output": "Q8_0"}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDECODE_CACHE", str(tmp_path_factory.mktemp("cache")))
+        tok = make_tokenizer()
+        hf = make_llama(seed=3, hidden=128, heads=4, kv_heads=2, intermediate=256, eos_id=tok.eos_token_id)
+        yield write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", hf, tok, TYPES)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_api_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, tiny_draft_dir, dtype):
+    """n-gram lookup (mostly rejected on a random model: the rejection path), the tiny draft model, and
+    the file drafting for itself (accepted: the acceptance path, a bonus token each full step)."""
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    alone = [
+        o.token_ids for o in (LLM(tiny_gguf, "none", dtype=dtype).generate(p, greedy)[0] for p in PROMPTS)
+    ]
+    accepted = 0
+    for drafter in ("ngram", f"draft:{tiny_draft_dir}", f"draft:{tiny_gguf}"):
+        batched = LLM(tiny_gguf, drafter, k=4, max_batch=2, dtype=dtype).generate(PROMPTS, greedy)  # 2 slots
+        assert [o.token_ids for o in batched] == alone, drafter
+        assert sum(o.metrics.drafted for o in batched) > 0, drafter
+        accepted += sum(o.metrics.accepted for o in batched)
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_server_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, dtype):
+    """The server's batched core with the file drafting for itself: drafts proposed and accepted."""
+    target = models.load(tiny_gguf, dtype, "cpu")
+    prompts = [target.tokenizer(p)["input_ids"] for p in PROMPTS]
+    expected = [reference(target, ids, 24).token_ids for ids in prompts]
+    results = [None] * len(prompts)
+
+    def ask(i, url):
+        body = {"model": MODEL, "prompt": prompts[i], "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        results[i] = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+
+    with serve(target, drafter=f"draft:{tiny_gguf}", k=4, max_batch=4, load_control=False) as srv:
+        with scheduler_held(srv.engine):  # every request in before the first step: one batch
+            threads = [threading.Thread(target=ask, args=(i, srv.url)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 30
+            while len(srv.engine.waiting) < len(prompts):
+                assert time.monotonic() < deadline, "requests did not arrive"
+                time.sleep(0.01)
+        for t in threads:
+            t.join(60)
+    texts = [r["choices"][0]["text"] for r in results]
+    assert texts == [target.tokenizer.decode(ids, skip_special_tokens=True) for ids in expected]
+    usage = [r["usage"]["speculative"] for r in results]
+    assert sum(u["num_draft_tokens"] for u in usage) > 0
+    assert sum(u["num_accepted_tokens"] for u in usage) > 0
