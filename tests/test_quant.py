@@ -4,6 +4,7 @@ drafter leaves greedy output to the fp32 target, and bad requests are clear erro
 from __future__ import annotations
 
 import io
+import warnings
 
 import pytest
 import torch
@@ -79,3 +80,31 @@ def test_bad_quantization_requests_are_clear_errors(tiny_model_dir, capsys):
     with pytest.raises(SystemExit):
         main(["generate", "hi", "--target-quant", "int4"])
     assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_an_int8_target_that_speculates_is_warned_about_in_the_api_and_the_cli(tiny_model_dir, capsys):
+    """README's losslessness promise has this exception; each way in says so (plain decoding does not)."""
+    from specdecode import LLM
+
+    with pytest.warns(quant.LossyTargetWarning, match="target-quant int8 with speculation"):
+        LLM(tiny_model_dir, "ngram", target_quant="int8", dtype="fp32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", quant.LossyTargetWarning)
+        LLM(tiny_model_dir, "none", target_quant="int8", dtype="fp32")  # no speculation: no warning
+        LLM(tiny_model_dir, "ngram", dtype="fp32")  # a float target: no warning
+    with pytest.warns(quant.LossyTargetWarning):
+        main(
+            [
+                "generate",
+                "hi",
+                "--target",
+                str(tiny_model_dir),
+                "--target-quant",
+                "int8",
+                "--dtype",
+                "fp32",
+                "--max-new-tokens",
+                "2",
+                "--no-chat",
+            ]
+        )

@@ -691,7 +691,7 @@ def cmd_serve(args) -> None:
     import os
     from pathlib import Path
 
-    from specdecode.backends import models
+    from specdecode.backends import models, quant
     from specdecode.core.config import load_config
     from specdecode.core.generation import check_k
     from specdecode.drafters import parse
@@ -731,6 +731,7 @@ def cmd_serve(args) -> None:
         args.suffix_scope, args.suffix_cache
     )  # a bad cache file fails before the model loads
     _setup(args)
+    quant.warn_if_lossy(args.target_quant, True)  # clients may ask any request to speculate
     target = models.load(args.target, args.dtype, args.device, args.backend, args.target_quant)
     if args.suffix_warm:
         caches.warm = read_responses(args.suffix_warm, target.tokenizer)

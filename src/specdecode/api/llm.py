@@ -133,6 +133,7 @@ class LLM:
                 dtype = "fp32"
         quant.check(target_quant, dtype, device)
         quant.check(drafter_quant, dtype, device)
+        quant.warn_if_lossy(target_quant, self.spec.speculates or bool(config) or routing == "auto")
         if drafter_quant != "none" and not self.spec.draft_models:
             raise UserError(f"drafter_quant applies to draft models (draft, draft:<model>), not {self.spec}")
         self.dtype = dtype

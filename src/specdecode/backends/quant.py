@@ -36,6 +36,27 @@ def check(quant: str, dtype: str, device: str | None) -> str:
     return quant
 
 
+class LossyTargetWarning(UserWarning):
+    """Speculation on this target is not token-identical to plain decoding on it."""
+
+
+INT8_TARGET = (
+    "--target-quant int8 with speculation: greedy output may differ from plain int8 decoding. torch's "
+    "dynamic int8 quantizes a forward's activations with one scale per call, so a verification over "
+    "k + 1 rows rounds differently from k + 1 one-token steps (docs/cross_vocab_int8.md); for a "
+    "quantized target that stays token-identical use a GGUF file (--dtype gguf)"
+)
+
+
+def warn_if_lossy(target_quant: str, speculates: bool) -> bool:
+    """Warn (LossyTargetWarning) where the losslessness promise does not hold: an int8 target that
+    speculates. -> whether it warned."""
+    if target_quant == "int8" and speculates:
+        warnings.warn(INT8_TARGET, LossyTargetWarning, stacklevel=3)
+        return True
+    return False
+
+
 def quantize(hf_model):
     """In place: the decoder's nn.Linear layers -> torch.ao dynamic int8 linears. -> hf_model"""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
