@@ -393,6 +393,12 @@ class FastLlama:
             return head_linear(self.hf.get_output_embeddings().weight.detach()[index].float(), self.kernels)
         return self.lm_head.rows(index)  # a quantized head (gguf_weights.QuantLinear): rows still quantized
 
+    def output_weight(self) -> torch.Tensor:
+        """The LM head's float weights [V, H]: the HF module's, or a GGUF file's quantized head
+        dequantized (its skeleton holds no float copy: gguf_model.py)."""
+        weight = self.hf.get_output_embeddings().weight
+        return self.lm_head.dequantize() if weight.device.type == "meta" else weight
+
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
 

@@ -119,6 +119,8 @@ def concat(matrices: list[QuantMatrix]) -> QuantMatrix | None:
     """Row-wise concatenation (fused q|k|v, gate|up), or None when the layouts differ."""
     if len({m.kind for m in matrices}) != 1 or len({m.shape[1] for m in matrices}) != 1:
         return None
+    if len(matrices) == 1:
+        return matrices[0]
     return QuantMatrix(
         matrices[0].kind, torch.cat([m.scales for m in matrices]), torch.cat([m.quants for m in matrices])
     )
@@ -206,6 +208,9 @@ FORMATS = {
 }
 
 
+ROWS_AT_ONCE = 8192  # rows a repack or a dequantization converts at a time (bounds their temporaries)
+
+
 def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix | torch.Tensor:
     """A GGUF tensor's data (rows of raw blocks, or plain values) -> a QuantMatrix, or float32 [N, K]
     dequantized by the `gguf` package for types without a kernel."""
@@ -217,7 +222,9 @@ def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix
                 f"GGUF tensor {name}: {raw.shape[1]} bytes per row is not a whole number of "
                 f"{type_name} blocks"
             )
-        return fn(raw.reshape(raw.shape[0], raw.shape[1] // size, size))
+        blocks = raw.reshape(raw.shape[0], raw.shape[1] // size, size)
+        # in slices of rows: the repacks' integer temporaries stay small beside a 150k-row LM head
+        return concat([fn(blocks[i : i + ROWS_AT_ONCE]) for i in range(0, len(blocks), ROWS_AT_ONCE)])
     from gguf import GGMLQuantizationType, quants
 
     try:
@@ -277,11 +284,22 @@ class QuantLinear:
             else None
         )
 
-    def interleaved_parts(self) -> list[tuple[str, torch.Tensor, torch.Tensor, int]] | None:
-        """(kind, scales, quants, rows) of each part when all are interleaved (for stack.cpp), else None."""
-        if self.bias is not None or not all(isinstance(p, Interleaved) for p in self.parts):
+    def interleaved_parts(
+        self, with_bias: bool = False
+    ) -> list[tuple[str, torch.Tensor, torch.Tensor, int]] | None:
+        """(kind, scales, quants, rows) of each part when all are interleaved (for stack.cpp), else None;
+        a linear with a bias only when the caller adds it (with_bias: the stack's q|k|v biases)."""
+        if self.bias is not None and not with_bias:
+            return None
+        if not all(isinstance(p, Interleaved) for p in self.parts):
             return None
         return [(p.kind, p.scales, p.quants, p.n) for p in self.parts]
+
+    def dequantize(self) -> torch.Tensor:
+        """-> float32 [out_features, K]: the weights as the kernels see them, equal to the `gguf`
+        package's dequantization (for readers of a float head: the distilled draft, the trainers)."""
+        parts = [p.unpack(self.ops) if isinstance(p, Interleaved) else p for p in self.parts]
+        return torch.cat([p.dequantize() if isinstance(p, QuantMatrix) else p.float() for p in parts])
 
     def rows(self, index: torch.Tensor) -> QuantLinear:
         """The output rows `index` (a draft vocabulary's LM-head rows), still quantized."""
@@ -404,6 +422,19 @@ def read(path: Path) -> tuple[str, dict[str, tuple[str, np.ndarray]]]:
         raise UserError(f"cannot read GGUF file {path}: {e}") from e
 
 
+def drop_pages(tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """Unmap the pages of read()'s file mapping that were touched so far (they stay in the page cache;
+    a later read faults them back in): repacking then holds at most a layer's file pages resident."""
+    import mmap
+
+    base = next(iter(tensors.values()))[1] if tensors else None
+    while isinstance(base, np.ndarray):
+        base = base.base
+    base = base.obj if isinstance(base, memoryview) else base  # np.frombuffer's view of the mapping
+    if isinstance(base, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        base.madvise(mmap.MADV_DONTNEED)
+
+
 def _trim_heap() -> None:
     """Hand freed heap pages back to the OS (glibc keeps them otherwise)."""
     try:
@@ -413,9 +444,8 @@ def _trim_heap() -> None:
 
 
 def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
-    """In place: FastLlama `model` (loaded from the dequantized copy of `path`) computes its layers
-    and LM head from the file's quantized blocks; the dequantized linear weights are released.
-    int8_activations: see QuantLinear."""
+    """In place: FastLlama `model` (built on the weightless skeleton of `path`: gguf_model.py) computes
+    its layers and LM head from the file's quantized blocks. int8_activations: see QuantLinear."""
     model.int8_activations = int8_activations
     arch, tensors = read(path)
     permuted = arch == "llama"  # llama.cpp rotates q/k rows for its llama architecture only
@@ -450,14 +480,13 @@ def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
             else [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")]
         )
         layer.down = linear([weight(b + "ffn_down.weight")])
+        drop_pages(tensors)  # this layer's blocks are repacked: its file pages need not stay resident
     model.lm_head = linear([weight("output.weight" if "output.weight" in tensors else "token_embd.weight")])
     if model.lm_head.interleaved:
         model.rows_independent()
-    with torch.no_grad():  # the decoder's float32 linears are no longer read: free them
+    with torch.no_grad():  # the skeleton's weightless linears: nothing reads them (features.teacher checks)
         for lin in (m for m in model.hf.model.layers.modules() if isinstance(m, torch.nn.Linear)):
             lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
-        for param in model.hf.parameters():  # off the safetensors file mapping, so that it is unmapped
-            param.data = param.data.clone()
     model.embed = model.hf.get_input_embeddings().weight
     model.final_norm = model.final_norm.clone()
     for layer in model.layers:

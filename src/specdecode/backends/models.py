@@ -56,6 +56,9 @@ class HFModel:
     def head_rows(self, index: torch.Tensor):
         return head_linear(self.hf.get_output_embeddings().weight.detach()[index].float())
 
+    def output_weight(self) -> torch.Tensor:
+        return self.hf.get_output_embeddings().weight
+
     def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
         return self.forward(tokens, num_logits=num_logits).logits
 
@@ -201,7 +204,13 @@ def local_path(spec: str | None) -> Path | str:
 
 
 def _from_pretrained(auto_class, spec: str | None, what: str):
-    where = local_path(spec)
+    where = resolve(spec)
+    if isinstance(where, Path) and where.suffix == ".gguf":  # its metadata, not a dequantized copy
+        from specdecode.backends.gguf_model import metadata_dir
+
+        where = metadata_dir(where)
+    else:
+        where = local_path(spec)
     try:
         return auto_class.from_pretrained(where)
     except Exception as e:  # transformers raises many types for unreadable or unsupported files
@@ -291,9 +300,9 @@ def auto_dtype(spec: str | None, device: str | None, quant: str = "none", backen
 def _load_quantized(
     spec: str | None, device: str | None, backend: str, quant: str, int8_activations: bool
 ) -> LoadedModel:
-    """--dtype gguf / gguf-exact: FastLlama on the file's quantized blocks (gguf_weights.py); the
-    norms, the embedding and the config come from the dequantized copy, as for fp32."""
-    from specdecode.backends import gguf_weights
+    """--dtype gguf / gguf-exact: FastLlama on the file's quantized blocks (gguf_weights.py), built on
+    a weightless skeleton whose norms, biases and embedding come from the file (gguf_model.py)."""
+    from specdecode.backends import gguf_model, gguf_weights
 
     if not is_gguf(spec):
         raise UserError(
@@ -306,11 +315,16 @@ def _load_quantized(
         )
     if device and not device.startswith("cpu"):
         raise UserError("--dtype gguf runs on the fused CPU kernels; on CUDA use --dtype bf16")
-    loaded = load(spec, "fp32", "cpu", backend)
-    if not isinstance(loaded.model, FastLlama) or loaded.model.kernels is None:
+    if backend == "hf":
+        raise UserError("--dtype gguf runs on the fast Llama backend; --backend hf needs --dtype fp32")
+    path = resolve(spec)
+    try:
+        model = FastLlama(gguf_model.skeleton(path, gguf_weights.read(path)[1]))
+    except ValueError as e:  # a family or variant the lean forward does not run
+        raise UserError(f"--dtype gguf: {spec or DEFAULT_TARGET}: {e} (use --dtype fp32)") from None
+    if model.kernels is None:
         raise UserError(
-            f"--dtype gguf needs the fast Llama backend with its fused CPU kernels; "
-            f"{spec or DEFAULT_TARGET} runs on {type(loaded.model).__name__} here (use --dtype fp32)"
+            "--dtype gguf needs the fused CPU kernels, which did not build here (use --dtype fp32)"
         )
-    gguf_weights.keep_quantized(loaded.model, resolve(spec), int8_activations)
-    return loaded
+    gguf_weights.keep_quantized(model, path, int8_activations)
+    return LoadedModel(str(spec or DEFAULT_TARGET), model, gguf_model.tokenizer(path))

@@ -51,7 +51,7 @@ def train(
     feats = source.features(features_dir or Path(data_dir) / "features", seqs, target["fingerprint"])
     train_ids, val_ids = data.split(seqs, val)
     token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
-    lm_head = loaded.model.hf.get_output_embeddings().weight.detach().float().cpu()[token_map]  # [Vd, H]
+    lm_head = loaded.model.output_weight().detach().float().cpu()[token_map]  # [Vd, H]
     # base rows t: response positions (and the last prompt row) whose head-1 target t + 1 exists;
     # head i's target row t + i is valid while it stays inside the same sequence. Only these rows
     # are gathered (prompts are most of the tokens of long-context data).
