@@ -243,7 +243,7 @@ void plan_ahead(const Linear& lin, int t, int T, Ahead& ahead) {
 
 }  // namespace
 
-// The layers of a Llama-form model (pre-norm, SiLU-gated MLP, no q/k norms, no biases) whose linears
+// The layers of a Llama-form model (pre-norm, SiLU-gated MLP, no q/k norms; q|k|v biases allowed: Qwen2) whose linears
 // are all interleaved VNNI matrices, and its LM head when that is one too; made once at load
 // (gguf_weights.keep_quantized). The head in the same call: no second call and fork of the thread pool,
 // and its weight groups shared out like a layer's, so a thread the OS preempted is not waited for.
@@ -253,13 +253,17 @@ class Stack {
   // window_kind: per layer, the index of its rotary table and mask in forward's lists; head: the LM
   // head's parts, or none (the caller applies its head); pair_norm: empty, or [H] for a first layer whose
   // q|k|v read two rows side by side, [pair_norm(emb); norm1(x)] (2H inputs, an EAGLE head's layer:
-  // forward's `emb`, the token's embedding, beside the residual stream x, the feature it continues).
+  // forward's `emb`, the token's embedding, beside the residual stream x, the feature it continues);
+  // qkv_bias: empty, or per layer [(heads + 2 kv_heads) head_dim] added to q|k|v's rows (Qwen2), the one
+  // float add the per-op path's QuantLinear makes, so a row keeps its bits.
   Stack(const std::vector<std::vector<PartSpec>>& qkv, const std::vector<std::vector<PartSpec>>& o,
         const std::vector<std::vector<PartSpec>>& gate_up, const std::vector<std::vector<PartSpec>>& down,
         std::vector<torch::Tensor> norm1, std::vector<torch::Tensor> norm2, torch::Tensor final_norm,
         std::vector<int64_t> rope_kind, std::vector<int64_t> window_kind, int64_t heads, int64_t kv_heads,
-        int64_t head_dim, double eps, double qk_scale, const std::vector<PartSpec>& head, torch::Tensor pair_norm)
-      : pair_norm_(pair_norm), pair_(pair_norm.numel() > 0), norm1_(std::move(norm1)), norm2_(std::move(norm2)),
+        int64_t head_dim, double eps, double qk_scale, const std::vector<PartSpec>& head, torch::Tensor pair_norm,
+        std::vector<torch::Tensor> qkv_bias)
+      : qkv_bias_(std::move(qkv_bias)),
+        pair_norm_(pair_norm), pair_(pair_norm.numel() > 0), norm1_(std::move(norm1)), norm2_(std::move(norm2)),
         final_norm_(final_norm), rope_kind_(std::move(rope_kind)), window_kind_(std::move(window_kind)),
         heads_(heads), kv_heads_(kv_heads), d_(head_dim), eps_(eps) {
     const size_t n = qkv.size();
@@ -282,6 +286,11 @@ class Stack {
         TORCH_CHECK(t.numel() == H_, "norm: expected ", H_, " weights");
       }
     checks::tensor(final_norm_, "final_norm");
+    TORCH_CHECK(qkv_bias_.empty() || qkv_bias_.size() == n, "qkv_bias: none, or one per layer");
+    for (auto& b : qkv_bias_) {
+      checks::tensor(b, "qkv_bias");
+      TORCH_CHECK(b.numel() == (heads + 2 * kv_heads) * head_dim, "qkv_bias: expected ", (heads + 2 * kv_heads) * head_dim, " values");
+    }
     if (pair_) {
       checks::tensor(pair_norm_, "pair_norm");
       TORCH_CHECK(pair_norm_.numel() == H_, "pair_norm: expected ", H_, " weights");
@@ -422,7 +431,8 @@ class Stack {
     const int64_t stride = layout.longest + attn::L;
     const int threads = omp_in_parallel() ? 1 : at::get_num_threads();
     const int64_t H = H_, I = I_;
-    Stages stages(1 + 10 * layers + 2, threads);  // 10 stages a layer, one before, two for the head
+    const bool bias = !qkv_bias_.empty();
+    Stages stages(1 + (bias ? 11 : 10) * layers + 2, threads);  // 10 (11) stages a layer, one before, two for the head
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num();
@@ -464,6 +474,7 @@ class Stack {
       for (int64_t l = 0; l < layers; ++l) {
         const Layer& w = layers_[l];
         linear(w.qkv, qkvp, &w.o);
+        if (bias) rows([&](int64_t i) { rowops::add_row(qkvp + i * row_qkv, qkv_bias_[l].data_ptr<float>(), row_qkv); });
         const auto& mask = masks[window_kind_[l]];
         const attn::Step step{layout,
                               qkvp,
@@ -516,6 +527,7 @@ class Stack {
   };
   std::vector<Layer> layers_;
   std::optional<Linear> head_;
+  std::vector<torch::Tensor> qkv_bias_;
   torch::Tensor pair_norm_;
   bool pair_;
   std::vector<torch::Tensor> norm1_, norm2_;
@@ -532,7 +544,7 @@ void bind_stack(pybind11::module& m) {
                           const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor, std::vector<int64_t>,
                           std::vector<int64_t>, int64_t, int64_t, int64_t, double, double, const std::vector<PartSpec>&,
-                          torch::Tensor>())
+                          torch::Tensor, std::vector<torch::Tensor>>())
       .def_property_readonly("has_head", &Stack::has_head)
       .def("forward_ids", &Stack::forward_ids, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "forward for chains of token ids (sequence b's counts[b] at positions starts[b].. of slot slots[b]), "

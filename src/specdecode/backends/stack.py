@@ -21,7 +21,7 @@ class NativeStack:
         self.windows = [None] + sorted({layer.window for layer in model.layers if layer.window})
         layers = model.layers
         self.native = model.kernels.Stack(
-            [layer.qkv.interleaved_parts() for layer in layers],
+            [layer.qkv.interleaved_parts(with_bias=True) for layer in layers],
             [layer.o.interleaved_parts() for layer in layers],
             [layer.gate_up.interleaved_parts() for layer in layers],
             [layer.down.interleaved_parts() for layer in layers],
@@ -37,6 +37,7 @@ class NativeStack:
             model.qk_scale or 0.0,
             model.lm_head.interleaved_parts() or [],
             torch.empty(0),  # no pair norm: every layer reads its own residual stream
+            [layer.qkv.bias.contiguous() for layer in layers] if layers[0].qkv.bias is not None else [],
         )
         self.head = None if self.native.has_head else model.lm_head  # applied here when not native
         # chains (FastLlama's sequence, BatchedLlama's rows without trees) go to forward_ids, their
@@ -85,11 +86,14 @@ class NativeStack:
 def build(model) -> NativeStack | None:
     """A NativeStack for `model` (a FastLlama whose linears are gguf_weights.QuantLinear, after
     keep_quantized) when its layers are Llama's form (pre-norm, SiLU-gated MLP, no q/k or sandwich
-    norms) and every linear is made of interleaved VNNI matrices; else None (fused_layers keeps its
-    per-op path: Gemma 3, Qwen3, machines without VNNI)."""
+    norms; q|k|v biases in every layer or none: Qwen2) and every linear is made of interleaved VNNI
+    matrices; else None (fused_layers keeps its per-op path: Gemma 3, Qwen3, machines without VNNI)."""
+    if len({layer.qkv.bias is None for layer in model.layers}) > 1:
+        return None
     for layer in model.layers:
-        linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
-        if any(lin.interleaved_parts() is None for lin in linears):
+        if layer.qkv.interleaved_parts(with_bias=True) is None:
+            return None
+        if any(lin.interleaved_parts() is None for lin in (layer.o, layer.gate_up, layer.down)):
             return None
         if layer.qk_norms is not None or layer.post_attn_norm is not None or layer.post_mlp_norm is not None:
             return None

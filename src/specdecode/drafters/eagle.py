@@ -205,6 +205,7 @@ class NativeHead:
             0.0,
             project.interleaved_parts(),
             weight(head.norm_emb),
+            [],  # no q|k|v biases
         )
         self.embed, self.cos, self.sin = embed, cos.contiguous(), sin.contiguous()
 
