@@ -2,6 +2,7 @@
 
     python scripts/peers_apart.py [--prompts heldout:1] [--engines none,ngram,llamacpp] [--threads 2]
                                   [--max-new-tokens 96] [--repeats 3] [--dtype gguf] [--out F.json]
+                                  [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b] [--ignore-eos]
 
 A peer inside our process competes with torch's thread pool (llama.cpp measured 9.46 ms a token
 there against 8.1 ms alone), so each engine runs in a worker process: it loads, warms up on the first
@@ -9,14 +10,18 @@ prompt, then decodes every prompt greedily and prints one JSON line per prompt. 
 in every repeat (the order rotates), so a slow phase of the machine hits them alike. Reported per
 engine (medians over repeats of the sums over prompts): decode tokens/s after the first token, and
 end-to-end tokens/s with the time to first token; ours also the share of outputs identical to our
-plain decoding. Engines: a drafter spec of ours (`none` is plain decoding) or `llamacpp` (needs
-llama-cpp-python). The CPU is named in the output; run it with nothing else running.
+plain decoding. Engines: a drafter spec of ours (`none` is plain decoding; `draft` means
+`draft:<--draft>`), `llamacpp` (llama-cpp-python), or llama.cpp's own binaries at b11434
+(scripts/build_llamacpp.sh): `llamacpp-bin` (llama-completion) and `llamacpp-spec`
+(llama-speculative-simple with the --draft model, at most 3 drafted), timed by their own counters.
+Each engine's peak RSS is its worker's. The CPU is named in the output; run it with nothing else running.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,46 +31,123 @@ sys.path.insert(0, str(Path(__file__).parent))
 from anatomy import cpu_name  # noqa: E402
 
 
-def worker(engine: str, prompts: str, threads: int, max_new: int, dtype: str) -> None:
+def worker(engine: str, a) -> None:
     """Prints {"id", "tokens", "ttft_s", "wall_s"} per prompt, after a warm-up on the first."""
     import torch
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(a.threads)
     from specdecode import drafters
     from specdecode.backends import models
     from specdecode.core.generation import encode_prompt, generate
     from specdecode.core.sampling import SamplingParams
     from specdecode.corpora import load_prompts
 
-    target = models.load(None, dtype)
-    items = [(p.id, encode_prompt(target.tokenizer, p.prompt, None)) for p in load_prompts(prompts)]
+    if engine.startswith("llamacpp-"):
+        llamacpp_bin(engine, a)
+        return print_peak_rss()
+    target = models.load(a.target, a.dtype)
+    items = [(p.id, encode_prompt(target.tokenizer, p.prompt, None)) for p in load_prompts(a.prompts)]
+    eos = set() if a.ignore_eos else target.eos_ids
     if engine == "llamacpp":
         from specdecode.bench import llamacpp
 
-        run = llamacpp.runner(models.resolve(None), None, target.eos_ids, target.tokenizer)
+        run = llamacpp.runner(models.resolve(a.target), None, target.eos_ids, target.tokenizer)
 
         def decode(ids, n):
             return run(ids, n, SamplingParams(), 0)
     else:
-        drafter = drafters.build(engine, drafters.DrafterContext(target, dtype))
+        spec = f"draft:{a.draft}" if engine == "draft" else engine
+        drafter = drafters.build(spec, drafters.DrafterContext(target, a.dtype))
 
         def decode(ids, n):
-            return generate(target, drafter, ids, k=4, max_new_tokens=n)
+            return generate(target, drafter, ids, k=a.k, max_new_tokens=n, eos_ids=eos)
 
     decode(items[0][1], 16)  # warm-up: first calls pay one-off set-up
     for pid, ids in items:
-        r = decode(ids, max_new)
+        r = decode(ids, a.max_new_tokens)
         line = {"id": pid, "tokens": r.token_ids, "ttft_s": r.stats.ttft_s, "wall_s": r.stats.wall_s}
         print(json.dumps(line), flush=True)
+    print_peak_rss()
 
 
-def run_engine(engine: str, a) -> list[dict]:
+def print_peak_rss() -> None:
+    """The worker's peak RSS, or its binaries' (llama.cpp runs as children), in MB."""
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    print(json.dumps({"peak_rss_mb": peak / 1024}), flush=True)
+
+
+def llamacpp_bin(engine: str, a) -> None:
+    """llama.cpp b11434's own binary on each prompt (our chat template's text, greedy), timed by its
+    counters: prompt eval = time to first token, eval = decoding (speculative-simple: its decode line)."""
+    import re
+    import subprocess
+
+    from specdecode.backends import models
+    from specdecode.core.generation import encode_prompt
+    from specdecode.corpora import load_prompts
+
+    bins = Path(
+        subprocess.run(
+            ["bash", str(Path(__file__).parent / "build_llamacpp.sh")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    tok = models.load_tokenizer(a.target)
+    common = ["-t", str(a.threads), "--temp", "0", "-n", str(a.max_new_tokens), "-c", "4096", "--no-warmup"]
+    if a.ignore_eos:
+        common.append("--ignore-eos")
+    target = str(models.resolve(a.target))
+    for p in load_prompts(a.prompts):
+        text = tok.decode(encode_prompt(tok, p.prompt, None))
+        if engine == "llamacpp-spec":
+            cmd = [
+                str(bins / "llama-speculative-simple"),
+                "-m",
+                target,
+                "-md",
+                str(models.resolve(a.draft)),
+                "--spec-type",
+                "draft-simple",
+                "--spec-draft-n-max",
+                "3",
+                "-p",
+                text,
+                *common,
+            ]
+        else:
+            cmd = [str(bins / "llama-completion"), "-m", target, "-p", text, "-no-cnv", *common]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        log = out.stdout + out.stderr
+        if out.returncode:
+            raise SystemExit(f"{cmd[0]} failed: {log[-1500:]}")
+        pe = re.search(r"prompt eval time =\s*([\d.]+) ms", log)
+        ev = re.search(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", log)
+        spec = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+        if spec:  # speculative-simple: its decode line (after the prompt)
+            n, decode_s = int(spec.group(1)), float(spec.group(2))
+        else:
+            n, decode_s = int(ev.group(2)) + 1, float(ev.group(1)) / 1e3
+        ttft = float(pe.group(1)) / 1e3 if pe else 0.0
+        print(
+            json.dumps({"id": p.id, "tokens": [0] * n, "ttft_s": ttft, "wall_s": ttft + decode_s}), flush=True
+        )
+
+
+def run_engine(engine: str, a) -> tuple[list[dict], float]:
+    """-> (the worker's lines, its peak RSS in MB: the process and the binaries it ran)."""
     cmd = [sys.executable, __file__, "--worker", engine, "--prompts", a.prompts, "--threads", str(a.threads)]
-    cmd += ["--max-new-tokens", str(a.max_new_tokens), "--dtype", a.dtype]
+    cmd += ["--max-new-tokens", str(a.max_new_tokens), "--dtype", a.dtype, "--k", str(a.k)]
+    cmd += [*(["--target", a.target] if a.target else []), *(["--draft", a.draft] if a.draft else [])]
+    cmd += ["--ignore-eos"] if a.ignore_eos else []
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"worker {engine} failed:\n{out.stderr[-2000:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return [x for x in lines if "id" in x], max(x.get("peak_rss_mb", 0.0) for x in lines)
 
 
 def summary(runs: list[list[dict]], plain: list[list[dict]] | None) -> dict:
@@ -97,27 +179,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="gguf")
+    p.add_argument("--target", help="model name or path (default: the default target)")
+    p.add_argument("--draft", help="draft model for the `draft` and `llamacpp-spec` engines")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--out", type=Path)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
-        worker(a.worker, a.prompts, a.threads, a.max_new_tokens, a.dtype)
+        worker(a.worker, a)
         return 0
     engines = a.engines.split(",")
     runs: dict[str, list] = {e: [] for e in engines}
+    rss: dict[str, float] = {}
     for r in range(a.repeats):
         for e in engines[r % len(engines) :] + engines[: r % len(engines)]:
-            runs[e].append(run_engine(e, a))
+            lines, peak = run_engine(e, a)
+            runs[e].append(lines)
+            rss[e] = max(rss.get(e, 0.0), peak)
             print(f"repeat {r + 1}: {e} done", file=sys.stderr)
     plain = runs.get("none")
-    results = {e: summary(v, plain if e != "llamacpp" else None) for e, v in runs.items()}
-    base = results.get("llamacpp", {}).get("decode_tok_s")
+    results = {e: summary(v, plain if not e.startswith("llamacpp") else None) for e, v in runs.items()}
+    for e in results:
+        results[e]["peak_rss_mb"] = rss[e]
+    base = next((results[e]["decode_tok_s"] for e in ("llamacpp-bin", "llamacpp") if e in results), None)
     lines = [
-        f"CPU: {cpu_name()['name']}, {a.threads} threads, {a.prompts}, {a.max_new_tokens} tokens, greedy"
+        f"CPU: {cpu_name()['name']}, {a.threads} threads, {a.target or 'default target'}, {a.prompts}, "
+        f"{a.max_new_tokens} tokens, greedy"
     ]
     for e, s in results.items():
         ratio = f", {s['decode_tok_s'] / base:.2f}x llama.cpp decode" if base else ""
         same = f", identical to plain {s['identical_to_plain']:.0%}" if "identical_to_plain" in s else ""
+        same += f", peak RSS {s['peak_rss_mb']:.0f} MB"
         lines.append(
             f"{e:>12}: decode {s['decode_tok_s']:.1f} tok/s, end to end {s['end_to_end_tok_s']:.1f} tok/s,"
             f" TTFT {s['mean_ttft_ms']:.0f} ms{ratio}{same}"
