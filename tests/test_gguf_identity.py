@@ -89,3 +89,30 @@ def test_server_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, dtype)
     usage = [r["usage"]["speculative"] for r in results]
     assert sum(u["num_draft_tokens"] for u in usage) > 0
     assert sum(u["num_accepted_tokens"] for u in usage) > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_draft_over_its_most_frequent_tokens_drafts_only_them_and_stays_lossless(tiny_gguf, dtype):
+    """FR-Spec: `draft:vocab=N:<model>` keeps the draft's LM-head rows of its first N tokens (and its
+    specials); it proposes only those, verification is unchanged, the output stays plain decoding's."""
+    from helpers import assert_lossless
+    from specdecode import drafters
+
+    target = models.load(tiny_gguf, dtype, "cpu")
+    ctx = drafters.DrafterContext(target, dtype)
+    drafter = drafters.build(f"draft:vocab=200:{tiny_gguf}", ctx)
+    allowed = set(drafter.token_map.tolist())
+    assert set(range(200)) <= allowed and len(allowed) < target.model.vocab_size
+    assert drafter.model.vocab_size == len(allowed) < target.model.vocab_size  # the head's rows, only
+    proposed = []
+    propose = drafter.propose
+
+    def recorded(*args):
+        proposal = propose(*args)
+        proposed.extend(proposal.tokens.tolist())
+        return proposal
+
+    drafter.propose = recorded
+    plain = drafters.build("none", ctx)
+    assert_lossless(target, plain, drafter, PROMPTS, k=4, max_new_tokens=24)  # some accepted
+    assert proposed and set(proposed) <= allowed

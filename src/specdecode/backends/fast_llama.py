@@ -393,6 +393,16 @@ class FastLlama:
             return head_linear(self.hf.get_output_embeddings().weight.detach()[index].float(), self.kernels)
         return self.lm_head.rows(index)  # a quantized head (gguf_weights.QuantLinear): rows still quantized
 
+    def with_head_rows(self, index: torch.Tensor) -> "FastLlama":
+        """A twin (the same weights, a cache of its own) whose logits are those of the LM-head rows
+        `index` [Vd] only: a draft model over its most frequent tokens reads a fraction of its head."""
+        twin = self.fork()
+        twin.lm_head = self.head_rows(index)
+        twin.vocab_size = len(index)
+        if self.stack is not None:  # the head is part of the one native call
+            twin.stack = native_stack.build(twin)
+        return twin
+
     def output_weight(self) -> torch.Tensor:
         """The LM head's float weights [V, H]: the HF module's, or a GGUF file's quantized head
         dequantized (its skeleton holds no float copy: gguf_model.py)."""

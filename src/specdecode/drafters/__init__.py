@@ -27,6 +27,7 @@ from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.cross_vocab import CrossVocabDrafter
 from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.draft_tree import DraftTreeDrafter
+from specdecode.drafters.draft_vocab import frequent_tokens
 from specdecode.drafters.ensemble import EnsembleDrafter
 from specdecode.drafters.fallback import FallbackDrafter
 from specdecode.drafters.ngram import MAX_N, MIN_N, NgramDrafter
@@ -100,7 +101,7 @@ def _build_ngram(spec: Spec, ctx) -> Drafter:
 def _parse_draft(arg: str | None) -> Spec:
     if arg is None:
         return Spec("draft")  # the shipped distilled draft
-    options, path = tree_options(arg, "draft")
+    options, path = tree_options(arg, "draft", ("vocab",))
     if not path:
         raise UserError(
             "the draft drafter needs a model: --drafter draft:<path or hub id> "
@@ -153,9 +154,16 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
                 draft.eos_ids,
                 ctx.target.tokenizer.eos_token_id,
             )
+    token_map = None
+    if spec.option("vocab") is not None:  # FR-Spec: the draft's LM head over its frequent tokens only
+        if not hasattr(model, "with_head_rows") or spec.option("b") is not None:
+            raise UserError("draft option vocab=N needs a chain (no b=) and a fast-backend draft model")
+        tokenizer = draft.tokenizer if draft is not None else ctx.target.tokenizer
+        token_map = frequent_tokens(tokenizer, spec.option("vocab"), min(model.vocab_size, vocab))
+        model = model.with_head_rows(token_map)
     if spec.option("b") is not None:
         return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"))
-    return DraftModelDrafter(model, vocab)
+    return DraftModelDrafter(model, vocab, token_map)
 
 
 # -- medusa, eagle ---------------------------------------------------------------------------------

@@ -13,9 +13,12 @@ from specdecode.drafters.base import Drafter, Learned
 class DraftLM(Drafter):
     """Holds `model` (a CausalLM with its own cache) and `cached`, the tokens its cache holds."""
 
-    def __init__(self, model: CausalLM, target_vocab_size: int):
+    def __init__(self, model: CausalLM, target_vocab_size: int, token_map: torch.Tensor | None = None):
+        """token_map: [Vd] the target ids of the model's logits when it predicts over a draft
+        vocabulary (draft_vocab.frequent_tokens), else None (the model's own ids)."""
         self.model = model
         self.vocab_size = target_vocab_size
+        self.token_map = token_map
         self.cached: list[int] = []  # tokens whose keys/values sit in the draft model's cache
 
     def begin(self, prompt):
@@ -34,7 +37,11 @@ class DraftLM(Drafter):
         return logits
 
     def align(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits [..., V_draft] -> [..., V_target] (padded vocabularies differ in size, not in ids)."""
+        """Draft logits [..., V_draft] -> [..., V_target] (padded vocabularies differ in size, not in ids;
+        a draft vocabulary's logits go to their ids, -inf elsewhere)."""
+        if self.token_map is not None:
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+            return full.index_copy_(-1, self.token_map, logits)
         if logits.shape[-1] >= self.vocab_size:
             return logits[..., : self.vocab_size]
         pad = logits.new_full((*logits.shape[:-1], self.vocab_size - logits.shape[-1]), float("-inf"))

@@ -165,11 +165,12 @@ def int_options(segments: list[str], known: tuple[str, ...], what: str) -> tuple
     return tuple((key, options[key]) for key in known if key in options)
 
 
-def tree_options(arg: str, what: str) -> tuple[tuple[tuple[str, int], ...], str]:
-    """`[b=B:[nodes=N:]]REST` -> ((("b", B), ("nodes", N)), REST: a model path, hub id or checkpoint)."""
+def tree_options(arg: str, what: str, extra: tuple[str, ...] = ()) -> tuple[tuple[tuple[str, int], ...], str]:
+    """`[b=B:[nodes=N:]]REST` -> ((("b", B), ("nodes", N)), REST: a model path, hub id or checkpoint);
+    extra: the kind's other options (draft: vocab)."""
     segments = arg.split(":")
     n_options = next(i for i, s in enumerate(segments + [""]) if not OPTION.fullmatch(s))
-    options = int_options(segments[:n_options], ("b", "nodes"), what)
+    options = int_options(segments[:n_options], ("b", "nodes", *extra), what)
     if "nodes" in dict(options) and "b" not in dict(options):
         raise UserError(f"{what} option nodes=N needs b=B (children per expanded node)")
     return options, ":".join(segments[n_options:]).strip()
