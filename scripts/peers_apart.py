@@ -47,7 +47,6 @@ def worker(engine: str, a) -> None:
         return print_peak_rss()
     target = models.load(a.target, a.dtype)
     items = [(p.id, encode_prompt(target.tokenizer, p.prompt, None)) for p in load_prompts(a.prompts)]
-    eos = set() if a.ignore_eos else target.eos_ids
     if engine == "llamacpp":
         from specdecode.bench import llamacpp
 
@@ -60,7 +59,7 @@ def worker(engine: str, a) -> None:
         drafter = drafters.build(spec, drafters.DrafterContext(target, a.dtype))
 
         def decode(ids, n):
-            return generate(target, drafter, ids, k=a.k, max_new_tokens=n, eos_ids=eos)
+            return generate(target, drafter, ids, k=a.k, max_new_tokens=n, ignore_eos=a.ignore_eos)
 
     decode(items[0][1], 16)  # warm-up: first calls pay one-off set-up
     for pid, ids in items:
@@ -97,7 +96,7 @@ def llamacpp_bin(engine: str, a) -> None:
         .splitlines()[-1]
     )
     tok = models.load_tokenizer(a.target)
-    common = ["-t", str(a.threads), "--temp", "0", "-n", str(a.max_new_tokens), "-c", "4096", "--no-warmup"]
+    common = ["-t", str(a.threads), "--temp", "0", "-n", str(a.max_new_tokens), "-c", "4096"]
     if a.ignore_eos:
         common.append("--ignore-eos")
     target = str(models.resolve(a.target))
@@ -119,19 +118,29 @@ def llamacpp_bin(engine: str, a) -> None:
                 *common,
             ]
         else:
-            cmd = [str(bins / "llama-completion"), "-m", target, "-p", text, "-no-cnv", *common]
+            cmd = [
+                str(bins / "llama-completion"),
+                "-m",
+                target,
+                "-p",
+                text,
+                "-no-cnv",
+                "--no-warmup",
+                *common,
+            ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         log = out.stdout + out.stderr
         if out.returncode:
             raise SystemExit(f"{cmd[0]} failed: {log[-1500:]}")
         pe = re.search(r"prompt eval time =\s*([\d.]+) ms", log)
+        encoded = re.search(r"encoded\s+\d+ tokens in\s+([\d.]+) seconds", log)  # speculative-simple's prompt
         ev = re.search(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", log)
         spec = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
         if spec:  # speculative-simple: its decode line (after the prompt)
             n, decode_s = int(spec.group(1)), float(spec.group(2))
         else:
             n, decode_s = int(ev.group(2)) + 1, float(ev.group(1)) / 1e3
-        ttft = float(pe.group(1)) / 1e3 if pe else 0.0
+        ttft = float(encoded.group(1)) if encoded else float(pe.group(1)) / 1e3 if pe else 0.0
         print(
             json.dumps({"id": p.id, "tokens": [0] * n, "ttft_s": ttft, "wall_s": ttft + decode_s}), flush=True
         )
