@@ -32,13 +32,48 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import httpx
+
+
+@contextlib.contextmanager
+def launched(argv: list[str], port: int, log: Path):
+    """`argv` (a `specdecode serve` command line) running in its own session, output to `log`, until the
+    block ends -> its base URL once /v1/models answers; stopped with SIGTERM, then SIGKILL."""
+    import os
+    import signal
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"specdecode serve did not start; see {log}")
+            time.sleep(2)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
 
 SHORT = [
     "Write a Python function that checks whether a string is a palindrome.",

@@ -24,8 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from anatomy import cpu_name  # noqa: E402
-from load_server import pct, stream  # noqa: E402
+from load_server import launched, pct, stream  # noqa: E402
 from vllm_e2e import ROOT, _export, load_prompts, vllm_local  # noqa: E402
 
 
@@ -47,28 +45,8 @@ def ours(drafter: str, k: int, port: int, taskset: str, threads: int, log: Path,
     argv += ["--drafter", drafter, "--k", str(k), "--max-batch", str(max_batch), "--queue", "256"]
     if taskset:
         argv = ["taskset", "-c", taskset, *argv]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"specdecode serve did not start; see {log}")
-            time.sleep(2)
+    with launched(argv, port, log) as url:
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 async def load(

@@ -19,9 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from anatomy import cpu_name  # noqa: E402
-from load_server import stream  # noqa: E402
+from load_server import launched, stream  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -42,28 +39,8 @@ def serve(args, drafter: str, log: Path):
     argv = [sys.executable, "-m", "specdecode", "serve", "--port", str(args.port), "--dtype", args.dtype]
     argv += ["--threads", str(args.threads), "--max-batch", str(args.max_batch), "--drafter", drafter]
     argv += ["--k", str(args.k)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{args.port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"specdecode serve did not start; see {log}")
-            time.sleep(2)
+    with launched(argv, args.port, log) as url:
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 async def replay(url: str, prompts: list[str], args, count) -> dict:

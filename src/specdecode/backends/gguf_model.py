@@ -13,16 +13,13 @@ bits of the dequantized fp32 model (tests/test_gguf_weights.py).
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from specdecode.backends.lm import cache_dir
+from specdecode.backends.lm import cache_dir, save_atomically
 from specdecode.errors import UserError
 
 # our architectures (config.model_type) -> the gguf package's MODEL_ARCH member name
@@ -48,18 +45,7 @@ def metadata_dir(path: Path) -> Path:
         raise UserError(f"cannot load GGUF file {path}: {e}") from e
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)  # atomic: readers see a complete directory or none
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return save_atomically(target, lambda tmp: (config.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
 
 
 def skeleton(path: Path, tensors: dict[str, tuple[str, np.ndarray]]):

@@ -108,3 +108,22 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(os.environ.get("SPECDECODE_CACHE") or platformdirs.user_cache_dir("specdecode"))
+
+
+def save_atomically(target: Path, write) -> Path:
+    """write(tmp) fills a temporary directory beside `target`, which then becomes `target` in one rename:
+    readers see a complete directory or none (where another process got there first, its copy stays)."""
+    import shutil
+    import tempfile
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

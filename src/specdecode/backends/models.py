@@ -9,10 +9,7 @@ transformers causal LM, FastLlama (fast_llama.py) for Llama-architecture models.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import torch
 
 from specdecode.backends import registry
 from specdecode.backends.fast_llama import FastLlama, head_linear
-from specdecode.backends.lm import CausalLM, Output, cache_dir, layer_ids, tree_attention  # noqa: F401 (CausalLM, cache_dir: re-exported)
+from specdecode.backends.lm import CausalLM, Output, cache_dir, layer_ids, save_atomically, tree_attention  # noqa: F401 (CausalLM, cache_dir: re-exported)
 from specdecode.errors import UserError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct (registry.py: an alias of smollm2-135m, its server name)
@@ -182,17 +179,7 @@ def _gguf_to_safetensors(gguf: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)  # atomic: readers see a complete directory or none
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return save_atomically(target, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
 
 
 def local_path(spec: str | None) -> Path | str:
