@@ -3,13 +3,12 @@
 // sequence's cache, for any mix of sequences (the batched server) and any mask (chains, trees).
 //
 // Why: the per-row cost of attention is what verification pays k times. The first version (a dot
-// product per key with a reduction, a scalar exp per key) took ~1.6 ms per row at a 200-token
-// context on one Zen 4 core, as much as a fifth of a decode step per extra row. Here the score,
+// product per key with a reduction, a scalar exp per key) cost as much as a fifth of a decode step
+// per extra row (docs/native_forward.md). Here the score,
 // exponential and value passes are vector loops over the key axis (exp by a Cephes polynomial,
 // within 2 ulp), the query pre-scaled once; and the queries that read the same keys (the heads of a
 // kv head, the rows of a sequence: up to 6 of width 64 on AVX-512) are one task that loads each key
-// and value row once for all of them, since the loads, not the multiply-adds, bounded a lone query
-// (5.8 ns a key a query on Zen 4, 3.3 ns in groups of 6).
+// and value row once for all of them, since the loads, not the multiply-adds, bounded a lone query.
 // Invariant: a (row, head)'s arithmetic is fixed whatever the other rows and whichever group holds
 // it, so a verification row, a decoding step and a request in a batch give the same bits.
 

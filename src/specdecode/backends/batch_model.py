@@ -307,9 +307,8 @@ def chunk_attention(
 
     The same as SDPA with a causal mask shifted by `start`, computed as two unmasked flash-attention
     calls merged by their log-sum-exp: the chunk over its own keys (causal) and, with each key head's
-    query heads folded into one long query block, over the keys before it. The masked call took 71 ms
-    per layer for 512 queries over 4,096 keys, these two 43 ms (2 threads, AMD EPYC Zen 3); at the end
-    of a long prompt attention costs more than a chunk's linear layers."""
+    query heads folded into one long query block, over the keys before it: faster than the masked call
+    (docs/server.md), and at the end of a long prompt attention costs more than a chunk's linears."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     h, n, d = q.shape
     kvh = k.shape[0]

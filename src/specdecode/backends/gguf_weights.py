@@ -277,7 +277,7 @@ class QuantLinear:
             self.parts = [Interleaved.pack(ops, p) if isinstance(p, QuantMatrix) else p for p in self.parts]
         self.out_features = sum(p.shape[0] for p in self.parts)
         one = self.parts[0] if len(self.parts) == 1 and isinstance(self.parts[0], Interleaved) else None
-        # the decode path's call, [n, K] float32 in: straight to the kernel (Python costs ~7 us a call)
+        # the decode path's call, [n, K] float32 in: straight to the kernel, no Python layers between
         self.direct = (
             partial(self.vnni[one.kind], scales=one.scales, quants=one.quants, N=one.n)
             if one and self.bias is None

@@ -1,9 +1,9 @@
 // FastLlama's fused CPU kernels (kernels.py builds this): the few-row matmuls (float32 or bfloat16
 // weights, float32 activations) and the small ops between them.
 //
-// Why: a decode step of a 135M model on two cores spends ~20 ms in its 121 matmuls and, in eager
-// PyTorch, another 10-20 ms in ~900 tiny ops (norms, rotary, cache writes, attention, SiLU,
-// residual adds), each paying dispatch and allocation for a few hundred floats. Here each group
+// Why: in eager PyTorch a small model's decode step spends as long in its ~900 tiny ops (norms,
+// rotary, cache writes, attention, SiLU, residual adds) as in its matmuls, each op paying dispatch
+// and allocation for a few hundred floats (measured: docs/benchmarks.md). Here each group
 // between two matmuls is one call. Every row is computed on its own, in the same order whatever
 // the number of rows n, so a 1-token decode step and a k+1-token verification give the same bits.
 

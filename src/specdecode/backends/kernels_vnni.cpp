@@ -3,7 +3,7 @@
 //
 // Why: kernels_i8.cpp forms one weight row's dot product with each x row in turn (a 256-bit dot,
 // a conversion and an FMA per 32 weights per row of x, a horizontal sum per output). Verifying k
-// drafts then pays almost a full pass per extra row (r(8) = 3.4 on Zen 4). Here a block of 32
+// drafts then pays almost a full pass per extra row (docs/native_forward.md). Here a block of 32
 // weights of 16 rows is 4 registers of nibbles, unpacked once into 8 registers; each row of x then
 // costs 8 vpdpbusd with its 4 activation bytes broadcast from memory, one conversion and two FMAs
 // for 16 outputs, and no horizontal sums (ggml's repacked Q4_0x8 and ik_llama.cpp's unpackers are

@@ -4,13 +4,12 @@
 //
 // Why: the per-op path (fast_llama.fused_layers) makes ~9 calls a layer, 270 a forward for the
 // default model, each paying Python dispatch, tensor allocation and a fork/join of the thread pool;
-// the matmuls of a layer are small (the output projection is 0.2 MB, ~7 us of streaming), so a
-// one-row decoding step spent ~1.7x the memory floor. Here a stage's work (weight groups for a matmul,
+// the matmuls of a layer are small (the default model's output projection is 0.2 MB), so a
+// one-row decoding step spent well above the memory floor (docs/native_forward.md). Here a stage's work (weight groups for a matmul,
 // groups of queries for attention, rows for the rest) is shared out as in Stages, and the next stage starts
 // when all of it is done. A thread waiting for the rest of a stage prefetches its share of the next
 // matmul's weights into its L2 (Ahead): the waits (one row's norm on one thread, attention's 3 kv
-// heads over 2 threads, a matmul's last chunks) then stream weights too (T(1) 3.76 -> 3.50 ms, T(8)
-// 7.8 -> 7.0, medians of 4 interleaved runs, Zen 4).
+// heads over 2 threads, a matmul's last chunks) then stream weights too (docs/native_forward.md).
 // Invariant: the stages run the functions of the per-op kernels (vnni_tile.h, attention_row.h,
 // rowops.h) on the same inputs, and a row's result never depends on the other rows or on which
 // thread computed it: a stack row has the bits of the per-op path's row and of a one-token step.
@@ -307,8 +306,8 @@ class Stack {
   // forward for chains of tokens given as ids, causal (no layer with a sliding window): sequence b's
   // counts[b] tokens at positions starts[b].. of slot slots[b], their embedding and rotary rows gathered
   // here. Why: a forward streams ~100 MB of weights through the caches, so every torch op between two
-  // forwards starts cold (the arange, rotary gathers, embedding and index tensors of a decoding step:
-  // ~40 us each after a forward against 2-5 warm, Zen 4); FastLlama's and BatchedLlama's chains come
+  // forwards starts cold (the arange, rotary gathers, embedding and index tensors of a decoding step,
+  // several times their warm cost: docs/native_forward.md); FastLlama's and BatchedLlama's chains come
   // here instead (stack.py). tokens [N] ids; embed [V, H] float32; cos, sin: per rotary kind
   // [positions, d] tables; feat: with a pair norm, the residual rows [N, H] (updated in place) beside the
   // tokens' embeddings (EAGLE's draft steps), else none; the rest as forward.

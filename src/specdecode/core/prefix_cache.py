@@ -7,7 +7,7 @@ read from its KV slot); a later prompt starting with the same blocks gets them w
 and prefills only the rest. The part after the last full block is stored too, keyed by the chain
 and its tokens, and found only by a prompt that goes on exactly as far: a repeated prompt (an agent's
 retry, a replayed request) prefills nothing, where it prefilled up to a block less one token (one
-forward of up to 31 rows, ~10 ms of its TTFT on the default model). Blocks are evicted least
+forward of up to 31 rows). Blocks are evicted least
 recently used beyond `max_bytes`. Only for models that can read and write KV rows (the fused Llama
 batch) and drafters that need no target features of the prompt (Medusa/EAGLE read every prompt row).
 """

@@ -4,9 +4,9 @@ The text is the detokenized completion, cut before the earliest stop string; wha
 only the part that cannot change any more: no tail that could still grow into a stop string, no
 incomplete multi-byte character. The decoder works on token ids only; this layer owns the tokenizer.
 
-Detokenizing is incremental (`Detokenizer`): decoding the whole completion at every step cost
-0.24 ms at 1,000 tokens and 0.54 ms at 2,000 (SmolLM2's tokenizer, AMD EPYC Zen 4), paid per stream
-per step, so a server step with 16 long streams spent ~4 ms on it.
+Detokenizing is incremental (`Detokenizer`): decoding the whole completion at every step grows with
+its length and is paid per stream per step, a noticeable share of a server step with many long
+streams (docs/server.md).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ at that depth.
 Nodes are ids into flat storage (counts in an array, each node's children an int -> int dict, None
 for a leaf) rather than objects: Python's garbage collector walks every container object on a full
 collection, and a server's trie of Node objects (one dict each) made those collections stop the whole
-process for 0.28-0.40 s at a time, a few times a minute under replayed agentic traffic (measured on the
-default server, Zen 4); dicts of ints only are not tracked by the collector at all.
+process for a noticeable pause, a few times a minute under replayed agentic traffic (docs/drafters.md);
+dicts of ints only are not tracked by the collector at all.
 """
 
 from __future__ import annotations

@@ -101,8 +101,8 @@ def compute(
 
 def teacher(model):
     """The forward for whole teacher-forced sequences: Hugging Face's where the model keeps its float
-    weights (its oneDNN/MKL GEMMs ran a 600-token sequence in 1.8 s against 3.6 s in our row-invariant
-    kernels, one thread, AMD EPYC Zen 3; features are training data, not a decode step's bits), else
+    weights (its oneDNN/MKL GEMMs run a long sequence about twice as fast as our row-invariant kernels;
+    features are training data, not a decode step's bits), else
     the model itself (a GGUF target that released its float linears)."""
     from specdecode.backends.models import HFModel
 
