@@ -39,10 +39,14 @@ from vllm_e2e import ROOT, _export, load_prompts, vllm_local  # noqa: E402
 
 
 @contextlib.contextmanager
-def ours(drafter: str, k: int, port: int, taskset: str, threads: int, log: Path, max_batch: int):
-    """`specdecode serve` on loopback until the block ends -> base URL."""
+def ours(
+    drafter: str, k: int, port: int, taskset: str, threads: int, log: Path, max_batch: int, target: str = ""
+):
+    """`specdecode serve` on loopback until the block ends -> base URL (target: a model name or path,
+    else the default)."""
     argv = [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--threads", str(threads)]
     argv += ["--drafter", drafter, "--k", str(k), "--max-batch", str(max_batch), "--queue", "256"]
+    argv += ["--target", target] if target else []
     if taskset:
         argv = ["taskset", "-c", taskset, *argv]
     with launched(argv, port, log) as url:

@@ -2,6 +2,7 @@
 
     python scripts/server_vs_generate.py [--prompts heldout:2] [--max-tokens 64] [--rounds 3]
                                          [--drafter ngram] [--k 4] [--threads 2] [--port 8151]
+                                         [--target qwen2.5-coder-1.5b]
                                          [--out F.json]
 
 Each round runs both sides, in turns (the order alternates between rounds, so a slow phase of the
@@ -56,7 +57,7 @@ def worker(a) -> None:
     from specdecode.api import LLM, SamplingParams
     from specdecode.corpora import load_prompts
 
-    llm = LLM(None, a.drafter, k=a.k, threads=a.threads)
+    llm = LLM(a.target or None, a.drafter, k=a.k, threads=a.threads)
     prompts = load_prompts(a.prompts)
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
     llm.generate(warm_up_prompt(prompts), params, chat=None)  # warm-up
@@ -69,7 +70,7 @@ def worker(a) -> None:
 
 def run_generate(a) -> list[dict]:
     cmd = [sys.executable, __file__, "--worker", "--prompts", a.prompts, "--max-tokens", str(a.max_tokens)]
-    cmd += ["--drafter", a.drafter, "--k", str(a.k), "--threads", str(a.threads)]
+    cmd += ["--drafter", a.drafter, "--k", str(a.k), "--threads", str(a.threads), "--target", a.target]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"generate worker failed:\n{out.stderr[-2000:]}")
@@ -105,7 +106,7 @@ async def client(url: str, prompts: list, max_tokens: int) -> list[dict]:
 
 
 def run_serve(a, prompts, log: Path) -> list[dict]:
-    with ours(a.drafter, a.k, a.port, "", a.threads, log, a.max_batch) as url:
+    with ours(a.drafter, a.k, a.port, "", a.threads, log, a.max_batch, a.target) as url:
         return asyncio.run(client(url, prompts, a.max_tokens))
 
 
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", default="ngram", help="both commands' default")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--target", default="", help="a model name or path (default: the default target)")
     p.add_argument("--max-batch", type=int, default=8, help="the server's slots (its default)")
     p.add_argument("--port", type=int, default=8151)
     p.add_argument("--out", type=Path)
