@@ -12,14 +12,13 @@ bits of the dequantized fp32 model (tests/test_gguf_weights.py).
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from specdecode.backends.lm import cache_dir, save_atomically
+from specdecode.backends.lm import derived_dir, save_atomically
 from specdecode.errors import UserError
 
 # our architectures (config.model_type) -> the gguf package's MODEL_ARCH member name
@@ -28,9 +27,7 @@ _ARCHS = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "phi3": "PHI3", 
 
 def metadata_dir(path: Path) -> Path:
     """The file's config.json and tokenizer files, derived once from its metadata and cached."""
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_dir() / "gguf-meta" / f"{path.stem}-{key}"
+    target = derived_dir(path, "gguf-meta")
     if (target / "config.json").exists():
         return target
     from transformers import AutoConfig, AutoTokenizer
@@ -55,8 +52,6 @@ def skeleton(path: Path, tensors: dict[str, tuple[str, np.ndarray]]):
     from gguf import MODEL_ARCH, get_tensor_name_map
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from specdecode.backends.gguf_weights import repack
-
     config = AutoConfig.from_pretrained(metadata_dir(path))
     if config.model_type not in _ARCHS:
         raise ValueError(f"no direct GGUF loader for model type {config.model_type}")
@@ -65,15 +60,15 @@ def skeleton(path: Path, tensors: dict[str, tuple[str, np.ndarray]]):
         hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     quantized = {id(m.weight) for m in hf.model.layers.modules() if isinstance(m, torch.nn.Linear)}
     quantized.add(id(hf.get_output_embeddings().weight))
-    embedding = hf.get_input_embeddings().weight
+    quantized.discard(id(hf.get_input_embeddings().weight))  # a tied head is the embedding: read as floats
     for full, param in list(hf.named_parameters()):
-        if id(param) in quantized and param is not embedding:
+        if id(param) in quantized:
             continue
         name = names.get_name(full, try_suffixes=(".weight", ".bias"))
         if name is None or name not in tensors:
             raise UserError(f"GGUF file {path} has no tensor for {full}")
         kind, raw = tensors[name]
-        values = repack_float(kind, raw, name, repack)
+        values = repack_float(kind, raw, name)
         if config.model_type == "gemma3_text" and name.endswith("norm.weight"):
             values = values - 1  # stored as 1 + w (transformers' conversion does the same)
         values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(param.shape)
@@ -84,14 +79,14 @@ def skeleton(path: Path, tensors: dict[str, tuple[str, np.ndarray]]):
     return hf.eval()
 
 
-def repack_float(kind: str, raw: np.ndarray, name: str, repack) -> np.ndarray:
+def repack_float(kind: str, raw: np.ndarray, name: str) -> np.ndarray:
     """A tensor's float32 values, equal to the `gguf` package's dequantization (transformers'
     conversion): our repacked blocks dequantized where a kernel format exists (the same values,
     tested, a third of the time), else the package's; in slices of rows, whose temporaries stay small
     beside a 150k-row embedding."""
     from gguf import GGMLQuantizationType, quants
 
-    from specdecode.backends.gguf_weights import FORMATS, ROWS_AT_ONCE
+    from specdecode.backends.gguf_weights import FORMATS, ROWS_AT_ONCE, repack
 
     if kind == "F32":
         return raw.view(np.float32).copy()  # off the file's read-only mapping

@@ -443,11 +443,13 @@ def _trim_heap() -> None:
         pass
 
 
-def keep_quantized(model, path: Path, int8_activations: bool = False) -> None:
+def keep_quantized(
+    model, path: Path, arch: str, tensors: dict[str, tuple[str, np.ndarray]], int8_activations: bool = False
+) -> None:
     """In place: FastLlama `model` (built on the weightless skeleton of `path`: gguf_model.py) computes
-    its layers and LM head from the file's quantized blocks. int8_activations: see QuantLinear."""
+    its layers and LM head from the file's quantized blocks (arch, tensors: read(path), read once by
+    the loader). int8_activations: see QuantLinear."""
     model.int8_activations = int8_activations
-    arch, tensors = read(path)
     permuted = arch == "llama"  # llama.cpp rotates q/k rows for its llama architecture only
     linear = partial(QuantLinear, model.kernels, int8_activations=int8_activations)
 

@@ -110,6 +110,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECDECODE_CACHE") or platformdirs.user_cache_dir("specdecode"))
 
 
+def derived_dir(source: Path, folder: str) -> Path:
+    """Where what is derived from the file `source` is cached: cache_dir()/folder/<stem>-<key>, the key
+    naming the file's path, size and modification time (a changed file gets a new entry)."""
+    import hashlib
+
+    stat = source.stat()
+    key = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / folder / f"{source.stem}-{key}"
+
+
 def save_atomically(target: Path, write) -> Path:
     """write(tmp) fills a temporary directory beside `target`, which then becomes `target` in one rename:
     readers see a complete directory or none (where another process got there first, its copy stays)."""

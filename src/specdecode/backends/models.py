@@ -8,7 +8,6 @@ transformers causal LM, FastLlama (fast_llama.py) for Llama-architecture models.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,15 @@ import torch
 
 from specdecode.backends import registry
 from specdecode.backends.fast_llama import FastLlama, head_linear
-from specdecode.backends.lm import CausalLM, Output, cache_dir, layer_ids, save_atomically, tree_attention  # noqa: F401 (CausalLM, cache_dir: re-exported)
+from specdecode.backends.lm import (  # noqa: F401 (CausalLM, cache_dir: re-exported)
+    CausalLM,
+    Output,
+    cache_dir,
+    derived_dir,
+    layer_ids,
+    save_atomically,
+    tree_attention,
+)
 from specdecode.errors import UserError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct (registry.py: an alias of smollm2-135m, its server name)
@@ -163,9 +170,7 @@ def _gguf_to_safetensors(gguf: Path) -> Path:
     """Dequantize a GGUF file once and cache it as a safetensors model directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    target = derived_dir(gguf, "models")
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -196,8 +201,6 @@ def _from_pretrained(auto_class, spec: str | None, what: str):
         from specdecode.backends.gguf_model import metadata_dir
 
         where = metadata_dir(where)
-    else:
-        where = local_path(spec)
     try:
         return auto_class.from_pretrained(where)
     except Exception as e:  # transformers raises many types for unreadable or unsupported files
@@ -305,13 +308,14 @@ def _load_quantized(
     if backend == "hf":
         raise UserError("--dtype gguf runs on the fast Llama backend; --backend hf needs --dtype fp32")
     path = resolve(spec)
+    arch, tensors = gguf_weights.read(path)
     try:
-        model = FastLlama(gguf_model.skeleton(path, gguf_weights.read(path)[1]))
+        model = FastLlama(gguf_model.skeleton(path, tensors))
     except ValueError as e:  # a family or variant the lean forward does not run
         raise UserError(f"--dtype gguf: {spec or DEFAULT_TARGET}: {e} (use --dtype fp32)") from None
     if model.kernels is None:
         raise UserError(
             "--dtype gguf needs the fused CPU kernels, which did not build here (use --dtype fp32)"
         )
-    gguf_weights.keep_quantized(model, path, int8_activations)
+    gguf_weights.keep_quantized(model, path, arch, tensors, int8_activations)
     return LoadedModel(str(spec or DEFAULT_TARGET), model, gguf_model.tokenizer(path))
