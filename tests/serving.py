@@ -114,3 +114,11 @@ def scheduler_held(engine: Engine):
     submits, cancels and shutdown go through while it is held."""
     with engine.paused():
         yield
+
+
+def until(condition, timeout: float = 30.0) -> None:
+    """Wait for a state instead of sleeping a guess: slow or busy machines only take longer."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the server's state"
+        time.sleep(0.01)

@@ -5,15 +5,15 @@ answers must equal each prompt decoded alone without speculation, and speculatio
 (drafts proposed and some accepted), or the identity would say nothing."""
 
 import threading
-import time
 
 import httpx
 import pytest
 
 from conftest import make_llama, make_tokenizer
 from gguf_fixtures import write_tiny_gguf
-from serving import MODEL, reference, scheduler_held, serve
-from specdecode import LLM, SamplingParams
+from helpers import assert_lossless
+from serving import MODEL, reference, scheduler_held, serve, until
+from specdecode import LLM, SamplingParams, drafters
 from specdecode.backends import kernels, models
 
 ops = kernels.load()
@@ -78,10 +78,7 @@ def test_server_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, dtype)
             threads = [threading.Thread(target=ask, args=(i, srv.url)) for i in range(len(prompts))]
             for t in threads:
                 t.start()
-            deadline = time.monotonic() + 30
-            while len(srv.engine.waiting) < len(prompts):
-                assert time.monotonic() < deadline, "requests did not arrive"
-                time.sleep(0.01)
+            until(lambda: len(srv.engine.waiting) == len(prompts))
         for t in threads:
             t.join(60)
     texts = [r["choices"][0]["text"] for r in results]
@@ -91,13 +88,10 @@ def test_server_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, dtype)
     assert sum(u["num_accepted_tokens"] for u in usage) > 0
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ["fp32", *DTYPES])
 def test_a_draft_over_its_most_frequent_tokens_drafts_only_them_and_stays_lossless(tiny_gguf, dtype):
     """FR-Spec: `draft:vocab=N:<model>` keeps the draft's LM-head rows of its first N tokens (and its
     specials); it proposes only those, verification is unchanged, the output stays plain decoding's."""
-    from helpers import assert_lossless
-    from specdecode import drafters
-
     target = models.load(tiny_gguf, dtype, "cpu")
     ctx = drafters.DrafterContext(target, dtype)
     drafter = drafters.build(f"draft:vocab=200:{tiny_gguf}", ctx)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import torch
 
-from serving import MODEL, reference, scheduler_held, serve
+from serving import MODEL, reference, scheduler_held, serve, until
 from specdecode import drafters
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.tree import Tree
@@ -254,14 +254,6 @@ def test_shutdown_ends_running_streams_with_an_error_event_and_done_and_others_w
     assert rest[-1] == "data: [DONE]"
     assert "error" in json.loads(rest[-2][6:])
     assert plain and plain[0].status_code == 503
-
-
-def until(condition, timeout: float = 30.0) -> None:
-    """Wait for a state instead of sleeping a guess: slow or busy machines only take longer."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for the server's state"
-        time.sleep(0.01)
 
 
 # -- seeds and labels ------------------------------------------------------------------------------
