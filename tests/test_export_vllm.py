@@ -296,7 +296,7 @@ def test_distilled_draft_is_a_hugging_face_llama(target4, trained, tmp_path):
     model, info = LlamaForCausalLM.from_pretrained(path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     ref = drafters.distilled.build_model(
-        target.model.hf, cfg["num_hidden_layers"], {k: v.float() for k, v in ours.items()}
+        target.model, cfg["num_hidden_layers"], {k: v.float() for k, v in ours.items()}
     )
     with torch.no_grad():
         ref.model.embed_tokens.weight = torch.nn.Parameter(tensors["model.embed_tokens.weight"].float())

@@ -209,6 +209,6 @@ def test_every_trainer_runs_on_the_family_its_drafter_is_lossless_and_exports(
             assert written["architectures"] == target.model.hf.config.architectures
             assert written["tie_word_embeddings"] == target.model.hf.config.tie_word_embeddings
 
-    draft = build_model(target.model.hf, 1)
+    draft = build_model(target.model, 1)
     assert type(draft) is type(target.model.hf)
     assert draft.get_output_embeddings().weight is target.model.hf.get_output_embeddings().weight

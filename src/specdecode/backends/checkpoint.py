@@ -19,27 +19,28 @@ from specdecode.errors import UserError
 SHIPPED = Path(__file__).parent.parent / "shipped"
 
 
-def fingerprint(hf_model) -> str:
+def fingerprint(model) -> str:
     """sha256 over the architecture numbers and a bf16 sample of the input embedding (so the same
     weights loaded in fp32 or bf16, on CPU or CUDA, give the same fingerprint)."""
-    cfg = hf_model.config
-    emb = hf_model.get_input_embeddings().weight
+    cfg = model.hf.config
     h = hashlib.sha256()
     for key in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         h.update(f"{key}={getattr(cfg, key, None)};".encode())
-    sample = emb[:: max(1, emb.shape[0] // 512)].detach().to("cpu", torch.bfloat16).view(torch.int16)
+    rows = model.embedding.shape[0]
+    sample = model.embedding(torch.arange(0, rows, max(1, rows // 512)))  # [<=513, H]
+    sample = sample.detach().to("cpu", torch.bfloat16).view(torch.int16)
     h.update(sample.numpy().tobytes())
     return h.hexdigest()[:16]
 
 
 def describe(loaded) -> dict:
     """loaded: models.LoadedModel -> {"name", "fingerprint"} for a checkpoint's config."""
-    return {"name": loaded.name, "fingerprint": fingerprint(loaded.model.hf)}
+    return {"name": loaded.name, "fingerprint": fingerprint(loaded.model)}
 
 
 def check(trained_for: dict, loaded, what: str) -> None:
     """Raise UserError unless the checkpoint `what` was trained for this target."""
-    mine = fingerprint(loaded.model.hf)
+    mine = fingerprint(loaded.model)
     if trained_for.get("fingerprint") != mine:
         raise UserError(
             f"{what} was trained for target {trained_for.get('name')!r} (fingerprint "

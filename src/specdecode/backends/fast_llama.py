@@ -25,6 +25,7 @@ from torch import nn
 from specdecode.backends import kernels as fused_kernels
 from specdecode.backends import quant
 from specdecode.backends import stack as native_stack
+from specdecode.backends.embedding import Embedding
 from specdecode.backends.gguf_weights import QuantLinear, quantize_q8
 from specdecode.backends.lm import Output, layer_ids, tree_attention
 
@@ -301,14 +302,15 @@ class FastLlama:
         check_config(cfg, max_length)
         self.hf = hf_model.eval()
         self.config = cfg
-        self.device = hf_model.device
+        # a GGUF skeleton's weights stay on the meta device (gguf_model.py): its norms say where it runs
+        self.device = hf_model.model.norm.weight.device
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         cpu = self.device.type == "cpu" and hf_model.dtype in (torch.float32, torch.bfloat16)
         widths = (cfg.hidden_size, cfg.intermediate_size, self.heads * self.head_dim)  # the linears' inputs
         self.kernels = fused_kernels.load() if fused and cpu and all(w % 16 == 0 for w in widths) else None
-        self.int8_activations = False  # gguf_weights.keep_quantized sets it for `--dtype gguf`
+        self.int8_activations = False  # gguf_model.keep_quantized sets it for `--dtype gguf`
         # dtype of activations and the KV cache (int8 linears keep fp32 activations)
         self.dtype = torch.float32 if self.kernels else hf_model.dtype
         int8 = (
@@ -326,7 +328,7 @@ class FastLlama:
         self.max_length = max_length or getattr(cfg, "max_position_embeddings", 2048)
         if _rope_type(cfg) == "longrope":  # Phi-3: its short factors hold up to the original context
             self.max_length = min(self.max_length, cfg.original_max_position_embeddings)
-        self.embed = hf_model.get_input_embeddings().weight
+        self.embedding = Embedding(hf_model.get_input_embeddings().weight)  # gguf: its blocks (gguf_model)
         self.lm_head = linear(hf_model.get_output_embeddings().weight, None)
         self.vocab_size = self.lm_head.out_features
         gemma = cfg.model_type in GEMMA
@@ -500,7 +502,7 @@ class FastLlama:
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [n] -> their input rows [n, hidden] (Gemma: scaled by sqrt(hidden))."""
-        x = F.embedding(tokens.to(self.device), self.embed)
+        x = self.embedding(tokens)
         return x if self.embed_scale is None else x * self.embed_scale.to(x.dtype)
 
     def _forward(self, tokens, ropes, masks, num_logits: int, capture: set[int]):

@@ -1,7 +1,9 @@
-"""A GGUF file loaded as GGUF: the model's skeleton is built without weights, only the small float
-tensors the forward reads as floats (norms, biases, the token embedding) are dequantized from the
-file, and the linears and the LM head stay the file's blocks (gguf_weights.keep_quantized). No float
-copy of the weights exists on disk or in memory, as in llama.cpp's loader.
+"""A GGUF file loaded as GGUF (`--dtype gguf`, `gguf-exact`): `load` is the one constructor. The
+model's skeleton is built without weights, only the small float tensors the forward reads as floats
+(norms, biases) are dequantized from the file, the linears and the LM head stay the file's blocks,
+repacked once into the kernels' layouts (gguf_weights.py), and the token embedding stays in the file's
+mapping, its rows dequantized when looked up (embedding.py). No float copy of the weights exists on
+disk or in memory, as in llama.cpp's loader.
 
 The config and tokenizer that transformers derives from the file's metadata (slow for a large
 vocabulary) are cached once as their small JSON files under the cache directory; the weights never are.
@@ -12,12 +14,28 @@ bits of the dequantized fp32 model (tests/test_gguf_weights.py).
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from specdecode.backends import stack
+from specdecode.backends.embedding import Embedding, FileBlocks
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.gguf_weights import (
+    FORMATS,
+    Interleaved,
+    QuantLinear,
+    QuantMatrix,
+    drop_pages,
+    read,
+    repack,
+    repack_chunks,
+)
 from specdecode.backends.lm import derived_dir, save_atomically
 from specdecode.errors import UserError
 
@@ -45,9 +63,24 @@ def metadata_dir(path: Path) -> Path:
     return save_atomically(target, lambda tmp: (config.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
 
 
+def load(path: Path, int8_activations: bool) -> FastLlama:
+    """The FastLlama of the GGUF file `path` computing from its quantized blocks; int8_activations:
+    `--dtype gguf` (see gguf_weights.QuantLinear), else `gguf-exact`. A family or variant the lean
+    forward does not run raises ValueError; no fused kernels here, a UserError."""
+    arch, tensors = read(path)  # the file is mapped once, its pages dropped as layers are repacked
+    model = FastLlama(skeleton(path, tensors))
+    if model.kernels is None:
+        raise UserError(
+            "--dtype gguf needs the fused CPU kernels, which did not build here (use --dtype fp32)"
+        )
+    keep_quantized(model, path, arch, tensors, int8_activations)
+    return model
+
+
 def skeleton(path: Path, tensors: dict[str, tuple[str, np.ndarray]]):
-    """-> the transformers model of `path` whose decoder linears and LM head stay on the meta device
-    (no memory) and whose other parameters hold the file's values, dequantized to float32."""
+    """-> the transformers model of `path` whose decoder linears, LM head and token embedding stay on
+    the meta device (no memory) and whose other parameters hold the file's values, dequantized to
+    float32."""
     from accelerate import init_empty_weights
     from gguf import MODEL_ARCH, get_tensor_name_map
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -60,7 +93,7 @@ def skeleton(path: Path, tensors: dict[str, tuple[str, np.ndarray]]):
         hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     quantized = {id(m.weight) for m in hf.model.layers.modules() if isinstance(m, torch.nn.Linear)}
     quantized.add(id(hf.get_output_embeddings().weight))
-    quantized.discard(id(hf.get_input_embeddings().weight))  # a tied head is the embedding: read as floats
+    quantized.add(id(hf.get_input_embeddings().weight))  # keep_quantized: kept as blocks (embedding.py)
     for full, param in list(hf.named_parameters()):
         if id(param) in quantized:
             continue
@@ -86,7 +119,7 @@ def repack_float(kind: str, raw: np.ndarray, name: str) -> np.ndarray:
     beside a 150k-row embedding."""
     from gguf import GGMLQuantizationType, quants
 
-    from specdecode.backends.gguf_weights import FORMATS, ROWS_AT_ONCE, repack
+    from specdecode.backends.gguf_weights import ROWS_AT_ONCE
 
     if kind == "F32":
         return raw.view(np.float32).copy()  # off the file's read-only mapping
@@ -111,3 +144,96 @@ def tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(metadata_dir(path))
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the pages are reused by later allocations instead
+        pass
+
+
+def keep_quantized(
+    model, path: Path, arch: str, tensors: dict[str, tuple[str, np.ndarray]], int8_activations: bool = False
+) -> None:
+    """In place: FastLlama `model` (built on the weightless skeleton of `path`) computes its layers, LM
+    head and embedding from the file's quantized blocks (arch, tensors: read(path), read once by load).
+    int8_activations: see QuantLinear."""
+    model.int8_activations = int8_activations
+    permuted = arch == "llama"  # llama.cpp rotates q/k rows for its llama architecture only
+    linear = partial(QuantLinear, model.kernels, int8_activations=int8_activations)
+
+    def weight(name: str, heads: int = 0):
+        if name not in tensors:
+            raise UserError(f"GGUF file {path} has no tensor {name}")
+        m = repack(*tensors[name], name)
+        if not (heads and permuted):
+            return m
+        order = _unpermute(m.shape[0], heads)
+        return m.rows(order) if isinstance(m, QuantMatrix) else m[order]
+
+    for i, layer in enumerate(model.layers):
+        b = f"blk.{i}."
+        fused = b + "attn_qkv.weight" in tensors  # Phi-3: q|k|v in one matrix, and gate|up in ffn_up
+        layer.qkv = linear(
+            [weight(b + "attn_qkv.weight")]
+            if fused
+            else [
+                weight(b + "attn_q.weight", model.heads),
+                weight(b + "attn_k.weight", model.kv_heads),
+                weight(b + "attn_v.weight"),
+            ],
+            bias=layer.qkv.bias,  # the float model's (Qwen2: q|k|v biases, in the weights' row order)
+        )
+        layer.o = linear([weight(b + "attn_output.weight")], bias=layer.o.bias)
+        layer.gate_up = linear(
+            [weight(b + "ffn_up.weight")]
+            if b + "ffn_gate.weight" not in tensors
+            else [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")]
+        )
+        layer.down = linear([weight(b + "ffn_down.weight")])
+        drop_pages(tensors)  # this layer's blocks are repacked: its file pages need not stay resident
+        _trim_heap()  # nor the repacks' temporaries (glibc keeps freed pages otherwise)
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"  # tied: the embedding's
+    kind, raw = tensors[head]
+    if int8_activations and model.kernels.vnni_rows() > 0 and kind in FORMATS:  # QuantLinear interleaves
+        model.lm_head = linear(
+            [Interleaved.pack_chunks(model.kernels, repack_chunks(kind, raw, head), len(raw))]
+        )
+    else:
+        model.lm_head = linear([weight(head)])
+    model.embedding = Embedding(
+        FileBlocks(*tensors["token_embd.weight"], "token_embd.weight", model.config.hidden_size)
+    )
+    drop_pages(tensors)
+    if model.lm_head.interleaved:
+        model.rows_independent()
+    with torch.no_grad():  # the skeleton's weightless linears: nothing reads them (features.teacher checks)
+        for lin in (m for m in model.hf.model.layers.modules() if isinstance(m, torch.nn.Linear)):
+            lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    model.final_norm = model.final_norm.clone()
+    for layer in model.layers:
+        for name in ("norm1", "norm2", "post_attn_norm", "post_mlp_norm"):
+            if getattr(layer, name) is not None:
+                setattr(layer, name, getattr(layer, name).clone())
+        if layer.qk_norms is not None:
+            layer.qk_norms = tuple(w.clone() for w in layer.qk_norms)
+    if model.lm_head.interleaved:  # after the clones above: the stack holds the norms it is given
+        model.stack = stack.build(model)
+    gc.collect()
+    _trim_heap()
+    unsupported = sorted(
+        {t for t, _ in tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")}
+    )
+    if unsupported:
+        print(
+            f"specdecode: GGUF types {', '.join(unsupported)} have no quantized kernel; "
+            f"their matrices run as float32",
+            file=sys.stderr,
+        )
+
+
+def _unpermute(n: int, heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's q/k rotary permutation (as transformers' reverse_permute)."""
+    return torch.arange(n).view(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)

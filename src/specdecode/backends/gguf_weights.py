@@ -17,9 +17,7 @@ error naming it.
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdecode.backends import stack
 from specdecode.backends.kernels import DENSE_ROWS
 from specdecode.errors import UserError
 
@@ -82,14 +79,32 @@ class Interleaved:
         matrix whose two scales are equal in every block (Q8_0: the default model's LM head) becomes
         "q8_0", one scale a block: half the scale bytes, and its kernel converts and scales one sum a
         block instead of two (linear_q8_0_vnni)."""
-        scales, quants = getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants)
-        kind = m.kind
+        return cls._compact(m.kind, *getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants), m.shape[0])
+
+    @classmethod
+    def pack_chunks(cls, ops, chunks: Iterator[QuantMatrix], n: int) -> Interleaved:
+        """pack of the row-wise concatenation of `chunks` (n rows in all, each chunk a multiple of 16
+        rows but the last) without ever holding it: each chunk is packed into its place (a 150k-row LM
+        head costs its own size at load, not three times that)."""
+        scales = quants = None
+        group = 0
+        for m in chunks:
+            s, q = getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants)
+            if scales is None:
+                kind, groups = m.kind, -(-n // 16)
+                scales, quants = s.new_empty((groups, *s.shape[1:])), q.new_empty((groups, *q.shape[1:]))
+            scales[group : group + len(s)], quants[group : group + len(q)] = s, q
+            group += len(s)
+        return cls._compact(kind, scales, quants, n)
+
+    @classmethod
+    def _compact(cls, kind: str, scales: torch.Tensor, quants: torch.Tensor, n: int) -> Interleaved:
         if kind == "q8" and torch.equal(scales[:, :, 0], scales[:, :, 1]):
             kind, scales = "q8_0", scales[:, :, :1].contiguous()
         half = scales.half()
         if torch.equal(half.float(), scales):
             scales = half
-        return cls(kind, scales, quants, m.shape[0])
+        return cls(kind, scales, quants, n)
 
     def unpack(self, ops) -> QuantMatrix:
         if self.kind == "q8_0":  # both halves of a block the one scale
@@ -211,20 +226,36 @@ FORMATS = {
 ROWS_AT_ONCE = 8192  # rows a repack or a dequantization converts at a time (bounds their temporaries)
 
 
+def repack_chunks(type_name: str, raw: np.ndarray, name: str = "tensor") -> Iterator[QuantMatrix]:
+    """repack of a tensor of a kernel format (FORMATS) in slices of ROWS_AT_ONCE rows, one at a time:
+    the repacks' integer temporaries stay small beside a 150k-row LM head."""
+    size, _, fn = FORMATS[type_name]
+    raw = np.ascontiguousarray(raw).reshape(raw.shape[0], -1)
+    if raw.shape[1] % size:
+        raise UserError(
+            f"GGUF tensor {name}: {raw.shape[1]} bytes per row is not a whole number of {type_name} blocks"
+        )
+    blocks = raw.reshape(raw.shape[0], raw.shape[1] // size, size)
+    for i in range(0, len(blocks), ROWS_AT_ONCE):
+        yield fn(blocks[i : i + ROWS_AT_ONCE])
+
+
 def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix | torch.Tensor:
     """A GGUF tensor's data (rows of raw blocks, or plain values) -> a QuantMatrix, or float32 [N, K]
     dequantized by the `gguf` package for types without a kernel."""
     if type_name in FORMATS:
-        size, per_block, fn = FORMATS[type_name]
-        raw = np.ascontiguousarray(raw).reshape(raw.shape[0], -1)
-        if raw.shape[1] % size:
-            raise UserError(
-                f"GGUF tensor {name}: {raw.shape[1]} bytes per row is not a whole number of "
-                f"{type_name} blocks"
-            )
-        blocks = raw.reshape(raw.shape[0], raw.shape[1] // size, size)
-        # in slices of rows: the repacks' integer temporaries stay small beside a 150k-row LM head
-        return concat([fn(blocks[i : i + ROWS_AT_ONCE]) for i in range(0, len(blocks), ROWS_AT_ONCE)])
+        out, row = None, 0
+        for m in repack_chunks(type_name, raw, name):  # each slice into its place: no second copy
+            if out is None:
+                n = raw.shape[0]
+                scales, quants = (
+                    m.scales.new_empty((n, *m.scales.shape[1:])),
+                    m.quants.new_empty((n, *m.quants.shape[1:])),
+                )
+                out = QuantMatrix(m.kind, scales, quants)
+            out.scales[row : row + len(m.scales)], out.quants[row : row + len(m.quants)] = m.scales, m.quants
+            row += len(m.quants)
+        return out
     from gguf import GGMLQuantizationType, quants
 
     try:
@@ -341,11 +372,6 @@ class QuantLinear:
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def _unpermute(n: int, heads: int) -> torch.Tensor:
-    """Row order that undoes llama.cpp's q/k rotary permutation (as transformers' reverse_permute)."""
-    return torch.arange(n).view(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
-
-
 _SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
 _STRING, _ARRAY = 8, 9
 
@@ -433,80 +459,3 @@ def drop_pages(tensors: dict[str, tuple[str, np.ndarray]]) -> None:
     base = base.obj if isinstance(base, memoryview) else base  # np.frombuffer's view of the mapping
     if isinstance(base, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
         base.madvise(mmap.MADV_DONTNEED)
-
-
-def _trim_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc keeps them otherwise)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the pages are reused by later allocations instead
-        pass
-
-
-def keep_quantized(
-    model, path: Path, arch: str, tensors: dict[str, tuple[str, np.ndarray]], int8_activations: bool = False
-) -> None:
-    """In place: FastLlama `model` (built on the weightless skeleton of `path`: gguf_model.py) computes
-    its layers and LM head from the file's quantized blocks (arch, tensors: read(path), read once by
-    the loader). int8_activations: see QuantLinear."""
-    model.int8_activations = int8_activations
-    permuted = arch == "llama"  # llama.cpp rotates q/k rows for its llama architecture only
-    linear = partial(QuantLinear, model.kernels, int8_activations=int8_activations)
-
-    def weight(name: str, heads: int = 0):
-        if name not in tensors:
-            raise UserError(f"GGUF file {path} has no tensor {name}")
-        m = repack(*tensors[name], name)
-        if not (heads and permuted):
-            return m
-        order = _unpermute(m.shape[0], heads)
-        return m.rows(order) if isinstance(m, QuantMatrix) else m[order]
-
-    for i, layer in enumerate(model.layers):
-        b = f"blk.{i}."
-        fused = b + "attn_qkv.weight" in tensors  # Phi-3: q|k|v in one matrix, and gate|up in ffn_up
-        layer.qkv = linear(
-            [weight(b + "attn_qkv.weight")]
-            if fused
-            else [
-                weight(b + "attn_q.weight", model.heads),
-                weight(b + "attn_k.weight", model.kv_heads),
-                weight(b + "attn_v.weight"),
-            ],
-            bias=layer.qkv.bias,  # the float model's (Qwen2: q|k|v biases, in the weights' row order)
-        )
-        layer.o = linear([weight(b + "attn_output.weight")], bias=layer.o.bias)
-        layer.gate_up = linear(
-            [weight(b + "ffn_up.weight")]
-            if b + "ffn_gate.weight" not in tensors
-            else [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")]
-        )
-        layer.down = linear([weight(b + "ffn_down.weight")])
-        drop_pages(tensors)  # this layer's blocks are repacked: its file pages need not stay resident
-    model.lm_head = linear([weight("output.weight" if "output.weight" in tensors else "token_embd.weight")])
-    if model.lm_head.interleaved:
-        model.rows_independent()
-    with torch.no_grad():  # the skeleton's weightless linears: nothing reads them (features.teacher checks)
-        for lin in (m for m in model.hf.model.layers.modules() if isinstance(m, torch.nn.Linear)):
-            lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
-    model.embed = model.hf.get_input_embeddings().weight
-    model.final_norm = model.final_norm.clone()
-    for layer in model.layers:
-        for name in ("norm1", "norm2", "post_attn_norm", "post_mlp_norm"):
-            if getattr(layer, name) is not None:
-                setattr(layer, name, getattr(layer, name).clone())
-        if layer.qk_norms is not None:
-            layer.qk_norms = tuple(w.clone() for w in layer.qk_norms)
-    if model.lm_head.interleaved:  # after the clones above: the stack holds the norms it is given
-        model.stack = stack.build(model)
-    gc.collect()
-    _trim_heap()
-    unsupported = sorted(
-        {t for t, _ in tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")}
-    )
-    if unsupported:
-        print(
-            f"specdecode: GGUF types {', '.join(unsupported)} have no quantized kernel; "
-            f"their matrices run as float32",
-            file=sys.stderr,
-        )

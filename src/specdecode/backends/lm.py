@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from specdecode.backends.embedding import Embedding
 
 
 @dataclass
@@ -52,7 +55,8 @@ class CausalLM(Protocol):
     max_length: int
     device: torch.device
     length: int  # tokens currently held in the KV cache
-    hf: torch.nn.Module  # the transformers module the weights come from (config, embedding, rotary)
+    hf: torch.nn.Module  # the transformers module the weights come from (config, rotary)
+    embedding: Embedding  # the token embedding (embedding.py: a GGUF file's rows stay quantized)
     kernels: object | None  # the fused CPU kernels its linears run on (kernels.py); None: none
     int8_activations: bool  # its linears quantize their input rows to 8 bits (`--dtype gguf`)
 
@@ -65,6 +69,10 @@ class CausalLM(Protocol):
         [..., H] -> [..., Vd]. As a 1-row product it dominates a head's draft step: on a quantized
         model its quantized rows, else prepacked float32 (through `kernels` where there are). A
         draft's precision changes what it proposes, never what is accepted."""
+        ...
+
+    def output_weight(self) -> torch.Tensor:
+        """The LM head's float weights [V, H] (a GGUF file's quantized head dequantized)."""
         ...
 
     def reset(self) -> None: ...

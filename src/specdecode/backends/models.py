@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from specdecode.backends import registry
+from specdecode.backends.embedding import Embedding
 from specdecode.backends.fast_llama import FastLlama, head_linear
 from specdecode.backends.lm import (  # noqa: F401 (CausalLM, cache_dir: re-exported)
     CausalLM,
@@ -42,6 +43,7 @@ class HFModel:
     def __init__(self, hf_model):
         self.hf = hf_model.eval()
         self.config = hf_model.config
+        self.embedding = Embedding(hf_model.get_input_embeddings().weight)
         self.vocab_size = hf_model.get_output_embeddings().weight.shape[0]
         self.device = hf_model.device
         self.max_length = getattr(self.config, "max_position_embeddings", None) or 2048
@@ -290,9 +292,8 @@ def auto_dtype(spec: str | None, device: str | None, quant: str = "none", backen
 def _load_quantized(
     spec: str | None, device: str | None, backend: str, quant: str, int8_activations: bool
 ) -> LoadedModel:
-    """--dtype gguf / gguf-exact: FastLlama on the file's quantized blocks (gguf_weights.py), built on
-    a weightless skeleton whose norms, biases and embedding come from the file (gguf_model.py)."""
-    from specdecode.backends import gguf_model, gguf_weights
+    """--dtype gguf / gguf-exact: FastLlama on the file's quantized blocks (gguf_model.load)."""
+    from specdecode.backends import gguf_model
 
     if not is_gguf(spec):
         raise UserError(
@@ -308,14 +309,8 @@ def _load_quantized(
     if backend == "hf":
         raise UserError("--dtype gguf runs on the fast Llama backend; --backend hf needs --dtype fp32")
     path = resolve(spec)
-    arch, tensors = gguf_weights.read(path)
     try:
-        model = FastLlama(gguf_model.skeleton(path, tensors))
+        model = gguf_model.load(path, int8_activations)
     except ValueError as e:  # a family or variant the lean forward does not run
         raise UserError(f"--dtype gguf: {spec or DEFAULT_TARGET}: {e} (use --dtype fp32)") from None
-    if model.kernels is None:
-        raise UserError(
-            "--dtype gguf needs the fused CPU kernels, which did not build here (use --dtype fp32)"
-        )
-    gguf_weights.keep_quantized(model, path, arch, tensors, int8_activations)
     return LoadedModel(str(spec or DEFAULT_TARGET), model, gguf_model.tokenizer(path))

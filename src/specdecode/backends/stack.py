@@ -41,14 +41,9 @@ class NativeStack:
         )
         self.head = None if self.native.has_head else model.lm_head  # applied here when not native
         # chains (FastLlama's sequence, BatchedLlama's rows without trees) go to forward_ids, their
-        # embedding and rotary rows gathered natively, when no layer has a sliding window (their
-        # masks) nor the embedding a scale (Gemma)
-        self.by_ids = (
-            self.windows == [None]
-            and model.embed_scale is None
-            and model.embed.dtype == torch.float32
-            and model.embed.is_contiguous()
-        )
+        # embedding (or its looked-up rows: embedding.py) and rotary rows gathered natively, when no
+        # layer has a sliding window (their masks) nor the embedding a scale (Gemma)
+        self.by_ids = self.windows == [None] and model.embed_scale is None
 
     def __call__(self, x, k_cache, v_cache, ropes, masks, where, capture: set[int], logit_rows: list[int]):
         """As fast_llama.fused_layers (its arguments and results)."""
@@ -66,8 +61,9 @@ class NativeStack:
         ids = sorted(capture)
         cos = [m.rope[kind][0] for kind in self.kinds]
         sin = [m.rope[kind][1] for kind in self.kinds]
+        ids_in, table = m.embedding.gathered(tokens)
         out = self.native.forward_ids(
-            tokens, *where, m.embed, k_cache, v_cache, cos, sin, ids, self._native_rows(logit_rows), None
+            ids_in, *where, table, k_cache, v_cache, cos, sin, ids, self._native_rows(logit_rows), None
         )
         return self._results(out, ids, logit_rows)
 

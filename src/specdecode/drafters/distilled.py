@@ -24,25 +24,32 @@ def is_checkpoint(spec: str | None) -> bool:
     return config.is_file() and json.loads(config.read_text()).get("kind") == "draft"
 
 
-def build_model(target_hf, num_layers: int, tensors: dict | None = None, head: torch.Tensor | None = None):
-    """The target's model class with `num_layers` layers (the first `num_layers` of its layer kinds),
-    sharing the target's embedding and LM head (one matrix when the target ties them).
-    tensors: {"layers.i.…", "norm.weight"} from a checkpoint, or None to leave the layers as initialised;
-    head: the target's LM head weights where its HF module holds none (CausalLM.output_weight)."""
+def build_model(target, num_layers: int, tensors: dict | None = None):
+    """The model class of `target` (a CausalLM) with `num_layers` layers (the first `num_layers` of its
+    layer kinds), sharing the target's embedding and LM head (one matrix when the target ties them; a
+    GGUF target's, which its HF module does not hold, dequantized).
+    tensors: {"layers.i.…", "norm.weight"} from a checkpoint, or None to leave the layers as initialised."""
+    target_hf = target.hf
     overrides = {"num_hidden_layers": num_layers}
     if isinstance(getattr(target_hf.config, "layer_types", None), list):
         overrides["layer_types"] = target_hf.config.layer_types[:num_layers]
     cfg = type(target_hf.config)(**{**target_hf.config.to_dict(), **overrides})
-    model = type(target_hf)(cfg).to(dtype=target_hf.dtype, device=target_hf.device)
-    model.model.embed_tokens.weight = target_hf.get_input_embeddings().weight
-    own = target_hf.get_output_embeddings().weight
-    given = head is not None and head is not own
-    model.lm_head.weight = torch.nn.Parameter(head, requires_grad=False) if given else own
+    model = type(target_hf)(cfg).to(dtype=target_hf.dtype, device=target.device)
+    embed, head = target.embedding.weight(), target.output_weight()
+    model.model.embed_tokens.weight = _parameter(embed)
+    model.lm_head.weight = model.model.embed_tokens.weight if head is embed else _parameter(head)
     if tensors is not None:
         state = {k: v.to(target_hf.dtype) for k, v in tensors.items()}
         model.model.load_state_dict(state, strict=False)
     model.generation_config = target_hf.generation_config
     return model.eval()
+
+
+def _parameter(weight: torch.Tensor) -> torch.nn.Parameter:
+    """The target's own parameter (shared), or dequantized weights made one."""
+    if isinstance(weight, torch.nn.Parameter):
+        return weight
+    return torch.nn.Parameter(weight, requires_grad=False)
 
 
 def num_layers(spec: str | None) -> int:
@@ -62,7 +69,7 @@ def load(spec: str | None, ctx):
 
     quant.check(ctx.quant, ctx.dtype, ctx.device)
     tensors, config = checkpoint.load(spec, "draft", ctx.target)
-    hf = build_model(ctx.target.model.hf, config["num_layers"], tensors, ctx.target.model.output_weight())
+    hf = build_model(ctx.target.model, config["num_layers"], tensors)
     int8 = ctx.target.model.int8_activations  # beside a --dtype gguf target: its 8-bit path
     if ctx.quant == "int8" and not int8:
         quant.quantize(hf)

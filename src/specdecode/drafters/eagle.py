@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdecode.backends.embedding import Embedding
 from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.backends.gguf_weights import QuantLinear
 from specdecode.backends.lm import tree_attention
@@ -47,9 +48,10 @@ def rope_tables(hf_model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     a table per layer kind, as Gemma 3 has, the global layers' one)."""
     rotary = hf_model.model.rotary_emb
     kind = ("full_attention",) if "layer_type" in inspect.signature(rotary.forward).parameters else ()
+    device = next(rotary.buffers()).device  # a GGUF skeleton: weights on the meta device, buffers real
     with torch.no_grad():
-        positions = torch.arange(n, device=hf_model.device)[None]
-        cos, sin = rotary(torch.empty(0, dtype=torch.float32, device=hf_model.device), positions, *kind)
+        positions = torch.arange(n, device=device)[None]
+        cos, sin = rotary(torch.empty(0, dtype=torch.float32, device=device), positions, *kind)
     return cos[0].float(), sin[0].float()
 
 
@@ -184,7 +186,7 @@ class NativeHead:
     stack whose q|k|v read [norm_emb(embed(token)); norm_feat(feature)]): the target's 8-bit path, the
     embedding and rotary rows gathered natively. `build` returns None where a linear is not interleaved."""
 
-    def __init__(self, head: EagleHead, project: QuantLinear, ops, embed: torch.Tensor, cos, sin):
+    def __init__(self, head: EagleHead, project: QuantLinear, ops, embedding: Embedding, cos, sin):
         def weight(w: torch.Tensor) -> torch.Tensor:
             return w.detach().float().contiguous()
 
@@ -207,24 +209,23 @@ class NativeHead:
             weight(head.norm_emb),
             [],  # no q|k|v biases
         )
-        self.embed, self.cos, self.sin = embed, cos.contiguous(), sin.contiguous()
+        self.embedding, self.cos, self.sin = embedding, cos.contiguous(), sin.contiguous()
 
     @staticmethod
-    def build(head: EagleHead, project, ops, embed: torch.Tensor, cos, sin) -> "NativeHead | None":
+    def build(head: EagleHead, project, ops, embedding: Embedding, cos, sin) -> "NativeHead | None":
         linears = [head.qkv.linear, head.o.linear, head.gate_up.linear, head.down.linear, project]
         if not all(isinstance(lin, QuantLinear) and lin.interleaved_parts() for lin in linears):
             return None  # float linears (an fp32 target, or no VNNI): the torch path
-        if embed.dtype != torch.float32 or not embed.is_contiguous():
-            return None
-        return NativeHead(head, project, ops, embed, cos, sin)
+        return NativeHead(head, project, ops, embedding, cos, sin)
 
     def chain(self, tokens: list[int], feat: torch.Tensor, cache: KVCache, logit_rows: list[int]):
         """tokens [m] target ids at the cache's next positions, feat [m, H] the features they continue
         (updated in place into the head's outputs o) -> logits [len(logit_rows), Vd]; appends to the cache."""
         m, start = len(tokens), cache.length
         k, v = cache.reserve(start + m)
+        ids, table = self.embedding.gathered(tokens)
         _, logits = self.stack.forward_ids(
-            tokens, [0], [start], [m], self.embed, k, v, [self.cos], [self.sin], [], logit_rows, feat
+            ids, [0], [start], [m], table, k, v, [self.cos], [self.sin], [], logit_rows, feat
         )
         cache.length = start + m
         return logits
@@ -235,7 +236,7 @@ class NativeHead:
         m, start = len(tokens), cache.length
         k, v = cache.reserve(start + m)
         at = torch.tensor(positions)
-        emb = self.embed[tokens]
+        emb = self.embedding(torch.tensor(tokens)).float().contiguous()
         where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([m]))
         _, logits = self.stack.forward(
             feat,
@@ -273,11 +274,11 @@ class EagleDrafter(Drafter):
         self.layers = tuple(layer_ids)
         self.token_map = token_map.to(target.device)
         self.token_ids = token_map.tolist()  # draft index -> target id, without a tensor op a draft
-        self.embed = target.hf.get_input_embeddings().weight.detach()
+        self.embedding = target.embedding
         self.project = target.head_rows(self.token_map)
         self.cos, self.sin = rope_tables(target.hf, target.max_length + 64)
         self.native = NativeHead.build(
-            self.head, self.project, target.kernels, self.embed, self.cos, self.sin
+            self.head, self.project, target.kernels, self.embedding, self.cos, self.sin
         )
 
     def begin(self, prompt):
@@ -333,7 +334,7 @@ class EagleDrafter(Drafter):
             else:
                 logits = self.native.tree(tokens, feat, self.cache, positions, mask)
             return logits, feat
-        emb = F.embedding(torch.tensor(tokens, device=self.embed.device), self.embed).float()
+        emb = self.embedding(torch.tensor(tokens, device=self.target.device)).float()
         at = None if positions is None else torch.tensor(positions, device=self.cos.device)
         o = self.head.step(emb, feat, self.cache, self.cos, self.sin, at, mask)
         return self.head.logits(o[-1:] if last_only else o, self.project), o

@@ -172,7 +172,7 @@ def _lm_head(loaded):
 
 
 def _embedding(loaded):
-    return loaded.model.hf.get_input_embeddings().weight
+    return loaded.model.embedding.weight()
 
 
 _medusa = _trained(

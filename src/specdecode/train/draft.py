@@ -57,14 +57,13 @@ def train(
     feats = source.features(features_dir or Path(data_dir) / "features", seqs, target["fingerprint"])
     train_ids, val_ids = data.split(seqs, val)
     token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
-    head = loaded.model.output_weight()
-    lm_head = head.detach().float().cpu()[token_map]  # [Vd, H]
+    lm_head = loaded.model.output_weight().detach().float().cpu()[token_map]  # [Vd, H]
     if init:
         tensors, init_config = checkpoint.load(None if init == "shipped" else init, "draft", loaded)
         layers, picks = init_config["num_layers"], init_config.get("init_layers")
-        model = build_model(hf, layers, tensors, head).float().cpu()
+        model = build_model(loaded.model, layers, tensors).float().cpu()
     else:
-        model = build_model(hf, layers, head=head).float().cpu()
+        model = build_model(loaded.model, layers).float().cpu()
         picks = torch.linspace(0, hf.config.num_hidden_layers - 1, layers).round().long().tolist()
         with torch.no_grad():
             for mine, theirs in zip(model.model.layers, picks):

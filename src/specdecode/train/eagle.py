@@ -99,7 +99,7 @@ def train(
     train_ids, val_ids = data.split(seqs, val)
     token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
     lm_head = loaded.model.output_weight().detach().float().cpu()[token_map]  # [Vd, H]
-    embed = hf.get_input_embeddings().weight.detach().float().cpu()
+    embed = loaded.model.embedding.weight().detach().float().cpu()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     config = {
         "kind": "eagle",

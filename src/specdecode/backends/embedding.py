@@ -1,0 +1,72 @@
+"""The token embedding: a table of float rows, or a GGUF file's own blocks, left in the file's mapping
+and dequantized row by row when looked up, as llama.cpp's loader keeps it (Qwen2.5-1.5B's 151,936 x
+1536 table: 0.93 GB as float32, 0.13 GB of Q4_K blocks, of which only the looked-up rows' pages are
+ever resident).
+
+A looked-up row is gguf_weights.repack of its blocks, dequantized: the very float32 values of the
+`gguf` package's dequantization (gguf_model.repack_float goes through the same functions), so
+`--dtype gguf-exact` keeps its bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specdecode.backends.gguf_weights import repack
+
+
+@dataclass
+class FileBlocks:
+    """A GGUF tensor as read (gguf_weights.read): its type name and its rows of raw blocks [V, bytes]."""
+
+    kind: str
+    raw: np.ndarray
+    name: str
+    width: int  # H: values per row
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.raw.shape[0], self.width
+
+    def rows(self, index: np.ndarray) -> torch.Tensor:
+        """-> float32 [len(index), H]; an id outside the table is an IndexError naming it."""
+        bad = index[(index < 0) | (index >= len(self.raw))]
+        if len(bad):
+            raise IndexError(f"token id {bad[0]} outside the vocabulary of {len(self.raw)} ids")
+        m = repack(self.kind, self.raw[index], self.name)
+        return m if isinstance(m, torch.Tensor) else m.dequantize()
+
+
+class Embedding:
+    """table: float [V, H] (rows looked up as stored), or FileBlocks (rows dequantized to float32)."""
+
+    def __init__(self, table: torch.Tensor | FileBlocks):
+        self.table = table
+        self.blocks = isinstance(table, FileBlocks)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.table.shape)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [n] (long) -> their rows [n, H] (float32 from file blocks)."""
+        if self.blocks:
+            return self.table.rows(tokens.cpu().numpy())
+        return F.embedding(tokens.to(self.table.device), self.table)
+
+    def weight(self) -> torch.Tensor:
+        """The whole table as floats [V, H] (trainers, exports; file blocks are dequantized)."""
+        return self(torch.arange(self.shape[0])) if self.blocks else self.table
+
+    def gathered(self, tokens: list[int]) -> tuple[list[int], torch.Tensor]:
+        """For a native call that gathers rows by id from a contiguous float32 table: (ids, table),
+        where the table is this one (ids = tokens) when it is such a table, else the looked-up rows
+        themselves [n, H] (ids = 0..n-1)."""
+        if not self.blocks and self.table.dtype == torch.float32 and self.table.is_contiguous():
+            return tokens, self.table
+        rows = self(torch.tensor(tokens, dtype=torch.long)).float().contiguous()
+        return list(range(len(tokens))), rows
