@@ -68,9 +68,16 @@ def from_steps(steps: list[tuple[int, int]], k: int) -> dict:
 
 
 def _export(
-    drafter: str, k: int, out: Path, port: int, dtype: str = "float32", per_request: str = "detailed"
+    drafter: str,
+    k: int,
+    out: Path,
+    port: int,
+    dtype: str = "float32",
+    per_request: str = "detailed",
+    target: str | None = None,
 ) -> None:
     argv = [sys.executable, "-m", "specdecode", "export", "vllm", "--drafter", drafter, "--k", str(k)]
+    argv += ["--target", target] if target else []
     argv += ["--out", str(out), "--serve-dtype", dtype, "--port", str(port), "--max-model-len", "4096"]
     argv += ["--per-request-metrics", per_request]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -102,7 +109,7 @@ def run_vllm(args, prompts) -> dict:
     results = {}
     for drafter in args.drafters.split(","):
         out, started = work / drafter, time.monotonic()
-        _export(drafter, args.k, out, args.port)
+        _export(drafter, args.k, out, args.port, target=args.target)
         env = vllm_local.cpu_env(args.threads, args.cpus, kv_cache_gib=2)
         extra = ("--generation-config", "vllm", "--max-num-seqs", str(args.concurrency))
         row = {"drafter": drafter, "k": args.k}
@@ -157,7 +164,7 @@ def run_ours(args, prompts) -> dict:
     from specdecode.core.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
-    target = models.load(None, "fp32", "cpu", "auto")
+    target = models.load(args.target, "fp32", "cpu", "auto")
     ctx = drafters.DrafterContext(target, "fp32", "cpu", "auto")
     results = {}
     for spec in args.drafters.split(","):
@@ -214,6 +221,7 @@ def main() -> int:
     p.add_argument("side", choices=["vllm", "ours", "merge"])
     p.add_argument("inputs", nargs="*", help="merge: the vllm and ours result files")
     p.add_argument("--drafters", default=DRAFTERS)
+    p.add_argument("--target", default=None, help="the target model (default: the default model)")
     p.add_argument("--prompts", default="heldout:8", help="prompt set (heldout:8 is 32 prompts)")
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=64)
