@@ -119,8 +119,8 @@ def setup(args) -> None:
             raise UserError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     elif (free := free_cores()) < torch.get_num_threads():
-        # a thread waiting for a busy core stalls every parallel region: 128 tokens took 114 s at 2
-        # threads beside a busy core, 2.9 s at 1 (docs/benchmarks.md)
+        # a thread waiting for a busy core stalls every parallel region (it waits for its slowest
+        # thread): two threads beside a busy core run far slower than one (README, --threads)
         print(
             f"specdecode: {os.cpu_count() - free} of {os.cpu_count()} cores busy (load average "
             f"{os.getloadavg()[0]:.1f}): using {free} thread(s); --threads N to choose",
