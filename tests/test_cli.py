@@ -223,11 +223,11 @@ def test_threads_follow_the_free_cores_unless_chosen(monkeypatch, capsys):
         monkeypatch.setattr(os, "cpu_count", lambda: 4)
         monkeypatch.setattr(os, "getloadavg", lambda: (2.2, 2.0, 1.0))
         torch.set_num_threads(4)
-        cli._setup(argparse.Namespace(threads=None))
+        cli.options.setup(argparse.Namespace(threads=None))
         assert torch.get_num_threads() == 2 and "2 of 4 cores busy" in capsys.readouterr().err
-        cli._setup(argparse.Namespace(threads=3))  # an explicit choice wins
+        cli.options.setup(argparse.Namespace(threads=3))  # an explicit choice wins
         assert torch.get_num_threads() == 3
         monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
-        assert cli.free_cores() == 1
+        assert cli.options.free_cores() == 1
     finally:
         torch.set_num_threads(before)

@@ -582,7 +582,7 @@ def test_auto_is_exact_where_fp32_tokens_are_promised(tiny_gguf):
     picked = {}
     for argv in (["generate", "x"], ["serve"], ["train", "data", "--out", "o"], ["bench"]):
         args = cli.parser().parse_args([*argv, "--target", tiny_gguf, "--device", "cpu"])
-        cli._resolve_dtype(args)
+        cli.options.resolve_dtype(args)
         picked[argv[0] + (argv[1] if argv[0] == "train" else "")] = args.dtype
     serve = "gguf" if kernels.rows_exact_int8() else "gguf-exact"  # batched rows as single ones: VNNI
     assert picked == {"generate": "gguf", "serve": serve, "traindata": "gguf-exact", "bench": "gguf"}

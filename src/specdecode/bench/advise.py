@@ -6,17 +6,19 @@ and serve accept.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from specdecode import drafters
 from specdecode.backends.models import LoadedModel
 from specdecode.core import control, costs
 from specdecode.core.config import Route, SpecConfig
-from specdecode.core.control import FixedK
+from specdecode.core.control import CostModel, FixedK
 from specdecode.core.generation import encode_prompt, generate
 from specdecode.core.metrics import Stats
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.tasks import classify
 from specdecode.corpora import Prompt
+from specdecode.drafters.base import Drafter
 
 MARGIN = 0.03  # a drafter must be predicted at least 3% faster than plain decoding to be recommended
 PLAIN = drafters.parse("none")  # plain decoding (its report label: str(PLAIN))
@@ -64,92 +66,24 @@ def advise(
     temperatures: tuple[float, ...] = (0.0, 0.3, 0.7, 1.0),
     log=print,
 ) -> tuple[SpecConfig, dict]:
+    """Per task: every candidate at k_max against plain decoding, the best k predicted from its
+    acceptance and measured costs, measured again at that k; the fastest drafter whose prediction
+    and measurement both beat plain decoding is the task's route (else plain decoding)."""
     specs = [c for c in candidates if c.speculates]
-    plain_k = PLAIN.k(k_max)
     by_task: dict[str, list[list[int]]] = defaultdict(list)
     for p in prompts:
         by_task[p.task or classify(p.prompt)].append(encode_prompt(target.tokenizer, p.prompt, None))
     built = {s: drafters.build(s, ctx) for s in specs}
     probe = next(iter(by_task.values()))[0]
     cost = {s: costs.measure(target.model, built[s], k_max, probe) for s in specs}
-    none = drafters.build(PLAIN, ctx)
-    greedy = SamplingParams()
-    for d in [none, *built.values()]:  # warm-up: first calls pay one-off kernel set-up
-        generate(target, d, probe, k=k_max, params=greedy, max_new_tokens=8)
+    bench = _Bench(target, drafters.build(PLAIN, ctx), specs, built, cost, k_max, max_new_tokens)
+    for d in [bench.plain, *built.values()]:  # warm-up: first calls pay one-off kernel set-up
+        generate(target, d, probe, k=k_max, params=SamplingParams(), max_new_tokens=8)
     report: dict = {"tasks": {}, "costs": {str(s): c.to_json() for s, c in cost.items()}}
     routing: dict[str, Route] = {}
     for task, ids_list in sorted(by_task.items()):
         log(f"advise: task {task} ({len(ids_list)} prompts)")
-        full = _measure(
-            target,
-            {PLAIN: (none, plain_k), **{s: (built[s], k_max) for s in specs}},
-            ids_list,
-            greedy,
-            max_new_tokens,
-        )
-        plain_tps = full[PLAIN].tokens_per_s
-        rows, best = [], {}
-        for s in specs:
-            stats = full[s]
-            k, predicted = max(((predicted_speedup(stats, cost[s], j), j) for j in range(k_max + 1)))[::-1]
-            best[s] = k
-            rows.append(
-                {
-                    "drafter": str(s),
-                    "alpha": round(stats.acceptance_rate, 4),
-                    "tau": round(stats.mean_accepted_length, 3),
-                    "conditional_acceptance": [round(x, 3) for x in stats.conditional_acceptance],
-                    "k_max": k_max,
-                    "measured_speedup_k_max": round(stats.tokens_per_s / plain_tps, 3),
-                    "predicted_speedup_k_max": round(predicted_speedup(stats, cost[s], k_max), 3),
-                    "best_k": k,
-                    "predicted_speedup_best_k": round(predicted, 3),
-                }
-            )
-        second = {s: (built[s], best[s]) for s in specs if 0 < best[s] < k_max}
-        if second:  # measure the recommended k too, against plain decoding in the same rounds
-            again = _measure(target, {PLAIN: (none, plain_k), **second}, ids_list, greedy, max_new_tokens)
-            for s, row in zip(specs, rows):
-                if s in second:
-                    row["measured_speedup_best_k"] = round(
-                        again[s].tokens_per_s / again[PLAIN].tokens_per_s, 3
-                    )
-        for row in rows:
-            if row["best_k"] == k_max:
-                row["measured_speedup_best_k"] = row["measured_speedup_k_max"]
-        viable = [
-            (s, r)
-            for s, r in zip(specs, rows)
-            if r["best_k"] > 0
-            and r["predicted_speedup_best_k"] > 1 + MARGIN
-            and r.get("measured_speedup_best_k", 0) > 1.0
-        ]
-        if viable:
-            chosen, pick = max(viable, key=lambda sr: sr[1]["measured_speedup_best_k"])
-            routing[task] = Route(chosen, max(pick["best_k"], 1), True)
-            advice = f"{pick['drafter']} k={pick['best_k']}"
-        else:
-            routing[task] = Route(PLAIN, 1, False)
-            advice = "do not speculate"
-        sweep = {}
-        if viable and temperatures:
-            for t in temperatures:
-                route = routing[task]
-                stats = _measure(
-                    target,
-                    {route.drafter: (built[route.drafter], route.k)},
-                    ids_list,
-                    SamplingParams(temperature=t),
-                    max_new_tokens,
-                )[route.drafter]
-                sweep[str(t)] = round(stats.acceptance_rate, 4)
-        report["tasks"][task] = {
-            "prompts": len(ids_list),
-            "plain_tokens_per_s": round(plain_tps, 2),
-            "drafters": rows,
-            "advice": advice,
-            "alpha_vs_temperature": sweep,
-        }
+        routing[task], report["tasks"][task] = _advise_task(bench, ids_list, temperatures)
     default = Route(specs[0], k_max, True) if specs else Route(PLAIN, 1, False)
     config = SpecConfig(
         default=default,
@@ -160,6 +94,88 @@ def advise(
         dtype=ctx.dtype,
     )
     return config, report
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """What every measurement of one advise run shares: the target, plain decoding, the candidates
+    (built, with their measured costs), k_max and the tokens generated per prompt."""
+
+    target: LoadedModel
+    plain: Drafter
+    specs: list[drafters.Spec]
+    built: dict[drafters.Spec, Drafter]
+    cost: dict[drafters.Spec, CostModel]
+    k_max: int
+    max_new_tokens: int
+
+    def against_plain(self, ks: dict[drafters.Spec, int], ids_list) -> dict[drafters.Spec, Stats]:
+        """Each drafter at its k and plain decoding, greedy, in the same rounds."""
+        runs = {PLAIN: (self.plain, PLAIN.k(self.k_max)), **{s: (self.built[s], k) for s, k in ks.items()}}
+        return _measure(self.target, runs, ids_list, SamplingParams(), self.max_new_tokens)
+
+
+def _advise_task(bench: _Bench, ids_list, temperatures: tuple[float, ...]) -> tuple[Route, dict]:
+    """One task's prompts -> its route and its report (a row per candidate, the advice, and the
+    chosen drafter's α at each temperature)."""
+    k_max = bench.k_max
+    full = bench.against_plain({s: k_max for s in bench.specs}, ids_list)
+    plain_tps = full[PLAIN].tokens_per_s
+    rows = [_row(s, full[s], bench.cost[s], k_max, plain_tps) for s in bench.specs]
+    second = {s: row["best_k"] for s, row in zip(bench.specs, rows) if 0 < row["best_k"] < k_max}
+    if second:  # measure the recommended k too, against plain decoding in the same rounds
+        again = bench.against_plain(second, ids_list)
+        for s, row in zip(bench.specs, rows):
+            if s in second:
+                row["measured_speedup_best_k"] = round(again[s].tokens_per_s / again[PLAIN].tokens_per_s, 3)
+    for row in rows:
+        if row["best_k"] == k_max:
+            row["measured_speedup_best_k"] = row["measured_speedup_k_max"]
+    viable = [
+        (s, r)
+        for s, r in zip(bench.specs, rows)
+        if r["best_k"] > 0
+        and r["predicted_speedup_best_k"] > 1 + MARGIN
+        and r.get("measured_speedup_best_k", 0) > 1.0
+    ]
+    sweep = {}
+    if viable:
+        chosen, pick = max(viable, key=lambda sr: sr[1]["measured_speedup_best_k"])
+        route = Route(chosen, max(pick["best_k"], 1), True)
+        advice = f"{pick['drafter']} k={pick['best_k']}"
+        for t in temperatures:
+            runs = {chosen: (bench.built[chosen], route.k)}
+            stats = _measure(
+                bench.target, runs, ids_list, SamplingParams(temperature=t), bench.max_new_tokens
+            )
+            sweep[str(t)] = round(stats[chosen].acceptance_rate, 4)
+    else:
+        route, advice = Route(PLAIN, 1, False), "do not speculate"
+    task_report = {
+        "prompts": len(ids_list),
+        "plain_tokens_per_s": round(plain_tps, 2),
+        "drafters": rows,
+        "advice": advice,
+        "alpha_vs_temperature": sweep,
+    }
+    return route, task_report
+
+
+def _row(spec: drafters.Spec, stats: Stats, cost: CostModel, k_max: int, plain_tps: float) -> dict:
+    """A candidate's report row from its run at k_max: α, τ, measured and predicted speedups, and
+    the k with the best predicted speedup."""
+    k, predicted = max(((predicted_speedup(stats, cost, j), j) for j in range(k_max + 1)))[::-1]
+    return {
+        "drafter": str(spec),
+        "alpha": round(stats.acceptance_rate, 4),
+        "tau": round(stats.mean_accepted_length, 3),
+        "conditional_acceptance": [round(x, 3) for x in stats.conditional_acceptance],
+        "k_max": k_max,
+        "measured_speedup_k_max": round(stats.tokens_per_s / plain_tps, 3),
+        "predicted_speedup_k_max": round(predicted_speedup(stats, cost, k_max), 3),
+        "best_k": k,
+        "predicted_speedup_best_k": round(predicted, 3),
+    }
 
 
 def render(report: dict) -> str:

@@ -29,7 +29,7 @@ from specdecode.core.control import KPolicy
 from specdecode.core.prefill import PrefillBudget, chunk_cost, chunk_size, keys
 from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Step, plan, settle
+from specdecode.core.step import Decoding, Step, plan, settle
 from specdecode.core.verify import check_inputs
 from specdecode.drafters.base import Drafter
 
@@ -225,23 +225,19 @@ class BatchDecoder:
 
     def _advance(self, seq: Sequence, planned, base: int, out, draft_s: float, forward_s: float) -> Step:
         """Settle one row (step.settle: verify, roll its slot back, feed its drafter, commit)."""
-        step = settle(
-            planned,
-            out,
-            base,
+        row = Decoding(
             _Slot(self.model, seq.slot),
             seq.drafter,
             seq.policy,
             seq.params,
             seq.generator,
             seq.eos_ids,
-            seq.max_new_tokens - seq.generated,
-            draft_s,
-            lambda: forward_s,
             constraints=seq.constraints,
             context=seq.context,
             logprobs=seq.logprobs,
         )
+        room = seq.max_new_tokens - seq.generated
+        step = settle(planned, out, base, row, room=room, draft_s=draft_s, verify_s=lambda: forward_s)
         seq.finished = step.finished
         seq.context.extend(step.tokens)
         return step

@@ -31,7 +31,7 @@ from specdecode.backends.lm import CausalLM
 from specdecode.core.constraints import Constraints
 from specdecode.core.control import FixedK, KPolicy
 from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Step, plan, settle
+from specdecode.core.step import Decoding, Step, plan, settle
 from specdecode.drafters.base import Drafter
 
 __all__ = ["Step", "decode"]
@@ -65,6 +65,17 @@ def decode(
             drafter.feed(out.features)
     prefill_s = time.perf_counter() - t0
     context = list(prompt)
+    seq = Decoding(
+        target,
+        drafter,
+        policy,
+        params,
+        generator,
+        eos_ids,
+        constraints=constraints,
+        context=context,
+        logprobs=logprobs,
+    )
     generated = 0
     while generated < max_new_tokens:
         t0 = time.perf_counter()
@@ -81,19 +92,11 @@ def decode(
             planned,
             out,
             base,
-            target,
-            drafter,
-            policy,
-            params,
-            generator,
-            eos_ids,
-            max_new_tokens - generated,
-            t1 - t0,
-            lambda t1=t1: time.perf_counter() - t1,
-            prefill_s,
-            constraints=constraints,
-            context=context,
-            logprobs=logprobs,
+            seq,
+            room=max_new_tokens - generated,
+            draft_s=t1 - t0,
+            verify_s=lambda t1=t1: time.perf_counter() - t1,
+            prefill_s=prefill_s,
         )
         context.extend(step.tokens)
         generated += len(step.tokens)

@@ -17,11 +17,11 @@ at most `chunk` (serve --prefill-chunk) and at least MIN_PREFILL, so a long prom
 step. The span (cached tokens whose attention costs a row its matmuls) starts from the model's FLOP
 count (batch_model.attention_span) and is then measured: a plane t = c + a * rows + b * keys through
 the recent steps' forwards (keys: the cached positions their rows attend to) gives span = a / b. On
-the int8 kernels the matmuls run ~7x faster per multiply-add than attention's float32 ones (and deep
-keys stream from memory), so the FLOP span (3,072 for SmolLM2) counted a chunk 3,500 tokens deep at a
-tenth of its cost and such steps took 3 plain ones (the server's step trace). Until both points are
-known the line goes through the origin (t proportional to W), which allows P = (RATIO - 1) * D. A
-step in which nothing decodes keeps nobody waiting: its prompts get `chunk` * IDLE_PREFILL.
+the int8 kernels the matmuls run much faster per multiply-add than attention's float32 ones (and deep
+keys stream from memory), so the FLOP span priced a deep chunk far below its cost (docs/server.md, from
+the server's step trace). Until both points are known the line goes through the origin (t proportional
+to W), which allows P = (RATIO - 1) * D. A step in which nothing decodes keeps nobody waiting: its
+prompts get `chunk` * IDLE_PREFILL.
 """
 
 from __future__ import annotations

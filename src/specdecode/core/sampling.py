@@ -70,7 +70,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 def argmax_ids(logits: torch.Tensor) -> list[int] | int:
     """As argmax, as Python ints (a list for [n, V], an int for [V]) without a tensor in between: each
-    torch call after a forward starts cold (~40 us, native_forward.md), and verification asks every step."""
+    torch call after a forward starts cold (docs/native_forward.md), and verification asks every step."""
     picked = _numpy_argmax(logits)
     return (logits.argmax(-1) if picked is None else picked).tolist()
 

@@ -10,9 +10,10 @@ and the batched core (batch_decoder.py), so that both make exactly the same deci
   cache rollback                              keep the root and the accepted path: plan.kept(base);
   commit(checked, eos_ids, room)              the committed tokens: cut after an EOS, finished at
       -> (tokens, finished)                   EOS or when the token budget is used up;
-  settle(...) -> Step                         everything after the forward, in this order: check,
+  settle(plan, out, base, seq) -> Step        everything after the forward, in this order: check,
                                               roll the cache back, the drafter's feedback and
-                                              features, commit, the Step, the k policy's feedback.
+                                              features, commit, the Step, the k policy's feedback;
+                                              seq: the sequence's Decoding (cache, drafter, ...).
 
 Features (hidden rows) for drafters that read the target's (Medusa, EAGLE) are the forward's rows
 `checked.rows`: the root's and the accepted path's, the positions that stay in the cache.
@@ -166,44 +167,54 @@ class Cache(Protocol):
     def keep(self, length: int, indices: list[int]) -> None: ...
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """One sequence as settle() works on it, the same at every step: its cache (a CausalLM, or one
+    slot of a BatchLM), drafter, k policy, sampling and stop tokens. constraints: penalties and a
+    grammar on each row given its drafted prefix after `context` (every committed token, prompt
+    included, extended by the caller; constraints.py); logprobs: each Step carries its tokens' raw
+    target logprobs with this many top ones (logprobs.py)."""
+
+    cache: Cache
+    drafter: Drafter
+    policy: KPolicy
+    params: SamplingParams
+    generator: torch.Generator | None
+    eos_ids: set[int] | frozenset[int]
+    constraints: Constraints | None = None
+    context: list[int] = ()
+    logprobs: int | None = None
+
+
 def settle(
     planned: Plan,
     out: Output,
     base: int,
-    cache: Cache,
-    drafter: Drafter,
-    policy: KPolicy,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-    eos_ids: set[int] | frozenset[int],
+    seq: Decoding,
+    *,
     room: int,
     draft_s: float,
     verify_s: Callable[[], float],
     prefill_s: float = 0.0,
-    *,
-    constraints: Constraints | None = None,
-    context: list[int] = (),
-    logprobs: int | None = None,
 ) -> Step:
     """Everything after the target's forward over `planned.tokens` (which started at `base` cached
     tokens; out.logits [1 + n, V]), written once for one sequence and for a batch row: verify, roll
     the cache back to the root and the accepted path, give the drafter its feedback and the kept
     rows' features, commit at most `room` tokens, and let the k policy observe the Step.
-    verify_s() -> the seconds the step's verification took, asked once the step is settled.
-    constraints: penalties and a grammar on each row given its drafted prefix after `context` (every
-    committed token, prompt included; constraints.py); logprobs: the Step carries its tokens' raw
-    target logprobs with this many top ones (logprobs.py)."""
-    logits = out.logits if constraints is None else constraints.process(context, planned, out.logits)
-    checked = check(planned, logits, params, generator)
+    draft_s: the seconds the drafter took; verify_s() -> the seconds the step's verification took,
+    asked once the step is settled; prefill_s: the prompt's, on a sequence's first step."""
+    constraints = seq.constraints
+    logits = out.logits if constraints is None else constraints.process(seq.context, planned, out.logits)
+    checked = check(planned, logits, seq.params, seq.generator)
     if planned.tree is None:
-        cache.truncate(base + 1 + len(checked.path))  # drop the rejected drafts
+        seq.cache.truncate(base + 1 + len(checked.path))  # drop the rejected drafts
     else:
-        cache.keep(*checked.kept(base))  # move the accepted path up to follow the root
-    drafter.observe(checked.drafted, len(checked.accepted))
-    if drafter.layers:
+        seq.cache.keep(*checked.kept(base))  # move the accepted path up to follow the root
+    seq.drafter.observe(checked.drafted, len(checked.accepted))
+    if seq.drafter.layers:
         rows = checked.rows  # a chain keeps its first rows: a view, not a gather
-        drafter.feed(out.features[: len(rows)] if planned.tree is None else out.features[rows])
-    new, finished = commit(checked, eos_ids, room)
+        seq.drafter.feed(out.features[: len(rows)] if planned.tree is None else out.features[rows])
+    new, finished = commit(checked, seq.eos_ids, room)
     if constraints is not None:
         constraints.commit(new)
     step = Step(
@@ -216,8 +227,8 @@ def settle(
         finished,
         checked.depth,
         logprobs=None
-        if logprobs is None
-        else token_logprobs(out.logits[checked.rows[: len(new)]], new, logprobs),
+        if seq.logprobs is None
+        else token_logprobs(out.logits[checked.rows[: len(new)]], new, seq.logprobs),
     )
-    policy.observe(step)
+    seq.policy.observe(step)
     return step

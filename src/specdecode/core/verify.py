@@ -26,7 +26,7 @@ from specdecode.core.sampling import argmax_ids
 
 def check_ids(ids: list[int], vocab_size: int) -> None:
     """Raise ValueError on a draft id outside [0, vocab_size): a buggy drafter must fail loudly. On a
-    list: a torch op right after a forward starts cold (~40 us; backends/stack.cpp's forward_ids)."""
+    list: a torch op right after a forward starts cold (docs/native_forward.md; stack.cpp's forward_ids)."""
     if any(t < 0 or t >= vocab_size for t in ids):
         raise ValueError(f"draft token id out of range [0, {vocab_size}): {ids}")
 

@@ -22,7 +22,7 @@ from specdecode.errors import UserError
 
 VENV_VARIABLE = "VLLM_VENV"
 DEFAULT_VENV = "/work/venvs/vllm"  # scripts/install_vllm.sh's default
-START_TIMEOUT_S = 300.0  # vLLM CPU takes 80-110 s to start on a shared 2-core machine
+START_TIMEOUT_S = 300.0  # vLLM CPU takes minutes to start on a small machine (docs/deployment.md)
 
 
 def venv() -> Path | None:

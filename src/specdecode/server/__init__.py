@@ -9,7 +9,10 @@ suffix_cache.py                suffix decoding's response caches: scopes, persis
 lifecycle.py                   shutdown: drain, then fail what still runs (error event + [DONE], 503)
 trace.py                       per-step timings and rows (--trace-steps), for finding where a gap comes from
 metrics.py                     Prometheus counters/gauges/histograms, defined once; /stats view
-schemas.py, app.py             pydantic bodies, routes, SSE streaming, auth, limits, errors
+schemas.py                     pydantic bodies, the OpenAI error body
+app.py                         the routes; intake.py: a request checked -> the engine's Request;
+                               answer.py: its samples submitted, streamed (SSE) or collected;
+                               handlers.py: every error; guard.py: auth, body limit, request ids
 """
 
 from __future__ import annotations

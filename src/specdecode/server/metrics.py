@@ -66,9 +66,19 @@ class DrafterLabels:
 class ServerMetrics:
     def __init__(self, model_name: str, drafters: Iterable[str | Spec] = ()):
         """drafters: the specs the server was started with (metric labels of their own)."""
-        self.registry = r = CollectorRegistry()
+        self.registry = CollectorRegistry()
         self.model_name = model_name
         self.drafter_label = DrafterLabels(drafters)
+        self._speculation_metrics(self.registry)  # registered in the order /metrics lists them
+        self._request_metrics(self.registry)
+        self._latency_metrics(self.registry)
+        # exported at 0 from the start, so that rate() sees the first
+        self.rejected.labels(model_name, "queue_full")
+        self.observe_prefix(0, 0)
+        self.set_queue(0, 0)
+
+    def _speculation_metrics(self, r: CollectorRegistry) -> None:
+        """vLLM's spec_decode counters (module docstring), labelled by task and drafter."""
         spec = ["model_name", "task", "drafter"]
         self.drafts = Counter(
             PREFIX + "spec_decode_num_drafts", "Verify steps with at least one draft token", spec, registry=r
@@ -98,6 +108,9 @@ class ServerMetrics:
             spec,
             registry=r,
         )
+
+    def _request_metrics(self, r: CollectorRegistry) -> None:
+        """Requests refused, running, waiting and finished; prefix cache lookups; tokens."""
         self.rejected = Counter(
             PREFIX + "num_requests_rejected",
             "Requests refused before decoding (queue full)",
@@ -134,6 +147,9 @@ class ServerMetrics:
             ["model_name", "finished_reason"],
             registry=r,
         )
+
+    def _latency_metrics(self, r: CollectorRegistry) -> None:
+        """Histograms: time to first token, between tokens and to the end; tokens per forward; batch size."""
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds",
             "Arrival to first token",
@@ -169,11 +185,6 @@ class ServerMetrics:
             buckets=_TOKENS,
             registry=r,
         )
-        self.rejected.labels(
-            model_name, "queue_full"
-        )  # exported at 0 from the start, so rate() sees the first
-        self.observe_prefix(0, 0)
-        self.set_queue(0, 0)
 
     # -- updates (called from the engine thread) --------------------------------------------
 

@@ -14,6 +14,32 @@ def add_parser(sub, model_args, setup) -> None:
     tsub = t.add_subparsers(dest="what", required=True)
 
     d = tsub.add_parser("data", help="generate the target's responses to prompt sets (token ids)")
+    _data_args(d)
+    model_args(d)
+    d.set_defaults(run=cmd_data, setup=setup, exact_auto=True)
+
+    q = tsub.add_parser(
+        "prompts", help="chat prompts written by the target itself (Magpie), as JSONL for `train data`"
+    )
+    _prompts_args(q)
+    model_args(q)
+    q.set_defaults(run=cmd_prompts, setup=setup, exact_auto=True)
+
+    for name, helptext in (
+        ("medusa", "Medusa heads on the target's last hidden state"),
+        ("eagle", "an EAGLE-3-style feature-level draft head"),
+        ("draft", "a small draft model distilled from the target"),
+    ):
+        p = tsub.add_parser(name, help=helptext)
+        _run_args(p)
+        _val_args(p)
+        _trainer_args(p, name)
+        model_args(p, dtype="fp32")
+        p.set_defaults(run=cmd_train, trainer=name, setup=setup)
+
+
+def _data_args(d) -> None:
+    """`train data`: the prompt sets, where the data goes, and how the target answers them."""
     d.add_argument(
         "--prompts",
         default="mtbench,humaneval,summaries",
@@ -56,12 +82,10 @@ def add_parser(sub, model_args, setup) -> None:
         default=1,
         help="prompts decoded together (continuous batching); more tokens per CPU-second",
     )
-    model_args(d)
-    d.set_defaults(run=cmd_data, setup=setup, exact_auto=True)
 
-    q = tsub.add_parser(
-        "prompts", help="chat prompts written by the target itself (Magpie), as JSONL for `train data`"
-    )
+
+def _prompts_args(q) -> None:
+    """`train prompts`: how many prompts, and how the target writes them."""
     q.add_argument("--out", required=True, help="JSONL file (appended to; rerun to resume)")
     q.add_argument("--count", type=int, required=True, help="prompts the file should hold")
     q.add_argument("--seed", type=int, default=0)
@@ -69,77 +93,79 @@ def add_parser(sub, model_args, setup) -> None:
     q.add_argument("--top-p", type=float, default=1.0)
     q.add_argument("--max-tokens", type=int, default=96, help="longer samples are dropped (cut mid-request)")
     q.add_argument("--min-words", type=int, default=4, help="shorter samples are dropped")
-    model_args(q)
-    q.set_defaults(run=cmd_prompts, setup=setup, exact_auto=True)
 
-    for name, helptext in (
-        ("medusa", "Medusa heads on the target's last hidden state"),
-        ("eagle", "an EAGLE-3-style feature-level draft head"),
-        ("draft", "a small draft model distilled from the target"),
-    ):
-        p = tsub.add_parser(name, help=helptext)
-        p.add_argument("--data", required=True, help="directory written by `train data`")
-        p.add_argument("--out", required=True, help="checkpoint directory")
+
+def _run_args(p) -> None:
+    """A trainer's data, checkpoint and features directories, and its run: precision, steps, learning
+    rate, batch, seed, resume and checkpoint interval."""
+    p.add_argument("--data", required=True, help="directory written by `train data`")
+    p.add_argument("--out", required=True, help="checkpoint directory")
+    p.add_argument(
+        "--features",
+        default=None,
+        metavar="DIR",
+        help="the target-feature store, shareable across data sets and trainers (default: "
+        "DATA/features); holds only what was computed, per sequence",
+    )
+    p.add_argument(
+        "--amp",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16: the forward under bfloat16 autocast, ~2x faster on CPUs with bf16 dot "
+        "products (AVX512-BF16, AMX); fp32 master weights either way",
+    )
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: per trainer)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--batch-tokens", type=int, default=None, help="tokens per optimizer step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+
+
+def _val_args(p) -> None:
+    """Held-out scoring: the fraction held out, how often it is scored, when to stop."""
+    p.add_argument(
+        "--val",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="hold out this fraction of the sequences (by id) and score the drafter there "
+        "(teacher-forced top-1 agreement per position); the best is written to OUT/best",
+    )
+    p.add_argument("--eval-every", type=int, default=200, help="with --val: score every N steps")
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=0,
+        help="with --val: stop after N scores without a better one (0: run every step)",
+    )
+
+
+def _trainer_args(p, name: str) -> None:
+    """The drafter's own: vocabulary, hyperparameters (--set), and where draft and eagle start from."""
+    p.add_argument("--vocab", type=int, default=None, help="draft vocabulary size (most frequent tokens)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a trainer hyperparameter (see docs/drafters.md), repeatable",
+    )
+    if name in ("draft", "eagle"):
         p.add_argument(
-            "--features",
+            "--init",
             default=None,
-            metavar="DIR",
-            help="the target-feature store, shareable across data sets and trainers (default: "
-            "DATA/features); holds only what was computed, per sequence",
+            help=f"train this {name} checkpoint further (a directory, or "
+            "'shipped') on --data instead of starting from target layers",
         )
+    if name == "draft":
         p.add_argument(
-            "--amp",
-            choices=["fp32", "bf16"],
-            default="fp32",
-            help="bf16: the forward under bfloat16 autocast, ~2x faster on CPUs with bf16 dot "
-            "products (AVX512-BF16, AMX); fp32 master weights either way",
-        )
-        p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: per trainer)")
-        p.add_argument("--lr", type=float, default=None)
-        p.add_argument("--batch-tokens", type=int, default=None, help="tokens per optimizer step")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-        p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
-        p.add_argument(
-            "--val",
-            type=float,
-            default=0.0,
-            metavar="FRACTION",
-            help="hold out this fraction of the sequences (by id) and score the drafter there "
-            "(teacher-forced top-1 agreement per position); the best is written to OUT/best",
-        )
-        p.add_argument("--eval-every", type=int, default=200, help="with --val: score every N steps")
-        p.add_argument(
-            "--patience",
+            "--lora",
             type=int,
-            default=0,
-            help="with --val: stop after N scores without a better one (0: run every step)",
+            default=None,
+            metavar="RANK",
+            help="train only rank-RANK LoRA adapters (merged into the weights at export)",
         )
-        p.add_argument("--vocab", type=int, default=None, help="draft vocabulary size (most frequent tokens)")
-        p.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="a trainer hyperparameter (see docs/drafters.md), repeatable",
-        )
-        if name in ("draft", "eagle"):
-            p.add_argument(
-                "--init",
-                default=None,
-                help=f"train this {name} checkpoint further (a directory, or "
-                "'shipped') on --data instead of starting from target layers",
-            )
-        if name == "draft":
-            p.add_argument(
-                "--lora",
-                type=int,
-                default=None,
-                metavar="RANK",
-                help="train only rank-RANK LoRA adapters (merged into the weights at export)",
-            )
-        model_args(p, dtype="fp32")
-        p.set_defaults(run=cmd_train, trainer=name, setup=setup)
 
 
 def _load_target(args, generate_only: bool = False):

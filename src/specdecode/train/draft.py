@@ -11,15 +11,16 @@ instead of target layers, and `lora` > 0 trains only rank-`lora` adapters on its
 
 from __future__ import annotations
 
-from pathlib import Path
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from specdecode.backends import checkpoint
 from specdecode.drafters.distilled import build_model
-from specdecode.train import data, features, loop
+from specdecode.train import features, loop
 from specdecode.train import lora as lora_lib
+from specdecode.train.corpus import load
 
 
 def train(
@@ -50,81 +51,43 @@ def train(
     """val: hold out this fraction of the sequences (data.split) and score the draft's top-1 agreement
     with the target's next token there."""
     torch.manual_seed(seed)
-    hf = loaded.model.hf
-    seqs = data.read(data_dir)
-    target = checkpoint.describe(loaded)
-    source = source or features.Source(loaded.model)
-    feats = source.features(features_dir or Path(data_dir) / "features", seqs, target["fingerprint"])
-    train_ids, val_ids = data.split(seqs, val)
-    token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
-    lm_head = loaded.model.output_weight().detach().float().cpu()[token_map]  # [Vd, H]
-    if init:
-        tensors, init_config = checkpoint.load(None if init == "shipped" else init, "draft", loaded)
-        layers, picks = init_config["num_layers"], init_config.get("init_layers")
-        model = build_model(loaded.model, layers, tensors).float().cpu()
-    else:
-        model = build_model(loaded.model, layers).float().cpu()
-        picks = torch.linspace(0, hf.config.num_hidden_layers - 1, layers).round().long().tolist()
-        with torch.no_grad():
-            for mine, theirs in zip(model.model.layers, picks):
-                mine.load_state_dict(hf.model.layers[theirs].state_dict())
-            model.model.norm.weight.copy_(hf.model.norm.weight)
+    corpus = load(loaded, data_dir, vocab=vocab, features_dir=features_dir, source=source, val=val)
+    model, layers, picks = _model(loaded, layers, init)
     model.model.embed_tokens.weight.requires_grad_(False)
     if lora:
         lora_lib.apply(model, lora, lora_alpha or None)
     per_batch = max(1, batch_tokens // window)
-
-    def forward(module, pick):
-        """sequence indices -> loss, top-1 agreement, rows scored."""
-        t = min(window, max(len(feats.tokens[i]) for i in pick))
-        tokens, teacher, mask = [], [], []
-        for i in pick:
-            n = len(feats.tokens[i])
-            rows = torch.arange(max(0, n - t), n)
-            tokens.append(F.pad(feats.tokens[i][rows], (0, t - len(rows))))
-            teacher.append(F.pad(feats.hidden[i][rows] @ lm_head.T, (0, 0, 0, t - len(rows))))
-            mask.append(F.pad(rows + 1 >= feats.start[i], (0, t - len(rows))))  # predicts a response token
-        hidden = module.model(input_ids=torch.stack(tokens)).last_hidden_state  # [B, T, H], after the norm
-        mask = torch.stack(mask)
-        loss, agree = loop.kl_loss(hidden @ lm_head.T, torch.stack(teacher), mask)
-        return loss, {"top1": float(agree)}, [int(mask.sum())]
-
-    loss_fn, evaluate = loop.sequence_steps(forward, train_ids, val_ids, per_batch, seed, "top1")
-
-    def export(module, directory):
-        tensors = {
-            k: v.to(torch.bfloat16)
-            for k, v in lora_lib.merged_state_dict(module.model).items()
-            if k != "embed_tokens.weight"
-        }
-        config = {
-            "kind": "draft",
-            "target": target,
-            "num_layers": layers,
-            "init_layers": picks,
-            "train": {
-                "steps": steps,
-                "lr": lr,
-                "amp": amp,
-                "features": source.dtype,
-                "batch_tokens": batch_tokens,
-                "window": window,
-                "vocab": len(token_map),
-                "seed": seed,
-                "sequences": len(train_ids),
-                "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
-                "val": val,
-                "val_sequences": len(val_ids),
-                "init": init or None,
-                "lora": lora or None,
-            },
-        }
-        checkpoint.save(directory, tensors, config)
-
+    forward = partial(_forward, corpus.feats, corpus.lm_head, window)
+    loss_fn, evaluate = loop.sequence_steps(
+        forward, corpus.train_ids, corpus.val_ids, per_batch, seed, "top1"
+    )
+    recipe = {
+        "steps": steps,
+        "lr": lr,
+        "amp": amp,
+        "features": corpus.source.dtype,
+        "batch_tokens": batch_tokens,
+        "window": window,
+        "vocab": len(corpus.token_map),
+        "seed": seed,
+        "sequences": len(corpus.train_ids),
+        "response_tokens": corpus.response_tokens,
+        "val": val,
+        "val_sequences": len(corpus.val_ids),
+        "init": init or None,
+        "lora": lora or None,
+    }
+    config = {
+        "kind": "draft",
+        "target": corpus.target,
+        "num_layers": layers,
+        "init_layers": picks,
+        "train": recipe,
+    }
     result = loop.run(
         model,
         loss_fn,
-        export,
+        partial(_export, config=config),
         out=out,
         steps=steps,
         lr=lr,
@@ -133,7 +96,7 @@ def train(
         stop_after=stop_after,
         desc="draft",
         amp=amp,
-        evaluate=evaluate if val_ids else None,
+        evaluate=evaluate if corpus.val_ids else None,
         eval_every=eval_every,
         patience=patience,
     )
@@ -142,3 +105,48 @@ def train(
     model.save_pretrained(hf_dir)
     loaded.tokenizer.save_pretrained(hf_dir)
     return result
+
+
+def _model(loaded, layers: int, init: str):
+    """The draft model in float32 on the CPU, sharing the target's LM head -> (model, its layer
+    count, the target layers it started from): `layers` target layers spread over its depth (first
+    ... last) and its final norm, or the `init` checkpoint's ("shipped": the packaged one)."""
+    hf = loaded.model.hf
+    if init:
+        tensors, init_config = checkpoint.load(None if init == "shipped" else init, "draft", loaded)
+        layers, picks = init_config["num_layers"], init_config.get("init_layers")
+        return build_model(loaded.model, layers, tensors).float().cpu(), layers, picks
+    model = build_model(loaded.model, layers).float().cpu()
+    picks = torch.linspace(0, hf.config.num_hidden_layers - 1, layers).round().long().tolist()
+    with torch.no_grad():
+        for mine, theirs in zip(model.model.layers, picks):
+            mine.load_state_dict(hf.model.layers[theirs].state_dict())
+        model.model.norm.weight.copy_(hf.model.norm.weight)
+    return model, layers, picks
+
+
+def _forward(feats, lm_head: torch.Tensor, window: int, module, pick: list[int]):
+    """sequence indices -> loss, top-1 agreement, rows scored: each sequence's last `window` tokens,
+    the loss on the rows that predict a response token."""
+    t = min(window, max(len(feats.tokens[i]) for i in pick))
+    tokens, teacher, mask = [], [], []
+    for i in pick:
+        n = len(feats.tokens[i])
+        rows = torch.arange(max(0, n - t), n)
+        tokens.append(F.pad(feats.tokens[i][rows], (0, t - len(rows))))
+        teacher.append(F.pad(feats.hidden[i][rows] @ lm_head.T, (0, 0, 0, t - len(rows))))
+        mask.append(F.pad(rows + 1 >= feats.start[i], (0, t - len(rows))))  # predicts a response token
+    hidden = module.model(input_ids=torch.stack(tokens)).last_hidden_state  # [B, T, H], after the norm
+    mask = torch.stack(mask)
+    loss, agree = loop.kl_loss(hidden @ lm_head.T, torch.stack(teacher), mask)
+    return loss, {"top1": float(agree)}, [int(mask.sum())]
+
+
+def _export(module, directory, *, config: dict) -> None:
+    """The draft checkpoint: its weights (LoRA merged) in bf16 without the embedding (the target's)."""
+    tensors = {
+        k: v.to(torch.bfloat16)
+        for k, v in lora_lib.merged_state_dict(module.model).items()
+        if k != "embed_tokens.weight"
+    }
+    checkpoint.save(directory, tensors, config)

@@ -76,8 +76,8 @@ def run(
 ) -> TrainResult:
     """Train `module` for `steps` optimizer steps (stop_after: leave early after that many steps of
     this run, as a kill would; only tests use it). amp "bf16": the forward under bfloat16 autocast
-    (matmuls in bf16, softmax and losses in fp32, fp32 master weights): about 2x the matmul speed
-    where the CPU has bf16 dot products (AVX512-BF16, AMX), slower where it does not.
+    (matmuls in bf16, softmax and losses in fp32, fp32 master weights): faster where the CPU has bf16
+    dot products (AVX512-BF16, AMX), slower where it does not.
     evaluate: held-out `(score, metrics)`, higher is better (module docstring); patience 0 never stops."""
     if amp not in ("fp32", "bf16"):
         raise UserError(f"amp: expected fp32 or bf16, got {amp!r}")
@@ -87,46 +87,95 @@ def run(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    params = [p for p in module.parameters() if p.requires_grad]
-    device = params[0].device.type
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    state_path = out / "train_state.pt"
-    start, losses, seconds, history = 0, [], 0.0, []
-    if resume:
-        check_resumable(out)
-        state = torch.load(state_path, weights_only=False)
-        trainable = {name for name, p in module.named_parameters() if p.requires_grad}
-        if set(state["module"]) != trainable:
-            raise UserError(f"--resume: the training state in {out} is for another model or settings")
-        module.load_state_dict(state["module"], strict=False)  # holds the trainable weights only
-        opt.load_state_dict(state["optimizer"])
-        start, losses, seconds = state["step"], state["losses"], state["seconds"]
-        history = state.get("val", [])
+    state = _Run(module, export, out, lr, amp, resume)
     warmup = max(1, steps // 20)
-    t0 = time.perf_counter()
-    bar = tqdm(range(start, steps), initial=start, total=steps, desc=desc, unit="step")
+    bar = tqdm(range(state.start, steps), initial=state.start, total=steps, desc=desc, unit="step")
+    module.train()
+    for step in bar:
+        metrics = state.step(loss_fn, step, lr_at(step, steps, lr, warmup))
+        bar.set_postfix(loss=f"{state.losses[-1]:.4f}", **{k: f"{v:.3f}" for k, v in metrics.items()})
+        done = step + 1
+        stop = False
+        if evaluate is not None and (done % eval_every == 0 or done == steps):
+            stop = state.validate(done, evaluate, patience, lambda line: bar.write(f"{desc} {line}"))
+        if done % save_every == 0 or done == steps or stop:
+            state.checkpoint(done)
+        if stop or (stop_after is not None and done - state.start >= stop_after):
+            break
+    bar.close()
+    module.eval()
+    return state.finish(desc)
 
-    def checkpoint(step: int) -> None:
-        trainable = {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
+
+class _Run:
+    """One run of the loop: the optimizer, the losses and held-out scores so far (restored from
+    `out/train_state.pt` with resume) and the seconds of the runs it resumed; it takes the steps
+    and writes the checkpoints."""
+
+    def __init__(
+        self, module: torch.nn.Module, export: Callable, out: Path, lr: float, amp: str, resume: bool
+    ):
+        self.module, self.export, self.out, self.amp = module, export, out, amp
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.device = self.params[0].device.type
+        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.state_path = out / "train_state.pt"
+        self.start, self.losses, self.seconds, self.history = 0, [], 0.0, []
+        if resume:
+            self._restore()
+        self.t0 = time.perf_counter()
+
+    def _restore(self) -> None:
+        check_resumable(self.out)
+        state = torch.load(self.state_path, weights_only=False)
+        trainable = {name for name, p in self.module.named_parameters() if p.requires_grad}
+        if set(state["module"]) != trainable:
+            raise UserError(f"--resume: the training state in {self.out} is for another model or settings")
+        self.module.load_state_dict(state["module"], strict=False)  # holds the trainable weights only
+        self.opt.load_state_dict(state["optimizer"])
+        self.start, self.losses, self.seconds = state["step"], state["losses"], state["seconds"]
+        self.history = state.get("val", [])
+
+    def _autocast(self):
+        return torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.amp == "bf16")
+
+    def step(self, loss_fn: Callable, step: int, lr: float) -> dict:
+        """One optimizer step at learning rate lr on step `step`'s batch -> its metrics."""
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        with self._autocast():
+            loss, metrics = loss_fn(self.module, step)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.losses.append(loss.item())
+        return metrics
+
+    def checkpoint(self, step: int) -> None:
+        """The training state after `step` steps, atomically, and the drafter (export) beside it."""
+        trainable = {
+            name: p.detach().clone() for name, p in self.module.named_parameters() if p.requires_grad
+        }
         state = {
             "module": trainable,
-            "optimizer": opt.state_dict(),
+            "optimizer": self.opt.state_dict(),
             "step": step,
-            "losses": losses,
-            "seconds": seconds + time.perf_counter() - t0,
-            "val": history,
+            "losses": self.losses,
+            "seconds": self.seconds + time.perf_counter() - self.t0,
+            "val": self.history,
         }
-        write_atomic(state_path, lambda tmp: torch.save(state, tmp))
-        export(module, out)
+        write_atomic(self.state_path, lambda tmp: torch.save(state, tmp))
+        self.export(self.module, self.out)
 
-    def validate(step: int) -> bool:
+    def validate(self, step: int, evaluate: Callable, patience: int, write: Callable[[str], None]) -> bool:
         """Score the module held out; export it to out/best when best so far. -> whether to stop."""
-        module.eval()
-        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=amp == "bf16"):
-            score, metrics = evaluate(module)
-        module.train()
-        best = max((h["score"] for h in history), default=-math.inf)
-        history.append(
+        self.module.eval()
+        with torch.no_grad(), self._autocast():
+            score, metrics = evaluate(self.module)
+        self.module.train()
+        best = max((h["score"] for h in self.history), default=-math.inf)
+        self.history.append(
             {
                 "step": step,
                 "score": round(float(score), 5),
@@ -134,43 +183,26 @@ def run(
             }
         )
         if score > best:
-            export(module, out / "best")
-        bar.write(
-            f"{desc} step {step}: held-out score {score:.4f} (best {max(best, score):.4f}) "
+            self.export(self.module, self.out / "best")
+        write(
+            f"step {step}: held-out score {score:.4f} (best {max(best, score):.4f}) "
             + " ".join(f"{k}={v:.3f}" for k, v in metrics.items())
         )
-        scores = [h["score"] for h in history]
+        scores = [h["score"] for h in self.history]
         since = len(scores) - 1 - scores.index(max(scores))  # evaluations since the first best one
         return patience > 0 and since >= patience
 
-    module.train()
-    stop = False
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr, warmup)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp == "bf16"):
-            loss, metrics = loss_fn(module, step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.4f}", **{k: f"{v:.3f}" for k, v in metrics.items()})
-        done = step + 1
-        if evaluate is not None and (done % eval_every == 0 or done == steps):
-            stop = validate(done)
-        if done % save_every == 0 or done == steps or stop:
-            checkpoint(done)
-        if stop or (stop_after is not None and done - start >= stop_after):
-            break
-    bar.close()
-    module.eval()
-    seconds += time.perf_counter() - t0
-    tail = losses[-max(1, len(losses) // 10) :]
-    result = TrainResult(out, len(losses), sum(tail) / len(tail), seconds, losses)
-    (out / "losses.json").write_text(json.dumps({"losses": losses, "seconds": seconds, "val": history}))
-    plot(losses, out / "loss.png", desc)
-    return result
+    def finish(self, title: str) -> TrainResult:
+        """The run's result; `losses.json` and the loss curve `loss.png` (titled `title`) in out."""
+        self.seconds += time.perf_counter() - self.t0
+        losses, out = self.losses, self.out
+        tail = losses[-max(1, len(losses) // 10) :]
+        result = TrainResult(out, len(losses), sum(tail) / len(tail), self.seconds, losses)
+        (out / "losses.json").write_text(
+            json.dumps({"losses": losses, "seconds": self.seconds, "val": self.history})
+        )
+        plot(losses, out / "loss.png", title)
+        return result
 
 
 def plot(losses: list[float], path: Path, title: str) -> None:

@@ -8,15 +8,16 @@ forward per sequence (features.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from specdecode.backends import checkpoint
 from specdecode.drafters.medusa import MedusaHeads
-from specdecode.train import data, features, loop
+from specdecode.train import features, loop
+from specdecode.train.corpus import load
 
 
 def train(
@@ -45,98 +46,36 @@ def train(
     """val: hold out this fraction of the sequences (data.split) and score each head's top-1 agreement
     with the target's token i + 1 positions ahead there (head 1's is the score)."""
     torch.manual_seed(seed)
-    seqs = data.read(data_dir)
-    target = checkpoint.describe(loaded)
-    source = source or features.Source(loaded.model)
-    feats = source.features(features_dir or Path(data_dir) / "features", seqs, target["fingerprint"])
-    train_ids, val_ids = data.split(seqs, val)
-    token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
-    lm_head = loaded.model.output_weight().detach().float().cpu()[token_map]  # [Vd, H]
-    # base rows t: response positions (and the last prompt row) whose head-1 target t + 1 exists;
-    # head i's target row t + i is valid while it stays inside the same sequence. Only these rows
-    # are gathered (prompts are most of the tokens of long-context data).
-    kept, bases, room, held = [], [], [], []
-    offset = 0
-    is_val = torch.zeros(len(seqs), dtype=torch.bool)
-    is_val[val_ids] = True
-    for h, start, out_of_training in zip(feats.hidden, feats.start, is_val.tolist()):
-        first = max(start - 1, 0)
-        n = len(h) - first  # rows kept from this sequence
-        kept.append(h[first:])
-        t = torch.arange(0, n - 1)
-        bases.append(offset + t)
-        room.append(n - 1 - t)  # how many later rows exist in this sequence
-        held.append(torch.full((n - 1,), out_of_training))
-        offset += n
-    hidden = torch.cat(kept)  # [N, H]
-    bases, room, held = torch.cat(bases), torch.cat(room), torch.cat(held)
-    val_bases, val_room, bases, room = bases[held], room[held], bases[~held], room[~held]
-    heads = MedusaHeads(hidden.shape[1], num_heads)
-    offsets = torch.arange(1, num_heads + 1)
-
-    def forward(module, rows, room_left):
-        """base rows [B], later rows left in their sequence [B] -> loss, student [B, K, Vd],
-        teacher [B, K, Vd], valid [B, K]."""
-        valid = room_left[:, None] >= offsets  # [B, K]
-        target_rows = (rows[:, None] + offsets).clamp_max(len(hidden) - 1)  # [B, K]
-        student = module(hidden[rows], partial(F.linear, weight=lm_head))  # [B, K, Vd]
-        teacher = hidden[target_rows] @ lm_head.T  # [B, K, Vd]
-        loss, agree = loop.kl_loss(student, teacher, valid, topk, topk_weight)
-        return loss, agree, (student.argmax(-1) == teacher.argmax(-1)) & valid, valid
-
-    def loss_fn(module, step):
-        pick = torch.randint(len(bases), (batch_tokens,), generator=loop.batch_generator(seed, step))
-        loss, agree, _, _ = forward(module, bases[pick], room[pick])
-        return loss, {"top1": agree}
-
-    def evaluate(module):
-        def part(lo):
-            _, _, hits, valid = forward(
-                module, val_bases[lo : lo + batch_tokens], val_room[lo : lo + batch_tokens]
-            )
-            counts = valid.sum(0)
-            metrics = {
-                f"top1_{i}": float(hits[:, i].sum() / max(1, int(counts[i]))) for i in range(num_heads)
-            }
-            return metrics, counts.tolist()
-
-        agree = loop.weighted_metrics(part(lo) for lo in range(0, len(val_bases), batch_tokens))
-        return agree["top1_0"], agree
-
-    def export(module, directory):
-        recipe = {
-            "steps": steps,
-            "lr": lr,
-            "amp": amp,
-            "features": source.dtype,
-            "batch_tokens": batch_tokens,
-            "topk": topk,
-            "topk_weight": topk_weight,
-            "seed": seed,
-            "sequences": len(train_ids),
-            "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
-            "val": val,
-            "val_sequences": len(val_ids),
-        }
-        config = {
-            "kind": "medusa",
-            "target": target,
-            "hidden": hidden.shape[1],
-            "num_heads": num_heads,
-            "vocab": len(token_map),
-            "train": recipe,
-        }
-        tensors = {
-            "weight": module.weight.to(torch.bfloat16),
-            "bias": module.bias.to(torch.bfloat16),
-            "token_map": token_map,
-        }
-        checkpoint.save(directory, tensors, config)
-
+    corpus = load(loaded, data_dir, vocab=vocab, features_dir=features_dir, source=source, val=val)
+    rows = _Rows.gather(corpus.feats, corpus.val_ids)
+    heads = MedusaHeads(rows.hidden.shape[1], num_heads)
+    objective = _Objective(rows, corpus.lm_head, num_heads, topk, topk_weight, batch_tokens, seed)
+    recipe = {
+        "steps": steps,
+        "lr": lr,
+        "amp": amp,
+        "features": corpus.source.dtype,
+        "batch_tokens": batch_tokens,
+        "topk": topk,
+        "topk_weight": topk_weight,
+        "seed": seed,
+        "sequences": len(corpus.train_ids),
+        "response_tokens": corpus.response_tokens,
+        "val": val,
+        "val_sequences": len(corpus.val_ids),
+    }
+    config = {
+        "kind": "medusa",
+        "target": corpus.target,
+        "hidden": rows.hidden.shape[1],
+        "num_heads": num_heads,
+        "vocab": len(corpus.token_map),
+        "train": recipe,
+    }
     return loop.run(
         heads,
-        loss_fn,
-        export,
+        objective.loss_fn,
+        partial(_export, config=config, token_map=corpus.token_map),
         out=out,
         steps=steps,
         lr=lr,
@@ -145,7 +84,96 @@ def train(
         stop_after=stop_after,
         desc="medusa",
         amp=amp,
-        evaluate=evaluate if val_ids else None,
+        evaluate=objective.evaluate if corpus.val_ids else None,
         eval_every=eval_every,
         patience=patience,
     )
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The rows a batch draws from. Base rows t: response positions (and the last prompt row) whose
+    head-1 target t + 1 exists; head i's target row t + i is valid while it stays inside the same
+    sequence. Only these rows are gathered (prompts are most of the tokens of long-context data)."""
+
+    hidden: torch.Tensor  # [N, H] the kept rows of every sequence
+    bases: torch.Tensor  # [M] training base rows (indices into hidden)
+    room: torch.Tensor  # [M] how many later rows exist in each one's sequence
+    val_bases: torch.Tensor  # the held-out sequences' base rows
+    val_room: torch.Tensor
+
+    @classmethod
+    def gather(cls, feats: features.Features, val_ids: list[int]) -> _Rows:
+        kept, bases, room, held = [], [], [], []
+        offset = 0
+        is_val = torch.zeros(len(feats.hidden), dtype=torch.bool)
+        is_val[val_ids] = True
+        for h, start, out_of_training in zip(feats.hidden, feats.start, is_val.tolist()):
+            first = max(start - 1, 0)
+            n = len(h) - first  # rows kept from this sequence
+            kept.append(h[first:])
+            t = torch.arange(0, n - 1)
+            bases.append(offset + t)
+            room.append(n - 1 - t)  # how many later rows exist in this sequence
+            held.append(torch.full((n - 1,), out_of_training))
+            offset += n
+        bases, room, held = torch.cat(bases), torch.cat(room), torch.cat(held)
+        return cls(torch.cat(kept), bases[~held], room[~held], bases[held], room[held])
+
+
+@dataclass(frozen=True)
+class _Objective:
+    """The heads' loss on a step's batch (`batch_tokens` base rows drawn by (seed, step)) and their
+    held-out agreement: KL from the target's distribution i + 1 rows ahead, over the draft vocabulary."""
+
+    rows: _Rows
+    lm_head: torch.Tensor  # [Vd, H]
+    num_heads: int
+    topk: int
+    topk_weight: float
+    batch_tokens: int
+    seed: int
+
+    def forward(self, module, base: torch.Tensor, room_left: torch.Tensor):
+        """base rows [B], later rows left in their sequence [B] -> loss, top-1 agreement, hits [B, K],
+        valid [B, K]."""
+        hidden = self.rows.hidden
+        offsets = torch.arange(1, self.num_heads + 1)
+        valid = room_left[:, None] >= offsets  # [B, K]
+        target_rows = (base[:, None] + offsets).clamp_max(len(hidden) - 1)  # [B, K]
+        student = module(hidden[base], partial(F.linear, weight=self.lm_head))  # [B, K, Vd]
+        teacher = hidden[target_rows] @ self.lm_head.T  # [B, K, Vd]
+        loss, agree = loop.kl_loss(student, teacher, valid, self.topk, self.topk_weight)
+        return loss, agree, (student.argmax(-1) == teacher.argmax(-1)) & valid, valid
+
+    def loss_fn(self, module, step: int):
+        bases, room = self.rows.bases, self.rows.room
+        pick = torch.randint(
+            len(bases), (self.batch_tokens,), generator=loop.batch_generator(self.seed, step)
+        )
+        loss, agree, _, _ = self.forward(module, bases[pick], room[pick])
+        return loss, {"top1": agree}
+
+    def evaluate(self, module):
+        """Each head's top-1 agreement over every held-out base row -> (head 1's, all of them)."""
+        bases, room, n = self.rows.val_bases, self.rows.val_room, self.batch_tokens
+
+        def part(lo):
+            _, _, hits, valid = self.forward(module, bases[lo : lo + n], room[lo : lo + n])
+            counts = valid.sum(0)
+            metrics = {
+                f"top1_{i}": float(hits[:, i].sum() / max(1, int(counts[i]))) for i in range(self.num_heads)
+            }
+            return metrics, counts.tolist()
+
+        agree = loop.weighted_metrics(part(lo) for lo in range(0, len(bases), n))
+        return agree["top1_0"], agree
+
+
+def _export(module, directory, *, config: dict, token_map: torch.Tensor) -> None:
+    tensors = {
+        "weight": module.weight.to(torch.bfloat16),
+        "bias": module.bias.to(torch.bfloat16),
+        "token_map": token_map,
+    }
+    checkpoint.save(directory, tensors, config)
