@@ -10,8 +10,8 @@ Any family of the fast forward (Llama, Qwen2/3, Mistral, Gemma 3, Phi-3).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,8 @@ from specdecode.backends import checkpoint
 from specdecode.backends.fast_llama import norm_offset, norm_weight
 from specdecode.drafters.eagle import EagleHead, head_from_config, rope_tables
 from specdecode.errors import UserError
-from specdecode.train import data, features, loop
+from specdecode.train import features, loop
+from specdecode.train.corpus import Corpus, load
 
 
 def default_layers(num_layers: int) -> tuple[int, ...]:
@@ -80,107 +81,42 @@ def train(
     target there, per unrolled step (top1_0 is position 1's acceptance under greedy decoding)."""
     torch.manual_seed(seed)
     hf = loaded.model.hf
-    cfg = hf.config
     init_tensors, init_config = (
         checkpoint.load(None if init == "shipped" else init, "eagle", loaded) if init else ({}, {})
     )
-    layer_ids = tuple(int(x) for x in str(layers).split(",") if x != "") or (
-        tuple(init_config["layers"]) if init else default_layers(cfg.num_hidden_layers)
+    layer_ids = _layer_ids(layers, init, init_config, hf.config.num_hidden_layers)
+    corpus = load(
+        loaded, data_dir, vocab=vocab, features_dir=features_dir, source=source, val=val, layer_ids=layer_ids
     )
-    if init and list(layer_ids) != init_config["layers"]:
-        raise UserError(
-            f"--init {init}: that head fuses layers {init_config['layers']}, not {list(layer_ids)}"
-        )
-    seqs = data.read(data_dir)
-    target = checkpoint.describe(loaded)
-    source = source or features.Source(loaded.model)
-    store = features_dir or Path(data_dir) / "features"
-    feats = source.features(store, seqs, target["fingerprint"], layer_ids)
-    train_ids, val_ids = data.split(seqs, val)
-    token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
-    lm_head = loaded.model.output_weight().detach().float().cpu()[token_map]  # [Vd, H]
-    embed = loaded.model.embedding.weight().detach().float().cpu()
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    config = {
-        "kind": "eagle",
-        "target": target,
-        "hidden": cfg.hidden_size,
-        "layers": list(layer_ids),
-        "heads": cfg.num_attention_heads,
-        "kv_heads": cfg.num_key_value_heads,
-        "head_dim": head_dim,
-        "intermediate": cfg.intermediate_size,
-        "eps": cfg.rms_norm_eps,
-        "vocab": len(token_map),
-        "train": {
-            "steps": steps,
-            "lr": lr,
-            "amp": amp,
-            "features": source.dtype,
-            "batch_tokens": batch_tokens,
-            "window": window,
-            "ttt_steps": ttt_steps,
-            "topk": topk,
-            "topk_weight": topk_weight,
-            "seed": seed,
-            "init": init or None,
-            "sequences": len(train_ids),
-            "response_tokens": data.response_tokens([seqs[i] for i in train_ids]),
-            "val": val,
-            "val_sequences": len(val_ids),
-        },
-    }
+    settings = {"steps": steps, "lr": lr, "amp": amp, "features": corpus.source.dtype}
+    settings |= {"batch_tokens": batch_tokens, "window": window, "ttt_steps": ttt_steps, "topk": topk}
+    settings |= {"topk_weight": topk_weight, "seed": seed, "init": init or None}
+    config = _config(hf.config, layer_ids, corpus, settings, val)
     head = head_from_config(config)
     if init:
         head.load_state_dict({k: v.float() for k, v in init_tensors.items() if k != "token_map"})
     else:
         _init_from_target(head, hf.cpu() if loaded.model.device.type == "cpu" else hf)
     cos, sin = rope_tables(hf, window)
-    cos, sin = cos.cpu(), sin.cpu()
+    objective = _Objective(
+        corpus.feats,
+        loaded.model.embedding.weight().detach().float().cpu(),
+        cos.cpu(),
+        sin.cpu(),
+        corpus.lm_head,
+        window,
+        ttt_steps,
+        topk,
+        topk_weight,
+    )
     per_batch = max(1, batch_tokens // window)
-
-    def batch(pick):
-        """sequence indices -> emb [B, T, H], fused [B, T, F], the target's final hidden rows [B, T, H]
-        (its next-token logits once projected), loss mask [B, T]."""
-        t = min(window, max(len(feats.tokens[i]) - 1 for i in pick))
-        emb, fused, teacher, mask = [], [], [], []
-        for i in pick:
-            tokens, n = feats.tokens[i], len(feats.tokens[i])
-            lo = max(0, n - 1 - t)  # row j of the window is position lo + j; token j+1 must exist
-            rows = torch.arange(lo, n - 1)
-            m = len(rows)
-            pad = (0, 0, 0, t - m)
-            emb.append(F.pad(embed[tokens[rows + 1]], pad))
-            fused.append(F.pad(feats.layers[i][rows].float(), pad))
-            teacher.append(F.pad(feats.hidden[i][rows + 1], pad))
-            # row j predicts the token at position j + 2: keep it when that is a response token
-            mask.append(F.pad(rows + 2 >= feats.start[i], (0, t - m)))
-        return torch.stack(emb), torch.stack(fused), torch.stack(teacher), torch.stack(mask)
-
-    def forward(module, pick):
-        """-> mean loss over the unrolled steps, top-1 agreement per step, rows scored per step."""
-        emb, fused, teacher_hidden, mask = batch(pick)
-        outs = module.unroll(emb, fused, cos[: emb.shape[1]], sin[: emb.shape[1]], ttt_steps)
-        # logits only for the rows a loss reads (the response; the prompt rows are context): the
-        # LM head over the draft vocabulary is most of a step's work
-        teacher = teacher_hidden[mask] @ lm_head.T  # [n, Vd]
-        row = torch.arange(mask.shape[1]).expand_as(mask)[mask]  # [n] each scored row's index in its window
-        losses, metrics, counts = [], {}, []
-        for s, o in enumerate(outs):
-            student = module.logits(o[mask], partial(F.linear, weight=lm_head))  # [n, Vd]
-            loss, agree = loop.kl_loss(
-                student, teacher, row >= s, topk, topk_weight
-            )  # step s has no draft at rows < s
-            losses.append(loss)
-            metrics[f"top1_{s}"] = float(agree)
-            counts.append(int((row >= s).sum()))
-        return sum(losses) / len(losses), metrics, counts
-
-    loss_fn, evaluate = loop.sequence_steps(forward, train_ids, val_ids, per_batch, seed, "top1_0")
+    loss_fn, evaluate = loop.sequence_steps(
+        objective.forward, corpus.train_ids, corpus.val_ids, per_batch, seed, "top1_0"
+    )
 
     def export(module, directory):
         tensors = {k: v.to(torch.bfloat16) for k, v in module.state_dict().items()}
-        checkpoint.save(directory, {**tensors, "token_map": token_map}, config)
+        checkpoint.save(directory, {**tensors, "token_map": corpus.token_map}, config)
 
     return loop.run(
         head,
@@ -194,7 +130,90 @@ def train(
         stop_after=stop_after,
         desc="eagle",
         amp=amp,
-        evaluate=evaluate if val_ids else None,
+        evaluate=evaluate if corpus.val_ids else None,
         eval_every=eval_every,
         patience=patience,
     )
+
+
+def _layer_ids(layers: str, init: str, init_config: dict, num_layers: int) -> tuple[int, ...]:
+    """The target layers the head fuses: `layers` ("2,14,25"), else the init checkpoint's, else EAGLE-3's."""
+    layer_ids = tuple(int(x) for x in str(layers).split(",") if x != "") or (
+        tuple(init_config["layers"]) if init else default_layers(num_layers)
+    )
+    if init and list(layer_ids) != init_config["layers"]:
+        raise UserError(
+            f"--init {init}: that head fuses layers {init_config['layers']}, not {list(layer_ids)}"
+        )
+    return layer_ids
+
+
+def _config(cfg, layer_ids: tuple[int, ...], corpus: Corpus, settings: dict, val: float) -> dict:
+    """The checkpoint's config.json: the head's shape (the target's numbers) and how it was trained."""
+    train = {**settings, "sequences": len(corpus.train_ids), "response_tokens": corpus.response_tokens}
+    return {
+        "kind": "eagle",
+        "target": corpus.target,
+        "hidden": cfg.hidden_size,
+        "layers": list(layer_ids),
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        "intermediate": cfg.intermediate_size,
+        "eps": cfg.rms_norm_eps,
+        "vocab": len(corpus.token_map),
+        "train": {**train, "val": val, "val_sequences": len(corpus.val_ids)},
+    }
+
+
+@dataclass(frozen=True)
+class _Objective:
+    """The loss of a batch of sequences: KL to the target over the draft vocabulary, per unrolled step."""
+
+    feats: features.Features
+    embed: torch.Tensor  # [V, H] float32: the target's embedding
+    cos: torch.Tensor  # [window, head_dim]
+    sin: torch.Tensor
+    lm_head: torch.Tensor  # [Vd, H]
+    window: int
+    ttt_steps: int
+    topk: int
+    topk_weight: float
+
+    def batch(self, pick):
+        """sequence indices -> emb [B, T, H], fused [B, T, F], the target's final hidden rows [B, T, H]
+        (its next-token logits once projected), loss mask [B, T]."""
+        feats = self.feats
+        t = min(self.window, max(len(feats.tokens[i]) - 1 for i in pick))
+        emb, fused, teacher, mask = [], [], [], []
+        for i in pick:
+            tokens, n = feats.tokens[i], len(feats.tokens[i])
+            lo = max(0, n - 1 - t)  # row j of the window is position lo + j; token j+1 must exist
+            rows = torch.arange(lo, n - 1)
+            m = len(rows)
+            pad = (0, 0, 0, t - m)
+            emb.append(F.pad(self.embed[tokens[rows + 1]], pad))
+            fused.append(F.pad(feats.layers[i][rows].float(), pad))
+            teacher.append(F.pad(feats.hidden[i][rows + 1], pad))
+            # row j predicts the token at position j + 2: keep it when that is a response token
+            mask.append(F.pad(rows + 2 >= feats.start[i], (0, t - m)))
+        return torch.stack(emb), torch.stack(fused), torch.stack(teacher), torch.stack(mask)
+
+    def forward(self, module, pick):
+        """-> mean loss over the unrolled steps, top-1 agreement per step, rows scored per step."""
+        emb, fused, teacher_hidden, mask = self.batch(pick)
+        t = emb.shape[1]
+        outs = module.unroll(emb, fused, self.cos[:t], self.sin[:t], self.ttt_steps)
+        # logits only for the rows a loss reads (the response; the prompt rows are context): the
+        # LM head over the draft vocabulary is most of a step's work
+        teacher = teacher_hidden[mask] @ self.lm_head.T  # [n, Vd]
+        row = torch.arange(mask.shape[1]).expand_as(mask)[mask]  # [n] each scored row's index in its window
+        losses, metrics, counts = [], {}, []
+        for s, o in enumerate(outs):
+            student = module.logits(o[mask], partial(F.linear, weight=self.lm_head))  # [n, Vd]
+            # step s has no draft at rows < s
+            loss, agree = loop.kl_loss(student, teacher, row >= s, self.topk, self.topk_weight)
+            losses.append(loss)
+            metrics[f"top1_{s}"] = float(agree)
+            counts.append(int((row >= s).sum()))
+        return sum(losses) / len(losses), metrics, counts
