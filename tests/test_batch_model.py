@@ -135,7 +135,7 @@ def test_other_families_batch_with_their_windows_and_rotary_tables(family):
 
 
 def test_the_kv_cache_grows_geometrically_keeping_its_contents():
-    from specdecode.backends.fast_llama import CACHE_BLOCK, grow_kv
+    from specdecode.backends.layer import CACHE_BLOCK, grow_kv
 
     dims = (2, 3, 1, 4)
     k, v = grow_kv(None, None, 10, 10_000, dims, torch.float32, torch.device("cpu"))

@@ -17,7 +17,7 @@ from conftest import make_llama, make_tokenizer
 from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
 from helpers import assert_lossless
 from specdecode import drafters
-from specdecode.backends import fast_llama, gguf_weights, kernels, models
+from specdecode.backends import gguf_weights, kernels, layer, models
 from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
 from specdecode.errors import UserError
@@ -635,7 +635,7 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     target = models.load(tiny_gguf, "gguf", "cpu")
     ctx = drafters.DrafterContext(target, "gguf")
     plain, head = drafters.build("none", ctx), drafters.build(f"eagle:{tmp_path / 'gguf'}", ctx)
-    packed = [m.linear for m in head.head.modules() if isinstance(m, fast_llama.PackedLinear)]
+    packed = [m.linear for m in head.head.modules() if isinstance(m, layer.PackedLinear)]
     assert packed and all(isinstance(f, gguf_weights.QuantLinear) == (ops.vnni_rows() > 0) for f in packed)
     assert (head.native is not None) == (ops.vnni_rows() > 0)  # on VNNI a draft step is one native call
     assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
@@ -690,11 +690,11 @@ def test_quantize_q8_rounds_each_16_weights_to_their_scale():
 def test_a_drafter_head_beside_an_int8_target_takes_the_targets_int8_path():
     g = torch.Generator().manual_seed(6)
     w, b, x = torch.randn(40, 64, generator=g), torch.randn(40, generator=g), torch.randn(3, 64, generator=g)
-    int8 = fast_llama.head_linear(w, ops, b, int8=True)
+    int8 = layer.head_linear(w, ops, b, int8=True)
     assert isinstance(int8, gguf_weights.QuantLinear) and int8.interleaved
     ref = x @ w.T + b
     torch.testing.assert_close(int8(x), ref, rtol=0, atol=0.03 * float(ref.abs().max()))
-    assert isinstance(fast_llama.head_linear(w, ops, b), fast_llama.FusedLinear)  # beside a float target
+    assert isinstance(layer.head_linear(w, ops, b), layer.FusedLinear)  # beside a float target
 
 
 @needs_kernels

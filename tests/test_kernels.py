@@ -52,7 +52,7 @@ def test_linear_matches_matmul_and_a_row_does_not_depend_on_the_others(ops, wdty
 def test_drafter_linears_read_bf16_weights_through_the_kernels_where_they_can(ops):
     """head_linear: with the target's kernels a drafter's weight is read as bfloat16 (its values
     rounded once, half the bytes); without them, or with K not a multiple of 16, oneDNN fp32."""
-    from specdecode.backends.fast_llama import FusedLinear, Linear, head_linear
+    from specdecode.backends.layer import FusedLinear, Linear, head_linear
 
     g = torch.Generator().manual_seed(1)
     w, x = torch.randn(40, 96, generator=g), torch.randn(3, 96, generator=g)

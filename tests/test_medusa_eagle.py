@@ -104,7 +104,7 @@ def test_greedy_output_equals_plain_decoding(target, trained, kind, k):
 def test_heads_draft_through_the_targets_kernels_in_bf16(target, target_hf, trained):
     """On FastLlama with its fused kernels the EAGLE head's linears and the draft LM head read bf16
     weights (a third of the draft step's time on the default target); on the HF backend oneDNN fp32."""
-    from specdecode.backends.fast_llama import FusedLinear, Linear
+    from specdecode.backends.layer import FusedLinear, Linear
 
     if target.model.kernels is None:
         pytest.skip("no fused kernels here")

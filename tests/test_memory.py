@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from transformers import LlamaForCausalLM  # noqa: F401  (code, not memory under test)
 from specdecode.core import memory
 from specdecode.backends import models, quant
-from specdecode.backends.fast_llama import Linear
+from specdecode.backends.layer import Linear
 Linear(torch.zeros(8, 8))(torch.zeros(1, 8))  # initialise the oneDNN runtime before the baseline
 torch.ao.nn.quantized.dynamic.Linear(8, 8)(torch.zeros(1, 8))  # and the int8 kernels
 before = memory.current_rss_bytes()

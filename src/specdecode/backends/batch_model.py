@@ -23,7 +23,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from specdecode.backends.fast_llama import FastLlama, fused_layers, rms_norm
+from specdecode.backends.fast_llama import FastLlama, fused_layers
+from specdecode.backends.layer import rms_norm
 from specdecode.backends.lm import CausalLM, Output, layer_ids
 from specdecode.backends.models import HFModel
 from specdecode.backends.slot_cache import SlotCache

@@ -118,7 +118,7 @@ class Interleaved:
 def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
     """[N, K] float weights (K a multiple of 32) -> a "q8" QuantMatrix: each weight an int8 of its 16's
     scale (max |w| / 127), rounded to nearest. For weights trained in float that run beside a GGUF
-    target's (fast_llama.head_linear: drafter heads)."""
+    target's (layer.head_linear: drafter heads)."""
     n, k = weight.shape
     if k % 32:
         raise ValueError(f"quantize_q8: {k} inputs is not a multiple of 32")

@@ -16,7 +16,8 @@ import torch
 
 from specdecode.backends import registry
 from specdecode.backends.embedding import Embedding
-from specdecode.backends.fast_llama import FastLlama, head_linear
+from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.layer import head_linear
 from specdecode.backends.lm import (  # noqa: F401 (CausalLM, cache_dir: re-exported)
     CausalLM,
     Output,
@@ -281,7 +282,7 @@ def is_gguf(spec: str | None) -> bool:
 def auto_dtype(spec: str | None, device: str | None, quant: str = "none", backend: str = "auto") -> str:
     """gguf for a GGUF file of a supported family on CPU when the fused kernels build, else fp32."""
     from specdecode.backends import kernels
-    from specdecode.backends.fast_llama import SUPPORTED
+    from specdecode.backends.layer import SUPPORTED
 
     cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
     if not (cpu and quant == "none" and backend != "hf" and is_gguf(spec)):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.backends.fast_llama import CACHE_BLOCK, grow_kv
+from specdecode.backends.layer import CACHE_BLOCK, grow_kv
 
 MIGRATE_BYTES = 16 << 20  # new cache moved into place per forward while growing (keys and values)
 

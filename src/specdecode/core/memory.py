@@ -179,7 +179,7 @@ def report(
     import torch
 
     from specdecode.backends import checkpoint, models
-    from specdecode.backends.fast_llama import SUPPORTED
+    from specdecode.backends.layer import SUPPORTED
     from specdecode.drafters import distilled
 
     def est(cfg, tokens, quant):

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.backends.embedding import Embedding
-from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.backends.gguf_weights import QuantLinear
+from specdecode.backends.layer import pack_linears, rope
 from specdecode.backends.lm import tree_attention
 from specdecode.core.sampling import SamplingParams, argmax_ids, sample, warp
 from specdecode.core.tree import Tree

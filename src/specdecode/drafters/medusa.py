@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdecode.backends.fast_llama import head_linear
+from specdecode.backends.layer import head_linear
 from specdecode.core.sampling import SamplingParams, argmax, sample, warp
 from specdecode.core.tree import Tree
 from specdecode.drafters.base import Drafter, Proposal

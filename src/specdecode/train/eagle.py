@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from specdecode.backends import checkpoint
-from specdecode.backends.fast_llama import norm_offset, norm_weight
+from specdecode.backends.layer import norm_offset, norm_weight
 from specdecode.drafters.eagle import EagleHead, head_from_config, rope_tables
 from specdecode.errors import UserError
 from specdecode.train import features, loop
