@@ -162,138 +162,193 @@ class BatchedLlama:
 
     @torch.inference_mode()
     def forward(self, rows: list[Row]) -> list[Output]:
-        f, dev = self.fast, self.device
+        f, at = self.fast, self._layout(rows)
+        # chains as token ids: the native call gathers their rows, no torch ops (stack.cpp's forward_ids)
+        if f.stack is not None and f.stack.by_ids and not at.trees:
+            tokens = [t for r in rows for t in r.tokens.tolist()]
+            where = (at.slots, at.starts, at.counts)
+            logits, captured = f.stack.chains(
+                f, self.k_cache, self.v_cache, tokens, where, at.wanted, at.picked
+            )
+            return self._outputs(rows, at, logits, captured)
+        x = f.embed_tokens(torch.cat([r.tokens for r in rows]))  # [N, hidden]
+        fused = f.kernels is not None and len(x) <= f.fused_rows  # the fused kernels, as FastLlama's forward
+        windows = {layer.window for layer in f.layers if layer.window}
+        ix = _Index.of(at, self.device)
+        if fused and not at.trees and not windows:  # causal rows: the kernels need no mask, only positions
+            ropes = {kind: (cos[ix.pos], sin[ix.pos]) for kind, (cos, sin) in f.rope.items()}
+            return self._fused(rows, at, x, ropes, {None: None})
+        ropes, masks = self._ropes_masks(rows, at, ix, windows)
+        if fused:
+            per_row = {w: m[ix.row_of, 0, ix.t_of].contiguous() for w, m in masks.items()}  # [N, l_max]
+            return self._fused(
+                rows,
+                at,
+                x,
+                ropes,
+                {w: m if (w is not None or at.trees) else None for w, m in per_row.items()},
+            )
+        logits, captured = self._eager(rows, at, ix, x, ropes, masks)
+        return self._outputs(rows, at, logits, captured)
+
+    def _layout(self, rows: list[Row]) -> _Layout:
         counts = [r.tokens.shape[0] for r in rows]
-        offsets = list(accumulate([0] + counts[:-1]))  # row b's tokens start at offsets[b]
         starts = [self.lengths[r.slot] for r in rows]
         ends = [s + n for s, n in zip(starts, counts)]
         if max(ends) > self.max_length:
             raise ValueError(f"sequence of {max(ends)} tokens exceeds max_length {self.max_length}")
         self.cache.ensure(max(ends), self.lengths)  # grown ahead at admission: normally there already
-        wanted = {i for r in rows for i in layer_ids(r.layers, len(f.layers))}
+        offsets = list(accumulate([0] + counts[:-1]))  # row b's tokens start at offsets[b]
         keep = [r.num_logits or n for r, n in zip(rows, counts)]  # rows with logits: each row's last `keep`
         picked = [i for o, n, m in zip(offsets, counts, keep) for i in range(o + n - m, o + n)]
-        slot_ids = [r.slot for r in rows]
+        wanted = {i for r in rows for i in layer_ids(r.layers, len(self.fast.layers))}
         trees = any(r.tree_mask is not None for r in rows)
-        # chains as token ids: the native call gathers their rows, no torch ops (stack.cpp's forward_ids)
-        if f.stack is not None and f.stack.by_ids and not trees:
-            tokens = [t for r in rows for t in r.tokens.tolist()]
-            where = (slot_ids, starts, counts)
-            logits, captured = f.stack.chains(f, self.k_cache, self.v_cache, tokens, where, wanted, picked)
-            return self._outputs(rows, counts, offsets, ends, keep, logits, captured)
-        b, s_max, l_max = len(rows), max(counts), max(ends)
-        h, d, kvh = f.heads, f.head_dim, f.kv_heads
+        return _Layout(counts, offsets, starts, ends, keep, picked, [r.slot for r in rows], wanted, trees)
 
-        row_of = torch.repeat_interleave(torch.arange(b), torch.tensor(counts)).to(dev)  # [N]
-        t_of = torch.cat([torch.arange(n) for n in counts]).to(dev)  # [N] index within the row
-        start_t = torch.tensor(starts, device=dev)
-        pos = start_t[row_of] + t_of  # [N] cache positions
-        slot_t = torch.tensor(slot_ids, device=dev)
-        windows = {layer.window for layer in f.layers if layer.window}
-        x = f.embed_tokens(torch.cat([r.tokens for r in rows]))  # [N, hidden]
-        fused = f.kernels is not None and len(x) <= f.fused_rows  # the fused kernels, as FastLlama's forward
-
-        def fused_outputs(ropes, row_masks) -> list[Output]:  # ropes, masks: as fused_layers takes them
-            where = (slot_t.cpu(), torch.tensor(starts), torch.tensor(counts))
-            logits, captured = fused_layers(
-                f, x.float().contiguous(), self.k_cache, self.v_cache, ropes, row_masks, where, wanted, picked
-            )
-            return self._outputs(rows, counts, offsets, ends, keep, logits, captured)
-
-        if fused and not trees and not windows:  # causal rows: the kernels need no mask, only positions
-            return fused_outputs(
-                {kind: (cos[pos], sin[pos]) for kind, (cos, sin) in f.rope.items()}, {None: None}
-            )
-        slot_of = slot_t[row_of]  # [N]
-        # query t of row b (position start_b + t) sees keys 0..start_b + t of its own slot
-        keys = torch.arange(l_max, device=dev)
-        mask = (
-            keys[None, None, :] <= (start_t[:, None] + torch.arange(s_max, device=dev)[None, :])[:, :, None]
+    def _fused(self, rows: list[Row], at: _Layout, x, ropes, masks) -> list[Output]:
+        """ropes, masks: as fused_layers takes them."""
+        where = (torch.tensor(at.slots), torch.tensor(at.starts), torch.tensor(at.counts))
+        logits, captured = fused_layers(
+            self.fast,
+            x.float().contiguous(),
+            self.k_cache,
+            self.v_cache,
+            ropes,
+            masks,
+            where,
+            at.wanted,
+            at.picked,
         )
-        rotary = pos
-        if trees:
-            rotary = pos.clone()
-            for i, (r, o, n, end) in enumerate(zip(rows, offsets, counts, ends)):
-                if r.tree_mask is not None:  # a tree's last t tokens see each other only as its mask says
+        return self._outputs(rows, at, logits, captured)
+
+    def _ropes_masks(self, rows: list[Row], at: _Layout, ix: _Index, windows: set[int]):
+        """-> (rotary kind -> (cos, sin) [N, d], window (None: whole context) -> mask [B, 1, S, L]):
+        query t of row b (position start_b + t) sees keys 0..start_b + t of its own slot; a tree's last
+        t tokens see each other only as its mask says; a sliding-window layer's query at rotary
+        position p sees no key before p - w + 1 (Gemma 3)."""
+        f, dev = self.fast, self.device
+        keys = torch.arange(max(at.ends), device=dev)
+        queries = ix.start_t[:, None] + torch.arange(max(at.counts), device=dev)[None, :]  # [B, S]
+        mask = keys[None, None, :] <= queries[:, :, None]
+        rotary = ix.pos
+        if at.trees:
+            rotary = ix.pos.clone()
+            for i, (r, o, n, end) in enumerate(zip(rows, at.offsets, at.counts, at.ends)):
+                if r.tree_mask is not None:
                     rotary[o : o + n] = r.positions.to(dev)
                     mask[i, :n, end - r.tree_mask.shape[1] : end] = r.tree_mask.to(dev)
-        ropes = {
-            kind: (cos[rotary], sin[rotary]) for kind, (cos, sin) in f.rope.items()
-        }  # kind -> [N, d] each
-        masks = {None: mask[:, None]}  # window (None: whole context) -> [B, 1, S, L]
-        if (
-            windows
-        ):  # sliding-window layers (Gemma 3): the query at rotary position p sees no key before p - w + 1
-            qpos = torch.zeros(b, s_max, dtype=torch.long, device=dev)
-            qpos[row_of, t_of] = rotary
+        ropes = {kind: (cos[rotary], sin[rotary]) for kind, (cos, sin) in f.rope.items()}
+        masks = {None: mask[:, None]}
+        if windows:
+            qpos = torch.zeros(len(rows), max(at.counts), dtype=torch.long, device=dev)
+            qpos[ix.row_of, ix.t_of] = rotary
             masks |= {w: (mask & (qpos[:, :, None] - keys[None, None, :] < w))[:, None] for w in windows}
-        if fused:
-            per_row = {w: m[row_of, 0, t_of].contiguous() for w, m in masks.items()}  # [N, l_max]
-            return fused_outputs(
-                ropes, {w: m if (w is not None or trees) else None for w, m in per_row.items()}
-            )
+        return ropes, masks
+
+    def _eager(self, rows: list[Row], at: _Layout, ix: _Index, x, ropes, masks):
+        """The layers in torch ops, rows in groups that share an attention call -> (logits [sum keep, V],
+        {layer: its rows [N, hidden]})."""
+        f, dev = self.fast, self.device
+        h, d, kvh = f.heads, f.head_dim, f.kv_heads
         groups = [
-            _Group(idx, counts, ends, slot_ids, row_of, t_of, masks, dev)
-            for idx in _attention_groups(counts, ends)
+            _Group(idx, at.counts, at.ends, at.slots, ix.row_of, ix.t_of, masks, dev)
+            for idx in _attention_groups(at.counts, at.ends)
         ]
         for g in groups:  # a lone prefill chunk (no tree) on the CPU: two flash calls instead of a masked one
             (r,) = g.rows if len(g.rows) == 1 else (None,)
-            if r is not None and counts[r] > SHORT_ROW and rows[r].tree_mask is None and dev.type == "cpu":
-                g.chunk = (slot_ids[r], starts[r], ends[r])
+            if r is not None and at.counts[r] > SHORT_ROW and rows[r].tree_mask is None and dev.type == "cpu":
+                g.chunk = (at.slots[r], at.starts[r], at.ends[r])
+        slot_of = torch.tensor(at.slots, device=dev)[ix.row_of]  # [N]
         captured = {}
         for i, layer in enumerate(f.layers):
             q, k, v = layer.attention_inputs(x, *ropes[layer.rope_kind], h, kvh, f.eps)  # [N, h|kvh, d]
-            self.k_cache[i][slot_of, :, pos] = k  # [N, kvh, d] into [slots, kvh, cap, d]
-            self.v_cache[i][slot_of, :, pos] = v
+            self.k_cache[i][slot_of, :, ix.pos] = k  # [N, kvh, d] into [slots, kvh, cap, d]
+            self.v_cache[i][slot_of, :, ix.pos] = v
             out = q.new_empty(q.shape[0], h * d)
             for g in groups:
-                if g.chunk is not None and layer.window is None:
-                    slot, start, end = g.chunk
-                    attn = chunk_attention(
-                        q[g.tokens].transpose(0, 1),
-                        self.k_cache[i][slot, :, :end],
-                        self.v_cache[i][slot, :, :end],
-                        start,
-                        f.qk_scale,
-                    )  # [h, n, d]
-                    out[g.tokens] = attn.transpose(0, 1).reshape(-1, h * d)
-                    continue
-                q_pad = q.new_zeros(len(g.rows), g.s, h, d)
-                q_pad[g.row_of, g.t_of] = q[g.tokens]
-                attn = F.scaled_dot_product_attention(
-                    q_pad.transpose(1, 2),
-                    self.k_cache[i][g.sel, :, : g.l],
-                    self.v_cache[i][g.sel, :, : g.l],
-                    attn_mask=g.masks[layer.window],
-                    enable_gqa=True,
-                    scale=f.qk_scale,
-                )  # [B_g, h, S_g, d]
-                out[g.tokens] = attn.transpose(1, 2)[g.row_of, g.t_of].reshape(-1, h * d)
+                out[g.tokens] = self._group_attention(g, i, layer.window, q)
             x = layer.finish(x, out, f.eps)
-            if i in wanted:
+            if i in at.wanted:
                 captured[i] = x
         last = len(f.layers) - 1
-        if last in wanted:  # as HF's output_hidden_states: the last entry is after the final norm
+        if last in at.wanted:  # as HF's output_hidden_states: the last entry is after the final norm
             captured[last] = rms_norm(x, f.final_norm, f.eps)
-        logits = f.lm_head(rms_norm(x[torch.tensor(picked, device=dev)], f.final_norm, f.eps)).float()
-        return self._outputs(rows, counts, offsets, ends, keep, logits, captured)
+        logits = f.lm_head(rms_norm(x[torch.tensor(at.picked, device=dev)], f.final_norm, f.eps)).float()
+        return logits, captured
 
-    def _outputs(self, rows, counts, offsets, ends, keep, logits, captured) -> list[Output]:
+    def _group_attention(self, g: _Group, i: int, window: int | None, q: torch.Tensor) -> torch.Tensor:
+        """Layer i's attention for the group's tokens: q [N, h, d] -> [n_g, h * d]."""
+        f = self.fast
+        h, d = f.heads, f.head_dim
+        k_cache, v_cache = self.k_cache[i], self.v_cache[i]
+        if g.chunk is not None and window is None:
+            slot, start, end = g.chunk
+            attn = chunk_attention(
+                q[g.tokens].transpose(0, 1), k_cache[slot, :, :end], v_cache[slot, :, :end], start, f.qk_scale
+            )  # [h, n, d]
+            return attn.transpose(0, 1).reshape(-1, h * d)
+        q_pad = q.new_zeros(len(g.rows), g.s, h, d)
+        q_pad[g.row_of, g.t_of] = q[g.tokens]
+        attn = F.scaled_dot_product_attention(
+            q_pad.transpose(1, 2),
+            k_cache[g.sel, :, : g.l],
+            v_cache[g.sel, :, : g.l],
+            attn_mask=g.masks[window],
+            enable_gqa=True,
+            scale=f.qk_scale,
+        )  # [B_g, h, S_g, d]
+        return attn.transpose(1, 2)[g.row_of, g.t_of].reshape(-1, h * d)
+
+    def _outputs(self, rows: list[Row], at: _Layout, logits, captured) -> list[Output]:
         """Each row's logits and features: logits [sum keep, V], row b's last keep[b] tokens'; captured:
         {layer: its rows [N, hidden]}."""
         f = self.fast
-        for r, end in zip(rows, ends):
+        for r, end in zip(rows, at.ends):
             self.lengths[r.slot] = end
         self.cache.advance(self.lengths)  # a growing cache: this forward's share of the move
         # each row's logits as a slice: Tensor.split's Python wrapper, cold after a forward, took 10% of
         # the server's engine thread (py-spy, one streaming client)
         outputs = []
-        firsts = accumulate([0] + keep[:-1])  # row b's logits start at firsts[b]
-        for r, o, n, first, m in zip(rows, offsets, counts, firsts, keep):
+        firsts = accumulate([0] + at.keep[:-1])  # row b's logits start at firsts[b]
+        for r, o, n, first, m in zip(rows, at.offsets, at.counts, firsts, at.keep):
             ids = layer_ids(r.layers, len(f.layers))
             features = torch.cat([captured[i][o : o + n] for i in ids], -1) if ids else None
             outputs.append(Output(logits[first : first + m], features))
         return outputs
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a forward's rows go: per row b its token count, first token in x, cache start and end,
+    logits kept (its last keep[b] tokens'), slot; the picked tokens (logits), layers wanted, trees."""
+
+    counts: list[int]
+    offsets: list[int]
+    starts: list[int]
+    ends: list[int]
+    keep: list[int]
+    picked: list[int]
+    slots: list[int]
+    wanted: set[int]
+    trees: bool
+
+
+@dataclass(frozen=True)
+class _Index:
+    """The layout as tensors over the N tokens: row_of [N] (their row), t_of [N] (index in the row),
+    pos [N] (cache positions), start_t [B]."""
+
+    row_of: torch.Tensor
+    t_of: torch.Tensor
+    pos: torch.Tensor
+    start_t: torch.Tensor
+
+    @classmethod
+    def of(cls, at: _Layout, dev) -> _Index:
+        row_of = torch.repeat_interleave(torch.arange(len(at.counts)), torch.tensor(at.counts)).to(dev)
+        t_of = torch.cat([torch.arange(n) for n in at.counts]).to(dev)
+        start_t = torch.tensor(at.starts, device=dev)
+        return cls(row_of, t_of, start_t[row_of] + t_of, start_t)
 
 
 SHORT_ROW = 16  # rows of at most this many tokens (decoding, verification) share one attention call
