@@ -14,7 +14,11 @@ the whole table:
   python3 scripts/peer_load.py --out docs/results/peer_load_<cpu>.json
 
 vLLM comes from $VLLM_VENV (scripts/install_vllm.sh) with the export's serve.sh (bf16 by default,
-as the export writes it); ours runs its defaults (the GGUF target, int8 activations).
+as the export writes it); ours runs its defaults (the GGUF target, int8 activations); `llamacpp` is
+b11434's own `llama-server` (scripts/build_llamacpp.sh) on the same GGUF files, `llamacpp:draft:<model>`
+with that draft (`-md`, draft-simple, at most k drafted), as many parallel slots as the most clients.
+`--target` names the model for all three (default: the default model), e.g. the 1.5B with its 0.5B
+sibling: --target qwen2.5-coder-1.5b --servers ours:none,ours:draft:qwen2.5-coder-0.5b,...
 """
 
 from __future__ import annotations
@@ -47,6 +51,37 @@ def ours(
     argv = [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--threads", str(threads)]
     argv += ["--drafter", drafter, "--k", str(k), "--max-batch", str(max_batch), "--queue", "256"]
     argv += ["--target", target] if target else []
+    if taskset:
+        argv = ["taskset", "-c", taskset, *argv]
+    with launched(argv, port, log) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def llamacpp(drafter: str, k: int, port: int, taskset: str, threads: int, log: Path, slots: int, target):
+    """llama.cpp b11434's llama-server on loopback until the block ends -> base URL."""
+    import subprocess
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from specdecode.backends import models
+
+    built = subprocess.run(
+        ["bash", str(HERE / "build_llamacpp.sh")], capture_output=True, text=True, check=True
+    )
+    bins = Path(built.stdout.strip().splitlines()[-1])  # the script prints where the binaries are
+    argv = [str(bins / "llama-server"), "-m", str(models.resolve(target)), "--port", str(port)]
+    argv += ["-t", str(threads), "-np", str(slots), "-c", str(4096 * slots), "--no-webui"]
+    if drafter != "none":
+        draft = drafter.split(":", 1)[1]
+        argv += [
+            "-md",
+            str(models.resolve(draft)),
+            "--spec-type",
+            "draft-simple",
+            "--spec-draft-n-max",
+            str(k),
+        ]
+        argv += ["-td", str(threads)]
     if taskset:
         argv = ["taskset", "-c", taskset, *argv]
     with launched(argv, port, log) as url:
@@ -121,6 +156,7 @@ def main() -> int:
         "--servers", default="ours:none,vllm:none,ours:eagle,vllm:eagle", help="ENGINE:DRAFTER,..."
     )
     p.add_argument("--k", type=int, default=3)
+    p.add_argument("--target", default=None, help="the model every server runs (default: the default model)")
     p.add_argument("--clients", default="1,8,32")
     p.add_argument("--seconds", type=float, default=20.0, help="load per client count (bounded)")
     p.add_argument(
@@ -143,26 +179,37 @@ def main() -> int:
     )
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    from transformers import AutoTokenizer
-
     sys.path.insert(0, str(ROOT / "src"))
     from specdecode.backends import models
 
-    tokenizer = AutoTokenizer.from_pretrained(models.local_path(None))
+    tokenizer = models.load_tokenizer(args.target)
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     prompts = [p.prompt for p in load_prompts(args.prompts)]
     work = Path(tempfile.mkdtemp(prefix="peer_load_"))
     rows = []
     for server in args.servers.split(","):
-        engine, drafter = server.split(":")
+        engine, drafter = server.split(":", 1)
         log = work / f"{engine}_{drafter}.log"
         started = time.monotonic()
         try:
             if engine == "ours":
-                ctx = ours(drafter, args.k, args.port, args.taskset, args.threads, log, 32)
+                ctx = ours(drafter, args.k, args.port, args.taskset, args.threads, log, 32, args.target or "")
+            elif engine == "llamacpp":
+                slots = max(int(c) for c in args.clients.split(","))
+                ctx = llamacpp(
+                    drafter, args.k, args.port, args.taskset, args.threads, log, slots, args.target
+                )
             else:
                 out = work / f"vllm_{drafter}"
-                _export(drafter, args.k, out, args.port, dtype=args.vllm_dtype, per_request="none")
+                _export(
+                    drafter,
+                    args.k,
+                    out,
+                    args.port,
+                    dtype=args.vllm_dtype,
+                    per_request="none",
+                    target=args.target,
+                )
                 env = vllm_local.cpu_env(args.threads, args.taskset or "auto", kv_cache_gib=2)
                 ctx = vllm_local.serving(
                     out / "serve.sh",
@@ -197,6 +244,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "taskset": args.taskset,
         "threads": args.threads,
+        "target": args.target,
         "prompts": args.prompts,
         "n_prompts": len(prompts),
         "max_tokens": args.max_tokens,
