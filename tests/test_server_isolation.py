@@ -11,11 +11,11 @@ import torch
 
 from serving import MODEL, reference, scheduler_held, serve, until
 from specdecode import drafters
+from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.tree import Tree
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
-from specdecode.drafters.base import Drafter, Proposal
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 

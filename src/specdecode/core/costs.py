@@ -11,8 +11,8 @@ import torch
 
 from specdecode.backends.lm import CausalLM
 from specdecode.core.control import CostModel
+from specdecode.core.drafter import Drafter
 from specdecode.core.sampling import SamplingParams
-from specdecode.drafters.base import Drafter
 
 
 def _median_time(fn, repeats: int) -> float:

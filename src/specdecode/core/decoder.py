@@ -30,9 +30,9 @@ import torch
 from specdecode.backends.lm import CausalLM
 from specdecode.core.constraints import Constraints
 from specdecode.core.control import FixedK, KPolicy
+from specdecode.core.drafter import Drafter
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.step import Step, plan, settle
-from specdecode.drafters.base import Drafter
 
 __all__ = ["Step", "decode"]
 

@@ -14,10 +14,10 @@ import torch
 from specdecode.backends.models import LoadedModel
 from specdecode.core.control import KPolicy
 from specdecode.core.decoder import decode
+from specdecode.core.drafter import Drafter
 from specdecode.core.metrics import Stats
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.text import TextStream
-from specdecode.drafters.base import Drafter
 from specdecode.errors import UserError
 
 MAX_K = 64

@@ -28,12 +28,12 @@ import torch
 
 from specdecode.backends.lm import Output
 from specdecode.core.control import KPolicy
+from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.logprobs import TokenLogprob, token_logprobs
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.tree import Tree, best_nodes
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
-from specdecode.drafters.base import Drafter, Proposal
 
 if TYPE_CHECKING:  # constraints.py builds Plans: a runtime import would be circular
     from specdecode.core.constraints import Constraints

@@ -24,8 +24,8 @@ import torch
 
 from specdecode.backends.models import CausalLM
 from specdecode.backends.tokenizer_check import token_bytes
+from specdecode.core.drafter import Proposal
 from specdecode.core.sampling import SamplingParams, argmax, sample, warp
-from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
 
 WINDOW = 32  # committed tokens re-encoded together with new text, so that the boundary tokenizes right

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from specdecode.core.drafter import Proposal
 from specdecode.core.sampling import SamplingParams, argmax, sample, warp
-from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from specdecode.core.drafter import Proposal
 from specdecode.core.sampling import SamplingParams, argmax, warp
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
 from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.errors import UserError

@@ -35,9 +35,9 @@ from torch import nn
 from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.backends.gguf_weights import QuantLinear
 from specdecode.backends.lm import tree_attention
+from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.sampling import SamplingParams, argmax_ids, sample, warp
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_vocab import scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
 

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.backends.fast_llama import head_linear
+from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.sampling import SamplingParams, argmax, sample, warp
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_vocab import scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from specdecode import shards
+from specdecode.core.drafter import Drafter, Learned, Proposal
 from specdecode.core.sampling import SamplingParams
 from specdecode.corpora import jsonl_rows
-from specdecode.drafters.base import Drafter, Learned, Proposal
 from specdecode.drafters.suffix_tree import SuffixTrie
 from specdecode.errors import UserError
 
