@@ -38,9 +38,9 @@ def worker(engine: str, a) -> None:
     torch.set_num_threads(a.threads)
     from specdecode import drafters
     from specdecode.backends import models
-    from specdecode.core.generation import encode_prompt, generate
     from specdecode.core.sampling import SamplingParams
     from specdecode.corpora import load_prompts
+    from specdecode.decoding.generation import encode_prompt, generate
 
     if engine.startswith("llamacpp-"):
         llamacpp_bin(engine, a)
@@ -82,8 +82,8 @@ def llamacpp_bin(engine: str, a) -> None:
     import subprocess
 
     from specdecode.backends import models
-    from specdecode.core.generation import encode_prompt
     from specdecode.corpora import load_prompts
+    from specdecode.decoding.generation import encode_prompt
 
     bins = Path(
         subprocess.run(

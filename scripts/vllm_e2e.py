@@ -151,10 +151,10 @@ def run_ours(args, prompts) -> dict:
 
     from specdecode import drafters
     from specdecode.backends import models
-    from specdecode.core.control import FixedK
-    from specdecode.core.generation import generate
     from specdecode.core.metrics import Stats
     from specdecode.core.sampling import SamplingParams
+    from specdecode.decoding.control import FixedK
+    from specdecode.decoding.generation import generate
 
     torch.set_num_threads(args.threads)
     target = models.load(None, "fp32", "cpu", "auto")

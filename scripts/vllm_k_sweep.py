@@ -44,8 +44,8 @@ from pathlib import Path
 import httpx
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "src")]
-from specdecode.core.control import best_k  # noqa: E402
-from specdecode.core.step_fit import StepTiming, fit_step_costs  # noqa: E402
+from specdecode.decoding.control import best_k  # noqa: E402
+from specdecode.decoding.step_fit import StepTiming, fit_step_costs  # noqa: E402
 from specdecode.monitor import advice, prom, step_costs  # noqa: E402
 from specdecode.monitor.tracker import Tracker  # noqa: E402
 from vllm_e2e import ROOT, _chat, _export, load_prompts, vllm_local  # noqa: E402

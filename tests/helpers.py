@@ -8,8 +8,8 @@ import math
 import torch
 
 from specdecode.backends.lm import Output
-from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams, warp
+from specdecode.decoding.generation import generate
 
 
 class TableModel:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
+from specdecode.decoding.generation import generate
 from specdecode.drafters import parse
 from specdecode.drafters.none import NoDrafter
 from specdecode.server import build_engine, default_routes

@@ -11,9 +11,9 @@ from conftest import make_sentencepiece_tokenizer, make_tokenizer
 from helpers import ScriptModel, TableModel, tv, tv_bound
 from specdecode import drafters
 from specdecode.backends.tokenizer_check import compare, token_bytes
-from specdecode.core.decoder import decode
-from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams, warp
+from specdecode.decoding.decoder import decode
+from specdecode.decoding.generation import generate
 from specdecode.drafters import CrossVocabDrafter, DrafterContext
 from specdecode.drafters.cross_vocab import intersection
 from specdecode.errors import UserError

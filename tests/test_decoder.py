@@ -15,14 +15,14 @@ from helpers import DELTA, TableModel, joint_two, tv, tv_bound
 from specdecode.backends.batch_model import PerSlotLM
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel, LoadedModel
-from specdecode.core import step as step_module
-from specdecode.core.batch_decoder import BatchDecoder, Sequence
-from specdecode.core.control import FixedK
-from specdecode.core.decoder import decode
-from specdecode.core.generation import generate
 from specdecode.core.metrics import Stats
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.verify import Verdict
+from specdecode.decoding import step as step_module
+from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
+from specdecode.decoding.control import FixedK
+from specdecode.decoding.decoder import decode
+from specdecode.decoding.generation import generate
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specdecode.errors import UserError
 

@@ -18,8 +18,8 @@ from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
 from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends import fast_llama, gguf_weights, kernels, models
-from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
+from specdecode.decoding.generation import generate
 from specdecode.errors import UserError
 from train_fixtures import PROMPTS
 

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from conftest import make_llama
 from specdecode.backends import kernels
 from specdecode.backends.fast_llama import FastLlama
-from specdecode.core.decoder import decode
 from specdecode.core.sampling import SamplingParams
+from specdecode.decoding.decoder import decode
 from specdecode.drafters import NgramDrafter, NoDrafter
 
 

@@ -12,9 +12,9 @@ from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel
-from specdecode.core.control import AdaptiveK, CostModel
-from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
+from specdecode.decoding.control import AdaptiveK, CostModel
+from specdecode.decoding.generation import generate
 from specdecode.drafters.eagle import EagleHead, KVCache, rope_tables
 from specdecode.errors import UserError
 from train_fixtures import PROMPTS, make_data
@@ -230,7 +230,7 @@ def test_cost_measurement_times_real_proposals(target, trained, kind):
     """costs.measure runs the target at several sizes, then times the drafter on the context:
     hidden-state drafters must see the context's features (not the last timing forward's), and
     proposing again for the same context redrafts the same tokens instead of nothing."""
-    from specdecode.core.costs import measure
+    from specdecode.decoding.costs import measure
 
     drafter = drafters.build(f"{kind}:{trained[kind]}", drafters.DrafterContext(target))
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
@@ -346,7 +346,7 @@ def test_the_batched_core_cuts_ranked_trees_by_each_rows_adaptive_policy(target,
     """The server's core: rows with ranked trees (b=3, 12 nodes) and adaptive policies give their plain
     greedy output, and the costly policy's rows verify fewer nodes per step."""
     from specdecode.backends.batch_model import batched
-    from specdecode.core.batch_decoder import BatchDecoder, Sequence
+    from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
 
     ctx = drafters.DrafterContext(target)
     template = drafters.build(f"{kind}:b=3:nodes=12:{trained[kind]}", ctx)

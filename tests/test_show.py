@@ -10,8 +10,8 @@ from specdecode.api import show
 from specdecode.api.outputs import CompletionOutput
 from specdecode.backends import models
 from specdecode.cli import main
-from specdecode.core.decoder import decode
 from specdecode.core.sampling import SamplingParams
+from specdecode.decoding.decoder import decode
 
 PROMPT = "the cat sat on the mat"
 TOKENS = 30

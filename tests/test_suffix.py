@@ -10,10 +10,10 @@ import torch
 
 from specdecode import drafters
 from specdecode.backends.batch_model import batched
-from specdecode.core.batch_decoder import BatchDecoder, Sequence
-from specdecode.core.control import AdaptiveK, CostModel, FixedK
-from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
+from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
+from specdecode.decoding.control import AdaptiveK, CostModel, FixedK
+from specdecode.decoding.generation import generate
 from specdecode.drafters import parse
 from specdecode.drafters.suffix import SuffixCache, SuffixDrafter
 from specdecode.drafters.suffix_tree import SuffixTrie
@@ -161,7 +161,7 @@ def test_a_corpus_of_past_responses_is_proposed_from_and_shared_by_copies(target
     import copy
 
     from specdecode import shards
-    from specdecode.core.config import Route
+    from specdecode.decoding.config import Route
     from specdecode.export.vllm import Context, export_route
 
     data = tmp_path / "data"
@@ -260,7 +260,7 @@ def test_bad_suffix_specs_are_clear_errors(text, message):
 
 
 def test_canonical_form_and_vllm_export():
-    from specdecode.core.config import Route
+    from specdecode.decoding.config import Route
     from specdecode.export.vllm import Context, export_route
 
     assert drafters.canonical("suffix: min_token_prob=0.1 :max_spec_factor=2") == "suffix:max_spec_factor=2.0"

@@ -20,7 +20,7 @@ def data_dir(target, tmp_path_factory):
 
 def test_data_holds_the_targets_greedy_responses(target, data_dir):
     from specdecode import drafters
-    from specdecode.core.generation import generate
+    from specdecode.decoding.generation import generate
 
     seqs = data.read(data_dir)
     assert len(seqs) == 8 and all(s.source == "target" and s.response_ids for s in seqs)
@@ -399,8 +399,8 @@ def test_a_lora_adapter_starts_as_the_base_and_merges_to_the_same_linear():
 
 def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tmp_path):
     from specdecode import drafters
-    from specdecode.core.generation import generate
     from specdecode.core.sampling import SamplingParams
+    from specdecode.decoding.generation import generate
 
     fresh = TRAINERS["draft"](target, data_dir, tmp_path / "base", steps=6)
     result = draft.train(

@@ -10,8 +10,8 @@ import pytest
 from specdecode import drafters
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel
-from specdecode.core.generation import generate
 from specdecode.core.sampling import SamplingParams
+from specdecode.decoding.generation import generate
 from specdecode.drafters import (
     DrafterContext,
     DraftModelDrafter,

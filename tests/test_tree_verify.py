@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from helpers import TableModel, joint_two, tv, tv_bound
-from specdecode.core import step as step_module
-from specdecode.core.decoder import decode
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.tree import Tree
 from specdecode.core.tree_verify import TreeVerdict, verify_tree_greedy, verify_tree_rejection
+from specdecode.decoding import step as step_module
+from specdecode.decoding.decoder import decode
 from specdecode.drafters import DraftTreeDrafter, NgramDrafter
 
 V = 8

@@ -236,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
         help="the most prompt tokens prefilled in a step beside running requests' decoding (fewer "
         "while that keeps the step within 1.75 of their plain decode steps, measured live; deeper into a "
         "long prompt fewer: each token's attention over the context counts too; a step in which "
-        "nothing decodes prefills 8x as much; default: 128, core/prefill.py's PREFILL_BUDGET)",
+        "nothing decodes prefills 8x as much; default: 128, decoding/prefill.py's PREFILL_BUDGET)",
     )
     s.add_argument(
         "--kv-reserve",
@@ -357,9 +357,9 @@ def cmd_generate(args) -> None:
     server runs; text output streams one prompt at a time."""
     from specdecode import drafters
     from specdecode.api import LLM, SamplingParams, show
-    from specdecode.core.generation import check_k
     from specdecode.core.tasks import TASKS
     from specdecode.corpora import Prompt, read_jsonl
+    from specdecode.decoding.generation import check_k
 
     check_k(args.k)
     _sampling(args)
@@ -441,8 +441,8 @@ def cmd_bench(args) -> None:
     from specdecode.backends.models import QUANTIZED
     from specdecode.bench import peers
     from specdecode.bench import suite as bench
-    from specdecode.core.generation import check_k
     from specdecode.corpora import load_prompts
+    from specdecode.decoding.generation import check_k
     from specdecode.drafters import parse
 
     params = _sampling(args)
@@ -521,8 +521,8 @@ def cmd_advise(args) -> None:
     from specdecode import drafters
     from specdecode.backends import models
     from specdecode.bench import advise
-    from specdecode.core.generation import check_k
     from specdecode.corpora import load_prompts
+    from specdecode.decoding.generation import check_k
 
     args.k_max = 12 if args.k_max is None else args.k_max
     check_k(args.k_max)
@@ -562,9 +562,9 @@ def cmd_advise(args) -> None:
 def _advise_from_metrics(args) -> None:
     """Counters over a window -> acceptance profile; our target's measured batch costs -> k per batch size."""
     from specdecode import drafters
-    from specdecode.core.config import Route, SpecConfig
-    from specdecode.core.generation import check_k
-    from specdecode.core.step_fit import fit_step_costs
+    from specdecode.decoding.config import Route, SpecConfig
+    from specdecode.decoding.generation import check_k
+    from specdecode.decoding.step_fit import fit_step_costs
     from specdecode.monitor import advice, step_costs
 
     k_max = check_k(6 if args.k_max is None else args.k_max)
@@ -630,8 +630,8 @@ def _engine_costs(args, spec, k_max: int):
     from specdecode import drafters
     from specdecode.backends import models
     from specdecode.backends.batch_model import batched
-    from specdecode.core import costs
-    from specdecode.core.generation import encode_prompt
+    from specdecode.decoding import costs
+    from specdecode.decoding.generation import encode_prompt
     from specdecode.server import load
 
     _setup(args)
@@ -662,7 +662,7 @@ def _served_drafter(source: str) -> str:
 
 
 def cmd_memory(args) -> None:
-    from specdecode.core import memory
+    from specdecode.decoding import memory
     from specdecode.drafters import parse
 
     if args.context < 1 or args.batch < 1 or args.k < 0:
@@ -692,8 +692,8 @@ def cmd_serve(args) -> None:
     from pathlib import Path
 
     from specdecode.backends import models, quant
-    from specdecode.core.config import load_config
-    from specdecode.core.generation import check_k
+    from specdecode.decoding.config import load_config
+    from specdecode.decoding.generation import check_k
     from specdecode.drafters import parse
 
     check_k(args.k)

@@ -9,14 +9,14 @@ from collections import defaultdict
 
 from specdecode import drafters
 from specdecode.backends.models import LoadedModel
-from specdecode.core import control, costs
-from specdecode.core.config import Route, SpecConfig
-from specdecode.core.control import FixedK
-from specdecode.core.generation import encode_prompt, generate
 from specdecode.core.metrics import Stats
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.tasks import classify
 from specdecode.corpora import Prompt
+from specdecode.decoding import control, costs
+from specdecode.decoding.config import Route, SpecConfig
+from specdecode.decoding.control import FixedK
+from specdecode.decoding.generation import encode_prompt, generate
 
 MARGIN = 0.03  # a drafter must be predicted at least 3% faster than plain decoding to be recommended
 PLAIN = drafters.parse("none")  # plain decoding (its report label: str(PLAIN))

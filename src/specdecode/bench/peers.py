@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from specdecode.core.generation import Result
 from specdecode.core.metrics import Stats
 from specdecode.core.sampling import SamplingParams
+from specdecode.decoding.generation import Result
 from specdecode.errors import UserError
 
 Peer = Callable[[list[int], int, SamplingParams, int], Result]  # (ids, max_new_tokens, params, seed)

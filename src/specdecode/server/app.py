@@ -22,10 +22,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from specdecode.api.structured import StructuredOutputs
-from specdecode.core.config import Route, SpecConfig
-from specdecode.core.penalties import Penalties
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.tasks import classify
+from specdecode.decoding.config import Route, SpecConfig
+from specdecode.decoding.penalties import Penalties
 from specdecode.drafters import parse
 from specdecode.errors import UserError
 from specdecode.server import engine as eng

@@ -27,18 +27,18 @@ from itertools import count
 import torch
 
 from specdecode.backends.batch_model import BatchLM
-from specdecode.core import batch_decoder
-from specdecode.core.batch_decoder import BatchDecoder
-from specdecode.core.constraints import Constraints
-from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
-from specdecode.core.logprobs import TokenLogprob
 from specdecode.core.metrics import Stats, acceptance_rate, mean_acceptance_length
-from specdecode.core.penalties import Penalties
-from specdecode.core.prefill import PREFILL_BUDGET, PrefillBudget
-from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Step
-from specdecode.core.text import TextStream
+from specdecode.decoding import batch_decoder
+from specdecode.decoding.batch_decoder import BatchDecoder
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.control import CostModel, FixedK, KPolicy, adaptive_k
+from specdecode.decoding.logprobs import TokenLogprob
+from specdecode.decoding.penalties import Penalties
+from specdecode.decoding.prefill import PREFILL_BUDGET, PrefillBudget
+from specdecode.decoding.prefix_cache import PrefixCache
+from specdecode.decoding.step import Step
+from specdecode.decoding.text import TextStream
 from specdecode.drafters.spec import Spec, parse
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.load import BatchCosts
@@ -64,7 +64,7 @@ class Request:
     timeout_s: float | None = None
     scope: str = ""  # whose suffix cache the request reads and feeds (suffix_cache.py)
     penalties: Penalties | None = None
-    grammar: str | None = None  # a compiled grammar (core/grammar.py: Grammars) the output must follow
+    grammar: str | None = None  # a compiled grammar (decoding/grammar.py: Grammars) the output must follow
     logprobs: int | None = None  # report the target's logprobs with this many top ones per token
     after: Sequence | None = None  # n > 1: a sibling whose prompt KV this one waits for (prefix cache)
     request_id: str = ""  # X-Request-Id: names the request in the log
@@ -243,9 +243,9 @@ class Engine:
         return seq
 
     def grammars(self):
-        """The structured-output compiler for this tokenizer (core/grammar.py), made on first use."""
+        """The structured-output compiler for this tokenizer (decoding/grammar.py), made on first use."""
         if self._grammars is None:
-            from specdecode.core.grammar import Grammars  # llguidance loads only when a request needs it
+            from specdecode.decoding.grammar import Grammars  # llguidance loads only when a request needs it
 
             self._grammars = Grammars(self.tokenizer, self.model.vocab_size, self.eos_ids)
         return self._grammars

@@ -6,7 +6,7 @@ compressed, checksummed) and `meta.json` naming the target; older directories ho
 recomputed at training time by one teacher-forced forward per sequence (features.py), which keeps the
 data small and valid for any head. Responses are generated with speculative decoding (n-gram
 drafter by default); in fp32 greedy that is token-identical to plain decoding, only faster; with
-batch > 1 several prompts decode together in the batched decoding core (core/batch_decoder.py).
+batch > 1 several prompts decode together in the batched decoding core (decoding/batch_decoder.py).
 Finished sequences are buffered and written as a shard every `shard_size` sequences, every
 `flush_minutes` and when the run ends or is stopped (SIGTERM, Ctrl-C): a rerun resumes by skipping the
 ids already in shards. A second turn (Prompt.parent, e.g. MT-bench's) is asked after its parent's
@@ -263,7 +263,7 @@ def _stop(signum, frame):
 def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str, Sequence]) -> list[int]:
     """Chat-formatted ids of a prompt; a second turn follows its parent's question and the target's own
     answer."""
-    from specdecode.core.generation import encode_prompt
+    from specdecode.decoding.generation import encode_prompt
 
     if prompt.parent is None:
         return encode_prompt(tokenizer, prompt.prompt, None)
@@ -310,7 +310,7 @@ def _respond_one_by_one(
 ):
     """(prompt, ids) -> yields (prompt, ids, response ids) in order, one generate() each."""
     from specdecode import drafters
-    from specdecode.core.generation import generate
+    from specdecode.decoding.generation import generate
 
     draft = drafters.build(drafter, context)
     for p, ids in prompts:
@@ -328,8 +328,8 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
 
     from specdecode import drafters
     from specdecode.backends.batch_model import batched
-    from specdecode.core.batch_decoder import BatchDecoder, Sequence
-    from specdecode.core.control import FixedK
+    from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
+    from specdecode.decoding.control import FixedK
 
     core = BatchDecoder(batched(loaded.model, batch))
     template = drafters.build(drafter, context)

@@ -70,8 +70,8 @@ def write_prompts(
     from tqdm import tqdm
 
     from specdecode import drafters
-    from specdecode.core.generation import generate
     from specdecode.core.sampling import SamplingParams
+    from specdecode.decoding.generation import generate
 
     if count < 1:
         raise UserError(f"count must be at least 1, got {count}")

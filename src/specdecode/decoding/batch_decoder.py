@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.backends.batch_model import BatchLM, Row
-from specdecode.core.constraints import Constraints
-from specdecode.core.control import KPolicy
 from specdecode.core.drafter import Drafter
-from specdecode.core.prefill import PrefillBudget, chunk_cost, chunk_size, keys
-from specdecode.core.prefix_cache import PrefixCache
 from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Step, plan, settle
 from specdecode.core.verify import check_inputs
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.control import KPolicy
+from specdecode.decoding.prefill import PrefillBudget, chunk_cost, chunk_size, keys
+from specdecode.decoding.prefix_cache import PrefixCache
+from specdecode.decoding.step import Step, plan, settle
 
 
 @dataclass(eq=False)

@@ -6,7 +6,7 @@ and the batched core (batch_decoder.py), so that both make exactly the same deci
                                               tree to the node count its policy chooses);
   (the caller runs the target on plan.tokens: alone, or as one row of a batched forward)
   check(plan, logits, params, generator)     greedy or rejection verification, chain or tree
-      -> Checked                              (verify.py, tree_verify.py);
+      -> Checked                              (core/verify.py, tree_verify.py);
   cache rollback                              keep the root and the accepted path: plan.kept(base);
   commit(checked, eos_ids, room)              the committed tokens: cut after an EOS, finished at
       -> (tokens, finished)                   EOS or when the token budget is used up;
@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from specdecode.backends.lm import Output
-from specdecode.core.control import KPolicy
 from specdecode.core.drafter import Drafter, Proposal
-from specdecode.core.logprobs import TokenLogprob, token_logprobs
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.tree import Tree, best_nodes
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
+from specdecode.decoding.control import KPolicy
+from specdecode.decoding.logprobs import TokenLogprob, token_logprobs
 
 if TYPE_CHECKING:  # constraints.py builds Plans: a runtime import would be circular
-    from specdecode.core.constraints import Constraints
+    from specdecode.decoding.constraints import Constraints
 
 
 @dataclass
@@ -127,7 +127,7 @@ class Checked:
 def check(
     plan: Plan, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> Checked:
-    """logits: [1 + n, V], the target's rows for plan.tokens -> the verdict (verify.py, tree_verify.py)."""
+    """logits: [1 + n, V], the target's rows for plan.tokens -> the verdict (core/verify.py, tree_verify)."""
     if plan.tree is None:
         if params.greedy:  # on lists: every torch call after a forward starts cold
             drafted = plan.tokens.tolist()[1:]

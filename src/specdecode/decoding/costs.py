@@ -10,9 +10,9 @@ import time
 import torch
 
 from specdecode.backends.lm import CausalLM
-from specdecode.core.control import CostModel
 from specdecode.core.drafter import Drafter
 from specdecode.core.sampling import SamplingParams
+from specdecode.decoding.control import CostModel
 
 
 def _median_time(fn, repeats: int) -> float:

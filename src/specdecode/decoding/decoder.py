@@ -28,11 +28,11 @@ from collections.abc import Iterator
 import torch
 
 from specdecode.backends.lm import CausalLM
-from specdecode.core.constraints import Constraints
-from specdecode.core.control import FixedK, KPolicy
 from specdecode.core.drafter import Drafter
 from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Step, plan, settle
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.control import FixedK, KPolicy
+from specdecode.decoding.step import Step, plan, settle
 
 __all__ = ["Step", "decode"]
 
