@@ -11,12 +11,12 @@ import jsonschema
 import pytest
 import torch
 
+from specdecode.core.plan import Plan
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.tree import Tree
 from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.decoder import decode
 from specdecode.decoding.grammar import Grammars
-from specdecode.decoding.step import Plan
 from specdecode.drafters import NgramDrafter, NoDrafter
 from specdecode.errors import UserError
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from helpers import tv, tv_bound
+from specdecode.core.plan import Plan
 from specdecode.core.sampling import SamplingParams, warp
 from specdecode.core.tree import Tree
 from specdecode.decoding.constraints import Constraints, row_prefixes
 from specdecode.decoding.decoder import decode
 from specdecode.decoding.penalties import Penalties, penalize, penalize_rows
-from specdecode.decoding.step import Plan
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specdecode.errors import UserError
 

@@ -25,13 +25,14 @@ import torch
 
 from specdecode.backends.batch_model import BatchLM, Row
 from specdecode.core.drafter import Drafter
+from specdecode.core.plan import plan
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.verify import check_inputs
 from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.control import KPolicy
 from specdecode.decoding.prefill import PrefillBudget, chunk_cost, chunk_size, keys
 from specdecode.decoding.prefix_cache import PrefixCache
-from specdecode.decoding.step import Step, plan, settle
+from specdecode.decoding.step import Step, settle
 
 
 @dataclass(eq=False)

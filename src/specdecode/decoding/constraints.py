@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from specdecode.core.plan import Plan
 from specdecode.decoding.grammar import Grammar
 from specdecode.decoding.penalties import Penalties, penalize_rows
-from specdecode.decoding.step import Plan
 
 
 def row_prefixes(plan: Plan) -> list[list[int]]:

@@ -29,10 +29,11 @@ import torch
 
 from specdecode.backends.lm import CausalLM
 from specdecode.core.drafter import Drafter
+from specdecode.core.plan import plan
 from specdecode.core.sampling import SamplingParams
 from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.control import FixedK, KPolicy
-from specdecode.decoding.step import Step, plan, settle
+from specdecode.decoding.step import Step, settle
 
 __all__ = ["Step", "decode"]
 

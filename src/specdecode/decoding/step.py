@@ -3,7 +3,7 @@ and the batched core (batch_decoder.py), so that both make exactly the same deci
 
   plan(last, proposal, budget, nodes) -> Plan what the target checks: [last, drafts], a chain or a
                                               token tree, cut to the step's budget (and a ranked
-                                              tree to the node count its policy chooses);
+                                              tree to the node count its policy chooses; core/plan.py);
   (the caller runs the target on plan.tokens: alone, or as one row of a batched forward)
   check(plan, logits, params, generator)     greedy or rejection verification, chain or tree
       -> Checked                              (core/verify.py, tree_verify.py);
@@ -22,21 +22,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from specdecode.backends.lm import Output
-from specdecode.core.drafter import Drafter, Proposal
+from specdecode.core.drafter import Drafter
+from specdecode.core.plan import Plan
 from specdecode.core.sampling import SamplingParams, warp
-from specdecode.core.tree import Tree, best_nodes
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
+from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.control import KPolicy
 from specdecode.decoding.logprobs import TokenLogprob, token_logprobs
-
-if TYPE_CHECKING:  # constraints.py builds Plans: a runtime import would be circular
-    from specdecode.decoding.constraints import Constraints
 
 
 @dataclass
@@ -59,51 +57,6 @@ class Step:
     def positions(self) -> int:
         """Draft positions checked: what per-position counters count (a tree's nodes are no positions)."""
         return self.drafted if self.depth is None else self.depth
-
-
-@dataclass
-class Plan:
-    """The target's input for one step: the last committed token (the root), then the drafts."""
-
-    tokens: torch.Tensor  # [1 + n] long
-    tree: Tree | None  # the drafts as a tree (+1 layout, tree.py); None: a chain
-    probs: torch.Tensor | None  # [n, V] q of the drafts, None: one-hot
-
-    def tree_args(self, base: int) -> dict:
-        """forward() arguments placing a tree after `base` cached tokens (none for a chain)."""
-        if self.tree is None:
-            return {}
-        return {"positions": self.tree.positions(base), "tree_mask": self.tree.mask()}
-
-
-def plan(
-    last: int, proposal: Proposal | None, budget: int, nodes: Callable[[list[float]], int] | None = None
-) -> Plan:
-    """A proposal cut so that the step commits at most budget + 1 tokens: a chain to its first
-    `budget` drafts, a tree to the nodes at most `budget` deep; a tree whose drafter ranks its nodes
-    (proposal.confidence) then to the `nodes(confidence)` most confident ones (a policy's tree_nodes)."""
-    if proposal is None or budget <= 0:
-        return Plan(torch.tensor([last]), None, None)
-    probs = proposal.probs
-    if proposal.parents is None:
-        draft = proposal.tokens.tolist()[:budget]
-        return Plan(
-            torch.tensor([last] + draft, dtype=torch.long),
-            None,
-            probs[: len(draft)] if probs is not None else None,
-        )
-    tree, confidence = proposal.tree(), proposal.confidence
-    kept = tree.up_to_depth(budget)
-    if len(kept) < len(tree):
-        tree = tree.subset(kept)
-        probs = probs[kept] if probs is not None else None
-        confidence = [confidence[i] for i in kept] if confidence is not None else None
-    if nodes is not None and confidence is not None:
-        kept = best_nodes(tree.parents, confidence, nodes(confidence))
-        if len(kept) < len(tree):
-            tree = tree.subset(kept)
-            probs = probs[kept] if probs is not None else None
-    return Plan(torch.tensor([last] + tree.tokens, dtype=torch.long), tree, probs)
 
 
 @dataclass
