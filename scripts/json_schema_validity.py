@@ -27,7 +27,7 @@ import jsonschema
 import torch
 
 from specdecode.backends import models
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.decoder import decode
 from specdecode.decoding.grammar import Grammars
@@ -150,7 +150,7 @@ def main() -> None:
                     drafter,
                     prompt,
                     k=k,
-                    params=SamplingParams(),
+                    params=Warp(),
                     max_new_tokens=args.max_new_tokens,
                     eos_ids=target.eos_ids,
                     constraints=constraints,

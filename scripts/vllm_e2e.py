@@ -152,7 +152,7 @@ def run_ours(args, prompts) -> dict:
     from specdecode import drafters
     from specdecode.backends import models
     from specdecode.core.metrics import Stats
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
     from specdecode.decoding.control import FixedK
     from specdecode.decoding.generation import generate
 
@@ -168,7 +168,7 @@ def run_ours(args, prompts) -> dict:
                 drafter,
                 p.prompt,
                 k=FixedK(args.k),
-                params=SamplingParams(),
+                params=Warp(),
                 max_new_tokens=args.max_tokens,
                 chat=True,
             )

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, batched
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
 from specdecode.decoding.control import FixedK
 from specdecode.decoding.prefill import PrefillBudget
@@ -23,7 +23,7 @@ def together(lm, jobs, k):
     """jobs: (prompt, drafter) decoded as many at a time as lm has slots, joining as others finish
     -> (outputs in order, steps that verified a tree)."""
     core = BatchDecoder(lm)
-    seqs = [Sequence(p, d.fork(), FixedK(k), SamplingParams(), None, MAX_NEW) for p, d in jobs]
+    seqs = [Sequence(p, d.fork(), FixedK(k), Warp(), None, MAX_NEW) for p, d in jobs]
     waiting, running, trees = list(reversed(seqs)), [], 0
     while waiting or running:
         fresh = [waiting.pop() for _ in range(min(len(core.free), len(waiting)))]
@@ -88,10 +88,8 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
     core = BatchDecoder(lm, budget=PrefillBudget(5))
     (short, short_ref), *rest = cases[:3]
     long_jobs = [(p * 4, None) for p, _ in rest]  # prompts of ~4x the length
-    seqs = [Sequence(short, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)]
-    seqs += [
-        Sequence(p, DRAFTERS[1].fork(), FixedK(4), SamplingParams(), None, MAX_NEW) for p, _ in long_jobs
-    ]
+    seqs = [Sequence(short, DRAFTERS[0].fork(), FixedK(4), Warp(), None, MAX_NEW)]
+    seqs += [Sequence(p, DRAFTERS[1].fork(), FixedK(4), Warp(), None, MAX_NEW) for p, _ in long_jobs]
     core.start(seqs, chunked=True)
     steps_while_prefilling = 0
     while not all(s.finished for s in seqs):
@@ -122,7 +120,7 @@ def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chu
     core = BatchDecoder(batched(target.model, 2), cache, PrefillBudget(16))
     outputs = []
     for prompt in prompts:  # one after another: each finds the blocks the earlier ones stored
-        seq = Sequence(prompt, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)
+        seq = Sequence(prompt, DRAFTERS[0].fork(), FixedK(4), Warp(), None, MAX_NEW)
         core.start([seq], chunked=chunked)
         while not seq.finished:
             core.step([seq])
@@ -147,7 +145,7 @@ def test_a_repeated_prompt_prefills_nothing_and_keeps_greedy_output(target, case
     core = BatchDecoder(batched(target.model, 2), cache, PrefillBudget(16))
     outputs, reused = [], []
     for p in (prompt, prompt, variant):
-        seq = Sequence(p, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)
+        seq = Sequence(p, DRAFTERS[0].fork(), FixedK(4), Warp(), None, MAX_NEW)
         hits = cache.hits
         core.start([seq], chunked=chunked)
         reused.append(cache.hits - hits)
@@ -224,7 +222,7 @@ def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
     lm = batched(target.model, 3)
     core = BatchDecoder(lm)
     prompt = list(range(5, 200))  # the tiny model holds 512 positions
-    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 250)
+    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, 250)
     core.start([seq], chunked=True)
     cache = lm.k_cache  # an empty cache has nothing to copy: allocated at once
     assert cache.shape[3] >= len(prompt) + 250
@@ -255,12 +253,12 @@ def test_a_long_prompt_admitted_beside_a_running_row_grows_the_cache_without_pau
     monkeypatch.setattr(lm.cache, "step_bytes", 1)
     core = BatchDecoder(lm, budget=PrefillBudget(64))
     short, short_ref = cases[0]
-    running = Sequence(short, DRAFTERS[0].fork(), FixedK(3), SamplingParams(), None, MAX_NEW)
+    running = Sequence(short, DRAFTERS[0].fork(), FixedK(3), Warp(), None, MAX_NEW)
     core.start([running], chunked=True)
     core.step([running])
     small = lm.room()
     prompt = (cases[1][0] * 64)[: small + 100]  # longer than the cache holds now
-    admitted = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, MAX_NEW)
+    admitted = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, MAX_NEW)
     core.start([admitted], chunked=True)
     assert lm.room() == small  # nothing grew at admission
     moves = 0
@@ -287,15 +285,15 @@ def test_a_prompt_alone_goes_in_whole_chunks_and_beside_decoding_rows_as_the_bud
     span = lm.attention_span
     core = BatchDecoder(lm, budget=PrefillBudget(32))
     prompt = [5 + i % 300 for i in range(395)]
-    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 4)
+    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, 4)
     core.start([seq], chunked=True)
     core.step([seq])
     assert seq.prefilled == chunk_size(32 * IDLE_PREFILL, 0, len(prompt) - 1, span) > 4 * 32
     core.release(seq)
 
-    running = Sequence([7, 8, 9], NoDrafter().fork(), FixedK(1), SamplingParams(), None, 200)
+    running = Sequence([7, 8, 9], NoDrafter().fork(), FixedK(1), Warp(), None, 200)
     core.start([running])
-    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 4)
+    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, 4)
     core.start([seq], chunked=True)
     chunks = []
     while seq.prefilling:

@@ -92,7 +92,7 @@ def test_hysteresis_avoids_flapping_near_break_even():
 
 
 def test_k_zero_policy_still_decodes_in_the_loop(target):
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
     from specdecode.decoding.decoder import decode
     from specdecode.drafters import NgramDrafter
 
@@ -103,7 +103,7 @@ def test_k_zero_policy_still_decodes_in_the_loop(target):
             NgramDrafter(),
             [5, 6, 7, 5, 6, 7, 5, 6],
             k=never,
-            params=SamplingParams(),
+            params=Warp(),
             max_new_tokens=12,
         )
     )

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdecode.core.plan import Plan
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.core.tree import Tree
 from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.decoder import decode
@@ -68,7 +68,7 @@ def _decode(target, drafter, prompt, k, constraints, n=40):
         drafter,
         prompt,
         k=k,
-        params=SamplingParams(),
+        params=Warp(),
         max_new_tokens=n,
         eos_ids=target.eos_ids,
         constraints=constraints,

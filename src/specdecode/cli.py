@@ -345,11 +345,11 @@ def _setup(args) -> None:
 
 
 def _sampling(args):
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
 
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    return SamplingParams(args.temperature, args.top_k, args.top_p)
+    return Warp(args.temperature, args.top_k, args.top_p)
 
 
 def cmd_generate(args) -> None:
@@ -719,7 +719,7 @@ def cmd_serve(args) -> None:
 
         from specdecode.drafters.suffix import read_responses
         from specdecode.server import build_engine, default_routes
-        from specdecode.server.app import ServeOptions, create_app
+        from specdecode.server.app import AppOptions, create_app
         from specdecode.server.lifecycle import Server
         from specdecode.server.suffix_cache import SuffixCaches
     except ImportError as e:
@@ -756,7 +756,7 @@ def cmd_serve(args) -> None:
         kv_reserve=args.kv_reserve,
         trace_steps=args.trace_steps,
     )
-    opts = ServeOptions(
+    opts = AppOptions(
         name,
         routes,
         args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,

@@ -10,7 +10,7 @@ from collections import defaultdict
 from specdecode import drafters
 from specdecode.backends.models import LoadedModel
 from specdecode.core.metrics import Stats
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.core.tasks import classify
 from specdecode.corpora import Prompt
 from specdecode.decoding import control, costs
@@ -73,7 +73,7 @@ def advise(
     probe = next(iter(by_task.values()))[0]
     cost = {s: costs.measure(target.model, built[s], k_max, probe) for s in specs}
     none = drafters.build(PLAIN, ctx)
-    greedy = SamplingParams()
+    greedy = Warp()
     for d in [none, *built.values()]:  # warm-up: first calls pay one-off kernel set-up
         generate(target, d, probe, k=k_max, params=greedy, max_new_tokens=8)
     report: dict = {"tasks": {}, "costs": {str(s): c.to_json() for s, c in cost.items()}}
@@ -139,7 +139,7 @@ def advise(
                     target,
                     {route.drafter: (built[route.drafter], route.k)},
                     ids_list,
-                    SamplingParams(temperature=t),
+                    Warp(temperature=t),
                     max_new_tokens,
                 )[route.drafter]
                 sweep[str(t)] = round(stats.acceptance_rate, 4)

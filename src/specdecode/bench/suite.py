@@ -20,7 +20,7 @@ from specdecode import drafters as drafter_registry
 from specdecode.backends import models
 from specdecode.bench import peers
 from specdecode.core.metrics import Stats
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.corpora import Prompt
 from specdecode.decoding import memory
 from specdecode.decoding.control import CostModel, FixedK, speedup
@@ -107,7 +107,7 @@ def run(
     drafter_quant: str = "none",
     ks: list[int],
     k_max: int = 12,
-    params: SamplingParams,
+    params: Warp,
     max_new_tokens: int,
     repeats: int = 1,
     seed: int = 0,
@@ -233,7 +233,7 @@ def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) ->
             per_cat: dict[str, Stats] = defaultdict(Stats)
             for p in prompts:
                 st = fns[label](
-                    ids[p.id], p.category, max_new_tokens, learn=False, sampling=SamplingParams(temperature=t)
+                    ids[p.id], p.category, max_new_tokens, learn=False, sampling=Warp(temperature=t)
                 ).stats
                 per_cat[p.category] = per_cat[p.category].merge(st)
                 per_cat["ALL"] = per_cat["ALL"].merge(st)

@@ -26,7 +26,7 @@ import torch
 from specdecode.backends.batch_model import BatchLM, Row
 from specdecode.core.drafter import Drafter
 from specdecode.core.plan import plan
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.core.verify import check_inputs
 from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.control import KPolicy
@@ -42,7 +42,7 @@ class Sequence:
     prompt: list[int]
     drafter: Drafter
     policy: KPolicy
-    params: SamplingParams
+    params: Warp
     generator: torch.Generator | None
     max_new_tokens: int
     eos_ids: set[int] | frozenset[int] = frozenset()

@@ -30,7 +30,7 @@ import torch
 from specdecode.backends.lm import CausalLM
 from specdecode.core.drafter import Drafter
 from specdecode.core.plan import plan
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.control import FixedK, KPolicy
 from specdecode.decoding.step import Step, settle
@@ -44,7 +44,7 @@ def decode(
     prompt: list[int],
     *,
     k: int | KPolicy,
-    params: SamplingParams,
+    params: Warp,
     max_new_tokens: int,
     eos_ids: set[int] = frozenset(),
     generator: torch.Generator | None = None,

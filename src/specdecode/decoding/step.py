@@ -29,7 +29,7 @@ import torch
 from specdecode.backends.lm import Output
 from specdecode.core.drafter import Drafter
 from specdecode.core.plan import Plan
-from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.sampling import Warp, warp
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
 from specdecode.decoding.constraints import Constraints
@@ -77,9 +77,7 @@ class Checked:
         return base + 1, [base + 1 + i for i in self.path]
 
 
-def check(
-    plan: Plan, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> Checked:
+def check(plan: Plan, logits: torch.Tensor, params: Warp, generator: torch.Generator | None) -> Checked:
     """logits: [1 + n, V], the target's rows for plan.tokens -> the verdict (core/verify.py, tree_verify)."""
     if plan.tree is None:
         if params.greedy:  # on lists: every torch call after a forward starts cold
@@ -126,7 +124,7 @@ def settle(
     cache: Cache,
     drafter: Drafter,
     policy: KPolicy,
-    params: SamplingParams,
+    params: Warp,
     generator: torch.Generator | None,
     eos_ids: set[int] | frozenset[int],
     room: int,

@@ -36,7 +36,8 @@ from specdecode.backends.fast_llama import pack_linears, rope
 from specdecode.backends.gguf_weights import QuantLinear
 from specdecode.backends.lm import tree_attention
 from specdecode.core.drafter import Drafter, Proposal
-from specdecode.core.sampling import SamplingParams, argmax_ids, sample, warp
+from specdecode.core.sampling import Warp as SamplingParams  # issue 49: the body says Warp once it may change
+from specdecode.core.sampling import argmax_ids, sample, warp
 from specdecode.core.tree import Tree
 from specdecode.drafters.draft_vocab import scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist

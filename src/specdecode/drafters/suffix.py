@@ -28,7 +28,7 @@ import torch
 
 from specdecode import shards
 from specdecode.core.drafter import Drafter, Learned, Proposal
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.corpora import jsonl_rows
 from specdecode.drafters.suffix_tree import SuffixTrie
 from specdecode.errors import UserError
@@ -120,7 +120,7 @@ class SuffixDrafter(Drafter):
         self.seen = self.prompt_len = len(prompt)
 
     def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+        self, context: list[int], k: int, params: Warp, generator: torch.Generator | None
     ) -> Proposal:
         """context: every committed token -> up to k tokens (a tree: nodes at most k deep)."""
         if self.local is None:

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from specdecode.api.structured import StructuredOutputs
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.core.tasks import classify
 from specdecode.decoding.config import Route, SpecConfig
 from specdecode.decoding.penalties import Penalties
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class ServeOptions:
+class AppOptions:
     model_name: str
     routes: SpecConfig  # default drafter/k/adaptive, and routes per task
     api_key: str | None = None
@@ -94,7 +94,7 @@ def unparsable(cause: BaseException) -> str:
 # -- the app ----------------------------------------------------------------------------------------
 
 
-def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = True) -> FastAPI:
+def create_app(engine: eng.Engine, opts: AppOptions, *, start_engine: bool = True) -> FastAPI:
     tokenizer, context, vocab = engine.tokenizer, engine.model.max_length, engine.model.vocab_size
 
     @asynccontextmanager
@@ -175,7 +175,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
         try:
             route = resolve_route(req.speculative, task, opts.routes)
             engine.pool.template(route.drafter)  # unknown or not loaded -> 400
-            params = SamplingParams(req.temperature, max(req.top_k, 0), req.top_p)
+            params = Warp(req.temperature, max(req.top_k, 0), req.top_p)
         except UserError as e:
             raise ApiError(400, str(e), param="speculative.drafter") from None
         if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
