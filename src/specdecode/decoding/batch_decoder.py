@@ -5,7 +5,7 @@ The batched core knows nothing of HTTP, queues or text. Each sequence owns a slo
 last. One `step` is decoder.decode's step for every sequence given:
 
   1. each drafter proposes up to its k tokens (its policy's k, optionally limited by the caller,
-     e.g. the server's load control), cut to the sequence's budget (step.plan);
+     e.g. the server's load control), cut to the sequence's budget (core/plan.py: plan);
   2. ONE batched target forward over every row [last committed, drafts] (ragged; a tree row with
      its own positions and mask; features for drafters that read them);
   3. per row: the same verification (step.check), rollback (truncate, or keep for a tree), drafter

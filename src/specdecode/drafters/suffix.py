@@ -146,7 +146,7 @@ class SuffixDrafter(Drafter):
             return Proposal.empty()
         chain = all(p == i - 1 for i, p in enumerate(parents))
         # a tree ranks its nodes by their empirical path probabilities: an adaptive policy verifies
-        # the most probable ones its measured costs pay for (step.plan, control.AdaptiveK.tree_nodes)
+        # the most probable ones its measured costs pay for (core.plan.plan, control.AdaptiveK.tree_nodes)
         return Proposal(torch.tensor(tokens, dtype=torch.long), None, None if chain else parents, probs)
 
     def fork(self, learned: Learned | None = None) -> "SuffixDrafter":
