@@ -2,10 +2,10 @@
 
 For 10 JSON schemas x 5 requests (50 chat prompts; --schemas N: the first N schemas) on the target
 (default SmolLM2-135M-Instruct, --dtype fp32; gguf: the default serving path),
-greedy decoding under the schema's grammar (core/grammar.py) runs without drafts and with the n-gram
+greedy decoding under the schema's grammar (decoding/grammar.py) runs without drafts and with the n-gram
 drafter as a chain and as a tree (k=4). Reported: how many outputs parse and validate against their
 schema, how many are token-identical across the three, and the grammar's cost per committed token
-(cut + masks, core/constraints.py) beside the whole step's. The first masks applied in a process pay
+(cut + masks, decoding/constraints.py) beside the whole step's. The first masks applied in a process pay
 one-time work: llguidance's `apply_token_bitmask_inplace` is a torch.compile'd kernel, compiled on its
 first call (seconds) and again for the first batch of more than one row (torch specializes size 1).
 Both are done before the timed runs and reported apart (warmup_s), so neither is charged to whichever
@@ -27,10 +27,10 @@ import jsonschema
 import torch
 
 from specdecode.backends import models
-from specdecode.core.constraints import Constraints
-from specdecode.core.decoder import decode
-from specdecode.core.grammar import Grammars
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.decoder import decode
+from specdecode.decoding.grammar import Grammars
 from specdecode.drafters import NgramDrafter, NoDrafter
 
 
@@ -150,7 +150,7 @@ def main() -> None:
                     drafter,
                     prompt,
                     k=k,
-                    params=SamplingParams(),
+                    params=Warp(),
                     max_new_tokens=args.max_new_tokens,
                     eos_ids=target.eos_ids,
                     constraints=constraints,

@@ -18,7 +18,7 @@ import argparse
 import random
 
 from specdecode import drafters
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.drafters.suffix import Corpus
 from specdecode.train import data
 
@@ -32,9 +32,7 @@ def replay(make, seqs, k: int, max_new_tokens: int) -> tuple[float, float]:
         drafter.begin(list(s.prompt_ids))
         response, i = s.response_ids[:max_new_tokens], 0
         while i < len(response):
-            proposal = drafter.propose(
-                list(s.prompt_ids) + response[:i], k, SamplingParams(), None
-            ).tokens.tolist()
+            proposal = drafter.propose(list(s.prompt_ids) + response[:i], k, Warp(), None).tokens.tolist()
             accepted = next(
                 (j for j, (t, want) in enumerate(zip(proposal, response[i:])) if t != want),
                 min(len(proposal), len(response) - i),

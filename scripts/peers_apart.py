@@ -38,9 +38,9 @@ def worker(engine: str, a) -> None:
     torch.set_num_threads(a.threads)
     from specdecode import drafters
     from specdecode.backends import models
-    from specdecode.core.generation import encode_prompt, generate
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
     from specdecode.corpora import load_prompts
+    from specdecode.decoding.generation import encode_prompt, generate
 
     if engine.startswith("llamacpp-"):
         llamacpp_bin(engine, a)
@@ -53,7 +53,7 @@ def worker(engine: str, a) -> None:
         run = llamacpp.runner(models.resolve(a.target), None, target.eos_ids, target.tokenizer)
 
         def decode(ids, n):
-            return run(ids, n, SamplingParams(), 0)
+            return run(ids, n, Warp(), 0)
     else:
         spec = f"draft:{a.draft}" if engine == "draft" else engine
         drafter = drafters.build(spec, drafters.DrafterContext(target, a.dtype))
@@ -82,8 +82,8 @@ def llamacpp_bin(engine: str, a) -> None:
     import subprocess
 
     from specdecode.backends import models
-    from specdecode.core.generation import encode_prompt
     from specdecode.corpora import load_prompts
+    from specdecode.decoding.generation import encode_prompt
 
     bins = Path(
         subprocess.run(

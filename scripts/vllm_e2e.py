@@ -158,10 +158,10 @@ def run_ours(args, prompts) -> dict:
 
     from specdecode import drafters
     from specdecode.backends import models
-    from specdecode.core.control import FixedK
-    from specdecode.core.generation import generate
     from specdecode.core.metrics import Stats
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
+    from specdecode.decoding.control import FixedK
+    from specdecode.decoding.generation import generate
 
     torch.set_num_threads(args.threads)
     target = models.load(args.target, "fp32", "cpu", "auto")
@@ -175,7 +175,7 @@ def run_ours(args, prompts) -> dict:
                 drafter,
                 p.prompt,
                 k=FixedK(args.k),
-                params=SamplingParams(),
+                params=Warp(),
                 max_new_tokens=args.max_tokens,
                 chat=True,
             )

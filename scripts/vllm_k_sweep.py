@@ -44,8 +44,8 @@ from pathlib import Path
 import httpx
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "src")]
-from specdecode.core.control import best_k  # noqa: E402
-from specdecode.core.step_fit import StepTiming, fit_step_costs  # noqa: E402
+from specdecode.decoding.control import best_k  # noqa: E402
+from specdecode.decoding.step_fit import StepTiming, fit_step_costs  # noqa: E402
 from specdecode.monitor import advice, prom, step_costs  # noqa: E402
 from specdecode.monitor.tracker import Tracker  # noqa: E402
 from vllm_e2e import ROOT, _chat, _export, load_prompts, vllm_local  # noqa: E402
@@ -70,7 +70,7 @@ def export_all(args, ks, work: Path) -> None:
         list(pool.map(lambda k: _export(args.drafter, k, work / f"k{k}", args.port + k), ks))
 
 
-def start_all(args, ks, work: Path, stack: contextlib.ExitStack) -> dict[int, vllm_local.Server]:
+def start_all(args, ks, work: Path, stack: contextlib.ExitStack) -> dict[int, vllm_local.VllmServer]:
     """Start one server per k (exported), in parallel, each pinned to --taskset once it answers."""
     env = vllm_local.cpu_env(args.threads, args.cpus, kv_cache_gib=1)
     del env["VLLM_CPU_KVCACHE_SPACE"]  # it would override --kv-cache-memory-bytes (whole GiB only)
@@ -318,7 +318,7 @@ def main() -> int:
             scrapes[k] = work / f"k{k}.metrics.txt"
             scrapes[k].write_text(httpx.get(servers[k].url + "/metrics").text)
 
-    def start(group, stack) -> dict[int, vllm_local.Server]:
+    def start(group, stack) -> dict[int, vllm_local.VllmServer]:
         t0 = time.monotonic()
         servers = start_all(args, group, work, stack)
         conditions["starts"].append(

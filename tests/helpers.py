@@ -8,8 +8,8 @@ import math
 import torch
 
 from specdecode.backends.lm import Output
-from specdecode.core.generation import generate
-from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.sampling import Warp, warp
+from specdecode.decoding.generation import generate
 
 
 class TableModel:
@@ -118,7 +118,7 @@ def tv(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return 0.5 * float((counts / counts.sum() - probs.double().flatten()).abs().sum())
 
 
-def joint_two(table: torch.Tensor, last: int, params: SamplingParams) -> torch.Tensor:
+def joint_two(table: torch.Tensor, last: int, params: Warp) -> torch.Tensor:
     """Exact P(first, second new token) of a TableModel target after `last`: p1(a) * p2(b | a)."""
     p1 = warp(table[last], params).double()  # [V]
     p2 = warp(table, params).double()  # [V, V]: row a is p(. | a)

@@ -3,7 +3,7 @@
 import json
 
 from specdecode.cli import main
-from specdecode.core.config import load_config
+from specdecode.decoding.config import load_config
 from specdecode.drafters import parse
 
 

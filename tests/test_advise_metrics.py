@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from specdecode import cli
-from specdecode.core.config import SpecConfig, load_config
-from specdecode.core.control import CostModel
+from specdecode.decoding.config import SpecConfig, load_config
+from specdecode.decoding.control import CostModel
 from specdecode.drafters import parse
 from specdecode.errors import UserError
 from specdecode.monitor import advice, prom
@@ -116,7 +116,7 @@ def test_config_refuses_bad_schedules(tmp_path, schedule, message):
 def _fixed_costs(monkeypatch):
     """Costs as measured, without the timing: one sequence verifies 4 tokens for 1.15 forwards, B rows
     of n tokens cost 1 + 0.1·B·(n - 1) forwards of B rows of one."""
-    from specdecode.core import costs
+    from specdecode.decoding import costs
     from specdecode.server import load
 
     single = CostModel(0.01, {1: 1.05, 2: 1.1, 3: 1.15}, 0.01)

@@ -13,8 +13,8 @@ from specdecode import LLM, StructuredOutputs
 from specdecode.audit import stats
 from specdecode.audit.run import PLAIN, LocalSource, ServerSource, audit, render
 from specdecode.cli import main
-from specdecode.core import step
 from specdecode.core.verify import Verdict
+from specdecode.decoding import step
 
 PROMPTS = ["the cat sat on the mat", "def fibonacci(n):"]
 

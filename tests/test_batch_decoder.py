@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, batched
-from specdecode.core.batch_decoder import BatchDecoder, Sequence
-from specdecode.core.control import FixedK
-from specdecode.core.prefill import PrefillBudget
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
+from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
+from specdecode.decoding.control import FixedK
+from specdecode.decoding.prefill import PrefillBudget
 from specdecode.drafters import NgramDrafter, NoDrafter, parse
 from test_decoder import MAX_NEW, cases  # noqa: F401 (cases: the fixture of prompts with clear greedy margins)
 
@@ -23,7 +23,7 @@ def together(lm, jobs, k):
     """jobs: (prompt, drafter) decoded as many at a time as lm has slots, joining as others finish
     -> (outputs in order, steps that verified a tree)."""
     core = BatchDecoder(lm)
-    seqs = [Sequence(p, d.fork(), FixedK(k), SamplingParams(), None, MAX_NEW) for p, d in jobs]
+    seqs = [Sequence(p, d.fork(), FixedK(k), Warp(), None, MAX_NEW) for p, d in jobs]
     waiting, running, trees = list(reversed(seqs)), [], 0
     while waiting or running:
         fresh = [waiting.pop() for _ in range(min(len(core.free), len(waiting)))]
@@ -88,10 +88,8 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
     core = BatchDecoder(lm, budget=PrefillBudget(5))
     (short, short_ref), *rest = cases[:3]
     long_jobs = [(p * 4, None) for p, _ in rest]  # prompts of ~4x the length
-    seqs = [Sequence(short, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)]
-    seqs += [
-        Sequence(p, DRAFTERS[1].fork(), FixedK(4), SamplingParams(), None, MAX_NEW) for p, _ in long_jobs
-    ]
+    seqs = [Sequence(short, DRAFTERS[0].fork(), FixedK(4), Warp(), None, MAX_NEW)]
+    seqs += [Sequence(p, DRAFTERS[1].fork(), FixedK(4), Warp(), None, MAX_NEW) for p, _ in long_jobs]
     core.start(seqs, chunked=True)
     steps_while_prefilling = 0
     while not all(s.finished for s in seqs):
@@ -102,7 +100,7 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
         assert all(not st.tokens for s, st in zip(running, steps) if st.prefilling)
     assert steps_while_prefilling > 0  # the short request was not frozen behind the long prefills
     assert seqs[0].context[len(short) :] == short_ref
-    from specdecode.core.generation import generate
+    from specdecode.decoding.generation import generate
 
     for seq in seqs[1:]:
         alone = generate(target, NoDrafter(), seq.prompt, max_new_tokens=MAX_NEW).token_ids
@@ -113,8 +111,8 @@ def test_chunked_prefill_keeps_greedy_output_and_lets_others_decode_meanwhile(ta
 def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chunked):
     """Prompts sharing a long prefix (a system prompt, an earlier chat turn): the later ones get the
     cached KV blocks instead of prefilling them, and every output is still plain greedy decoding."""
-    from specdecode.core.generation import generate
-    from specdecode.core.prefix_cache import PrefixCache
+    from specdecode.decoding.generation import generate
+    from specdecode.decoding.prefix_cache import PrefixCache
 
     shared = [t for p, _ in cases[:4] for t in p]  # ~a few dozen tokens
     prompts = [shared + p for p, _ in cases[4:7]] + [shared[:40]]
@@ -122,7 +120,7 @@ def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chu
     core = BatchDecoder(batched(target.model, 2), cache, PrefillBudget(16))
     outputs = []
     for prompt in prompts:  # one after another: each finds the blocks the earlier ones stored
-        seq = Sequence(prompt, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)
+        seq = Sequence(prompt, DRAFTERS[0].fork(), FixedK(4), Warp(), None, MAX_NEW)
         core.start([seq], chunked=chunked)
         while not seq.finished:
             core.step([seq])
@@ -137,8 +135,8 @@ def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chu
 def test_a_repeated_prompt_prefills_nothing_and_keeps_greedy_output(target, cases, chunked):
     """The part of a prompt after its last full block is cached too: the same prompt again starts
     decoding at once; a prompt that differs only in that part gets the full blocks alone."""
-    from specdecode.core.generation import generate
-    from specdecode.core.prefix_cache import PrefixCache
+    from specdecode.decoding.generation import generate
+    from specdecode.decoding.prefix_cache import PrefixCache
 
     prompt = [t for p, _ in cases for t in p][:29]  # 3 blocks of 8, then 4 tokens, then the last
     variant = prompt[:26] + [prompt[26] + 1] + prompt[27:]  # differs inside the partial block
@@ -147,7 +145,7 @@ def test_a_repeated_prompt_prefills_nothing_and_keeps_greedy_output(target, case
     core = BatchDecoder(batched(target.model, 2), cache, PrefillBudget(16))
     outputs, reused = [], []
     for p in (prompt, prompt, variant):
-        seq = Sequence(p, DRAFTERS[0].fork(), FixedK(4), SamplingParams(), None, MAX_NEW)
+        seq = Sequence(p, DRAFTERS[0].fork(), FixedK(4), Warp(), None, MAX_NEW)
         hits = cache.hits
         core.start([seq], chunked=chunked)
         reused.append(cache.hits - hits)
@@ -162,7 +160,7 @@ def test_a_repeated_prompt_prefills_nothing_and_keeps_greedy_output(target, case
 
 
 def test_prefix_cache_evicts_least_recently_used_blocks_within_its_bound():
-    from specdecode.core.prefix_cache import PrefixCache
+    from specdecode.decoding.prefix_cache import PrefixCache
 
     block_bytes = 2 * 3 * 1 * 4 * 2 * 4  # k and v of [layers 3, kv 1, 4 tokens, d 2] float32
     cache = PrefixCache(block=4, max_bytes=2 * block_bytes)
@@ -175,7 +173,7 @@ def test_prefix_cache_evicts_least_recently_used_blocks_within_its_bound():
 
 
 def test_a_partial_last_block_is_found_only_by_a_prompt_that_ends_where_it_did():
-    from specdecode.core.prefix_cache import PrefixCache
+    from specdecode.decoding.prefix_cache import PrefixCache
 
     cache = PrefixCache(block=4)
     read = lambda a, b: (torch.full((3, 1, b - a, 2), float(a)), torch.zeros(3, 1, b - a, 2))  # noqa: E731
@@ -191,7 +189,7 @@ def test_a_partial_last_block_is_found_only_by_a_prompt_that_ends_where_it_did()
 
 
 def test_prefill_chunks_shrink_as_the_context_grows_so_a_steps_cost_stays_within_the_budget():
-    from specdecode.core.prefill import chunk_cost, chunk_size
+    from specdecode.decoding.prefill import chunk_cost, chunk_size
 
     sizes = [chunk_size(512, start, 10_000, 3072.0) for start in (0, 1000, 2000, 4000)]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > 2 * sizes[-1]
@@ -224,7 +222,7 @@ def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
     lm = batched(target.model, 3)
     core = BatchDecoder(lm)
     prompt = list(range(5, 200))  # the tiny model holds 512 positions
-    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 250)
+    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, 250)
     core.start([seq], chunked=True)
     cache = lm.k_cache  # an empty cache has nothing to copy: allocated at once
     assert cache.shape[3] >= len(prompt) + 250
@@ -249,18 +247,18 @@ def test_a_long_prompt_admitted_beside_a_running_row_grows_the_cache_without_pau
     one piece (a layer of a slot) into the larger tensors (step_bytes=1) while the running row decodes
     on, the new prompt goes in only as far as the old capacity until the move is done, and every output
     is still the one each request gets alone."""
-    from specdecode.core.generation import generate
+    from specdecode.decoding.generation import generate
 
     lm = batched(target.model, 3)
     monkeypatch.setattr(lm.cache, "step_bytes", 1)
     core = BatchDecoder(lm, budget=PrefillBudget(64))
     short, short_ref = cases[0]
-    running = Sequence(short, DRAFTERS[0].fork(), FixedK(3), SamplingParams(), None, MAX_NEW)
+    running = Sequence(short, DRAFTERS[0].fork(), FixedK(3), Warp(), None, MAX_NEW)
     core.start([running], chunked=True)
     core.step([running])
     small = lm.room()
     prompt = (cases[1][0] * 64)[: small + 100]  # longer than the cache holds now
-    admitted = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, MAX_NEW)
+    admitted = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, MAX_NEW)
     core.start([admitted], chunked=True)
     assert lm.room() == small  # nothing grew at admission
     moves = 0
@@ -281,21 +279,21 @@ def test_a_prompt_alone_goes_in_whole_chunks_and_beside_decoding_rows_as_the_bud
     """The chunk a step carries is the one prefill.py's budget gives for that step's decode work: alone
     (nothing decodes) the idle budget, beside a decoding row the live one, smaller; deeper into the
     prompt the same budget buys fewer tokens; the prompt advances every step."""
-    from specdecode.core.prefill import IDLE_PREFILL, chunk_cost, chunk_size
+    from specdecode.decoding.prefill import IDLE_PREFILL, chunk_cost, chunk_size
 
     lm = batched(target.model, 2)
     span = lm.attention_span
     core = BatchDecoder(lm, budget=PrefillBudget(32))
     prompt = [5 + i % 300 for i in range(395)]
-    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 4)
+    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, 4)
     core.start([seq], chunked=True)
     core.step([seq])
     assert seq.prefilled == chunk_size(32 * IDLE_PREFILL, 0, len(prompt) - 1, span) > 4 * 32
     core.release(seq)
 
-    running = Sequence([7, 8, 9], NoDrafter().fork(), FixedK(1), SamplingParams(), None, 200)
+    running = Sequence([7, 8, 9], NoDrafter().fork(), FixedK(1), Warp(), None, 200)
     core.start([running])
-    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), SamplingParams(), None, 4)
+    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, 4)
     core.start([seq], chunked=True)
     chunks = []
     while seq.prefilling:
@@ -315,6 +313,6 @@ def test_a_prompt_alone_goes_in_whole_chunks_and_beside_decoding_rows_as_the_bud
 
 
 def generate_alone(target, prompt, n):
-    from specdecode.core.generation import generate
+    from specdecode.decoding.generation import generate
 
     return generate(target, NoDrafter(), prompt, max_new_tokens=n).token_ids

@@ -5,7 +5,7 @@ from conftest import make_llama
 from specdecode.backends import models
 from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, Row, batched
 from specdecode.backends.fast_llama import FastLlama
-from specdecode.core.control import CostModel
+from specdecode.decoding.control import CostModel
 from specdecode.server.load import BatchCosts
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from specdecode.bench.suite import ideal_speedup
 from specdecode.cli import main
-from specdecode.core.control import CostModel
 from specdecode.core.metrics import Stats
+from specdecode.decoding.control import CostModel
 
 
 def test_ideal_speedup_counts_each_step_at_its_own_draft_length():
@@ -152,7 +152,7 @@ def test_itl_counts_each_prompts_own_time_to_first_token():
     """Three prompts, one with a long prefill: the median TTFT times three (what the row used before)
     is not the time the walls spent before their first tokens; each prompt's own TTFT is."""
     from specdecode.bench.suite import Cell, _row
-    from specdecode.core.generation import Result
+    from specdecode.decoding.generation import Result
 
     cell = Cell()
     for pid, wall, ttft in (("a", 0.5, 0.05), ("b", 0.5, 0.06), ("long", 1.0, 0.9)):

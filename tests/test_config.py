@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from specdecode.core.config import Route, SpecConfig, load_config
-from specdecode.core.control import CostModel
+from specdecode.decoding.config import Route, SpecConfig, load_config
+from specdecode.decoding.control import CostModel
 from specdecode.drafters import parse
 from specdecode.errors import UserError
 

@@ -2,9 +2,16 @@ import itertools
 
 import pytest
 
-from specdecode.core.control import AdaptiveK, CostModel, FixedK, best_k, expected_tokens, predicted_speedup
-from specdecode.core.costs import measure, monotone
-from specdecode.core.decoder import Step
+from specdecode.decoding.control import (
+    AdaptiveK,
+    CostModel,
+    FixedK,
+    best_k,
+    expected_tokens,
+    predicted_speedup,
+)
+from specdecode.decoding.costs import measure, monotone
+from specdecode.decoding.decoder import Step
 
 FREE = CostModel(0.0, {})  # r(k) = 1 and c = 0: the speedup is E(k) itself
 
@@ -85,8 +92,8 @@ def test_hysteresis_avoids_flapping_near_break_even():
 
 
 def test_k_zero_policy_still_decodes_in_the_loop(target):
-    from specdecode.core.decoder import decode
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
+    from specdecode.decoding.decoder import decode
     from specdecode.drafters import NgramDrafter
 
     never = AdaptiveK(CostModel(1.0, {k: 2.0 for k in range(1, 5)}), k_max=4, prior=[0.0])
@@ -96,7 +103,7 @@ def test_k_zero_policy_still_decodes_in_the_loop(target):
             NgramDrafter(),
             [5, 6, 7, 5, 6, 7, 5, 6],
             k=never,
-            params=SamplingParams(),
+            params=Warp(),
             max_new_tokens=12,
         )
     )

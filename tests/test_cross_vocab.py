@@ -11,9 +11,9 @@ from conftest import make_sentencepiece_tokenizer, make_tokenizer
 from helpers import ScriptModel, TableModel, tv, tv_bound
 from specdecode import drafters
 from specdecode.backends.tokenizer_check import compare, token_bytes
-from specdecode.core.decoder import decode
-from specdecode.core.generation import generate
-from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.sampling import Warp, warp
+from specdecode.decoding.decoder import decode
+from specdecode.decoding.generation import generate
 from specdecode.drafters import CrossVocabDrafter, DrafterContext
 from specdecode.drafters.cross_vocab import intersection
 from specdecode.errors import UserError
@@ -132,7 +132,7 @@ def test_a_draft_that_writes_the_targets_text_is_mostly_accepted(draft_family):
             drafter,
             prompt,
             k=4,
-            params=SamplingParams(),
+            params=Warp(),
             max_new_tokens=len(target_script) + 1,
             eos_ids={target_tok.eos_token_id},
         )
@@ -171,7 +171,7 @@ def tli_tables(target_tok, draft_tok, seed=0):
 def test_tli_sampling_follows_the_target_distribution():
     target_tok, draft_tok = make_tokenizer(), make_sentencepiece_tokenizer()
     target, draft = tli_tables(target_tok, draft_tok)
-    params = SamplingParams(temperature=0.8, top_k=3)
+    params = Warp(temperature=0.8, top_k=3)
     drafter = CrossVocabDrafter(
         draft, draft_tok, target_tok, target.vocab_size, {draft_tok.eos_token_id}, target_tok.eos_token_id
     )

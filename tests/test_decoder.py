@@ -15,18 +15,18 @@ from helpers import DELTA, TableModel, joint_two, tv, tv_bound
 from specdecode.backends.batch_model import PerSlotLM
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel, LoadedModel
-from specdecode.core import step as step_module
-from specdecode.core.batch_decoder import BatchDecoder, Sequence
-from specdecode.core.control import FixedK
-from specdecode.core.decoder import decode
-from specdecode.core.generation import generate
 from specdecode.core.metrics import Stats
-from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.sampling import Warp, warp
 from specdecode.core.verify import Verdict
+from specdecode.decoding import step as step_module
+from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
+from specdecode.decoding.control import FixedK
+from specdecode.decoding.decoder import decode
+from specdecode.decoding.generation import generate
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specdecode.errors import UserError
 
-GREEDY = SamplingParams()
+GREEDY = Warp()
 MAX_NEW = 20
 MIN_MARGIN = 1e-3  # top-1 minus top-2 logit; batched and one-token forwards differ by ~2e-5
 
@@ -196,7 +196,7 @@ def test_self_draft_accepts_everything_greedy_through_generate(target):
 def test_self_draft_sampling_accepts_everything(target, tables):
     # Table model: q and p are computed identically, so u * q(d) >= p(d) never holds: acceptance 1.
     table, _ = tables
-    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9, top_k=5)):
+    for params in (Warp(temperature=1.0), Warp(temperature=0.7, top_p=0.9, top_k=5)):
         drafter = DraftModelDrafter(TableModel(table.table), table.vocab_size)
         drafted = accepted = 0
         for seed in range(30):
@@ -209,9 +209,7 @@ def test_self_draft_sampling_accepts_everything(target, tables):
     drafter = DraftModelDrafter(FastLlama(target.model.hf), target.model.vocab_size)
     drafted = accepted = 0
     for prompt in make_prompts(count=6, seed=4):
-        _, steps = run(
-            target.model, drafter, prompt, k=4, params=SamplingParams(temperature=1.0), seed=len(prompt)
-        )
+        _, steps = run(target.model, drafter, prompt, k=4, params=Warp(temperature=1.0), seed=len(prompt))
         drafted += sum(s.drafted for s in steps)
         accepted += sum(s.accepted for s in steps)
     assert drafted >= 60 and accepted >= drafted - 1
@@ -332,7 +330,7 @@ def test_generate_rejects_bad_arguments(target):
 def test_target_cache_holds_every_committed_token_but_the_last(tables):
     target, draft_model = tables
     drafter = DraftModelDrafter(draft_model, target.vocab_size)
-    for params in (GREEDY, SamplingParams(temperature=1.0)):
+    for params in (GREEDY, Warp(temperature=1.0)):
         prompt = [1, 2, 3]
         context = list(prompt)
         g = torch.Generator().manual_seed(0)
@@ -430,8 +428,8 @@ RUNNERS = {"decode": first_two_counts, "batched": first_two_counts_batched}
 # covered by two settings: T 0.7 with top-k 3 through the draft-model drafter (q with probabilities),
 # T 1.0 with top-p 0.9 through the n-gram drafter (one-hot q).
 SETTINGS = [
-    ("draft", SamplingParams(temperature=0.7, top_k=3)),
-    ("ngram", SamplingParams(temperature=1.0, top_p=0.9)),
+    ("draft", Warp(temperature=0.7, top_k=3)),
+    ("ngram", Warp(temperature=1.0, top_p=0.9)),
 ]
 
 
@@ -479,7 +477,7 @@ def test_distribution_check_catches_a_wrong_residual(tables, monkeypatch, runner
 
     monkeypatch.setattr(step_module, "verify_rejection", residual_is_p)
     target, draft_model = tables
-    params = SamplingParams(temperature=1.0)
+    params = Warp(temperature=1.0)
     n = 3000  # bound 0.098 for 64 cells; this bug lands at TV ≈ 0.19
     counts, *_ = RUNNERS[runner](target, DraftModelDrafter(draft_model, 8), [2], params, n)
     assert tv(counts, joint_two(target.table, 2, params)) > tv_bound(64, n)
@@ -498,7 +496,7 @@ def test_sampled_tree_verification_in_the_batched_core_follows_the_target(tables
     """Token trees in the batched path (suffix and n-gram trees reach the server this way): an n-gram
     tree of two branches after `b`, sampled at T 1.0, gives the target's joint distribution."""
     target, _ = tables
-    params = SamplingParams(temperature=1.0)
+    params = Warp(temperature=1.0)
     b = 2
     c1, c2 = (int(t) for t in target.table[b].topk(2).indices)
     prompt = [b, c1, int(target.table[c1].argmax()), b, c2, int(target.table[c2].argmax()), b]

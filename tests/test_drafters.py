@@ -9,7 +9,7 @@ from helpers import TableModel
 from specdecode import drafters
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.drafters import DrafterContext, DraftModelDrafter, NgramDrafter, NoDrafter
 from specdecode.drafters.ngram import lookup
 from specdecode.errors import UserError
@@ -52,10 +52,10 @@ def test_lookup_respects_min_n_and_returns_empty_without_a_match():
 
 
 def test_ngram_drafter_proposes_one_hot_tokens():
-    proposal = NgramDrafter(max_n=3, min_n=2).propose([1, 2, 3, 4, 1, 2], 3, SamplingParams(), None)
+    proposal = NgramDrafter(max_n=3, min_n=2).propose([1, 2, 3, 4, 1, 2], 3, Warp(), None)
     assert proposal.tokens.dtype == torch.long and proposal.tokens.tolist() == [3, 4, 1]
     assert proposal.probs is None
-    assert NgramDrafter().propose([1, 2, 3], 3, SamplingParams(), None).tokens.numel() == 0
+    assert NgramDrafter().propose([1, 2, 3], 3, Warp(), None).tokens.numel() == 0
 
 
 @pytest.mark.parametrize("max_n,min_n", [(1, 2), (3, 0), (0, 0), (2, -1)])
@@ -65,7 +65,7 @@ def test_ngram_bad_range(max_n, min_n):
 
 
 def test_no_drafter_proposes_nothing():
-    assert NoDrafter().propose([1, 2, 3], 4, SamplingParams(), None).tokens.numel() == 0
+    assert NoDrafter().propose([1, 2, 3], 4, Warp(), None).tokens.numel() == 0
 
 
 # --- draft model drafter ----------------------------------------------------------------------------
@@ -78,9 +78,7 @@ def fresh_proposal(model_factory, vocab, context, k, params, seed):
 
 
 @pytest.mark.parametrize("backend", ["fast", "hf"])
-@pytest.mark.parametrize(
-    "params", [SamplingParams(), SamplingParams(temperature=0.9, top_k=20)], ids=["greedy", "sampled"]
-)
+@pytest.mark.parametrize("params", [Warp(), Warp(temperature=0.9, top_k=20)], ids=["greedy", "sampled"])
 def test_draft_model_cache_stays_in_sync(draft, backend, params):
     hf = draft.model.hf
     factory = (lambda: FastLlama(hf)) if backend == "fast" else (lambda: HFModel(hf))
@@ -122,7 +120,7 @@ def test_draft_model_cache_stays_in_sync(draft, backend, params):
 def test_draft_model_probabilities_are_the_warped_draft_distribution():
     table = TableModel.random(8, seed=3)
     drafter = DraftModelDrafter(table, 8)
-    params = SamplingParams(temperature=0.8, top_p=0.9)
+    params = Warp(temperature=0.8, top_p=0.9)
     drafter.begin([1])
     proposal = drafter.propose([1, 4], 3, params, torch.Generator().manual_seed(0))
     from specdecode.core.sampling import warp
@@ -137,7 +135,7 @@ def test_draft_vocabulary_is_aligned_to_the_target():
     small = TableModel.random(6, seed=4)
     drafter = DraftModelDrafter(small, 8)
     drafter.begin([0])
-    proposal = drafter.propose([0, 1], 5, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    proposal = drafter.propose([0, 1], 5, Warp(temperature=1.0), torch.Generator().manual_seed(0))
     assert proposal.probs.shape == (5, 8) and (proposal.probs[:, 6:] == 0).all()
     assert torch.allclose(proposal.probs.sum(-1), torch.ones(5))
     # Draft vocabulary larger (padding rows): ids the target does not have are never proposed.
@@ -146,7 +144,7 @@ def test_draft_vocabulary_is_aligned_to_the_target():
     table[:, 3] = 5.0
     drafter = DraftModelDrafter(TableModel(table), 8)
     drafter.begin([0])
-    assert drafter.propose([0, 1], 3, SamplingParams(), None).tokens.tolist() == [3, 3, 3]
+    assert drafter.propose([0, 1], 3, Warp(), None).tokens.tolist() == [3, 3, 3]
 
 
 # --- drafters.build ---------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from conftest import _save, make_llama
 from specdecode import cli, drafters
 from specdecode.backends import models
-from specdecode.core.config import Route, SpecConfig
+from specdecode.decoding.config import Route, SpecConfig
 from specdecode.drafters import parse
 from specdecode.drafters.eagle import KVCache, head_from_config, rope_tables
 from specdecode.errors import UserError

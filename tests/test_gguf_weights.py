@@ -18,8 +18,8 @@ from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
 from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends import gguf_weights, kernels, layer, models
-from specdecode.core.generation import generate
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
+from specdecode.decoding.generation import generate
 from specdecode.errors import UserError
 from train_fixtures import PROMPTS
 
@@ -423,14 +423,14 @@ def _eagle_steps(d, context: list[int], features):
     step and an EAGLE-2 tree, on one context."""
     d.begin(context)
     d.feed(features)
-    greedy = d.propose(context, 4, SamplingParams(), None).tokens.tolist()
+    greedy = d.propose(context, 4, Warp(), None).tokens.tolist()
     d._sync(context)
     rows = [d.root_logits, d.root.clone()]
     rows += d._rows([context[3], context[7]], d.root.expand(2, -1).clone())  # a two-row chain
     mask = torch.tensor([[True, False], [False, True]])  # two siblings under the root
     rows += d._rows([context[5], context[9]], d.root.expand(2, -1).clone(), [29, 29], mask)
     d.branches, d.nodes = 2, 5
-    tree = d.propose(context, 3, SamplingParams(), None)
+    tree = d.propose(context, 3, Warp(), None)
     return greedy, rows, tree.tokens.tolist(), tree.parents
 
 

@@ -1,6 +1,6 @@
-"""Grammar-constrained decoding under speculation (core/grammar.py, core/constraints.py): drafts are cut
-at their first forbidden token, each verified row is masked given its drafted prefix, and greedy output
-is token-identical to constrained greedy decoding without drafts, for chains and trees."""
+"""Grammar-constrained decoding under speculation (decoding/grammar.py, decoding/constraints.py): drafts
+are cut at their first forbidden token, each verified row is masked given its drafted prefix, and greedy
+output is token-identical to constrained greedy decoding without drafts, for chains and trees."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import jsonschema
 import pytest
 import torch
 
-from specdecode.core.constraints import Constraints
-from specdecode.core.decoder import decode
-from specdecode.core.grammar import Grammars
-from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Plan
+from specdecode.core.plan import Plan
+from specdecode.core.sampling import Warp
 from specdecode.core.tree import Tree
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.decoder import decode
+from specdecode.decoding.grammar import Grammars
 from specdecode.drafters import NgramDrafter, NoDrafter
 from specdecode.errors import UserError
 
@@ -68,7 +68,7 @@ def _decode(target, drafter, prompt, k, constraints, n=40):
         drafter,
         prompt,
         k=k,
-        params=SamplingParams(),
+        params=Warp(),
         max_new_tokens=n,
         eos_ids=target.eos_ids,
         constraints=constraints,

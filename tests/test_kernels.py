@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from conftest import make_llama
 from specdecode.backends import kernels
 from specdecode.backends.fast_llama import FastLlama
-from specdecode.core.decoder import decode
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
+from specdecode.decoding.decoder import decode
 from specdecode.drafters import NgramDrafter, NoDrafter
 
 
@@ -238,7 +238,7 @@ def _greedy(model, drafter, prompt, counts=None):
             drafter,
             prompt,
             k=4,
-            params=SamplingParams(),
+            params=Warp(),
             max_new_tokens=24,
             generator=torch.Generator().manual_seed(0),
         )

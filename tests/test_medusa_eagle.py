@@ -12,9 +12,9 @@ from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel
-from specdecode.core.control import AdaptiveK, CostModel
-from specdecode.core.generation import generate
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
+from specdecode.decoding.control import AdaptiveK, CostModel
+from specdecode.decoding.generation import generate
 from specdecode.drafters.eagle import EagleHead, KVCache, rope_tables
 from specdecode.errors import UserError
 from train_fixtures import PROMPTS, make_data
@@ -167,11 +167,11 @@ def test_sampling_proposals_carry_q_over_the_target_vocabulary(target, trained, 
     drafter.begin(ids)
     drafter.feed(target.model.forward(torch.tensor(ids[:-1]), num_logits=1, layers=drafter.layers).features)
     g = torch.Generator().manual_seed(0)
-    proposal = drafter.propose(ids, 3, SamplingParams(temperature=0.8), g)
+    proposal = drafter.propose(ids, 3, Warp(temperature=0.8), g)
     assert proposal.tokens.shape == (3,) and proposal.probs.shape == (3, target.model.vocab_size)
     torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(3))
     assert (proposal.probs[torch.arange(3), proposal.tokens] > 0).all()
-    result = generate(target, drafter, PROMPTS[1], k=3, max_new_tokens=20, params=SamplingParams(0.8), seed=1)
+    result = generate(target, drafter, PROMPTS[1], k=3, max_new_tokens=20, params=Warp(0.8), seed=1)
     assert result.stats.new_tokens == 20 or result.finish_reason == "stop"
 
 
@@ -230,15 +230,15 @@ def test_cost_measurement_times_real_proposals(target, trained, kind):
     """costs.measure runs the target at several sizes, then times the drafter on the context:
     hidden-state drafters must see the context's features (not the last timing forward's), and
     proposing again for the same context redrafts the same tokens instead of nothing."""
-    from specdecode.core.costs import measure
+    from specdecode.decoding.costs import measure
 
     drafter = drafters.build(f"{kind}:{trained[kind]}", drafters.DrafterContext(target))
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
     cost = measure(target.model, drafter, 3, ids, repeats=2)
     assert cost.draft_cost > 0 and set(cost.verify_ratio) == {1, 2, 3}
     g = torch.Generator().manual_seed(0)
-    first = drafter.propose(ids, 3, SamplingParams(), g).tokens.tolist()
-    assert len(first) == 3 and drafter.propose(ids, 3, SamplingParams(), g).tokens.tolist() == first
+    first = drafter.propose(ids, 3, Warp(), g).tokens.tolist()
+    assert len(first) == 3 and drafter.propose(ids, 3, Warp(), g).tokens.tolist() == first
 
 
 @pytest.mark.parametrize("cls", [FastLlama, HFModel])
@@ -346,7 +346,7 @@ def test_the_batched_core_cuts_ranked_trees_by_each_rows_adaptive_policy(target,
     """The server's core: rows with ranked trees (b=3, 12 nodes) and adaptive policies give their plain
     greedy output, and the costly policy's rows verify fewer nodes per step."""
     from specdecode.backends.batch_model import batched
-    from specdecode.core.batch_decoder import BatchDecoder, Sequence
+    from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
 
     ctx = drafters.DrafterContext(target)
     template = drafters.build(f"{kind}:b=3:nodes=12:{trained[kind]}", ctx)
@@ -357,7 +357,7 @@ def test_the_batched_core_cuts_ranked_trees_by_each_rows_adaptive_policy(target,
         cost = CostModel(0.01, {n: 1.0 + slope * max(n - 3, 0) for n in range(1, 13)})
         core = BatchDecoder(batched(target.model, len(prompts)))
         seqs = [
-            Sequence(p, template.fork(), AdaptiveK(cost, k_max=3, prior=[0.9]), SamplingParams(), None, 20)
+            Sequence(p, template.fork(), AdaptiveK(cost, k_max=3, prior=[0.9]), Warp(), None, 20)
             for p in prompts
         ]
         core.start(seqs)
@@ -376,7 +376,7 @@ def test_medusa_tree_takes_each_depths_candidates_from_its_head(target, trained)
     target.model.reset()
     drafter.begin(ids)
     drafter.feed(target.model.forward(torch.tensor(ids[:-1]), num_logits=1, layers=drafter.layers).features)
-    proposal = drafter.propose(ids, 3, SamplingParams(), None)
+    proposal = drafter.propose(ids, 3, Warp(), None)
     tree = proposal.tree()
     top = drafter.token_map[drafter.candidates(3).topk(3).indices]  # [3 depths, 3]
     assert proposal.probs is None and 3 < len(tree) <= 9 and tree.max_depth == 3
@@ -387,7 +387,7 @@ def test_medusa_tree_takes_each_depths_candidates_from_its_head(target, trained)
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_tree_drafters_sample(target, trained, kind):
     drafter = drafters.build(f"{kind}:b=2:nodes=6:{trained[kind]}", drafters.DrafterContext(target))
-    result = generate(target, drafter, PROMPTS[1], k=3, max_new_tokens=20, params=SamplingParams(0.8), seed=1)
+    result = generate(target, drafter, PROMPTS[1], k=3, max_new_tokens=20, params=Warp(0.8), seed=1)
     assert result.stats.new_tokens == 20 or result.finish_reason == "stop"
     assert result.stats.drafted > sum(result.stats.drafted_by_pos)  # trees were verified
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import make_llama
-from specdecode.core import memory
+from specdecode.decoding import memory
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -25,7 +25,7 @@ MEASURE = """
 import json, sys, torch
 from transformers import AutoModelForCausalLM
 from transformers import LlamaForCausalLM  # noqa: F401  (code, not memory under test)
-from specdecode.core import memory
+from specdecode.decoding import memory
 from specdecode.backends import models, quant
 from specdecode.backends.layer import Linear
 Linear(torch.zeros(8, 8))(torch.zeros(1, 8))  # initialise the oneDNN runtime before the baseline

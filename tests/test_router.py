@@ -1,10 +1,10 @@
 import pytest
 
 from specdecode import drafters
-from specdecode.core.config import Route, SpecConfig
-from specdecode.core.control import AdaptiveK, CostModel
-from specdecode.core.router import Router
-from specdecode.core.taskstate import TaskState
+from specdecode.decoding.config import Route, SpecConfig
+from specdecode.decoding.control import AdaptiveK, CostModel
+from specdecode.decoding.router import Router
+from specdecode.decoding.taskstate import TaskState
 from specdecode.drafters import parse
 
 CHEAP = CostModel(0.0, {k: 1.0 + 0.01 * k for k in range(1, 9)}, step_s=0.001)

@@ -1,11 +1,11 @@
-"""warp / sample / next_token and SamplingParams validation, on hand-built logits."""
+"""warp / sample / next_token and Warp validation, on hand-built logits."""
 
 import math
 
 import pytest
 import torch
 
-from specdecode.core.sampling import SamplingParams, argmax, next_token, sample, warp
+from specdecode.core.sampling import Warp, argmax, next_token, sample, warp
 from specdecode.errors import UserError
 
 
@@ -21,25 +21,25 @@ def assert_probs(actual, expected):
 
 def test_temperature_one_is_softmax_and_temperature_sharpens_or_flattens():
     logits = logits_of([1 / 7, 2 / 7, 4 / 7])
-    assert_probs(warp(logits, SamplingParams(temperature=1.0)), [1 / 7, 2 / 7, 4 / 7])
+    assert_probs(warp(logits, Warp(temperature=1.0)), [1 / 7, 2 / 7, 4 / 7])
     # T = 0.5 squares the odds: 1 : 4 : 16
-    assert_probs(warp(logits, SamplingParams(temperature=0.5)), [1 / 21, 4 / 21, 16 / 21])
+    assert_probs(warp(logits, Warp(temperature=0.5)), [1 / 21, 4 / 21, 16 / 21])
     # T = 2 takes their square roots: 1 : sqrt2 : 2
     s = 1 + math.sqrt(2) + 2
-    assert_probs(warp(logits, SamplingParams(temperature=2.0)), [1 / s, math.sqrt(2) / s, 2 / s])
+    assert_probs(warp(logits, Warp(temperature=2.0)), [1 / s, math.sqrt(2) / s, 2 / s])
 
 
 def test_top_k_keeps_exactly_the_k_largest_and_renormalises():
     logits = torch.tensor([1.0, 3.0, 2.0, 0.0, -1.0])
-    probs = warp(logits, SamplingParams(temperature=1.0, top_k=2))
+    probs = warp(logits, Warp(temperature=1.0, top_k=2))
     e3, e2 = math.exp(3), math.exp(2)
     assert_probs(probs, [0, e3 / (e3 + e2), e2 / (e3 + e2), 0, 0])
     assert (probs[[0, 3, 4]] == 0).all()  # exactly zero, not merely small
     # top_k >= V is no filter
-    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=5)), logits.softmax(-1).tolist())
-    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=50)), logits.softmax(-1).tolist())
+    assert_probs(warp(logits, Warp(temperature=1.0, top_k=5)), logits.softmax(-1).tolist())
+    assert_probs(warp(logits, Warp(temperature=1.0, top_k=50)), logits.softmax(-1).tolist())
     # top_k = 1 is greedy
-    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=1)), [0, 1, 0, 0, 0])
+    assert_probs(warp(logits, Warp(temperature=1.0, top_k=1)), [0, 1, 0, 0, 0])
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_top_k_keeps_exactly_the_k_largest_and_renormalises():
 )
 def test_top_p_keeps_the_smallest_prefix_covering_p(top_p, support):
     probs_in = [0.15, 0.5, 0.05, 0.3]  # unsorted on purpose: ranks are 1, 3, 0, 2
-    out = warp(logits_of(probs_in), SamplingParams(temperature=1.0, top_p=top_p))
+    out = warp(logits_of(probs_in), Warp(temperature=1.0, top_p=top_p))
     kept = sum(probs_in[i] for i in support)
     expected = [probs_in[i] / kept if i in support else 0.0 for i in range(4)]
     assert_probs(out, expected)
@@ -65,7 +65,7 @@ def test_top_p_applies_to_the_temperature_scaled_distribution():
     probs_in = [0.5, 0.3, 0.15, 0.05]
     scaled = [p**0.5 for p in probs_in]  # T = 2
     scaled = [s / sum(scaled) for s in scaled]  # 0.379, 0.294, 0.208, 0.120
-    out = warp(logits_of(probs_in), SamplingParams(temperature=2.0, top_p=0.7))
+    out = warp(logits_of(probs_in), Warp(temperature=2.0, top_p=0.7))
     kept = sum(scaled[:3])  # 0.379 + 0.294 = 0.673 < 0.7, so the third is kept too
     assert_probs(out, [scaled[0] / kept, scaled[1] / kept, scaled[2] / kept, 0.0])
 
@@ -74,14 +74,14 @@ def test_top_p_applies_after_top_k():
     # After top-k=2 the distribution is 4/7, 3/7: top-p 0.5 then keeps only the first token. (Applied
     # to the unfiltered distribution, top-p 0.5 would have kept two tokens.)
     logits = logits_of([0.4, 0.3, 0.2, 0.1])
-    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=2, top_p=0.5)), [1, 0, 0, 0])
-    assert_probs(warp(logits, SamplingParams(temperature=1.0, top_k=3, top_p=0.6)), [4 / 7, 3 / 7, 0, 0])
+    assert_probs(warp(logits, Warp(temperature=1.0, top_k=2, top_p=0.5)), [1, 0, 0, 0])
+    assert_probs(warp(logits, Warp(temperature=1.0, top_k=3, top_p=0.6)), [4 / 7, 3 / 7, 0, 0])
 
 
 def test_warp_works_row_wise_on_batches_and_returns_float32():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 3, 11, generator=g).to(torch.bfloat16)
-    params = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
+    params = Warp(temperature=0.8, top_k=5, top_p=0.9)
     out = warp(logits, params)
     assert out.shape == (2, 3, 11) and out.dtype == torch.float32
     for i in range(2):
@@ -93,24 +93,24 @@ def test_warp_works_row_wise_on_batches_and_returns_float32():
 
 def test_greedy_is_one_hot_argmax():
     logits = torch.tensor([[0.1, 2.0, -1.0, 1.9], [5.0, 0.0, 0.0, 4.0]])
-    out = warp(logits, SamplingParams())
+    out = warp(logits, Warp())
     assert out.dtype == torch.float32
     assert out.tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
-    assert SamplingParams().greedy and not SamplingParams(temperature=0.1).greedy
+    assert Warp().greedy and not Warp(temperature=0.1).greedy
     # filters do not change greedy
-    assert warp(logits, SamplingParams(top_k=2, top_p=0.1)).tolist() == out.tolist()
+    assert warp(logits, Warp(top_k=2, top_p=0.1)).tolist() == out.tolist()
 
 
 def test_next_token_greedy_is_argmax_and_does_not_touch_the_generator():
     g = torch.Generator().manual_seed(3)
     state = g.get_state()
-    assert next_token(torch.tensor([0.0, 3.0, 1.0]), SamplingParams(), g) == 1
+    assert next_token(torch.tensor([0.0, 3.0, 1.0]), Warp(), g) == 1
     assert torch.equal(g.get_state(), state)
 
 
 def test_next_token_sampling_is_seeded_and_stays_in_the_support():
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 1.5])
-    params = SamplingParams(temperature=1.0, top_k=3)
+    params = Warp(temperature=1.0, top_k=3)
     draws_a = [next_token(logits, params, torch.Generator().manual_seed(7)) for _ in range(3)]
     g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
     seq1 = [next_token(logits, params, g1) for _ in range(200)]
@@ -141,12 +141,12 @@ def test_sample_never_draws_zero_probability_tokens():
 )
 def test_sampling_params_reject_bad_values(kwargs, message):
     with pytest.raises(UserError, match=message):
-        SamplingParams(**kwargs)
+        Warp(**kwargs)
 
 
 def test_sampling_params_accept_boundary_values():
-    SamplingParams(temperature=0.0, top_p=1.0, top_k=0)
-    SamplingParams(temperature=100.0, top_p=1e-9, top_k=1)
+    Warp(temperature=0.0, top_p=1.0, top_k=0)
+    Warp(temperature=100.0, top_p=1e-9, top_k=1)
 
 
 def test_argmax_is_torchs_with_ties_infinities_and_any_shape():

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.drafters import parse
 from specdecode.server import build_engine, default_routes
 from specdecode.server.engine import Delta, Done, QueueFull, Request
@@ -30,7 +30,7 @@ def engine(target):
 
 
 def request() -> Request:
-    return Request([1, 2, 3, 4], SamplingParams(), max_tokens=64, ignore_eos=True)
+    return Request([1, 2, 3, 4], Warp(), max_tokens=64, ignore_eos=True)
 
 
 def test_a_burst_before_the_scheduler_runs_gets_max_batch_plus_queue_places(engine):

@@ -11,11 +11,11 @@ import torch
 
 from serving import MODEL, reference, scheduler_held, serve, until
 from specdecode import drafters
-from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.drafter import Drafter, Proposal
+from specdecode.core.sampling import Warp, warp
 from specdecode.core.tree import Tree
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
-from specdecode.drafters.base import Drafter, Proposal
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
@@ -68,10 +68,10 @@ def concurrently(*calls, engine=None):
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(1e-40),
-        SamplingParams(1e-38),
-        SamplingParams(0.7, top_p=1e-46),
-        SamplingParams(1e-45, top_k=3, top_p=1e-30),
+        Warp(1e-40),
+        Warp(1e-38),
+        Warp(0.7, top_p=1e-46),
+        Warp(1e-45, top_k=3, top_p=1e-30),
     ],
 )
 def test_warp_is_a_distribution_for_any_valid_parameters(params):

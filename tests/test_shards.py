@@ -6,15 +6,15 @@ import pytest
 from specdecode import corpora, shards
 from specdecode.corpora import Prompt
 from specdecode.errors import UserError
-from specdecode.shards import Sequence
+from specdecode.shards import Record
 from specdecode.train import data
 
 TARGET = {"name": "t", "fingerprint": "abc"}
 
 
-def seqs(n: int, top: int = 1000) -> list[Sequence]:
+def seqs(n: int, top: int = 1000) -> list[Record]:
     return [
-        Sequence(
+        Record(
             f"s{i}",
             "c",
             [i % top, (7 * i) % top],
@@ -27,14 +27,14 @@ def seqs(n: int, top: int = 1000) -> list[Sequence]:
 
 @pytest.mark.parametrize("top,dtype", [(49152, "uint16"), (2**16, "uint16"), (262144, "uint32")])
 def test_round_trip_and_id_width(tmp_path, top, dtype):
-    original = seqs(40, top) + [Sequence("max", "c", [top - 1], [top - 1, 0])]
+    original = seqs(40, top) + [Record("max", "c", [top - 1], [top - 1, 0])]
     shards.write(tmp_path / "shard-00000.sds", original, TARGET)
     assert shards.read(tmp_path / "shard-00000.sds", TARGET) == original
     assert f'"dtype": "{dtype}"' in (tmp_path / "shard-00000.sds").read_bytes()[:200].decode("latin-1")
 
 
 def test_uint16_shards_are_compact(tmp_path):
-    many = [Sequence(str(i), "c", list(range(100)), list(range(i, i + 300))) for i in range(100)]
+    many = [Record(str(i), "c", list(range(100)), list(range(i, i + 300))) for i in range(100)]
     shards.write(tmp_path / "s.sds", many, TARGET)
     assert (tmp_path / "s.sds").stat().st_size < 2 * 400 * 100 / 2  # under half of raw uint16
 

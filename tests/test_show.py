@@ -10,8 +10,8 @@ from specdecode.api import show
 from specdecode.api.outputs import CompletionOutput
 from specdecode.backends import models
 from specdecode.cli import main
-from specdecode.core.decoder import decode
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
+from specdecode.decoding.decoder import decode
 
 PROMPT = "the cat sat on the mat"
 TOKENS = 30
@@ -32,9 +32,7 @@ def loop_account(target, drafter, ids: list[int]) -> tuple[list[int], list[bool]
     """The decoding loop's own account: the completion's tokens and, per token, whether it was an
     accepted draft (a step commits its accepted drafts, then one target token)."""
     tokens, flags = [], []
-    for step in decode(
-        target.model, drafter, ids, k=3, params=SamplingParams(), max_new_tokens=TOKENS, eos_ids=set()
-    ):
+    for step in decode(target.model, drafter, ids, k=3, params=Warp(), max_new_tokens=TOKENS, eos_ids=set()):
         tokens += step.tokens
         flags += [i < step.accepted for i in range(len(step.tokens))]
     return tokens, flags

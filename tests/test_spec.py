@@ -4,7 +4,7 @@ where `none` means k = 0."""
 import pytest
 
 from specdecode import drafters
-from specdecode.core.config import Route, SpecConfig
+from specdecode.decoding.config import Route, SpecConfig
 from specdecode.drafters import KINDS, canonical, parse
 from specdecode.errors import UserError
 
@@ -129,7 +129,7 @@ def test_server_asks_the_spec_what_it_can_serve():
 
 def test_router_and_server_agree_that_none_runs_with_k_zero(target):
     """router.py ran `none` with k = 1 and the server with k = 0; both now ask the spec."""
-    from specdecode.core.router import Router
+    from specdecode.decoding.router import Router
 
     router = Router(
         target, SpecConfig(default=Route(parse("none"), 4, False)), drafters.DrafterContext(target)
@@ -139,7 +139,7 @@ def test_router_and_server_agree_that_none_runs_with_k_zero(target):
 
 
 def test_router_builds_one_drafter_per_canonical_spec(target):
-    from specdecode.core.router import Router
+    from specdecode.decoding.router import Router
 
     router = Router(
         target, SpecConfig(default=Route(parse("ngram"), 4, False)), drafters.DrafterContext(target)

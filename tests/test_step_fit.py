@@ -1,12 +1,12 @@
-"""core/step_fit.py: a serving engine's cost model from its step times (Theil-Sen line), and the k it
+"""decoding/step_fit.py: a serving engine's cost model from its step times (Theil-Sen line), and the k it
 leads to; monitor/step_costs.py: those step times read from vLLM's /metrics."""
 
 from pathlib import Path
 
 import pytest
 
-from specdecode.core.control import best_k
-from specdecode.core.step_fit import StepTiming, fit_step_costs
+from specdecode.decoding.control import best_k
+from specdecode.decoding.step_fit import StepTiming, fit_step_costs
 from specdecode.errors import UserError
 from specdecode.monitor import prom, step_costs
 

@@ -10,10 +10,10 @@ import torch
 
 from specdecode import drafters
 from specdecode.backends.batch_model import batched
-from specdecode.core.batch_decoder import BatchDecoder, Sequence
-from specdecode.core.control import AdaptiveK, CostModel, FixedK
-from specdecode.core.generation import generate
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
+from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
+from specdecode.decoding.control import AdaptiveK, CostModel, FixedK
+from specdecode.decoding.generation import generate
 from specdecode.drafters import parse
 from specdecode.drafters.suffix import SuffixCache, SuffixDrafter
 from specdecode.drafters.suffix_tree import SuffixTrie
@@ -109,7 +109,7 @@ def test_proposals_follow_the_most_frequent_continuation_above_min_prob():
     assert trie.grow(node, 6, 0.8, 2)[0] == []  # nothing is 80% likely
     drafter = SuffixDrafter(min_token_prob=0.1, branches=2)
     drafter.begin([1, 2, 3, 9] * 3 + [1, 2, 4, 9])
-    proposal = drafter.propose([1, 2, 3, 9] * 3 + [1, 2, 4, 9, 1, 2], 6, SamplingParams(), None)
+    proposal = drafter.propose([1, 2, 3, 9] * 3 + [1, 2, 4, 9, 1, 2], 6, Warp(), None)
     assert proposal.parents is not None and len(proposal.confidence) == len(proposal.tokens)
     # a tree ranks its nodes by their path probabilities: in (0, 1], never above a node's parent's
     conf = proposal.confidence
@@ -123,11 +123,9 @@ def test_speculation_length_follows_the_match_length():
     prompt = list(range(10, 40)) + [7, 8]
     drafter.begin(prompt)
     context = prompt + list(range(10, 13))  # matches 3 tokens of the prompt
-    proposal = drafter.propose(context, 16, SamplingParams(), None)
+    proposal = drafter.propose(context, 16, Warp(), None)
     assert proposal.tokens.tolist() == [13, 14, 15]  # at most max_spec_factor x 3
-    assert (
-        drafter.propose(context[:-2] + [99], 16, SamplingParams(), None).tokens.numel() == 0
-    )  # no match: nothing
+    assert drafter.propose(context[:-2] + [99], 16, Warp(), None).tokens.numel() == 0  # no match: nothing
 
 
 def test_a_one_token_match_proposes_nothing_unless_min_match_allows_it():
@@ -135,10 +133,10 @@ def test_a_one_token_match_proposes_nothing_unless_min_match_allows_it():
     context = prompt + [7, 3]  # only "3" recurs: a one-token pattern, continued by 9
     strict = SuffixDrafter(min_token_prob=0.0, tree=False)
     strict.begin(prompt)
-    assert strict.propose(context, 4, SamplingParams(), None).tokens.numel() == 0
+    assert strict.propose(context, 4, Warp(), None).tokens.numel() == 0
     loose = SuffixDrafter(min_token_prob=0.0, tree=False, min_match=1)
     loose.begin(prompt)
-    assert loose.propose(context, 4, SamplingParams(), None).tokens.tolist() == [9]
+    assert loose.propose(context, 4, Warp(), None).tokens.tolist() == [9]
     assert drafters.canonical("suffix:min_match=1") == "suffix:min_match=1"
     with pytest.raises(UserError, match="min_match"):
         drafters.parse("suffix:min_match=0")
@@ -148,10 +146,10 @@ def test_previous_responses_are_proposed_in_a_new_request():
     cache = SuffixCache(8)
     first = SuffixDrafter(cache, min_token_prob=0.0)
     first.begin([1, 2])
-    first.propose([1, 2, 50, 51, 52, 53, 54, 55], 4, SamplingParams(), None)  # its response so far
+    first.propose([1, 2, 50, 51, 52, 53, 54, 55], 4, Warp(), None)  # its response so far
     second = SuffixDrafter(cache, min_token_prob=0.0, tree=False)
     second.begin([3, 4, 50, 51])
-    assert second.propose([3, 4, 50, 51, 52], 4, SamplingParams(), None).tokens.tolist() == [53, 54, 55]
+    assert second.propose([3, 4, 50, 51, 52], 4, Warp(), None).tokens.tolist() == [53, 54, 55]
 
 
 def test_a_corpus_of_past_responses_is_proposed_from_and_shared_by_copies(target, tmp_path):
@@ -161,27 +159,27 @@ def test_a_corpus_of_past_responses_is_proposed_from_and_shared_by_copies(target
     import copy
 
     from specdecode import shards
-    from specdecode.core.config import Route
+    from specdecode.decoding.config import Route
     from specdecode.export.vllm import Context, export_route
 
     data = tmp_path / "data"
     data.mkdir()
     shards.write(
-        data / "shard-00000.sds", [shards.Sequence("a", "c", [1], [40, 41, 42, 43, 44, 45])], {"name": "t"}
+        data / "shard-00000.sds", [shards.Record("a", "c", [1], [40, 41, 42, 43, 44, 45])], {"name": "t"}
     )
     drafter = drafters.build(
         f"suffix:tree=0:max_tree_depth=8:min_token_prob=0.05:{data}", drafters.DrafterContext(target)
     )
     assert str(drafters.parse(f"suffix:tree=0:{data}")) == f"suffix:tree=0:{data}"
     drafter.begin([7, 8, 40, 41])
-    assert drafter.propose([7, 8, 40, 41, 42], 4, SamplingParams(), None).tokens.tolist() == [43, 44, 45]
+    assert drafter.propose([7, 8, 40, 41, 42], 4, Warp(), None).tokens.tolist() == [43, 44, 45]
     twin = copy.deepcopy(drafter)
     assert twin.corpus is drafter.corpus and twin.cache is not drafter.cache
     plain = drafters.build(
         "suffix:tree=0:max_tree_depth=8:min_token_prob=0.05", drafters.DrafterContext(target)
     )
     plain.begin([7, 8, 40, 41])
-    assert plain.propose([7, 8, 40, 41, 42], 4, SamplingParams(), None).tokens.numel() == 0
+    assert plain.propose([7, 8, 40, 41, 42], 4, Warp(), None).tokens.numel() == 0
     jsonl = tmp_path / "past.jsonl"
     jsonl.write_text('{"response_ids": [40, 41, 42, 43]}\n')
     assert drafters.build(f"suffix:{jsonl}", drafters.DrafterContext(target)).corpus.trie.nodes > 1
@@ -235,7 +233,7 @@ def test_batched_core_gives_single_request_output_with_suffix_trees(target, poli
         for p in prompts
     ]
     core = BatchDecoder(batched(target.model, 4))
-    seqs = [Sequence(p, template.fork(), policy(), SamplingParams(), None, 20) for p in prompts]
+    seqs = [Sequence(p, template.fork(), policy(), Warp(), None, 20) for p in prompts]
     core.start(seqs)
     drafted = 0
     while not all(s.finished for s in seqs):
@@ -260,7 +258,7 @@ def test_bad_suffix_specs_are_clear_errors(text, message):
 
 
 def test_canonical_form_and_vllm_export():
-    from specdecode.core.config import Route
+    from specdecode.decoding.config import Route
     from specdecode.export.vllm import Context, export_route
 
     assert drafters.canonical("suffix: min_token_prob=0.1 :max_spec_factor=2") == "suffix:max_spec_factor=2.0"
@@ -301,11 +299,11 @@ def test_bench_refuses_repeats_that_would_replay_answers_to_a_learning_drafter(c
 
 def test_bench_variants_of_a_learning_drafter_learn_only_from_their_own_answers(target):
     from specdecode.bench.suite import _runners, variants
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
 
     runs = variants([drafters.parse("suffix"), drafters.parse("ngram")], [4], adaptive=True)
     ids = target.tokenizer("def add(a, b):")["input_ids"]
-    fns, _, built = _runners(target, drafters.DrafterContext(target), runs, [], 4, ids, SamplingParams(), 0)
+    fns, _, built = _runners(target, drafters.DrafterContext(target), runs, [], 4, ids, Warp(), 0)
     before = built["suffix+adaptive"].cache.responses()
     fns["suffix"](ids, "code", 12)
     assert built["suffix"].cache.responses() != before  # the fixed-k row learned its answer ...

@@ -106,7 +106,7 @@ def test_warming_from_jsonl_and_a_train_data_directory(target, tmp_path):
     )
     d = tmp_path / "data"
     d.mkdir()
-    shards.write(d / "shard-00000.sds", [shards.Sequence("a", "c", [1], [9, 9, 8])], {"name": "t"})
+    shards.write(d / "shard-00000.sds", [shards.Record("a", "c", [1], [9, 9, 8])], {"name": "t"})
     assert read_responses(str(d), target.tokenizer) == [[9, 9, 8]]
     for content, message in [
         ("[5, 6]\n", ":1: expected an object, got list"),

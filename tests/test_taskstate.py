@@ -3,7 +3,7 @@ import logging
 import pytest
 
 from specdecode.core.metrics import Stats
-from specdecode.core.taskstate import TaskState
+from specdecode.decoding.taskstate import TaskState
 from specdecode.errors import UserError
 
 

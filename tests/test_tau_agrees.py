@@ -10,7 +10,7 @@ import httpx
 from serving import MODEL, serve
 from specdecode.bench import suite as bench
 from specdecode.cli import main
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.corpora import Prompt
 from specdecode.drafters import parse
 from specdecode.monitor import prom
@@ -68,7 +68,7 @@ def test_tau_from_generate_bench_and_metrics_agree(capsys, tmp_path, tiny_model_
         dtypes=["fp32"],
         device=None,
         ks=[K],
-        params=SamplingParams(),
+        params=Warp(),
         max_new_tokens=MAX_NEW,
         log=lambda message: None,
     )

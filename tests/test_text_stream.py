@@ -1,4 +1,4 @@
-"""The completion text as tokens arrive (core/text.py): the incremental detokenizer gives the full
+"""The completion text as tokens arrive (decoding/text.py): the incremental detokenizer gives the full
 decode at every step while decoding only a window, for byte-level and SentencePiece-style
 tokenizers, through incomplete multi-byte characters, special tokens and a decoder that rewrites
 text across token boundaries."""
@@ -11,7 +11,7 @@ import re
 import pytest
 
 from conftest import make_sentencepiece_tokenizer, make_tokenizer
-from specdecode.core.text import WINDOW, Detokenizer, TextStream
+from specdecode.decoding.text import WINDOW, Detokenizer, TextStream
 
 TEXT = "Ünïcödé 😀 数学 — it's fine , isn't it ? Yes ! x = {1, 2} ... done."
 

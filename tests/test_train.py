@@ -20,7 +20,7 @@ def data_dir(target, tmp_path_factory):
 
 def test_data_holds_the_targets_greedy_responses(target, data_dir):
     from specdecode import drafters
-    from specdecode.core.generation import generate
+    from specdecode.decoding.generation import generate
 
     seqs = data.read(data_dir)
     assert len(seqs) == 8 and all(s.source == "target" and s.response_ids for s in seqs)
@@ -101,7 +101,7 @@ def test_collect_prompts_excludes_and_interleaves(tmp_path):
 
 
 def test_token_map_keeps_the_most_frequent_response_tokens():
-    seqs = [data.Sequence("a", "c", [9, 9, 9], [5, 5, 7, 3]), data.Sequence("b", "c", [9], [5, 7])]
+    seqs = [data.Record("a", "c", [9, 9, 9], [5, 5, 7, 3]), data.Record("b", "c", [9], [5, 7])]
     assert data.token_map(seqs, 12, 3).tolist() == [3, 5, 7]
     assert data.token_map(seqs, 12, 5).tolist() == [0, 3, 5, 7, 9]  # then prompt tokens, then low ids
 
@@ -399,8 +399,8 @@ def test_a_lora_adapter_starts_as_the_base_and_merges_to_the_same_linear():
 
 def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tmp_path):
     from specdecode import drafters
-    from specdecode.core.generation import generate
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
+    from specdecode.decoding.generation import generate
 
     fresh = TRAINERS["draft"](target, data_dir, tmp_path / "base", steps=6)
     result = draft.train(
@@ -432,7 +432,7 @@ def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tm
     assert config["train"]["lora"] == 2 and config["train"]["init"] == str(tmp_path / "base")
     drafter = drafters.build(f"draft:{tmp_path / 'tuned'}", drafters.DrafterContext(target))
     drafter.begin([1, 2, 3])
-    assert drafter.propose([1, 2, 3], 3, SamplingParams(), torch.Generator()).tokens.numel() == 3
+    assert drafter.propose([1, 2, 3], 3, Warp(), torch.Generator()).tokens.numel() == 3
     ctx = drafters.DrafterContext(target)
     for prompt in data.read(data_dir)[:2]:  # fp32 greedy: the fine-tuned draft changes nothing in the output
         plain = generate(target, drafters.build("none", ctx), prompt.prompt_ids, max_new_tokens=24)

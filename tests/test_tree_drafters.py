@@ -10,8 +10,8 @@ import pytest
 from specdecode import drafters
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel
-from specdecode.core.generation import generate
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
+from specdecode.decoding.generation import generate
 from specdecode.drafters import (
     DrafterContext,
     DraftModelDrafter,
@@ -40,11 +40,11 @@ def test_lookup_all_ranks_longer_matches_then_recent_ones():
 
 def test_ngram_tree_proposal():
     proposal = NgramDrafter(max_n=1, min_n=1, branches=3).propose(
-        [4, 1, 2, 4, 3, 4, 1, 5, 4], 2, SamplingParams(), None
+        [4, 1, 2, 4, 3, 4, 1, 5, 4], 2, Warp(), None
     )
     assert proposal.tokens.tolist() == [1, 5, 3, 4, 2] and proposal.parents == [-1, 0, -1, 2, 0]
     assert proposal.probs is None
-    single = NgramDrafter(max_n=1, min_n=1, branches=3).propose([4, 1, 4], 2, SamplingParams(), None)
+    single = NgramDrafter(max_n=1, min_n=1, branches=3).propose([4, 1, 4], 2, Warp(), None)
     assert single.parents is None and single.tokens.tolist() == [1, 4]  # one continuation: a chain
 
 

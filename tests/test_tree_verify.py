@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from helpers import TableModel, joint_two, tv, tv_bound
-from specdecode.core import step as step_module
-from specdecode.core.decoder import decode
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.core.tree import Tree
 from specdecode.core.tree_verify import TreeVerdict, verify_tree_greedy, verify_tree_rejection
+from specdecode.decoding import step as step_module
+from specdecode.decoding.decoder import decode
 from specdecode.drafters import DraftTreeDrafter, NgramDrafter
 
 V = 8
@@ -127,8 +127,8 @@ def ngram_tree_prompt(table):
 
 
 SETTINGS = [
-    ("ngram-tree", SamplingParams(temperature=1.0, top_p=0.9)),  # deterministic siblings, one-hot q
-    ("draft-tree", SamplingParams(temperature=0.8, top_k=4)),  # siblings sampled without replacement
+    ("ngram-tree", Warp(temperature=1.0, top_p=0.9)),  # deterministic siblings, one-hot q
+    ("draft-tree", Warp(temperature=0.8, top_k=4)),  # siblings sampled without replacement
 ]
 
 
@@ -151,7 +151,7 @@ def test_distribution_check_catches_a_wrong_tree_verifier(tables, monkeypatch):
     """Negative control through the same loop: siblings tested without the residual update."""
     monkeypatch.setattr(step_module, "verify_tree_rejection", no_residual_update)
     target, _ = tables
-    params = SamplingParams(temperature=1.0)
+    params = Warp(temperature=1.0)
     n = 3000
     drafter, prompt = NgramDrafter(max_n=1, min_n=1, branches=2), ngram_tree_prompt(target.table)
     counts, *_ = first_two_counts(target, drafter, prompt, params, n)
@@ -173,7 +173,7 @@ def test_distribution_check_catches_siblings_without_the_renormalised_q(tables, 
         return replace(proposal, probs=probs)
 
     monkeypatch.setattr(drafter, "propose", plain_q)
-    params = SamplingParams(temperature=0.8, top_k=4)
+    params = Warp(temperature=0.8, top_k=4)
     counts, *_ = first_two_counts(target, drafter, [2], params, N)
     exact = joint_two(target.table, 2, params)
     assert tv(counts, exact) > tv_bound(int((exact > 0).sum()), N)
@@ -183,7 +183,7 @@ def test_self_draft_tree_sampling_accepts_the_whole_depth(tables):
     """Draft = target, siblings sampled from q = p: the first sibling is always accepted (u·q < p)."""
     table, _ = tables
     drafter = DraftTreeDrafter(TableModel(table.table), V, branches=3)
-    params = SamplingParams(temperature=1.0)
+    params = Warp(temperature=1.0)
     g = torch.Generator().manual_seed(0)
     for _ in range(50):
         steps = list(decode(table, drafter, [1, 2], k=3, params=params, max_new_tokens=12, generator=g))

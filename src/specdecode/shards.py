@@ -46,7 +46,9 @@ def _unpack(raw: bytes, dtype: str) -> list[int]:
 
 
 @dataclass
-class Sequence:
+class Record:
+    """One training sequence of a shard: a prompt's ids and the response `source` gave to it."""
+
     id: str
     category: str
     prompt_ids: list[int]
@@ -58,7 +60,7 @@ class Sequence:
         return self.prompt_ids + self.response_ids
 
 
-def write(path: str | Path, seqs: list[Sequence], target: dict) -> None:
+def write(path: str | Path, seqs: list[Record], target: dict) -> None:
     """seqs -> a new shard file at path (atomic; refuses to replace an existing file)."""
     path = Path(path)
     if path.exists():
@@ -85,7 +87,7 @@ def write(path: str | Path, seqs: list[Sequence], target: dict) -> None:
     os.replace(tmp, path)
 
 
-def read(path: str | Path, target: dict | None = None) -> list[Sequence]:
+def read(path: str | Path, target: dict | None = None) -> list[Record]:
     """A shard file -> its sequences; target: the expected `checkpoint.describe` of the target (None:
     any)."""
     path = Path(path)
@@ -111,7 +113,7 @@ def read(path: str | Path, target: dict | None = None) -> list[Sequence]:
     seqs, at = [], 0
     for sid, category, source, n_prompt, n_response in header["sequences"]:
         seqs.append(
-            Sequence(
+            Record(
                 sid,
                 category,
                 ids[at : at + n_prompt],
@@ -144,5 +146,5 @@ def next_path(directory: str | Path, tag: str = "") -> Path:
     return Path(directory) / f"shard-{n:05d}{'-' + tag if tag else ''}{SUFFIX}"
 
 
-def read_all(directory: str | Path, target: dict | None = None) -> list[Sequence]:
+def read_all(directory: str | Path, target: dict | None = None) -> list[Record]:
     return [s for p in paths(directory) for s in read(p, target)]

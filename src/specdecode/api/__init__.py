@@ -5,7 +5,7 @@
     out = llm.generate(["The capital of France is"], specdecode.SamplingParams(temperature=0, max_tokens=8))
     out[0].text, out[0].metrics.acceptance_rate
 
-llm.py          LLM: generate (many prompts batched through core/batch_decoder.py), chat, stream
+llm.py          LLM: generate (many prompts batched through decoding/batch_decoder.py), chat, stream
 params.py       SamplingParams (vLLM's names)
 structured.py   StructuredOutputs: JSON schema, JSON object, regex or Lark grammar (vLLM's names)
 outputs.py      RequestOutput / CompletionOutput (vLLM's shape) with per-request speculation stats

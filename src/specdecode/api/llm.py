@@ -1,10 +1,10 @@
 """LLM: a target with a drafter, loaded once; generate, chat and stream through the batched core.
 
-Many prompts go through core/batch_decoder.py, the core the server runs: each request gets a KV
+Many prompts go through decoding/batch_decoder.py, the core the server runs: each request gets a KV
 slot, its own copy of the drafter and its own seeded generator, and joins or leaves between steps;
 a model without a batched forward (transformers' own) runs its slots in turn inside the same core.
 Requests with per-task routing or adaptive k (config, adaptive, routing="auto", state, task) go one
-at a time through core/router.py, which chooses each one's drafter and k from measured costs.
+at a time through decoding/router.py, which chooses each one's drafter and k from measured costs.
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from specdecode.api.params import SamplingParams
 from specdecode.api.structured import Compiler
 from specdecode.backends import models
 from specdecode.backends.batch_model import batched
-from specdecode.core import batch_decoder
-from specdecode.core.batch_decoder import BatchDecoder
-from specdecode.core.constraints import Constraints
-from specdecode.core.control import FixedK
-from specdecode.core.generation import check_k, encode_prompt
 from specdecode.core.metrics import Stats
-from specdecode.core.prefix_cache import PrefixCache
-from specdecode.core.step import Step
-from specdecode.core.text import TextStream
+from specdecode.decoding import batch_decoder
+from specdecode.decoding.batch_decoder import BatchDecoder
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.control import FixedK
+from specdecode.decoding.generation import check_k, encode_prompt
+from specdecode.decoding.prefix_cache import PrefixCache
+from specdecode.decoding.step import Step
+from specdecode.decoding.text import TextStream
 from specdecode.drafters.spec import Spec
 from specdecode.errors import UserError
 
@@ -139,7 +139,7 @@ class LLM:
         self.dtype = dtype
         self.routing = {"config": config, "auto": routing == "auto", "state": state}
         if config:
-            from specdecode.core.config import load_config
+            from specdecode.decoding.config import load_config
 
             load_config(config)  # a bad config fails before the model loads
         self.target = models.load(model, dtype, device, backend, target_quant)
@@ -283,7 +283,7 @@ class LLM:
         )
 
     def _constraints(self, ids: list[int], params: SamplingParams) -> Constraints | None:
-        """A request's structured outputs as a grammar on the target's distribution (core/constraints.py)."""
+        """A request's structured outputs as a grammar on the target's distribution (decoding.constraints)."""
         fmt = params.structured_outputs
         return None if fmt is None else Constraints(ids, grammar=self._formats.matcher(fmt))
 
@@ -319,9 +319,9 @@ class LLM:
     # -- routed requests (config, adaptive k, learned routing): one at a time ----------------------
 
     def _make_router(self):
-        from specdecode.core.config import Route, SpecConfig, load_config
-        from specdecode.core.router import Router
-        from specdecode.core.taskstate import TaskState
+        from specdecode.decoding.config import Route, SpecConfig, load_config
+        from specdecode.decoding.router import Router
+        from specdecode.decoding.taskstate import TaskState
 
         r = self.routing
         config = (

@@ -1,8 +1,8 @@
 """SamplingParams: what one request asks for, named as vLLM names it (vllm.SamplingParams) where the
 meaning is the same: temperature, top_p, top_k, max_tokens, stop, seed, ignore_eos, structured_outputs.
 
-The decoder sees only the distribution part (core.sampling.SamplingParams: the same warp is applied
-to p and q); the rest bounds and cuts the completion.
+The decoder sees only the distribution part (core.sampling.Warp: the same warp is applied to p
+and q); the rest bounds and cuts the completion.
 """
 
 from __future__ import annotations
@@ -47,6 +47,6 @@ class SamplingParams:
                 )
         self.distribution()  # temperature, top_p, top_k checked once, by the core's own rules
 
-    def distribution(self) -> sampling.SamplingParams:
+    def distribution(self) -> sampling.Warp:
         """The part the decoder uses: temperature, top-k and top-p."""
-        return sampling.SamplingParams(self.temperature, self.top_k, self.top_p)
+        return sampling.Warp(self.temperature, self.top_k, self.top_p)

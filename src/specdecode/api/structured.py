@@ -4,7 +4,7 @@
 
 `from_response_format` reads the same object a client sends to the server as `response_format`
 (docs/server.md), so `specdecode audit --response-format` and the server take one shape. Compiling
-needs the target's tokenizer (core/grammar.py): `Compiler` does it once per target and format.
+needs the target's tokenizer (decoding/grammar.py): `Compiler` does it once per target and format.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from specdecode.errors import UserError
 
 if TYPE_CHECKING:
-    from specdecode.core.grammar import Grammar, Grammars
+    from specdecode.decoding.grammar import Grammar, Grammars
 
 
 # response_format types -> the field each one needs beside "type"
@@ -123,7 +123,7 @@ class Compiler:
 
     def matcher(self, fmt: StructuredOutputs) -> Grammar:
         if self.grammars is None:
-            from specdecode.core.grammar import Grammars  # llguidance loads only when a request needs it
+            from specdecode.decoding.grammar import Grammars  # llguidance loads only when a request needs it
 
             self.grammars = Grammars(self.tokenizer, self.vocab_size, self.stop_ids)
         key = fmt.key()

@@ -124,7 +124,7 @@ class ServerSource:
 
 
 @dataclass
-class Row:
+class ReportRow:
     drafter: str
     temperature: float
     drafted: int  # draft tokens over the speculative samples (0: the drafter was never tested)
@@ -145,7 +145,7 @@ class Report:
     seed: int
     alpha: float
     response_format: dict | None = None  # both ways constrained by this format (None: free text)
-    rows: list[Row] = field(default_factory=list)
+    rows: list[ReportRow] = field(default_factory=list)
     greedy: dict[str, list[bool]] = field(default_factory=dict)  # drafter -> per prompt: identical to plain
 
     @property
@@ -189,7 +189,7 @@ def audit(
         for drafter in drafters:
             drawn = [source.draw(drafter, p, t, spec_seeds, tokens, chat, fmt) for p in prompts]
             c = stats.compare(plain, [d.outcomes for d in drawn], source.view(tokens), permutations, rng)
-            row = Row(
+            row = ReportRow(
                 drafter,
                 t,
                 sum(d.drafted for d in drawn),

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 
 from specdecode import drafters
 from specdecode.backends.models import LoadedModel
-from specdecode.core import control, costs
-from specdecode.core.config import Route, SpecConfig
-from specdecode.core.control import CostModel, FixedK
-from specdecode.core.generation import encode_prompt, generate
+from specdecode.core.drafter import Drafter
 from specdecode.core.metrics import Stats
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.core.tasks import classify
 from specdecode.corpora import Prompt
-from specdecode.drafters.base import Drafter
+from specdecode.decoding import control, costs
+from specdecode.decoding.config import Route, SpecConfig
+from specdecode.decoding.control import CostModel, FixedK
+from specdecode.decoding.generation import encode_prompt, generate
 
 MARGIN = 0.03  # a drafter must be predicted at least 3% faster than plain decoding to be recommended
 PLAIN = drafters.parse("none")  # plain decoding (its report label: str(PLAIN))
@@ -78,7 +78,7 @@ def advise(
     cost = {s: costs.measure(target.model, built[s], k_max, probe) for s in specs}
     bench = _Bench(target, drafters.build(PLAIN, ctx), specs, built, cost, k_max, max_new_tokens)
     for d in [bench.plain, *built.values()]:  # warm-up: first calls pay one-off kernel set-up
-        generate(target, d, probe, k=k_max, params=SamplingParams(), max_new_tokens=8)
+        generate(target, d, probe, k=k_max, params=Warp(), max_new_tokens=8)
     report: dict = {"tasks": {}, "costs": {str(s): c.to_json() for s, c in cost.items()}}
     routing: dict[str, Route] = {}
     for task, ids_list in sorted(by_task.items()):
@@ -112,7 +112,7 @@ class _Bench:
     def against_plain(self, ks: dict[drafters.Spec, int], ids_list) -> dict[drafters.Spec, Stats]:
         """Each drafter at its k and plain decoding, greedy, in the same rounds."""
         runs = {PLAIN: (self.plain, PLAIN.k(self.k_max)), **{s: (self.built[s], k) for s, k in ks.items()}}
-        return _measure(self.target, runs, ids_list, SamplingParams(), self.max_new_tokens)
+        return _measure(self.target, runs, ids_list, Warp(), self.max_new_tokens)
 
 
 def _advise_task(bench: _Bench, ids_list, temperatures: tuple[float, ...]) -> tuple[Route, dict]:
@@ -145,9 +145,7 @@ def _advise_task(bench: _Bench, ids_list, temperatures: tuple[float, ...]) -> tu
         advice = f"{pick['drafter']} k={pick['best_k']}"
         for t in temperatures:
             runs = {chosen: (bench.built[chosen], route.k)}
-            stats = _measure(
-                bench.target, runs, ids_list, SamplingParams(temperature=t), bench.max_new_tokens
-            )
+            stats = _measure(bench.target, runs, ids_list, Warp(temperature=t), bench.max_new_tokens)
             sweep[str(t)] = round(stats[chosen].acceptance_rate, 4)
     else:
         route, advice = Route(PLAIN, 1, False), "do not speculate"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from specdecode.core.generation import Result
 from specdecode.core.metrics import Stats
+from specdecode.decoding.generation import Result
 from specdecode.errors import UserError
 
 

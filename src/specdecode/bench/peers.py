@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from specdecode.core.generation import Result
 from specdecode.core.metrics import Stats
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
+from specdecode.decoding.generation import Result
 from specdecode.errors import UserError
 
-Peer = Callable[[list[int], int, SamplingParams, int], Result]  # (ids, max_new_tokens, params, seed)
+Peer = Callable[[list[int], int, Warp, int], Result]  # (ids, max_new_tokens, params, seed)
 
 
 class _FirstTokenClock:
@@ -54,7 +54,7 @@ def _runner(loaded, **generate_kwargs) -> Peer:
         )
     eos = sorted(loaded.eos_ids)
 
-    def run(ids: list[int], max_new_tokens: int, params: SamplingParams, seed: int) -> Result:
+    def run(ids: list[int], max_new_tokens: int, params: Warp, seed: int) -> Result:
         sampling = (
             {"do_sample": False}
             if params.temperature == 0

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from specdecode import drafters as drafter_registry
 from specdecode.backends import models
 from specdecode.bench import peers
-from specdecode.core import memory
-from specdecode.core.control import CostModel, FixedK, speedup
-from specdecode.core.generation import Result, encode_prompt, generate
 from specdecode.core.metrics import Stats
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.corpora import Prompt
+from specdecode.decoding import memory
+from specdecode.decoding.control import CostModel, FixedK, speedup
+from specdecode.decoding.generation import Result, encode_prompt, generate
 from specdecode.drafters import Spec
 
 LOAD_LIMIT = 0.3  # cores busy with other work during a run before it is repeated
@@ -107,7 +107,7 @@ def run(
     drafter_quant: str = "none",
     ks: list[int],
     k_max: int = 12,
-    params: SamplingParams,
+    params: Warp,
     max_new_tokens: int,
     repeats: int = 1,
     seed: int = 0,
@@ -210,13 +210,13 @@ class _AdaptiveFactory:
     """A fresh AdaptiveK per request, seeded with the category's acceptance history."""
 
     def __init__(self, cost, k_max, label):
-        from specdecode.core.taskstate import TaskState
+        from specdecode.decoding.taskstate import TaskState
 
         self.cost, self.k_max, self.label, self.state = cost, k_max, label, TaskState()
 
     def __call__(self, category: str):
-        from specdecode.core.control import adaptive_k
-        from specdecode.core.costs import CostTracker
+        from specdecode.decoding.control import adaptive_k
+        from specdecode.decoding.costs import CostTracker
 
         rec = self.state.get(category, self.label)
         return adaptive_k(self.cost, self.k_max, rec.profile if rec else None, tracker=CostTracker(self.cost))
@@ -233,7 +233,7 @@ def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) ->
             per_cat: dict[str, Stats] = defaultdict(Stats)
             for p in prompts:
                 st = fns[label](
-                    ids[p.id], p.category, max_new_tokens, learn=False, sampling=SamplingParams(temperature=t)
+                    ids[p.id], p.category, max_new_tokens, learn=False, sampling=Warp(temperature=t)
                 ).stats
                 per_cat[p.category] = per_cat[p.category].merge(st)
                 per_cat["ALL"] = per_cat["ALL"].merge(st)
@@ -243,7 +243,7 @@ def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) ->
 
 def _costs(loaded, built, k_max, ids, params) -> dict:
     """drafter spec -> its measured cost model (c, r(1..k_max)) on this target and dtype."""
-    from specdecode.core.costs import measure
+    from specdecode.decoding.costs import measure
 
     return {s: measure(loaded.model, d, k_max, ids, params) for s, d in built.items() if s.speculates}
 

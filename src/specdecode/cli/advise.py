@@ -14,8 +14,8 @@ from specdecode.cli.options import model_args, setup
 from specdecode.errors import UserError
 
 if TYPE_CHECKING:
-    from specdecode.core.control import CostModel
-    from specdecode.core.step_fit import StepFit, StepTiming
+    from specdecode.decoding.control import CostModel
+    from specdecode.decoding.step_fit import StepFit, StepTiming
 
 
 def add_parser(sub) -> None:
@@ -71,8 +71,8 @@ def cmd_advise(args) -> None:
     from specdecode import drafters
     from specdecode.backends import models
     from specdecode.bench import advise
-    from specdecode.core.generation import check_k
     from specdecode.corpora import load_prompts
+    from specdecode.decoding.generation import check_k
 
     args.k_max = 12 if args.k_max is None else args.k_max
     check_k(args.k_max)
@@ -112,8 +112,8 @@ def cmd_advise(args) -> None:
 def _advise_from_metrics(args) -> None:
     """Counters over a window -> acceptance profile; our target's measured batch costs -> k per batch size."""
     from specdecode import drafters
-    from specdecode.core.config import Route, SpecConfig
-    from specdecode.core.generation import check_k
+    from specdecode.decoding.config import Route, SpecConfig
+    from specdecode.decoding.generation import check_k
     from specdecode.monitor import advice
 
     k_max = check_k(6 if args.k_max is None else args.k_max)
@@ -186,7 +186,7 @@ class _Costs:
 def _fitted_costs(sources: list[str]) -> _Costs:
     """The serving engine's own costs from its step times at two or more k, at batch size 1 (the
     runs' traffic)."""
-    from specdecode.core.step_fit import fit_step_costs
+    from specdecode.decoding.step_fit import fit_step_costs
     from specdecode.monitor import step_costs
 
     timings = [step_costs.read(s) for s in sources]
@@ -201,8 +201,8 @@ def _engine_costs(args, spec, k_max: int) -> _Costs:
     from specdecode import drafters
     from specdecode.backends import models
     from specdecode.backends.batch_model import batched
-    from specdecode.core import costs
-    from specdecode.core.generation import encode_prompt
+    from specdecode.decoding import costs
+    from specdecode.decoding.generation import encode_prompt
     from specdecode.server import load
 
     setup(args)

@@ -12,7 +12,7 @@ from specdecode.errors import UserError
 
 if TYPE_CHECKING:
     from specdecode.bench.peers import PeerSpec
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
     from specdecode.drafters import Spec
 
 
@@ -57,7 +57,7 @@ def add_parser(sub) -> None:
 class _Runs:
     """What the options ask bench to run, parsed and checked before anything loads."""
 
-    params: SamplingParams
+    params: Warp
     specs: list[Spec]
     ks: list[int]
     peers: list[PeerSpec]
@@ -68,7 +68,7 @@ class _Runs:
 def _runs(args) -> _Runs:
     from specdecode.backends.models import QUANTIZED
     from specdecode.bench import peers
-    from specdecode.core.generation import check_k
+    from specdecode.decoding.generation import check_k
     from specdecode.drafters import parse
 
     params = sampling(args)

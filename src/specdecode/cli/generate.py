@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
 def cmd_generate(args) -> None:
     from specdecode import drafters
     from specdecode.api import LLM, SamplingParams, show
-    from specdecode.core.generation import check_k
+    from specdecode.decoding.generation import check_k
 
     check_k(args.k)
     sampling(args)

@@ -1,4 +1,4 @@
-"""`specdecode memory`: the memory of target + drafter + KV cache, estimated (core/memory.py) or
+"""`specdecode memory`: the memory of target + drafter + KV cache, estimated (decoding/memory.py) or
 measured."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_memory(args) -> None:
-    from specdecode.core import memory
+    from specdecode.decoding import memory
     from specdecode.drafters import parse
 
     if args.context < 1 or args.batch < 1 or args.k < 0:

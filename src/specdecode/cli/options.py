@@ -134,11 +134,11 @@ def setup(args) -> None:
 
 
 def sampling(args):
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
 
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    return SamplingParams(args.temperature, args.top_k, args.top_p)
+    return Warp(args.temperature, args.top_k, args.top_p)
 
 
 def resolve_dtype(args) -> None:

@@ -68,7 +68,7 @@ def _step_args(s: argparse.ArgumentParser) -> None:
         help="the most prompt tokens prefilled in a step beside running requests' decoding (fewer "
         "while that keeps the step within 1.75 of their plain decode steps, measured live; deeper into a "
         "long prompt fewer: each token's attention over the context counts too; a step in which "
-        "nothing decodes prefills 8x as much; default: 128, core/prefill.py's PREFILL_BUDGET)",
+        "nothing decodes prefills 8x as much; default: 128, decoding/prefill.py's PREFILL_BUDGET)",
     )
     s.add_argument(
         "--kv-reserve",
@@ -115,7 +115,7 @@ def _suffix_args(s: argparse.ArgumentParser) -> None:
 
 def cmd_serve(args) -> None:
     from specdecode.backends import models, quant
-    from specdecode.core.config import load_config
+    from specdecode.decoding.config import load_config
 
     spec = _check(args)
     try:
@@ -123,7 +123,7 @@ def cmd_serve(args) -> None:
 
         from specdecode.drafters.suffix import read_responses
         from specdecode.server import default_routes
-        from specdecode.server.app import ServeOptions, create_app
+        from specdecode.server.app import AppOptions, create_app
         from specdecode.server.lifecycle import Server
         from specdecode.server.suffix_cache import SuffixCaches
     except ImportError as e:
@@ -142,7 +142,7 @@ def cmd_serve(args) -> None:
         Path(target.name).name if target.name != models.DEFAULT_TARGET else target.name
     )
     engine = _engine(args, target, routes, name, caches)
-    opts = ServeOptions(
+    opts = AppOptions(
         name,
         routes,
         args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
@@ -161,7 +161,7 @@ def cmd_serve(args) -> None:
 
 def _check(args):
     """The options' checks, before anything loads -> the default drafter's spec."""
-    from specdecode.core.generation import check_k
+    from specdecode.decoding.generation import check_k
     from specdecode.drafters import parse
 
     check_k(args.k)

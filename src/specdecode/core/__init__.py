@@ -1,5 +1,6 @@
-"""The engine core: the decoding loop for one sequence (decoder.py, generation.py) and for many
-(batch_decoder.py), the step functions both share (step.py: check, commit; text.py: the public text
-stream), the pure verifiers and samplers (verify.py, tree_verify.py, sampling.py, tree.py), metrics,
-adaptive control and cost models, routing and task state. It imports no wing (server, train, export,
-monitor, bench) and no drafter implementation beyond the protocol."""
+"""The core: the primitives below the drafters and the decoding loop, pure functions of tensors and
+token ids: sampling (sampling.py), verification of a chain or a tree of drafts (verify.py,
+tree_verify.py), token trees (tree.py), what the target checks in a step (plan.py), the drafter
+protocol and its proposals (drafter.py), metrics and task labels. It imports no model code, no
+drafter and nothing of decoding/ (pyproject.toml's contracts), so the drafters and the loop share
+one vocabulary."""

@@ -28,7 +28,7 @@ from typing import Protocol
 
 
 class StepCounts(Protocol):
-    """What accounting reads of a step (core/step.py's Step): tokens committed, draft tokens (tree
+    """What accounting reads of a step (decoding/step.py's Step): tokens committed, draft tokens (tree
     nodes) offered and accepted, and the draft positions (a tree's depth) checked."""
 
     tokens: list[int]

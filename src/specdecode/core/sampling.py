@@ -14,7 +14,11 @@ from specdecode.errors import UserError
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class Warp:
+    """What `warp` applies to the target's and the drafter's logits alike; the default is greedy. A
+    request's parameters (api/params.py: SamplingParams, vLLM's names and defaults) hand theirs over
+    with `distribution()`."""
+
     temperature: float = 0.0  # 0 means greedy (argmax)
     top_k: int = 0  # 0 means no top-k filter
     top_p: float = 1.0  # 1 means no nucleus filter
@@ -32,7 +36,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def warp(logits: torch.Tensor, params: Warp) -> torch.Tensor:
     """logits: [..., V] -> probabilities [..., V] (float32) after temperature, top-k and top-p.
 
     Greedy parameters give the one-hot distribution of the argmax. Safe for any valid parameters:
@@ -91,7 +95,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def next_token(logits: torch.Tensor, params: Warp, generator: torch.Generator | None) -> int:
     """logits: [V] -> the next token: argmax when greedy, else a draw from warp(logits)."""
     if params.greedy:
         return int(argmax(logits))

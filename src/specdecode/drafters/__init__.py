@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from specdecode.backends.lm import CausalLM
 from specdecode.backends.models import LoadedModel
-from specdecode.drafters.base import Drafter, Proposal
+from specdecode.core.drafter import Drafter, Proposal
 from specdecode.drafters.cross_vocab import CrossVocabDrafter
 from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.draft_tree import DraftTreeDrafter

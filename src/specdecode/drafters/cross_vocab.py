@@ -24,8 +24,8 @@ import torch
 
 from specdecode.backends.models import CausalLM
 from specdecode.backends.tokenizer_check import token_bytes
-from specdecode.core.sampling import SamplingParams, argmax, sample, warp
-from specdecode.drafters.base import Proposal
+from specdecode.core.drafter import Proposal
+from specdecode.core.sampling import Warp, argmax, sample, warp
 from specdecode.drafters.draft_lm import DraftLM
 
 WINDOW = 32  # committed tokens re-encoded together with new text, so that the boundary tokenizes right
@@ -86,7 +86,7 @@ class CrossVocabDrafter(DraftLM):
         self.cached.append(token)
         return self.model.extend(torch.tensor([token]), num_logits=1)[-1]
 
-    def propose(self, context, k, params: SamplingParams, generator):
+    def propose(self, context, k, params: Warp, generator):
         ids = self._draft_ids(context)
         logits = self.sync(ids)
         if params.greedy:
@@ -123,7 +123,7 @@ class CrossVocabDrafter(DraftLM):
             return ids[len(tail) :]
         return self.ttok(text, add_special_tokens=False)["input_ids"]
 
-    def _tli(self, logits: torch.Tensor, k: int, params: SamplingParams, generator) -> Proposal:
+    def _tli(self, logits: torch.Tensor, k: int, params: Warp, generator) -> Proposal:
         tokens, probs = [], []
         targets = self.to_target[self.shared]  # [S]
         for i in range(k):

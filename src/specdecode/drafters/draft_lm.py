@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from specdecode.backends.lm import CausalLM
-from specdecode.drafters.base import Drafter, Learned
+from specdecode.core.drafter import Drafter, Learned
 
 
 class DraftLM(Drafter):

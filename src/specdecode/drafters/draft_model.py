@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.core.sampling import SamplingParams, argmax, sample, warp
-from specdecode.drafters.base import Proposal
+from specdecode.core.drafter import Proposal
+from specdecode.core.sampling import Warp, argmax, sample, warp
 from specdecode.drafters.draft_lm import DraftLM
 
 
 class DraftModelDrafter(DraftLM):
     name = "draft"
 
-    def propose(self, context, k, params: SamplingParams, generator):
+    def propose(self, context, k, params: Warp, generator):
         logits = self.align(self.sync(context))
         tokens, probs = [], []
         for i in range(k):

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.core.sampling import SamplingParams, argmax, warp
+from specdecode.core.drafter import Proposal
+from specdecode.core.sampling import Warp, argmax, warp
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_lm import DraftLM
 from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.errors import UserError
@@ -33,7 +33,7 @@ class DraftTreeDrafter(DraftLM):
             raise UserError(f"draft tree needs b >= 1 and nodes >= 1, got b={branches} nodes={nodes}")
         self.branches, self.nodes = branches, nodes
 
-    def propose(self, context, k, params: SamplingParams, generator):
+    def propose(self, context, k, params: Warp, generator):
         root = self.align(self.sync(context))  # [V]
         grow = _Growth(self.model, self.align, len(context), params)
         try:
@@ -55,7 +55,7 @@ class DraftTreeDrafter(DraftLM):
 class _Growth(Growth):
     """A tree being grown over the draft model, which holds the committed context."""
 
-    def __init__(self, model, align, context_length: int, params: SamplingParams):
+    def __init__(self, model, align, context_length: int, params: Warp):
         super().__init__()
         self.model, self.align = model, align  # align: draft logits -> the target's vocabulary
         self.length, self.params = context_length, params

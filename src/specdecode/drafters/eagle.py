@@ -36,9 +36,9 @@ from specdecode.backends.embedding import Embedding
 from specdecode.backends.gguf_weights import QuantLinear
 from specdecode.backends.layer import pack_linears, rope
 from specdecode.backends.lm import tree_attention
-from specdecode.core.sampling import SamplingParams, argmax_ids, sample, warp
+from specdecode.core.drafter import Drafter, Proposal
+from specdecode.core.sampling import Warp, argmax_ids, sample, warp
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_vocab import scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
 
@@ -340,7 +340,7 @@ class EagleDrafter(Drafter):
         return self.head.logits(o[-1:] if last_only else o, self.project), o
 
     @torch.inference_mode()
-    def tree(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
+    def tree(self, context: list[int], k: int, params: Warp) -> Proposal:
         """EAGLE-2's dynamic tree of up to `nodes` nodes, at most k deep, over target ids."""
         if not self._sync(context):
             return Proposal.empty()
@@ -364,7 +364,7 @@ class EagleDrafter(Drafter):
             Tree([self.token_ids[t] for t in tree.tokens], tree.parents), confidence=confidence
         )
 
-    def propose(self, context, k, params: SamplingParams, generator):
+    def propose(self, context, k, params: Warp, generator):
         if self.branches > 1:
             return self.tree(context, k, params)
         if params.greedy:

@@ -11,8 +11,8 @@ proposes anything, its proposal passes through unchanged, q included.
 
 from __future__ import annotations
 
+from specdecode.core.drafter import Drafter, Learned, Proposal, feed_members
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Drafter, Learned, Proposal, feed_members
 
 
 class EnsembleDrafter(Drafter):

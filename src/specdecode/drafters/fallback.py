@@ -9,7 +9,7 @@ feature-reading member is fed every step whether it drafted or not (EAGLE catche
 
 from __future__ import annotations
 
-from specdecode.drafters.base import Drafter, Learned, Proposal, feed_members
+from specdecode.core.drafter import Drafter, Learned, Proposal, feed_members
 
 
 class FallbackDrafter(Drafter):

@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 import torch
 
-from specdecode.core.sampling import SamplingParams, warp
+from specdecode.core.sampling import Warp, warp
 from specdecode.core.tree import Tree, best_nodes
 
 
-def draft_dist(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def draft_dist(logits: torch.Tensor, params: Warp) -> torch.Tensor:
     """[..., V] draft logits -> the distribution a tree chooses and ranks tokens by: softmax when
     greedy, the warped q (temperature, top-k, top-p) when sampling."""
     return logits.float().softmax(-1) if params.greedy else warp(logits, params)

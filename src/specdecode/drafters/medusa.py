@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.backends.layer import head_linear
-from specdecode.core.sampling import SamplingParams, argmax, sample, warp
+from specdecode.core.drafter import Drafter, Proposal
+from specdecode.core.sampling import Warp, argmax, sample, warp
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_vocab import scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
 
@@ -90,7 +90,7 @@ class MedusaDrafter(Drafter):
         z = h + F.silu(self.mix(h[None]).view(-1, h.shape[-1])[:k])  # [k', H], as MedusaHeads.forward
         return self.project(z)
 
-    def propose(self, context, k, params: SamplingParams, generator):
+    def propose(self, context, k, params: Warp, generator):
         logits = self.candidates(k)
         if logits is None:
             return Proposal.empty()

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
+from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.tree import Tree
-from specdecode.drafters.base import Drafter, Proposal
 from specdecode.errors import UserError
 
 _MAX_HITS = 64  # matches examined per n when collecting several continuations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdecode.drafters.base import Drafter, Proposal
+from specdecode.core.drafter import Drafter, Proposal
 
 
 class NoDrafter(Drafter):

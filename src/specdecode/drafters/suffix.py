@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from specdecode import shards
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.drafter import Drafter, Learned, Proposal
+from specdecode.core.sampling import Warp
 from specdecode.corpora import jsonl_rows
-from specdecode.drafters.base import Drafter, Learned, Proposal
 from specdecode.drafters.suffix_tree import SuffixTrie
 from specdecode.errors import UserError
 
@@ -121,7 +121,7 @@ class SuffixDrafter(Drafter):
         self.seen = self.prompt_len = len(prompt)
 
     def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+        self, context: list[int], k: int, params: Warp, generator: torch.Generator | None
     ) -> Proposal:
         """context: every committed token -> up to k tokens (a tree: nodes at most k deep)."""
         if self.local is None:
@@ -147,7 +147,7 @@ class SuffixDrafter(Drafter):
             return Proposal.empty()
         chain = all(p == i - 1 for i, p in enumerate(parents))
         # a tree ranks its nodes by their empirical path probabilities: an adaptive policy verifies
-        # the most probable ones its measured costs pay for (step.plan, control.AdaptiveK.tree_nodes)
+        # the most probable ones its measured costs pay for (core.plan.plan, control.AdaptiveK.tree_nodes)
         return Proposal(torch.tensor(tokens, dtype=torch.long), None, None if chain else parents, probs)
 
     def fork(self, learned: Learned | None = None) -> "SuffixDrafter":

@@ -99,8 +99,8 @@ def _target_config(target: str | None, tp: int, notes: list[str]):
 
 
 def _config(args):
-    from specdecode.core.config import Route, SpecConfig, load_config
-    from specdecode.core.generation import check_k
+    from specdecode.decoding.config import Route, SpecConfig, load_config
+    from specdecode.decoding.generation import check_k
     from specdecode.drafters import parse
 
     if args.config and (args.drafter or args.k is not None):

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specdecode.core.config import Route, SpecConfig
+from specdecode.decoding.config import Route, SpecConfig
 from specdecode.drafters.spec import Spec
 from specdecode.errors import UserError
 from specdecode.export import vllm_checkpoints as ckpt

@@ -47,7 +47,7 @@ def _healthy(url: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Server:
+class VllmServer:
     url: str  # http://127.0.0.1:PORT
     pgid: int  # its process group: the API server, the engine core and their workers
 
@@ -97,7 +97,7 @@ def started(
     taskset: str | None = None,
     timeout_s: float = START_TIMEOUT_S,
 ):
-    """Run `serve_sh` (an export's serve.sh, its --port given as `port`) until the block ends -> Server.
+    """Run `serve_sh` (an export's serve.sh, its --port given as `port`) until the block ends -> VllmServer.
     Raises UserError with the log's tail when it exits or does not answer /health within timeout_s."""
     where = venv()
     if where is None:
@@ -128,7 +128,7 @@ def started(
                 )
                 raise UserError(f"vLLM ({serve_sh}) {why}; the end of {log}:\n{tail}")
             time.sleep(2)
-        yield Server(url, proc.pid)
+        yield VllmServer(url, proc.pid)
     finally:
         _stop(proc)
 

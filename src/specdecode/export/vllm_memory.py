@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdecode.core.memory import fmt, param_count
+from specdecode.decoding.memory import fmt, param_count
 
 BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}  # vllm serve --dtype
 VLLM_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization

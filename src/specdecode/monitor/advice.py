@@ -2,7 +2,7 @@
 (vLLM or ours) serves, from its acceptance counters over a window and measured costs.
 
 The counters give, per draft position i (0-based), A_i = drafts whose tokens 0..i were all accepted,
-and the drafts D. The control model (core/control.py) wants conditional figures:
+and the drafts D. The control model (decoding/control.py) wants conditional figures:
 
     acceptance a_i = P(i accepted | 0..i-1 accepted, i drafted),   supply s_i = P(i drafted | i-1 drafted)
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from specdecode.core.control import best_k, predicted_speedup
+from specdecode.decoding.control import best_k, predicted_speedup
 from specdecode.errors import UserError
 from specdecode.monitor import prom
 from specdecode.monitor.tracker import Counts, Tracker

@@ -7,7 +7,7 @@ import argparse
 import json
 import time
 
-from specdecode.core.taskstate import DRIFT_DROP
+from specdecode.decoding.taskstate import DRIFT_DROP
 from specdecode.errors import UserError
 from specdecode.monitor import prom
 from specdecode.monitor.tracker import Snapshot, Tracker

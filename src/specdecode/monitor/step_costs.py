@@ -1,4 +1,4 @@
-"""A server's own step times from its /metrics, the input of core/step_fit.py.
+"""A server's own step times from its /metrics, the input of decoding/step_fit.py.
 
 vLLM observes `vllm:inter_token_latency_seconds` once per decoding step and request (the time since
 that request's previous output), so its _sum / _count is the mean step time requests saw, and its
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdecode.core.step_fit import StepTiming
+from specdecode.decoding.step_fit import StepTiming
 from specdecode.errors import UserError
 from specdecode.monitor import prom
 from specdecode.monitor.tracker import Counts, group_counts, spec_series

@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specdecode.core import metrics
-from specdecode.core.taskstate import DRIFT_DROP, drifted
+from specdecode.decoding.taskstate import DRIFT_DROP, drifted
 
 PREFIXES = ("vllm:", "specdecode:")  # vLLM's and ours; the first one present is read
 FAMILIES = (

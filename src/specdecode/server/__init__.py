@@ -1,7 +1,7 @@
 """`specdecode serve`: an OpenAI-compatible server with batched speculative decoding.
 
 backends/batch_model.py        many sequences in one target forward (ragged rows, per-slot KV)
-core/batch_decoder.py          the decoding step for many sequences (core/step.py, shared with decoder.py)
+decoding/batch_decoder.py      the decoding step for many sequences (decoding/step.py, shared with decoder.py)
 engine.py                      continuous batching scheduler around it: queue, admit, k under load, deliver
 load.py                        measured verify cost at each batch size -> k under load
 drafting.py                    one drafter object per request
@@ -20,9 +20,9 @@ from __future__ import annotations
 from specdecode import drafters
 from specdecode.backends.batch_model import batched
 from specdecode.backends.models import LoadedModel
-from specdecode.core.config import Route, SpecConfig
-from specdecode.core.prefill import PREFILL_BUDGET
-from specdecode.core.prefix_cache import PrefixCache
+from specdecode.decoding.config import Route, SpecConfig
+from specdecode.decoding.prefill import PREFILL_BUDGET
+from specdecode.decoding.prefix_cache import PrefixCache
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.engine import Engine
 from specdecode.server.load import measure

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from specdecode.core.config import SpecConfig
+from specdecode.decoding.config import SpecConfig
 from specdecode.server import engine as eng
 from specdecode.server.answer import answer
 from specdecode.server.guard import Guard, request_id
@@ -29,7 +29,7 @@ from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest
 
 
 @dataclass
-class ServeOptions:
+class AppOptions:
     model_name: str
     routes: SpecConfig  # default drafter/k/adaptive, and routes per task
     api_key: str | None = None
@@ -37,7 +37,7 @@ class ServeOptions:
     max_body_bytes: int = 1 << 20
 
 
-def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = True) -> FastAPI:
+def create_app(engine: eng.Engine, opts: AppOptions, *, start_engine: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         if start_engine:
@@ -53,7 +53,7 @@ def create_app(engine: eng.Engine, opts: ServeOptions, *, start_engine: bool = T
     return Guard(app, opts.api_key, opts.max_body_bytes)
 
 
-def _add_generation_routes(app: FastAPI, engine: eng.Engine, opts: ServeOptions) -> None:
+def _add_generation_routes(app: FastAPI, engine: eng.Engine, opts: AppOptions) -> None:
     """POST /v1/completions and /v1/chat/completions: a prompt's token ids and the text its task is
     classified from, then intake and answer."""
     tokenizer, vocab = engine.tokenizer, engine.model.vocab_size
@@ -96,7 +96,7 @@ def _add_generation_routes(app: FastAPI, engine: eng.Engine, opts: ServeOptions)
         )
 
 
-def _add_status_routes(app: FastAPI, engine: eng.Engine, opts: ServeOptions) -> None:
+def _add_status_routes(app: FastAPI, engine: eng.Engine, opts: AppOptions) -> None:
     """GET /v1/models, /health (GET and HEAD), /metrics, /stats and /stats/steps."""
     context = engine.model.max_length
 

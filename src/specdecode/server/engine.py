@@ -27,18 +27,18 @@ from itertools import count
 import torch
 
 from specdecode.backends.batch_model import BatchLM
-from specdecode.core import batch_decoder
-from specdecode.core.batch_decoder import BatchDecoder
-from specdecode.core.constraints import Constraints
-from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
-from specdecode.core.logprobs import TokenLogprob
 from specdecode.core.metrics import Stats, acceptance_rate, mean_acceptance_length
-from specdecode.core.penalties import Penalties
-from specdecode.core.prefill import PREFILL_BUDGET, PrefillBudget
-from specdecode.core.prefix_cache import PrefixCache
-from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Step
-from specdecode.core.text import TextStream
+from specdecode.core.sampling import Warp
+from specdecode.decoding import batch_decoder
+from specdecode.decoding.batch_decoder import BatchDecoder
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.control import CostModel, FixedK, KPolicy, adaptive_k
+from specdecode.decoding.logprobs import TokenLogprob
+from specdecode.decoding.penalties import Penalties
+from specdecode.decoding.prefill import PREFILL_BUDGET, PrefillBudget
+from specdecode.decoding.prefix_cache import PrefixCache
+from specdecode.decoding.step import Step
+from specdecode.decoding.text import TextStream
 from specdecode.drafters.spec import Spec, parse
 from specdecode.server.drafting import DrafterPool
 from specdecode.server.load import BatchCosts
@@ -52,7 +52,7 @@ log = logging.getLogger("specdecode.server")
 @dataclass
 class Request:
     prompt: list[int]
-    params: SamplingParams
+    params: Warp
     max_tokens: int
     stop: tuple[str, ...] = ()
     seed: int | None = None
@@ -64,9 +64,9 @@ class Request:
     timeout_s: float | None = None
     scope: str = ""  # whose suffix cache the request reads and feeds (suffix_cache.py)
     penalties: Penalties | None = None
-    grammar: str | None = None  # a compiled grammar (core/grammar.py: Grammars) the output must follow
+    grammar: str | None = None  # a compiled grammar (decoding/grammar.py: Grammars) the output must follow
     logprobs: int | None = None  # report the target's logprobs with this many top ones per token
-    after: Sequence | None = None  # n > 1: a sibling whose prompt KV this one waits for (prefix cache)
+    after: RequestState | None = None  # n > 1: a sibling whose prompt KV this one waits for (prefix cache)
     request_id: str = ""  # X-Request-Id: names the request in the log
 
 
@@ -135,7 +135,7 @@ class ShuttingDown(Exception):
 
 
 @dataclass(eq=False)
-class Sequence:
+class RequestState:
     """One request inside the engine (engine-thread state, except the `cancelled` flag)."""
 
     id: int
@@ -185,8 +185,8 @@ class Engine:
         self.pool, self.metrics, self.costs = pool, metrics, costs
         self.queue_size = queue_size
         self.threads = threads or torch.get_num_threads()
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
         self.cv = threading.Condition()
         self.stopping = False
         self.held = 0  # paused(): the scheduler waits at the top of its loop while > 0
@@ -205,7 +205,7 @@ class Engine:
         """KV slots not in use."""
         return self.core.free
 
-    def submit(self, request: Request, sink: Callable[[Event], None]) -> Sequence:
+    def submit(self, request: Request, sink: Callable[[Event], None]) -> RequestState:
         eos = frozenset() if request.ignore_eos else frozenset(self.eos_ids)
         generator = torch.Generator().manual_seed(
             request.seed if request.seed is not None else secrets.randbits(63)
@@ -221,7 +221,7 @@ class Engine:
             constraints=self._constraints(request),
             logprobs=request.logprobs,
         )
-        seq = Sequence(
+        seq = RequestState(
             next(self.ids),
             request,
             sink,
@@ -243,9 +243,9 @@ class Engine:
         return seq
 
     def grammars(self):
-        """The structured-output compiler for this tokenizer (core/grammar.py), made on first use."""
+        """The structured-output compiler for this tokenizer (decoding/grammar.py), made on first use."""
         if self._grammars is None:
-            from specdecode.core.grammar import Grammars  # llguidance loads only when a request needs it
+            from specdecode.decoding.grammar import Grammars  # llguidance loads only when a request needs it
 
             self._grammars = Grammars(self.tokenizer, self.model.vocab_size, self.eos_ids)
         return self._grammars
@@ -256,7 +256,7 @@ class Engine:
             return None
         return Constraints(request.prompt, request.penalties, grammar)
 
-    def cancel(self, seq: Sequence) -> None:
+    def cancel(self, seq: RequestState) -> None:
         with self.cv:
             seq.cancelled = True
             self.cv.notify()
@@ -346,7 +346,7 @@ class Engine:
         with self.cv:
             self._fail_all()
 
-    def _ready(self, seq: Sequence) -> bool:
+    def _ready(self, seq: RequestState) -> bool:
         """Under the lock: a sibling of an n > 1 request starts once the first has its prompt's KV in
         the prefix cache (or is gone), so that it prefills only the last partial block."""
         first = seq.request.after
@@ -371,7 +371,7 @@ class Engine:
                     Failed(408, "timeout", f"request timed out after {seq.request.timeout_s} s"),
                 )
 
-    def _finish(self, seq: Sequence, reason: str, event: Event) -> None:
+    def _finish(self, seq: RequestState, reason: str, event: Event) -> None:
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
@@ -389,7 +389,7 @@ class Engine:
         )
         seq.sink(event)
 
-    def _prefill(self, admitted: list[Sequence]) -> None:
+    def _prefill(self, admitted: list[RequestState]) -> None:
         for seq in admitted:
             self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(len(seq.request.prompt))
         cache = self.core.prefix_cache
@@ -402,7 +402,7 @@ class Engine:
         for seq in admitted:
             seq.stats.prefill_s = prefill_s
 
-    def _limit(self, seq: Sequence, k: int) -> int:
+    def _limit(self, seq: RequestState, k: int) -> int:
         """k for this request at the current batch size: capped by the measured cost model."""
         spec = seq.request.drafter
         known = self.spec_stats.get(spec)
@@ -464,7 +464,7 @@ class Engine:
                 )
             )
 
-    def _account(self, seq: Sequence, step: Step) -> None:
+    def _account(self, seq: RequestState, step: Step) -> None:
         """One definition of what a step adds: request usage, engine-wide stats, Prometheus."""
         spec, now = seq.request.drafter, time.perf_counter()
         seq.stats.observe_step(step)
@@ -483,7 +483,7 @@ class Engine:
         )
         seq.last_delivery = now
 
-    def _usage(self, seq: Sequence) -> Usage:
+    def _usage(self, seq: RequestState) -> Usage:
         r = seq.request
         return Usage(
             len(r.prompt),

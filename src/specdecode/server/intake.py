@@ -6,10 +6,10 @@ not fit is an ApiError (400, or 404 for another model's name) before anything is
 from __future__ import annotations
 
 from specdecode.api.structured import StructuredOutputs
-from specdecode.core.config import Route, SpecConfig
-from specdecode.core.penalties import Penalties
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.core.tasks import classify
+from specdecode.decoding.config import Route, SpecConfig
+from specdecode.decoding.penalties import Penalties
 from specdecode.drafters import parse
 from specdecode.errors import UserError
 from specdecode.server import engine as eng
@@ -54,7 +54,7 @@ class Intake:
         try:
             route = resolve_route(req.speculative, task, self.routes)
             self.engine.pool.template(route.drafter)  # unknown or not loaded -> 400
-            params = SamplingParams(req.temperature, max(req.top_k, 0), req.top_p)
+            params = Warp(req.temperature, max(req.top_k, 0), req.top_p)
         except UserError as e:
             raise ApiError(400, str(e), param="speculative.drafter") from None
         if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:

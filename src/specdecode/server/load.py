@@ -16,7 +16,7 @@ import time
 import torch
 
 from specdecode.backends.batch_model import BatchLM, Row
-from specdecode.core.control import CostModel, best_k
+from specdecode.decoding.control import CostModel, best_k
 
 
 class BatchCosts:

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from specdecode.core.logprobs import TokenLogprob
+from specdecode.decoding.logprobs import TokenLogprob
 
 
 def merge_usage(usages: list[dict]) -> dict:

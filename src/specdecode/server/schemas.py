@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specdecode.core.generation import MAX_K
 from specdecode.core.tasks import TASKS
+from specdecode.decoding.generation import MAX_K
 
 MAX_STOPS = 16
 MAX_N = 16  # parallel samples per request

@@ -211,7 +211,7 @@ def cmd_prompts(args) -> None:
 def cmd_data(args) -> None:
     from specdecode import drafters
     from specdecode.backends import checkpoint
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
     from specdecode.train import data
 
     if args.merge:
@@ -240,7 +240,7 @@ def cmd_data(args) -> None:
         args.out,
         drafter=spec,
         context=context,
-        params=SamplingParams(args.temperature),
+        params=Warp(args.temperature),
         max_new_tokens=args.max_new_tokens,
         minutes=args.minutes,
         seed=args.seed,

@@ -10,13 +10,13 @@ from pathlib import Path
 import torch
 
 from specdecode.backends import checkpoint
-from specdecode.shards import Sequence
+from specdecode.shards import Record
 from specdecode.train import data, features
 
 
 @dataclass(frozen=True)
 class Corpus:
-    seqs: list[Sequence]
+    seqs: list[Record]
     target: dict  # checkpoint.describe: the target a checkpoint names
     source: features.Source  # the target as the features were computed from (its dtype)
     feats: features.Features

@@ -6,7 +6,7 @@ compressed, checksummed) and `meta.json` naming the target; older directories ho
 recomputed at training time by one teacher-forced forward per sequence (features.py), which keeps the
 data small and valid for any head. Responses are generated with speculative decoding (n-gram
 drafter by default); in fp32 greedy that is token-identical to plain decoding, only faster; with
-batch > 1 several prompts decode together in the batched decoding core (core/batch_decoder.py).
+batch > 1 several prompts decode together in the batched decoding core (decoding/batch_decoder.py).
 Finished sequences are buffered and written as a shard every `shard_size` sequences, every
 `flush_minutes` and when the run ends or is stopped (SIGTERM, Ctrl-C): a rerun resumes by skipping the
 ids already in shards. A second turn (Prompt.parent, e.g. MT-bench's) is asked after its parent's
@@ -29,7 +29,7 @@ from specdecode.errors import UserError
 
 if TYPE_CHECKING:
     import torch
-from specdecode.shards import Sequence
+from specdecode.shards import Record
 
 
 def _given_responses(spec: str) -> dict[str, str]:
@@ -80,12 +80,12 @@ def part(prompts: list[tuple[Prompt, str | None]], spec: str) -> tuple[list[tupl
     return mine, f"p{i}of{n}"
 
 
-def response_tokens(seqs: list[Sequence]) -> int:
+def response_tokens(seqs: list[Record]) -> int:
     """Target response tokens in a training set (what the data-scaling curve counts)."""
     return sum(len(s.response_ids) for s in seqs)
 
 
-def split(seqs: list[Sequence], fraction: float) -> tuple[list[int], list[int]]:
+def split(seqs: list[Record], fraction: float) -> tuple[list[int], list[int]]:
     """Indices of the training and held-out sequences: a sequence is held out when the hash of its id
     falls in the first `fraction` of the range, so a sequence stays on its side as the data grows
     (every point of a data-scaling curve is scored on the same held-out prompts it has)."""
@@ -101,7 +101,7 @@ def split(seqs: list[Sequence], fraction: float) -> tuple[list[int], list[int]]:
     return train, val
 
 
-def read(data_dir: str | Path, target: dict | None = None) -> list[Sequence]:
+def read(data_dir: str | Path, target: dict | None = None) -> list[Record]:
     """Every sequence of a data directory: its shards, then a legacy sequences.jsonl."""
     path = Path(data_dir)
     legacy = path / "sequences.jsonl"
@@ -109,7 +109,7 @@ def read(data_dir: str | Path, target: dict | None = None) -> list[Sequence]:
         raise UserError(f"no training data in {data_dir}: run `specdecode train data --out {data_dir}` first")
     seqs = shards.read_all(path, target)
     if legacy.is_file():
-        seqs += [Sequence(**json.loads(line)) for line in legacy.read_text().splitlines() if line.strip()]
+        seqs += [Record(**json.loads(line)) for line in legacy.read_text().splitlines() if line.strip()]
     return seqs
 
 
@@ -124,11 +124,11 @@ class ShardWriter:
             60 * minutes,
             tag,
         )
-        self.buffer: list[Sequence] = []
+        self.buffer: list[Record] = []
         self.last = time.monotonic()
         self.written = 0
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Record) -> None:
         self.buffer.append(seq)
         if len(self.buffer) >= self.size or time.monotonic() - self.last >= self.seconds:
             self.flush()
@@ -143,7 +143,7 @@ class ShardWriter:
 
 def merge(
     sources: list[str | Path], out: str | Path, shard_size: int = 1024, max_tokens: int | None = None
-) -> list[Sequence]:
+) -> list[Record]:
     """Join data directories into `out` (new, or holding shards of the same target): sequences
     deduplicated by id (the first copy kept), written as shards of `shard_size`; with max_tokens, only
     the first sequences (in the sources' order, which interleaves the prompt sets) up to that many
@@ -196,14 +196,14 @@ def generate_data(
     flush_minutes: float = 10.0,
     max_prompt_tokens: int | None = None,
     tag: str = "",
-) -> list[Sequence]:
+) -> list[Record]:
     """Generate the target's responses for every prompt whose id is not yet in `out`, writing shards
     as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec (context: how to
     build it); batch > 1 decodes that many prompts at once through the batched core (same greedy
     output, several times the tokens per CPU-second). Prompts longer than max_prompt_tokens are
     skipped. tag: this worker's shard-name tag (see part()). Returns all sequences of `out`."""
     from specdecode.backends import checkpoint
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
     from specdecode.drafters import DrafterContext
 
     if batch < 1:
@@ -227,7 +227,7 @@ def generate_data(
         drafter=drafter,
         context=context or DrafterContext(loaded),
         k=k,
-        params=params or SamplingParams(),
+        params=params or Warp(),
         max_new_tokens=max_new_tokens,
         seed=seed,
         deadline=deadline,
@@ -260,10 +260,10 @@ def _stop(signum, frame):
     )  # unwinds through generate_data's finally: the buffer is written
 
 
-def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str, Sequence]) -> list[int]:
+def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str, Record]) -> list[int]:
     """Chat-formatted ids of a prompt; a second turn follows its parent's question and the target's own
     answer."""
-    from specdecode.core.generation import encode_prompt
+    from specdecode.decoding.generation import encode_prompt
 
     if prompt.parent is None:
         return encode_prompt(tokenizer, prompt.prompt, None)
@@ -296,7 +296,7 @@ def _responses(loaded, encoded, options):
             new_tokens += len(response)
             bar.update()
             bar.set_postfix(tokens=new_tokens, tok_s=f"{new_tokens / (time.monotonic() - t0):.1f}")
-            yield Sequence(p.id, p.category, ids, response, source)
+            yield Record(p.id, p.category, ids, response, source)
         if bar.n < len(encoded):
             bar.write(f"time limit reached after {bar.n} of {len(encoded)} prompts")
 
@@ -310,7 +310,7 @@ def _respond_one_by_one(
 ):
     """(prompt, ids) -> yields (prompt, ids, response ids) in order, one generate() each."""
     from specdecode import drafters
-    from specdecode.core.generation import generate
+    from specdecode.decoding.generation import generate
 
     draft = drafters.build(drafter, context)
     for p, ids in prompts:
@@ -328,8 +328,8 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
 
     from specdecode import drafters
     from specdecode.backends.batch_model import batched
-    from specdecode.core.batch_decoder import BatchDecoder, Sequence
-    from specdecode.core.control import FixedK
+    from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
+    from specdecode.decoding.control import FixedK
 
     core = BatchDecoder(batched(loaded.model, batch))
     template = drafters.build(drafter, context)
@@ -361,7 +361,7 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
                 yield running.pop(seq), seq.prompt, seq.context[len(seq.prompt) :]
 
 
-def token_map(seqs: list[Sequence], vocab_size: int, size: int) -> "torch.Tensor":
+def token_map(seqs: list[Record], vocab_size: int, size: int) -> "torch.Tensor":
     """The draft vocabulary: the `size` target tokens most frequent in the responses (then in the
     prompts), topped up with the lowest ids not yet in it (BPE ids roughly follow merge order, i.e.
     frequency in the tokenizer's corpus). Returns [size] target ids, sorted ascending."""

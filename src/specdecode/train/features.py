@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specdecode.errors import UserError
-from specdecode.shards import Sequence
+from specdecode.shards import Record
 
 
 @dataclass
@@ -54,14 +54,12 @@ class Source:
         return f"{fingerprint}:{self.dtype}" + (f":rows{self.rows}" if self.rows else "")
 
     def features(
-        self, store: str | Path, seqs: list[Sequence], fingerprint: str, layer_ids: tuple[int, ...] = ()
+        self, store: str | Path, seqs: list[Record], fingerprint: str, layer_ids: tuple[int, ...] = ()
     ) -> Features:
         return cached(store, self.model, seqs, self.key(fingerprint), layer_ids, self.rows)
 
 
-def compute(
-    model, seqs: list[Sequence], layer_ids: tuple[int, ...] = (), rows: int | None = None
-) -> Features:
+def compute(model, seqs: list[Record], layer_ids: tuple[int, ...] = (), rows: int | None = None) -> Features:
     """model: a CausalLM (FastLlama or HFModel), asked for its final hidden rows and the layers `layer_ids`;
     rows: see Source (None: each sequence in one forward)."""
     from tqdm import tqdm
@@ -125,7 +123,7 @@ def sequence_key(fingerprint: str, tokens: torch.Tensor, start: int) -> str:
 def cached(
     store: str | Path,
     model,
-    seqs: list[Sequence],
+    seqs: list[Record],
     fingerprint: str,
     layer_ids: tuple[int, ...] = (),
     rows: int | None = None,

@@ -70,12 +70,12 @@ def write_prompts(
     from tqdm import tqdm
 
     from specdecode import drafters
-    from specdecode.core.generation import generate
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.sampling import Warp
+    from specdecode.decoding.generation import generate
 
     if count < 1:
         raise UserError(f"count must be at least 1, got {count}")
-    params = SamplingParams(temperature, top_p=top_p)
+    params = Warp(temperature, top_p=top_p)
     if params.greedy:
         raise UserError("train prompts samples: the temperature must be above 0")
     out = Path(out)

@@ -5,7 +5,7 @@ The batched core knows nothing of HTTP, queues or text. Each sequence owns a slo
 last. One `step` is decoder.decode's step for every sequence given:
 
   1. each drafter proposes up to its k tokens (its policy's k, optionally limited by the caller,
-     e.g. the server's load control), cut to the sequence's budget (step.plan);
+     e.g. the server's load control), cut to the sequence's budget (core/plan.py: plan);
   2. ONE batched target forward over every row [last committed, drafts] (ragged; a tree row with
      its own positions and mask; features for drafters that read them);
   3. per row: the same verification (step.check), rollback (truncate, or keep for a tree), drafter
@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.backends.batch_model import BatchLM, Row
-from specdecode.core.constraints import Constraints
-from specdecode.core.control import KPolicy
-from specdecode.core.prefill import PrefillBudget, chunk_cost, chunk_size, keys
-from specdecode.core.prefix_cache import PrefixCache
-from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Decoding, Step, plan, settle
+from specdecode.core.drafter import Drafter
+from specdecode.core.plan import plan
+from specdecode.core.sampling import Warp
 from specdecode.core.verify import check_inputs
-from specdecode.drafters.base import Drafter
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.control import KPolicy
+from specdecode.decoding.prefill import PrefillBudget, chunk_cost, chunk_size, keys
+from specdecode.decoding.prefix_cache import PrefixCache
+from specdecode.decoding.step import Decoding, Step, settle
 
 
 @dataclass(eq=False)
@@ -41,7 +42,7 @@ class Sequence:
     prompt: list[int]
     drafter: Drafter
     policy: KPolicy
-    params: SamplingParams
+    params: Warp
     generator: torch.Generator | None
     max_new_tokens: int
     eos_ids: set[int] | frozenset[int] = frozenset()

@@ -21,9 +21,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdecode.core.control import CostModel
-from specdecode.core.generation import MAX_K
 from specdecode.core.tasks import TASKS
+from specdecode.decoding.control import CostModel
+from specdecode.decoding.generation import MAX_K
 from specdecode.drafters import Spec, parse
 from specdecode.errors import UserError
 

@@ -10,9 +10,9 @@ import time
 import torch
 
 from specdecode.backends.lm import CausalLM
-from specdecode.core.control import CostModel
-from specdecode.core.sampling import SamplingParams
-from specdecode.drafters.base import Drafter
+from specdecode.core.drafter import Drafter
+from specdecode.core.sampling import Warp
+from specdecode.decoding.control import CostModel
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -30,7 +30,7 @@ def measure(
     drafter: Drafter,
     k_max: int,
     context: list[int],
-    params: SamplingParams = SamplingParams(),
+    params: Warp = Warp(),
     repeats: int = 7,
 ) -> CostModel:
     """Time the target on 1..k_max+1 tokens after `context`, and the drafter proposing k_max."""

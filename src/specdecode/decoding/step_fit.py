@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from itertools import combinations
 
-from specdecode.core.control import CostModel
+from specdecode.decoding.control import CostModel
 from specdecode.errors import UserError
 
 

@@ -5,7 +5,7 @@ One sequence's `Constraints` takes part in each step at two points (batch_decode
 - `cut(plan)`, before the forward: drafts the grammar forbids cannot be accepted. A chain is cut just
   before its first forbidden token. A tree loses the nodes below a forbidden node but keeps the node
   itself: the masked target gives it probability 0, so verification rejects it for sure, and the
-  siblings after it are still tried against the residual their own q assumes (tree_verify.py).
+  siblings after it are still tried against the residual their own q assumes (core/tree_verify.py).
 - `process(context, plan, logits)`, on the forward's rows: row r is the target's distribution after
   the committed text and the drafted tokens before it (`row_prefixes`); it is penalized with the
   counts of that text (penalties.py) and masked by the grammar in the state after it (grammar.py).
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.core.grammar import Grammar
-from specdecode.core.penalties import Penalties, penalize_rows
-from specdecode.core.step import Plan
+from specdecode.core.plan import Plan
+from specdecode.decoding.grammar import Grammar
+from specdecode.decoding.penalties import Penalties, penalize_rows
 
 
 def row_prefixes(plan: Plan) -> list[list[int]]:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from specdecode.core.sampling import SamplingParams
+from specdecode.core.sampling import Warp
 from specdecode.core.tree import Tree
 
 
@@ -62,7 +62,7 @@ class Drafter(Protocol):
         """A new request starts with these prompt tokens."""
 
     def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+        self, context: list[int], k: int, params: Warp, generator: torch.Generator | None
     ) -> Proposal:
         """Propose at most k tokens to follow `context` (every committed token so far); a tree
         proposal may hold more nodes, at most k deep (the decoder drops deeper ones)."""

@@ -8,14 +8,14 @@ import logging
 
 from specdecode import drafters
 from specdecode.backends.models import LoadedModel
-from specdecode.core import costs
-from specdecode.core.config import Route, SpecConfig
-from specdecode.core.control import CostModel, FixedK, KPolicy, adaptive_k
-from specdecode.core.generation import Result, encode_prompt, generate
 from specdecode.core.tasks import classify
-from specdecode.core.taskstate import TaskState
+from specdecode.decoding import costs
+from specdecode.decoding.config import Route, SpecConfig
+from specdecode.decoding.control import CostModel, FixedK, KPolicy, adaptive_k
+from specdecode.decoding.generation import Result, encode_prompt, generate
+from specdecode.decoding.taskstate import TaskState
 
-log = logging.getLogger("specdecode.core.router")
+log = logging.getLogger("specdecode.decoding.router")
 PLAIN = drafters.parse("none")  # the route of plain decoding
 
 

@@ -3,10 +3,10 @@ and the batched core (batch_decoder.py), so that both make exactly the same deci
 
   plan(last, proposal, budget, nodes) -> Plan what the target checks: [last, drafts], a chain or a
                                               token tree, cut to the step's budget (and a ranked
-                                              tree to the node count its policy chooses);
+                                              tree to the node count its policy chooses; core/plan.py);
   (the caller runs the target on plan.tokens: alone, or as one row of a batched forward)
   check(plan, logits, params, generator)     greedy or rejection verification, chain or tree
-      -> Checked                              (verify.py, tree_verify.py);
+      -> Checked                              (core/verify.py, tree_verify.py);
   cache rollback                              keep the root and the accepted path: plan.kept(base);
   commit(checked, eos_ids, room)              the committed tokens: cut after an EOS, finished at
       -> (tokens, finished)                   EOS or when the token budget is used up;
@@ -23,21 +23,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from specdecode.backends.lm import Output
-from specdecode.core.control import KPolicy
-from specdecode.core.logprobs import TokenLogprob, token_logprobs
-from specdecode.core.sampling import SamplingParams, warp
-from specdecode.core.tree import Tree, best_nodes
+from specdecode.core.drafter import Drafter
+from specdecode.core.plan import Plan
+from specdecode.core.sampling import Warp, warp
 from specdecode.core.tree_verify import verify_tree_greedy, verify_tree_rejection
 from specdecode.core.verify import verify_greedy, verify_rejection
-from specdecode.drafters.base import Drafter, Proposal
-
-if TYPE_CHECKING:  # constraints.py builds Plans: a runtime import would be circular
-    from specdecode.core.constraints import Constraints
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.control import KPolicy
+from specdecode.decoding.logprobs import TokenLogprob, token_logprobs
 
 
 @dataclass
@@ -63,51 +61,6 @@ class Step:
 
 
 @dataclass
-class Plan:
-    """The target's input for one step: the last committed token (the root), then the drafts."""
-
-    tokens: torch.Tensor  # [1 + n] long
-    tree: Tree | None  # the drafts as a tree (+1 layout, tree.py); None: a chain
-    probs: torch.Tensor | None  # [n, V] q of the drafts, None: one-hot
-
-    def tree_args(self, base: int) -> dict:
-        """forward() arguments placing a tree after `base` cached tokens (none for a chain)."""
-        if self.tree is None:
-            return {}
-        return {"positions": self.tree.positions(base), "tree_mask": self.tree.mask()}
-
-
-def plan(
-    last: int, proposal: Proposal | None, budget: int, nodes: Callable[[list[float]], int] | None = None
-) -> Plan:
-    """A proposal cut so that the step commits at most budget + 1 tokens: a chain to its first
-    `budget` drafts, a tree to the nodes at most `budget` deep; a tree whose drafter ranks its nodes
-    (proposal.confidence) then to the `nodes(confidence)` most confident ones (a policy's tree_nodes)."""
-    if proposal is None or budget <= 0:
-        return Plan(torch.tensor([last]), None, None)
-    probs = proposal.probs
-    if proposal.parents is None:
-        draft = proposal.tokens.tolist()[:budget]
-        return Plan(
-            torch.tensor([last] + draft, dtype=torch.long),
-            None,
-            probs[: len(draft)] if probs is not None else None,
-        )
-    tree, confidence = proposal.tree(), proposal.confidence
-    kept = tree.up_to_depth(budget)
-    if len(kept) < len(tree):
-        tree = tree.subset(kept)
-        probs = probs[kept] if probs is not None else None
-        confidence = [confidence[i] for i in kept] if confidence is not None else None
-    if nodes is not None and confidence is not None:
-        kept = best_nodes(tree.parents, confidence, nodes(confidence))
-        if len(kept) < len(tree):
-            tree = tree.subset(kept)
-            probs = probs[kept] if probs is not None else None
-    return Plan(torch.tensor([last] + tree.tokens, dtype=torch.long), tree, probs)
-
-
-@dataclass
 class Checked:
     path: list[int]  # accepted draft nodes in order (a chain: 0..a-1)
     accepted: list[int]  # their tokens
@@ -125,10 +78,8 @@ class Checked:
         return base + 1, [base + 1 + i for i in self.path]
 
 
-def check(
-    plan: Plan, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> Checked:
-    """logits: [1 + n, V], the target's rows for plan.tokens -> the verdict (verify.py, tree_verify.py)."""
+def check(plan: Plan, logits: torch.Tensor, params: Warp, generator: torch.Generator | None) -> Checked:
+    """logits: [1 + n, V], the target's rows for plan.tokens -> the verdict (core/verify.py, tree_verify)."""
     if plan.tree is None:
         if params.greedy:  # on lists: every torch call after a forward starts cold
             drafted = plan.tokens.tolist()[1:]
@@ -178,7 +129,7 @@ class Decoding:
     cache: Cache
     drafter: Drafter
     policy: KPolicy
-    params: SamplingParams
+    params: Warp
     generator: torch.Generator | None
     eos_ids: set[int] | frozenset[int]
     constraints: Constraints | None = None

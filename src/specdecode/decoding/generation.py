@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.backends.models import LoadedModel
-from specdecode.core.control import KPolicy
-from specdecode.core.decoder import decode
+from specdecode.core.drafter import Drafter
 from specdecode.core.metrics import Stats
-from specdecode.core.sampling import SamplingParams
-from specdecode.core.text import TextStream
-from specdecode.drafters.base import Drafter
+from specdecode.core.sampling import Warp
+from specdecode.decoding.control import KPolicy
+from specdecode.decoding.decoder import decode
+from specdecode.decoding.text import TextStream
 from specdecode.errors import UserError
 
 MAX_K = 64
@@ -74,7 +74,7 @@ def generate(
     prompt: str | list[int],
     *,
     k: int | KPolicy = 4,
-    params: SamplingParams = SamplingParams(),
+    params: Warp = Warp(),
     max_new_tokens: int = 128,
     chat: bool | None = None,
     stop: Sequence[str] = (),

@@ -28,11 +28,12 @@ from collections.abc import Iterator
 import torch
 
 from specdecode.backends.lm import CausalLM
-from specdecode.core.constraints import Constraints
-from specdecode.core.control import FixedK, KPolicy
-from specdecode.core.sampling import SamplingParams
-from specdecode.core.step import Decoding, Step, plan, settle
-from specdecode.drafters.base import Drafter
+from specdecode.core.drafter import Drafter
+from specdecode.core.plan import plan
+from specdecode.core.sampling import Warp
+from specdecode.decoding.constraints import Constraints
+from specdecode.decoding.control import FixedK, KPolicy
+from specdecode.decoding.step import Decoding, Step, settle
 
 __all__ = ["Step", "decode"]
 
@@ -43,7 +44,7 @@ def decode(
     prompt: list[int],
     *,
     k: int | KPolicy,
-    params: SamplingParams,
+    params: Warp,
     max_new_tokens: int,
     eos_ids: set[int] = frozenset(),
     generator: torch.Generator | None = None,

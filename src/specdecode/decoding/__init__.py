@@ -1,0 +1,9 @@
+"""Decoding: the loop for one sequence (decoder.py, generation.py) and for many (batch_decoder.py),
+the step both share (step.py: check, settle; text.py: the public text stream), and the policy around
+it: what a request changes in the target's distribution (constraints.py with penalties.py and
+grammar.py; logprobs.py), adaptive k and cost models (control.py, costs.py, step_fit.py), prefill
+budgets and the prefix cache, routing and task state, memory estimates.
+
+It sits above the drafters (it builds them from specs and drives them through core/drafter.py's
+protocol) and the core's primitives, and imports no wing (pyproject.toml's contracts). Not named
+`engine`: that is the server's scheduler (server/engine.py), which drives this package's batched loop."""
