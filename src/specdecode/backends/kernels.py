@@ -30,8 +30,8 @@ HEADERS = [
 ]
 
 # Products of more rows than this (a long prefill, a big batch) go to torch's dense GEMM (oneDNN/MKL)
-# instead of the row-invariant kernels: on the AVX2 EPYC, one thread, 512 rows of the layer matrices
-# run at 90 GFLOP/s there against 35 in the kernels (32 rows: 70 vs 42). Decoding and verification
+# instead of the row-invariant kernels, which are slower at that size (docs/results/
+# prefill_dense_zen3_2threads.json, docs/benchmarks.md). Decoding and verification
 # (at most 64 rows, FastLlama's fused forward) stay in the kernels, so a row's bits there never
 # depend on the others.
 DENSE_ROWS = 64

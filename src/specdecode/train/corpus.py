@@ -15,7 +15,7 @@ from specdecode.train import data, features
 
 
 @dataclass(frozen=True)
-class Corpus:
+class TrainingSet:
     seqs: list[Record]
     target: dict  # checkpoint.describe: the target a checkpoint names
     source: features.Source  # the target as the features were computed from (its dtype)
@@ -40,7 +40,7 @@ def load(
     source: features.Source | None = None,
     val: float = 0.0,
     layer_ids: tuple[int, ...] = (),
-) -> Corpus:
+) -> TrainingSet:
     """loaded: the fp32 target; data_dir: `train data`'s directory; vocab: the draft vocabulary's size;
     features_dir: the feature store (default: DATA/features); source: the target the features come
     from (default: loaded itself); val: the held-out fraction; layer_ids: the layers whose outputs
@@ -53,4 +53,4 @@ def load(
     train_ids, val_ids = data.split(seqs, val)
     token_map = data.token_map([seqs[i] for i in train_ids], loaded.model.vocab_size, vocab)
     lm_head = loaded.model.output_weight().detach().float().cpu()[token_map]
-    return Corpus(seqs, target, source, feats, train_ids, val_ids, token_map, lm_head)
+    return TrainingSet(seqs, target, source, feats, train_ids, val_ids, token_map, lm_head)

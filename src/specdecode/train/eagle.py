@@ -21,7 +21,7 @@ from specdecode.backends.layer import norm_offset, norm_weight
 from specdecode.drafters.eagle import EagleHead, head_from_config, rope_tables
 from specdecode.errors import UserError
 from specdecode.train import features, loop
-from specdecode.train.corpus import Corpus, load
+from specdecode.train.corpus import TrainingSet, load
 
 
 def default_layers(num_layers: int) -> tuple[int, ...]:
@@ -148,7 +148,7 @@ def _layer_ids(layers: str, init: str, init_config: dict, num_layers: int) -> tu
     return layer_ids
 
 
-def _config(cfg, layer_ids: tuple[int, ...], corpus: Corpus, settings: dict, val: float) -> dict:
+def _config(cfg, layer_ids: tuple[int, ...], corpus: TrainingSet, settings: dict, val: float) -> dict:
     """The checkpoint's config.json: the head's shape (the target's numbers) and how it was trained."""
     train = {**settings, "sequences": len(corpus.train_ids), "response_tokens": corpus.response_tokens}
     return {
