@@ -649,9 +649,15 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     assert outputs == [generate(target, plain, p, max_new_tokens=MAX_NEW).token_ids for p in ids]
 
     capsys.readouterr()
+    assert main(["train", "eagle", *common, "--out", str(tmp_path / "bad"), "--dtype", "fp16"]) == 2
+    assert (
+        "learns from the target in fp32, bf16, gguf, gguf-exact (--dtype fp16 given)"
+        in capsys.readouterr().err
+    )
     assert main(["train", "eagle", *common, "--out", str(tmp_path / "bad"), "--dtype", "q4"]) == 2
     assert (
-        "learns from the target in fp32, bf16, gguf, gguf-exact (--dtype q4 given)" in capsys.readouterr().err
+        "unknown dtype 'q4'; choose one of fp32, bf16, fp16, gguf, gguf-exact or auto"
+        in capsys.readouterr().err
     )
 
 
