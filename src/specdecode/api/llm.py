@@ -90,7 +90,8 @@ class LLM:
     """A target model with a drafter. model: None (the default SmolLM2-135M-Instruct GGUF), a Hugging
     Face directory, a .gguf file or a hub id; drafter: a spec ("ngram", "eagle", "draft:DIR", ...,
     see `specdecode.drafters`) or a parsed Spec; k: draft tokens per step (the most, when adaptive);
-    dtype: fp32, bf16, gguf, gguf-exact or auto (gguf for a GGUF file on CPU, else fp32)."""
+    dtype: fp32, bf16, gguf, gguf-exact or auto (gguf for a GGUF file on CPU, else fp32), or a parsed
+    Precision; `llm.precision` is the one it resolved to."""
 
     def __init__(
         self,

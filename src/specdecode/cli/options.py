@@ -166,6 +166,7 @@ def parse_precision(args) -> None:
 
 
 def _auto(args):
+    """What --dtype auto means for this command's target, device and quantization."""
     from specdecode.backends import models
     from specdecode.backends.precision import FP32, GGUF, GGUF_EXACT
 
