@@ -284,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     from specdecode.backends import models
+    from specdecode.backends.precision import Precision
 
-    model = models.load(a.target, a.dtype).model
+    model = models.load(a.target, Precision.parse(a.dtype)).model
     if getattr(model, "kernels", None) is None:
         print("anatomy: the fused kernels did not build; nothing to measure", file=sys.stderr)
         return 2

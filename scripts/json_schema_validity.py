@@ -27,6 +27,7 @@ import jsonschema
 import torch
 
 from specdecode.backends import models
+from specdecode.backends.precision import Precision
 from specdecode.core.sampling import Warp
 from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.decoder import decode
@@ -112,7 +113,7 @@ def main() -> None:
     if not 1 <= args.schemas <= len(SCHEMAS):
         ap.error(f"--schemas: 1..{len(SCHEMAS)}")
     schemas = SCHEMAS[: args.schemas]
-    target = models.load(args.target, args.dtype, "cpu")
+    target = models.load(args.target, Precision.parse(args.dtype), "cpu")
     tok = target.tokenizer
     grammars = Grammars(tok, target.model.vocab_size, target.eos_ids)
     drafters = {

@@ -38,6 +38,7 @@ def worker(engine: str, a) -> None:
     torch.set_num_threads(a.threads)
     from specdecode import drafters
     from specdecode.backends import models
+    from specdecode.backends.precision import Precision
     from specdecode.core.sampling import Warp
     from specdecode.corpora import load_prompts
     from specdecode.decoding.generation import encode_prompt, generate
@@ -45,7 +46,8 @@ def worker(engine: str, a) -> None:
     if engine.startswith("llamacpp-"):
         llamacpp_bin(engine, a)
         return print_peak_rss()
-    target = models.load(a.target, a.dtype)
+    precision = Precision.parse(a.dtype)
+    target = models.load(a.target, precision)
     items = [(p.id, encode_prompt(target.tokenizer, p.prompt, None)) for p in load_prompts(a.prompts)]
     if engine == "llamacpp":
         from specdecode.bench import llamacpp
@@ -56,7 +58,7 @@ def worker(engine: str, a) -> None:
             return run(ids, n, Warp(), 0)
     else:
         spec = f"draft:{a.draft}" if engine == "draft" else engine
-        drafter = drafters.build(spec, drafters.DrafterContext(target, a.dtype))
+        drafter = drafters.build(spec, drafters.DrafterContext(target, precision))
 
         def decode(ids, n):
             return generate(target, drafter, ids, k=a.k, max_new_tokens=n, ignore_eos=a.ignore_eos)

@@ -39,12 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     from specdecode.backends import models
+    from specdecode.backends.precision import Precision
 
     dtypes = a.dtypes.split(",")
     gen = torch.Generator().manual_seed(0)
     built, bases = {}, {}
     for dtype in dtypes:
-        model = built[dtype] = models.load(a.target, dtype).model
+        model = built[dtype] = models.load(a.target, Precision.parse(dtype)).model
         model.reset()
         model.forward(torch.randint(model.vocab_size, (a.context,), generator=gen), num_logits=1)
         bases[dtype] = model.length

@@ -158,14 +158,15 @@ def run_ours(args, prompts) -> dict:
 
     from specdecode import drafters
     from specdecode.backends import models
+    from specdecode.backends.precision import FP32
     from specdecode.core.metrics import Stats
     from specdecode.core.sampling import Warp
     from specdecode.decoding.control import FixedK
     from specdecode.decoding.generation import generate
 
     torch.set_num_threads(args.threads)
-    target = models.load(args.target, "fp32", "cpu", "auto")
-    ctx = drafters.DrafterContext(target, "fp32", "cpu", "auto")
+    target = models.load(args.target, FP32, "cpu", "auto")
+    ctx = drafters.DrafterContext(target, FP32, "cpu", "auto")
     results = {}
     for spec in args.drafters.split(","):
         drafter, total, texts, started = drafters.build(spec, ctx), Stats(), [], time.monotonic()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers import TableModel
+from specdecode.backends.precision import FP32
 
 VOCAB = 384  # 256 byte symbols + 3 special tokens + 125 merges
 EOS = "<|end|>"
@@ -196,7 +197,7 @@ def target(tiny_model_dir):
     """The tiny target as a LoadedModel with the default backend (FastLlama for Llama models)."""
     from specdecode.backends import models
 
-    return models.load(tiny_model_dir, "fp32", "cpu")
+    return models.load(tiny_model_dir, FP32, "cpu")
 
 
 @pytest.fixture(scope="session")
@@ -204,14 +205,14 @@ def target_hf(tiny_model_dir):
     """The same target weights through HF's own forward and DynamicCache (backend hf)."""
     from specdecode.backends import models
 
-    return models.load(tiny_model_dir, "fp32", "cpu", backend="hf")
+    return models.load(tiny_model_dir, FP32, "cpu", backend="hf")
 
 
 @pytest.fixture(scope="session")
 def draft(tiny_draft_dir):
     from specdecode.backends import models
 
-    return models.load(tiny_draft_dir, "fp32", "cpu")
+    return models.load(tiny_draft_dir, FP32, "cpu")
 
 
 @pytest.fixture

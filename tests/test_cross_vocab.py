@@ -10,6 +10,7 @@ import torch
 from conftest import make_sentencepiece_tokenizer, make_tokenizer
 from helpers import ScriptModel, TableModel, tv, tv_bound
 from specdecode import drafters
+from specdecode.backends.precision import FP32
 from specdecode.backends.tokenizer_check import compare, token_bytes
 from specdecode.core.sampling import Warp, warp
 from specdecode.decoding.decoder import decode
@@ -31,7 +32,7 @@ def sp_target(sentencepiece_draft_dir):
     """The SentencePiece-style model as a target (the byte-level tiny draft then drafts for it)."""
     from specdecode.backends import models
 
-    return models.load(sentencepiece_draft_dir, "fp32", "cpu")
+    return models.load(sentencepiece_draft_dir, FP32, "cpu")
 
 
 def test_byte_level_and_sentencepiece_token_texts():

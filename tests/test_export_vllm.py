@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from conftest import _save, make_llama
 from specdecode import cli, drafters
 from specdecode.backends import models
+from specdecode.backends.precision import FP32
 from specdecode.decoding.config import Route, SpecConfig
 from specdecode.drafters import parse
 from specdecode.drafters.eagle import KVCache, head_from_config, rope_tables
@@ -86,7 +87,7 @@ def target4(tmp_path_factory, tiny_tokenizer):
     """A 4-layer tiny target (an EAGLE-3 head needs 3 layers below the last)."""
     model = make_llama(seed=5, layers=4, eos_id=tiny_tokenizer.eos_token_id)
     path = _save(tmp_path_factory.mktemp("target4"), model, tiny_tokenizer)
-    return path, models.load(path, "fp32", "cpu")
+    return path, models.load(path, FP32, "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -419,7 +420,7 @@ def test_hub_targets_are_passed_through():
 def test_shipped_drafters_export_for_the_default_target(tmp_path):
     """The shipped checkpoints: medusa (4 heads), EAGLE-3 reading layers 2, 15, 27 (vLLM ids 3, 16, 28),
     draft."""
-    target = models.load(None, "fp32", "cpu", backend="hf")
+    target = models.load(None, FP32, "cpu", backend="hf")
     ctx = vllm.Context(tmp_path, lambda: target)
     opts = vllm.ServeOptions("t")
     for drafter, method in (("medusa", "medusa"), ("eagle", "eagle3"), ("draft", "draft_model")):

@@ -12,6 +12,7 @@ from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends import models
 from specdecode.backends.fast_llama import FastLlama
+from specdecode.backends.precision import FP32
 from train_fixtures import PROMPTS
 
 FAMILIES = {
@@ -92,7 +93,7 @@ def family_target(request, tmp_path_factory, tiny_tokenizer):
     path = tmp_path_factory.mktemp(request.param)
     make(request.param, seed=2, eos_token_id=tiny_tokenizer.eos_token_id).save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
-    return models.load(str(path), "fp32", "cpu")
+    return models.load(str(path), FP32, "cpu")
 
 
 @pytest.mark.parametrize("spec", ["ngram", "draft:{draft}", "draft:{self}"])
@@ -144,7 +145,7 @@ def test_every_trainer_runs_on_the_family_its_drafter_is_lossless_and_exports(
         **({"layer_types": kinds * 2} if kinds else {}),
     ).save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
-    target = models.load(str(path), "fp32", "cpu")
+    target = models.load(str(path), FP32, "cpu")
     data_dir = make_data(target, tmp_path / "data", max_new_tokens=24)
     ctx = drafters.DrafterContext(target)
     plain = drafters.build("none", ctx)

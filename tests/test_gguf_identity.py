@@ -15,6 +15,7 @@ from helpers import assert_lossless
 from serving import MODEL, reference, scheduler_held, serve, until
 from specdecode import LLM, SamplingParams, drafters
 from specdecode.backends import kernels, models
+from specdecode.backends.precision import Precision
 
 ops = kernels.load()
 DTYPES = [
@@ -64,7 +65,7 @@ def test_api_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, tiny_draf
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_server_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, dtype):
     """The server's batched core with the file drafting for itself: drafts proposed and accepted."""
-    target = models.load(tiny_gguf, dtype, "cpu")
+    target = models.load(tiny_gguf, Precision.parse(dtype), "cpu")
     prompts = [target.tokenizer(p)["input_ids"] for p in PROMPTS]
     expected = [reference(target, ids, 24).token_ids for ids in prompts]
     results = [None] * len(prompts)
@@ -92,8 +93,8 @@ def test_server_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, dtype)
 def test_a_draft_over_its_most_frequent_tokens_drafts_only_them_and_stays_lossless(tiny_gguf, dtype):
     """FR-Spec: `draft:vocab=N:<model>` keeps the draft's LM-head rows of its first N tokens (and its
     specials); it proposes only those, verification is unchanged, the output stays plain decoding's."""
-    target = models.load(tiny_gguf, dtype, "cpu")
-    ctx = drafters.DrafterContext(target, dtype)
+    target = models.load(tiny_gguf, Precision.parse(dtype), "cpu")
+    ctx = drafters.DrafterContext(target, Precision.parse(dtype))
     drafter = drafters.build(f"draft:vocab=200:{tiny_gguf}", ctx)
     allowed = set(drafter.token_map.tolist())
     assert set(range(200)) <= allowed and len(allowed) < target.model.vocab_size

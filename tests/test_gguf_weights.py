@@ -18,6 +18,7 @@ from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
 from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends import gguf_weights, kernels, layer, models
+from specdecode.backends.precision import FP32, GGUF, GGUF_EXACT, Precision
 from specdecode.core.sampling import Warp
 from specdecode.decoding.generation import generate
 from specdecode.errors import UserError
@@ -197,7 +198,7 @@ def monkeypatch_module():
 @pytest.fixture(scope="module")
 def pair(tiny_gguf):
     """(fp32 on the dequantized copy, gguf on the quantized blocks) of the same file."""
-    return models.load(tiny_gguf, "fp32", "cpu"), models.load(tiny_gguf, "gguf-exact", "cpu")
+    return models.load(tiny_gguf, FP32, "cpu"), models.load(tiny_gguf, GGUF_EXACT, "cpu")
 
 
 @needs_kernels
@@ -222,7 +223,7 @@ def test_quantized_forward_gives_the_bits_of_the_dequantized_model(pair):
 @pytest.mark.parametrize("spec", ["ngram", "draft:{draft}", "suffix"])
 def test_greedy_speculation_on_quantized_weights_equals_plain(pair, tiny_draft_dir, spec):
     target = pair[1]
-    ctx = drafters.DrafterContext(target, "gguf-exact")
+    ctx = drafters.DrafterContext(target, GGUF_EXACT)
     plain, drafter = drafters.build("none", ctx), drafters.build(spec.format(draft=tiny_draft_dir), ctx)
     # random blocks: these drafters check the rejection path; acceptance on a GGUF target is checked by
     # the file drafting for itself (test_gguf_identity.py) and the trained heads below
@@ -245,7 +246,7 @@ def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
     fp32, target = pair
     data_dir = make_data(target, tmp_path / "data", max_new_tokens=24)  # generated on the quantized model
     medusa.train(fp32, data_dir, tmp_path / "medusa", steps=20, lr=1e-2, batch_tokens=128, vocab=300)
-    ctx = drafters.DrafterContext(target, "gguf-exact")  # same embedding: the fingerprint matches
+    ctx = drafters.DrafterContext(target, GGUF_EXACT)  # same embedding: the fingerprint matches
     plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'medusa'}", ctx)
     assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
 
@@ -257,8 +258,8 @@ def test_medusa_beside_an_int8_target_mixes_on_its_int8_path_losslessly(tiny_ggu
 
     data_dir = make_data(pair[0], tmp_path / "data", max_new_tokens=24)
     medusa.train(pair[0], data_dir, tmp_path / "medusa", steps=20, lr=1e-2, batch_tokens=128, vocab=300)
-    target = models.load(tiny_gguf, "gguf", "cpu")
-    ctx = drafters.DrafterContext(target, "gguf")
+    target = models.load(tiny_gguf, GGUF, "cpu")
+    ctx = drafters.DrafterContext(target, GGUF)
     plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'medusa'}", ctx)
     assert isinstance(head.mix, gguf_weights.QuantLinear) and head.mix.interleaved
     _, drafted = assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
@@ -267,12 +268,12 @@ def test_medusa_beside_an_int8_target_mixes_on_its_int8_path_losslessly(tiny_ggu
 
 @needs_kernels
 def test_int8_activations_keep_greedy_speculation_lossless(tiny_gguf):
-    target = models.load(tiny_gguf, "gguf", "cpu")
+    target = models.load(tiny_gguf, GGUF, "cpu")
     qkv = target.model.layers[0].qkv
     assert qkv.kernels["q4"] == ops.linear_q4_i8
     assert qkv.interleaved == (ops.vnni_rows() > 0)  # the VNNI kernels wherever the CPU has them
     assert isinstance(qkv.parts[0], gguf_weights.Interleaved) == qkv.interleaved
-    ctx = drafters.DrafterContext(target, "gguf")
+    ctx = drafters.DrafterContext(target, GGUF)
     plain, ngram = drafters.build("none", ctx), drafters.build("ngram", ctx)
     assert_lossless(target, plain, ngram, PROMPTS[:4], k=4, max_new_tokens=40, min_accepted=0)
     own = drafters.build(f"draft:{tiny_gguf}", ctx)  # the file drafting for itself: accepted
@@ -287,7 +288,7 @@ def test_gguf_rows_get_the_same_bits_in_any_call(tiny_gguf):
     single request does)."""
     from specdecode.backends.batch_model import Row, batched
 
-    model = models.load(tiny_gguf, "gguf", "cpu").model
+    model = models.load(tiny_gguf, GGUF, "cpu").model
     g = torch.Generator().manual_seed(7)
     seqs = [torch.randint(model.vocab_size, (n,), generator=g) for n in (90, 5, 31)]
 
@@ -320,7 +321,7 @@ def test_the_native_stack_gives_the_per_op_paths_bits(tiny_gguf):
     a prefill, a chain, a tree, batched rows."""
     from specdecode.backends.batch_model import Row, batched
 
-    model = models.load(tiny_gguf, "gguf", "cpu").model
+    model = models.load(tiny_gguf, GGUF, "cpu").model
     assert model.stack is not None  # a Llama-form file on VNNI: every forward goes through it
     assert model.stack.head is None  # ... its LM head included
     g = torch.Generator().manual_seed(3)
@@ -353,7 +354,7 @@ def test_a_chain_from_token_ids_gives_the_stacks_bits_and_names_a_bad_id(tiny_gg
     as it was."""
     from specdecode.backends.batch_model import Row, batched
 
-    model = models.load(tiny_gguf, "gguf", "cpu").model
+    model = models.load(tiny_gguf, GGUF, "cpu").model
     assert model.stack is not None and model.stack.by_ids
     seq = torch.randint(model.vocab_size, (25,), generator=torch.Generator().manual_seed(5))
     last = model.config.num_hidden_layers - 1
@@ -390,7 +391,7 @@ def test_the_eagle_heads_native_step_follows_its_torch_step(tiny_gguf):
 
     from specdecode.drafters.eagle import EagleDrafter, EagleHead
 
-    target = models.load(tiny_gguf, "gguf", "cpu").model
+    target = models.load(tiny_gguf, GGUF, "cpu").model
     torch.manual_seed(0)
     head = EagleHead(256, 2 * 256, 4, 2, 64, 512, eps=1e-5)
     for p in head.parameters():  # trained-looking norms, not all ones
@@ -436,19 +437,19 @@ def _eagle_steps(d, context: list[int], features):
 
 def test_gguf_dtype_needs_a_gguf_file(tiny_model_dir):
     with pytest.raises(UserError, match="is not a .gguf file"):
-        models.load(tiny_model_dir, "gguf", "cpu")
+        models.load(tiny_model_dir, GGUF, "cpu")
     with pytest.raises(UserError, match="unknown dtype 'q4'.*gguf"):
-        models.load(tiny_model_dir, "q4", "cpu")
+        Precision.parse("q4")
 
 
 @needs_kernels
 def test_auto_dtype_picks_gguf_for_gguf_llamas_on_cpu(tiny_gguf, tiny_model_dir, capsys):
     from specdecode import cli
 
-    assert models.auto_dtype(tiny_gguf, "cpu") == "gguf"
-    assert models.auto_dtype(tiny_gguf, "cpu", quant="int8") == "fp32"
-    assert models.auto_dtype(tiny_gguf, "cpu", backend="hf") == "fp32"
-    assert models.auto_dtype(tiny_model_dir, "cpu") == "fp32"
+    assert models.auto_dtype(tiny_gguf, "cpu") == GGUF
+    assert models.auto_dtype(tiny_gguf, "cpu", quant="int8") == FP32
+    assert models.auto_dtype(tiny_gguf, "cpu", backend="hf") == FP32
+    assert models.auto_dtype(tiny_model_dir, "cpu") == FP32
     assert (
         cli.main(
             [
@@ -512,7 +513,7 @@ def test_a_file_of_each_family_loads_quantized_with_the_fp32_bits(family, extra,
             "ffn_down": "Q6_K" if hf.config.intermediate_size % 256 == 0 else "Q4_0",
         },
     )
-    fp32, quant = models.load(path, "fp32", "cpu"), models.load(path, "gguf-exact", "cpu")
+    fp32, quant = models.load(path, FP32, "cpu"), models.load(path, GGUF_EXACT, "cpu")
     assert fp32.model.config.model_type == family and isinstance(
         quant.model.layers[0].qkv, gguf_weights.QuantLinear
     )
@@ -523,11 +524,11 @@ def test_a_file_of_each_family_loads_quantized_with_the_fp32_bits(family, extra,
         ids[140:],
     ):  # fused kernels, a dense prefill past DENSE_ROWS, fused again
         assert torch.equal(fp32.model.extend(chunk), quant.model.extend(chunk))
-    target = models.load(path, "gguf", "cpu")  # 8-bit activations: lossless against its own plain decoding
+    target = models.load(path, GGUF, "cpu")  # 8-bit activations: lossless against its own plain decoding
     if family == "qwen2" and ops.vnni_rows() > 0:  # q|k|v biases added inside the one native call
         assert target.model.stack is not None
         assert_stack_is_per_op(target.model, ids)
-    ctx = drafters.DrafterContext(target, "gguf")
+    ctx = drafters.DrafterContext(target, GGUF)
     plain = drafters.build("none", ctx)
     repeats = PROMPTS[:2] + ["one two three one two three one two"]  # the last one has n-grams to find
     assert_lossless(
@@ -582,8 +583,8 @@ def test_auto_is_exact_where_fp32_tokens_are_promised(tiny_gguf):
     picked = {}
     for argv in (["generate", "x"], ["serve"], ["train", "data", "--out", "o"], ["bench"]):
         args = cli.parser().parse_args([*argv, "--target", tiny_gguf, "--device", "cpu"])
-        cli.options.resolve_dtype(args)
-        picked[argv[0] + (argv[1] if argv[0] == "train" else "")] = args.dtype
+        cli.options.parse_precision(args)
+        picked[argv[0] + (argv[1] if argv[0] == "train" else "")] = str(args.precision)
     serve = "gguf" if kernels.rows_exact_int8() else "gguf-exact"  # batched rows as single ones: VNNI
     assert picked == {"generate": "gguf", "serve": serve, "traindata": "gguf-exact", "bench": "gguf"}
     assert kernels.rows_exact_int8() == (ops.vnni_rows() > 0)
@@ -632,8 +633,8 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     ]
     assert len(hidden) == 2 and hidden[0].shape == hidden[1].shape and not torch.equal(hidden[0], hidden[1])
 
-    target = models.load(tiny_gguf, "gguf", "cpu")
-    ctx = drafters.DrafterContext(target, "gguf")
+    target = models.load(tiny_gguf, GGUF, "cpu")
+    ctx = drafters.DrafterContext(target, GGUF)
     plain, head = drafters.build("none", ctx), drafters.build(f"eagle:{tmp_path / 'gguf'}", ctx)
     packed = [m.linear for m in head.head.modules() if isinstance(m, layer.PackedLinear)]
     assert packed and all(isinstance(f, gguf_weights.QuantLinear) == (ops.vnni_rows() > 0) for f in packed)
@@ -648,9 +649,15 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     assert outputs == [generate(target, plain, p, max_new_tokens=MAX_NEW).token_ids for p in ids]
 
     capsys.readouterr()
+    assert main(["train", "eagle", *common, "--out", str(tmp_path / "bad"), "--dtype", "fp16"]) == 2
+    assert (
+        "learns from the target in fp32, bf16, gguf, gguf-exact (--dtype fp16 given)"
+        in capsys.readouterr().err
+    )
     assert main(["train", "eagle", *common, "--out", str(tmp_path / "bad"), "--dtype", "q4"]) == 2
     assert (
-        "learns from the target in fp32, bf16, gguf, gguf-exact (--dtype q4 given)" in capsys.readouterr().err
+        "unknown dtype 'q4'; choose one of fp32, bf16, fp16, gguf, gguf-exact or auto"
+        in capsys.readouterr().err
     )
 
 
@@ -661,8 +668,8 @@ def test_a_distilled_draft_beside_an_int8_target_runs_on_its_int8_stack(tiny_ggu
 
     data_dir = make_data(pair[0], tmp_path / "data", max_new_tokens=24)
     draft.train(pair[0], data_dir, tmp_path / "draft", steps=3, batch_tokens=64, vocab=200, window=32)
-    target = models.load(tiny_gguf, "gguf", "cpu")
-    ctx = drafters.DrafterContext(target, "gguf")
+    target = models.load(tiny_gguf, GGUF, "cpu")
+    ctx = drafters.DrafterContext(target, GGUF)
     plain, drafter = drafters.build("none", ctx), drafters.build(f"draft:{tmp_path / 'draft'}", ctx)
     model = drafter.model
     assert model.int8_activations and model.stack is not None
@@ -703,7 +710,7 @@ def test_features_fed_in_short_calls_are_the_rows_decoding_computes(tiny_gguf, p
     from train_fixtures import make_data
 
     seq = data.read(make_data(pair[0], tmp_path / "data", max_new_tokens=24))[0]
-    target = models.load(tiny_gguf, "gguf", "cpu").model
+    target = models.load(tiny_gguf, GGUF, "cpu").model
     monkeypatch.setattr(gguf_weights, "DENSE_ROWS", 2)  # calls of 3+ rows take the exact float32 GEMM
     whole = features.compute(target, [seq]).hidden[0]
     fed = features.compute(target, [seq], rows=2).hidden[0]  # the prompt, then the response 2 rows a call
@@ -719,8 +726,8 @@ def test_features_fed_in_short_calls_are_the_rows_decoding_computes(tiny_gguf, p
     assert torch.equal(fed, torch.cat(served).float())
     # one long call is what decoding computes only where every forward is fused (the VNNI kernels)
     assert torch.equal(whole[start:], fed[start:]) == (ops.vnni_rows() > 0)
-    assert features.Source(target, "gguf", 4).key("fp") != features.Source(target, "gguf").key("fp") != "fp"
-    assert features.Source(target, "gguf-exact").key("fp") == "fp"
+    assert features.Source(target, GGUF, 4).key("fp") != features.Source(target, GGUF).key("fp") != "fp"
+    assert features.Source(target, GGUF_EXACT).key("fp") == "fp"
 
 
 def test_bench_runs_hf_peers_in_the_float_pass_of_a_mixed_dtype_run(tiny_gguf, tmp_path, capsys):

@@ -12,6 +12,7 @@ from helpers import assert_lossless
 from specdecode import drafters
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel
+from specdecode.backends.precision import FP32
 from specdecode.core.sampling import Warp
 from specdecode.decoding.control import AdaptiveK, CostModel
 from specdecode.decoding.generation import generate
@@ -222,7 +223,7 @@ def test_shipped_drafters_load_for_the_default_target(default_target, kind):
 def default_target():
     from specdecode.backends import models
 
-    return models.load(None, "fp32", "cpu")
+    return models.load(None, FP32, "cpu")
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])

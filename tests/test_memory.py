@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import make_llama
+from specdecode.backends.precision import BF16
 from specdecode.decoding import memory
 
 
@@ -27,6 +28,7 @@ from transformers import AutoModelForCausalLM
 from transformers import LlamaForCausalLM  # noqa: F401  (code, not memory under test)
 from specdecode.decoding import memory
 from specdecode.backends import models, quant
+from specdecode.backends.precision import FP32
 from specdecode.backends.layer import Linear
 Linear(torch.zeros(8, 8))(torch.zeros(1, 8))  # initialise the oneDNN runtime before the baseline
 torch.ao.nn.quantized.dynamic.Linear(8, 8)(torch.zeros(1, 8))  # and the int8 kernels
@@ -38,7 +40,7 @@ m = models.wrap(hf)
 m.extend(torch.randint(0, 8192, (507,)), num_logits=1)
 m.extend(torch.randint(0, 8192, (5,)))
 grown = memory.current_rss_bytes() - before
-est = memory.estimate(m.config, dtype="fp32", context=507, tokens_in_flight=5, quant=sys.argv[2])
+est = memory.estimate(m.config, precision=FP32, context=507, tokens_in_flight=5, quant=sys.argv[2])
 print(json.dumps({"grown": grown, "estimate": est.to_json()}))
 """
 
@@ -67,4 +69,4 @@ def test_kv_cache_term_scales_with_context_and_batch():
     a = memory.estimate(cfg, context=256 - 5)
     b = memory.estimate(cfg, context=512 - 5, batch=2)
     assert b.kv_cache == 4 * a.kv_cache
-    assert memory.estimate(cfg, dtype="bf16", context=251).kv_cache * 2 == a.kv_cache
+    assert memory.estimate(cfg, precision=BF16, context=251).kv_cache * 2 == a.kv_cache

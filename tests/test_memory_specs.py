@@ -8,11 +8,12 @@ import torch
 
 from specdecode.backends import models
 from specdecode.backends.checkpoint import SHIPPED
+from specdecode.backends.precision import FP32
 from specdecode.cli import main
 from specdecode.decoding import memory
 from specdecode.drafters import parse
 
-COMMON = dict(dtype="fp32", context=256, batch=1, k=4)
+COMMON = dict(precision=FP32, context=256, batch=1, k=4)
 
 
 def _report(target_dir, drafter):

@@ -12,6 +12,7 @@ import torch
 from conftest import make_llama
 from specdecode import drafters
 from specdecode.backends import models, quant
+from specdecode.backends.precision import BF16, FP32
 from specdecode.cli import main
 from specdecode.decoding.generation import generate
 from specdecode.errors import UserError
@@ -39,8 +40,8 @@ def test_decoder_linears_shrink_about_4x():
 def test_fast_llama_runs_the_int8_weights(tiny_model_dir):
     """FastLlama on a quantized model gives HF's own forward of that model (same int8 kernels), not
     the fp32 logits: it calls the quantized linears rather than weights it kept from before."""
-    fp32 = models.load(tiny_model_dir, "fp32", "cpu").model
-    int8 = models.load(tiny_model_dir, "fp32", "cpu", quant="int8")
+    fp32 = models.load(tiny_model_dir, FP32, "cpu").model
+    int8 = models.load(tiny_model_dir, FP32, "cpu", quant="int8")
     hf_forward = models.wrap(int8.model.hf, "hf")
     tokens = torch.tensor([5, 70, 9, 200, 31, 8, 150, 42])
     fast, slow, full = (m.extend(tokens) for m in (int8.model, hf_forward, fp32))
@@ -67,11 +68,11 @@ def test_int8_drafter_keeps_the_targets_greedy_output(target, tiny_model_dir):
 
 def test_bad_quantization_requests_are_clear_errors(tiny_model_dir, capsys):
     with pytest.raises(UserError, match="unknown quantization 'int4'.*none, int8"):
-        models.load(tiny_model_dir, "fp32", "cpu", quant="int4")
+        models.load(tiny_model_dir, FP32, "cpu", quant="int4")
     with pytest.raises(UserError, match="starts from fp32"):
-        quant.check("int8", "bf16", "cpu")
+        quant.check("int8", BF16, "cpu")
     with pytest.raises(UserError, match="CPU only"):
-        quant.check("int8", "fp32", "cuda")
+        quant.check("int8", FP32, "cuda")
     assert (
         main(["generate", "hi", "--target", tiny_model_dir, "--drafter", "ngram", "--drafter-quant", "int8"])
         != 0

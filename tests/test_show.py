@@ -9,6 +9,7 @@ from specdecode import drafters
 from specdecode.api import show
 from specdecode.api.outputs import CompletionOutput
 from specdecode.backends import models
+from specdecode.backends.precision import FP32
 from specdecode.cli import main
 from specdecode.core.sampling import Warp
 from specdecode.decoding.decoder import decode
@@ -39,7 +40,7 @@ def loop_account(target, drafter, ids: list[int]) -> tuple[list[int], list[bool]
 
 
 def test_show_marks_exactly_the_accepted_drafts(capsys, tiny_model_dir, near_draft_dir, tmp_path):
-    target = models.load(tiny_model_dir, "fp32", "cpu")
+    target = models.load(tiny_model_dir, FP32, "cpu")
     drafter = drafters.build(f"draft:{near_draft_dir}", drafters.DrafterContext(target))
     tokens, flags = loop_account(target, drafter, target.tokenizer(PROMPT)["input_ids"])
     assert 0 < sum(flags) < len(flags) // 2  # both kinds present

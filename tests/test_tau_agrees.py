@@ -8,6 +8,7 @@ import json
 import httpx
 
 from serving import MODEL, serve
+from specdecode.backends.precision import FP32
 from specdecode.bench import suite as bench
 from specdecode.cli import main
 from specdecode.core.sampling import Warp
@@ -65,7 +66,7 @@ def test_tau_from_generate_bench_and_metrics_agree(capsys, tmp_path, tiny_model_
         [Prompt(p, str(i)) for i, p in enumerate(PROMPTS)],
         [parse(DRAFTER)],
         target=tiny_model_dir,
-        dtypes=["fp32"],
+        precisions=[FP32],
         device=None,
         ks=[K],
         params=Warp(),

@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specdecode.backends.precision import FP32
 from specdecode.cli import main
 from specdecode.errors import UserError
 from specdecode.train import data, draft, eagle, medusa
@@ -517,8 +518,8 @@ def test_a_bf16_feature_source_keeps_its_own_store_entries_and_serves_losslessly
     assert main(["train", "medusa", *common, "--out", str(tmp_path / "bf16"), "--dtype", "bf16"]) == 0
     assert len(list(store.iterdir())) == 2 * fp32_files  # bf16's hidden states beside fp32's, not over them
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["train"]["features"] == "bf16"
-    target = models.load(tiny_model_dir, "fp32", "cpu")
-    ctx = drafters.DrafterContext(target, "fp32")
+    target = models.load(tiny_model_dir, FP32, "cpu")
+    ctx = drafters.DrafterContext(target, FP32)
     plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'bf16'}", ctx)
     # three training steps: drafts proposed, none accepted on the random model (the rejection path)
     assert_lossless(target, plain, head, PROMPTS[:3], k=2, max_new_tokens=24, min_accepted=0)

@@ -27,6 +27,7 @@ from specdecode.api.params import SamplingParams
 from specdecode.api.structured import Compiler
 from specdecode.backends import models
 from specdecode.backends.batch_model import batched
+from specdecode.backends.precision import FP32, Precision
 from specdecode.core.metrics import Stats
 from specdecode.decoding import batch_decoder
 from specdecode.decoding.batch_decoder import BatchDecoder
@@ -89,7 +90,8 @@ class LLM:
     """A target model with a drafter. model: None (the default SmolLM2-135M-Instruct GGUF), a Hugging
     Face directory, a .gguf file or a hub id; drafter: a spec ("ngram", "eagle", "draft:DIR", ...,
     see `specdecode.drafters`) or a parsed Spec; k: draft tokens per step (the most, when adaptive);
-    dtype: fp32, bf16, gguf, gguf-exact or auto (gguf for a GGUF file on CPU, else fp32)."""
+    dtype: fp32, bf16, gguf, gguf-exact or auto (gguf for a GGUF file on CPU, else fp32), or a parsed
+    Precision; `llm.precision` is the one it resolved to."""
 
     def __init__(
         self,
@@ -98,7 +100,7 @@ class LLM:
         *,
         k: int = 4,
         adaptive: bool = False,
-        dtype: str = "auto",
+        dtype: str | Precision = "auto",
         device: str | None = None,
         backend: str = "auto",
         threads: int | None = None,
@@ -126,25 +128,26 @@ class LLM:
             if threads < 1:
                 raise UserError(f"threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
-        if dtype == "auto":
+        precision = Precision.parse(dtype)
+        if precision.auto:
             try:
-                dtype = models.auto_dtype(model, device, target_quant, backend)
+                precision = models.auto_dtype(model, device, target_quant, backend)
             except UserError:  # an unreadable target: said by load() below
-                dtype = "fp32"
-        quant.check(target_quant, dtype, device)
-        quant.check(drafter_quant, dtype, device)
+                precision = FP32
+        quant.check(target_quant, precision, device)
+        quant.check(drafter_quant, precision, device)
         quant.warn_if_lossy(target_quant, self.spec.speculates or bool(config) or routing == "auto")
         if drafter_quant != "none" and not self.spec.draft_models:
             raise UserError(f"drafter_quant applies to draft models (draft, draft:<model>), not {self.spec}")
-        self.dtype = dtype
+        self.precision = precision
         self.routing = {"config": config, "auto": routing == "auto", "state": state}
         if config:
             from specdecode.decoding.config import load_config
 
             load_config(config)  # a bad config fails before the model loads
-        self.target = models.load(model, dtype, device, backend, target_quant)
+        self.target = models.load(model, precision, device, backend, target_quant)
         self.tokenizer = self.target.tokenizer
-        self.ctx = drafters.DrafterContext(self.target, dtype, device, backend, drafter_quant)
+        self.ctx = drafters.DrafterContext(self.target, precision, device, backend, drafter_quant)
         self._router = None
         if config or adaptive or routing == "auto" or state:
             self._router = self._make_router()

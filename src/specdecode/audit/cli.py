@@ -80,9 +80,9 @@ def cmd_audit(args, setup: Callable) -> int:
 
         setup(args)
         llm = LLM(
-            args.target, "none", dtype=args.dtype, device=args.device, backend=args.backend, max_batch=16
+            args.target, "none", dtype=args.precision, device=args.device, backend=args.backend, max_batch=16
         )
-        source, name = LocalSource(llm, args.k), f"{llm.target.name} ({llm.dtype})"
+        source, name = LocalSource(llm, args.k), f"{llm.target.name} ({llm.precision})"
     report = audit(
         source,
         prompts,

@@ -27,12 +27,11 @@ from specdecode.backends.lm import (  # noqa: F401 (CausalLM, cache_dir: re-expo
     save_atomically,
     tree_attention,
 )
+from specdecode.backends.precision import FP32, GGUF, Precision
 from specdecode.errors import UserError
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct (registry.py: an alias of smollm2-135m, its server name)
 GEMMA3 = "gemma3-270m"  # another tokenizer than the default's, for cross-vocabulary drafting
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-QUANTIZED = ("gguf", "gguf-exact")  # a GGUF file's blocks kept quantized: 8-bit activations, or float32 ones
 
 
 class HFModel:
@@ -244,28 +243,27 @@ def wrap(hf_model, backend: str = "auto", int8: bool = False) -> CausalLM:
 
 def load(
     spec: str | None,
-    dtype: str = "fp32",
+    precision: Precision = FP32,
     device: str | None = None,
     backend: str = "auto",
     quant: str = "none",
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer. spec: None (default target), dir, .gguf file or hub id.
-    quant: "int8" quantizes the decoder's linear layers (quant.py)."""
+    """Load a causal LM and its tokenizer. spec: None (default target), dir, .gguf file or hub id;
+    precision: a resolved one (not auto). quant: "int8" quantizes the decoder's linear layers (quant.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specdecode.backends import quant as quantization
 
-    if dtype in QUANTIZED:
-        return _load_quantized(spec, device, backend, quant, int8_activations=dtype == "gguf")
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join([*DTYPES, *QUANTIZED])}")
-    quantization.check(quant, dtype, device)
+    if precision.quantized:
+        return _load_quantized(spec, device, backend, quant, int8_activations=precision.int8_activations)
+    dtype = precision.torch_dtype  # auto: an error (resolved before loading)
+    quantization.check(quant, precision, device)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda requested but no CUDA device is available")
     where = local_path(spec)
     try:
-        hf = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype]).to(device)
+        hf = AutoModelForCausalLM.from_pretrained(where, dtype=dtype).to(device)
         tokenizer = AutoTokenizer.from_pretrained(where)
     except Exception as e:
         raise UserError(f"cannot load model {spec or DEFAULT_TARGET}: {e}") from e
@@ -279,15 +277,15 @@ def is_gguf(spec: str | None) -> bool:
     return isinstance(where, Path) and where.suffix == ".gguf"
 
 
-def auto_dtype(spec: str | None, device: str | None, quant: str = "none", backend: str = "auto") -> str:
+def auto_dtype(spec: str | None, device: str | None, quant: str = "none", backend: str = "auto") -> Precision:
     """gguf for a GGUF file of a supported family on CPU when the fused kernels build, else fp32."""
     from specdecode.backends import kernels
     from specdecode.backends.layer import SUPPORTED
 
     cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
     if not (cpu and quant == "none" and backend != "hf" and is_gguf(spec)):
-        return "fp32"
-    return "gguf" if load_config(spec).model_type in SUPPORTED and kernels.load() is not None else "fp32"
+        return FP32
+    return GGUF if load_config(spec).model_type in SUPPORTED and kernels.load() is not None else FP32
 
 
 def _load_quantized(

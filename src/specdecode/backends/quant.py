@@ -16,18 +16,19 @@ import warnings
 
 import torch
 
+from specdecode.backends.precision import FP32, Precision
 from specdecode.errors import UserError
 
 QUANTS = ("none", "int8")
 
 
-def check(quant: str, dtype: str, device: str | None) -> str:
-    """Validate a --*-quant value against the dtype and device; returns it."""
+def check(quant: str, precision: Precision, device: str | None) -> str:
+    """Validate a --*-quant value against the precision and device; returns it."""
     if quant not in QUANTS:
         raise UserError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANTS)}")
     if quant == "int8":
-        if dtype != "fp32":
-            raise UserError(f"int8 quantization starts from fp32 weights; got --dtype {dtype}")
+        if precision != FP32:
+            raise UserError(f"int8 quantization starts from fp32 weights; got --dtype {precision}")
         if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
             raise UserError(
                 "int8 quantization uses torch's dynamic int8 kernels, which run on CPU only; "

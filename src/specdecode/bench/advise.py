@@ -91,7 +91,7 @@ def advise(
         candidates=[PLAIN] + specs,
         costs=cost,
         target=target.name,
-        dtype=ctx.dtype,
+        precision=ctx.precision,
     )
     return config, report
 

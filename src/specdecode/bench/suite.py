@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from specdecode import drafters as drafter_registry
 from specdecode.backends import models
+from specdecode.backends.precision import Precision
 from specdecode.bench import peers
 from specdecode.core.metrics import Stats
 from specdecode.core.sampling import Warp
@@ -100,7 +101,7 @@ def run(
     drafter_specs: list[Spec],
     *,
     target: str | None,
-    dtypes: list[str],
+    precisions: list[Precision],
     device: str | None,
     backend: str = "auto",
     target_quant: str = "none",
@@ -126,11 +127,12 @@ def run(
     speculates = {label: spec.speculates for label, spec, _ in runs}
     cells: dict[tuple[str, str], Cell] = {}
     sweep: dict[str, dict] = {}
-    for dtype in dtypes:
-        loaded = models.load(target, dtype, device, backend, target_quant)
-        ctx = drafter_registry.DrafterContext(loaded, dtype, device, backend, drafter_quant)
+    for precision in precisions:
+        dtype = str(precision)  # the report's label
+        loaded = models.load(target, precision, device, backend, target_quant)
+        ctx = drafter_registry.DrafterContext(loaded, precision, device, backend, drafter_quant)
         ids = {p.id: encode_prompt(loaded.tokenizer, p.prompt, None) for p in prompts}
-        here = () if dtype in models.QUANTIZED else peer_specs  # peers run the float model only
+        here = () if precision.quantized else peer_specs  # peers run the float model only
         labels = own + [str(p) for p in here]
         fns, costs, built = _runners(loaded, ctx, runs, here, k_max, ids[prompts[0].id], params, seed)
         learners = {label for label, spec, _ in runs if spec.learns}
@@ -165,7 +167,7 @@ def run(
         peak_rss = memory.peak_rss_bytes()
         for label in labels:
             cells[(dtype, label)].peak_rss = peak_rss
-    out = report(prompts, cells, dtypes, {str(p) for p in peer_specs})
+    out = report(prompts, cells, [str(p) for p in precisions], {str(p) for p in peer_specs})
     out["alpha_vs_temperature"] = sweep
     return out
 

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from specdecode.cli import advise, bench, generate, memory, models, serve
-from specdecode.cli.options import model_args, resolve_dtype, setup
+from specdecode.cli.options import model_args, parse_precision, setup
 from specdecode.errors import UserError
 
 
@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        resolve_dtype(args)
+        parse_precision(args)
         code = args.run(args)
     except UserError as e:
         print(f"specdecode: error: {e}", file=sys.stderr)

@@ -89,8 +89,8 @@ def cmd_advise(args) -> None:
         raise UserError("--temperatures must be >= 0")
     prompts = load_prompts(args.prompts)
     setup(args)
-    target = models.load(args.target, args.dtype, args.device, args.backend)
-    ctx = drafters.DrafterContext(target, args.dtype, args.device, args.backend)
+    target = models.load(args.target, args.precision, args.device, args.backend)
+    ctx = drafters.DrafterContext(target, args.precision, args.device, args.backend)
     config, report = advise.advise(
         target,
         ctx,
@@ -141,7 +141,7 @@ def _advise_from_metrics(args) -> None:
         candidates=[drafters.parse("none"), spec],
         costs={} if costs.fit else {spec: costs.single},  # another engine's costs would misprice ours
         target=args.target,
-        dtype=args.dtype,
+        precision=args.precision,
         k_by_batch_size=result.schedule if top > 0 else None,
     )
     config.save(args.out)
@@ -206,8 +206,8 @@ def _engine_costs(args, spec, k_max: int) -> _Costs:
     from specdecode.server import load
 
     setup(args)
-    target = models.load(args.target, args.dtype, args.device, args.backend)
-    built = drafters.build(spec, drafters.DrafterContext(target, args.dtype, args.device, args.backend))
+    target = models.load(args.target, args.precision, args.device, args.backend)
+    built = drafters.build(spec, drafters.DrafterContext(target, args.precision, args.device, args.backend))
     probe = encode_prompt(target.tokenizer, "Write a Python function that reverses a list.", None)
     single = costs.measure(target.model, built, k_max, probe)  # the drafter's cost per drafted token
     batch = load.measure(batched(target.model, args.max_batch), args.max_batch, k_max)

@@ -11,6 +11,7 @@ from specdecode.cli.options import check_quant, decode_args, model_args, quant_a
 from specdecode.errors import UserError
 
 if TYPE_CHECKING:
+    from specdecode.backends.precision import Precision
     from specdecode.bench.peers import PeerSpec
     from specdecode.core.sampling import Warp
     from specdecode.drafters import Spec
@@ -24,7 +25,7 @@ def add_parser(sub) -> None:
         help="JSONL file or built-in set: mtbench:N, humaneval:N, gsm:N, bfcl:N, suite:N, heldout:N, "
         "summaries, mixed:N",
     )
-    model_args(b)
+    model_args(b, dtype_list=True)
     decode_args(b, "ngram", k_list=True)
     quant_args(b)
     b.set_defaults(max_new_tokens=96)
@@ -62,11 +63,10 @@ class _Runs:
     ks: list[int]
     peers: list[PeerSpec]
     temperatures: list[float]
-    dtypes: list[str]
+    precisions: list[Precision]
 
 
 def _runs(args) -> _Runs:
-    from specdecode.backends.models import QUANTIZED
     from specdecode.bench import peers
     from specdecode.decoding.generation import check_k
     from specdecode.drafters import parse
@@ -99,13 +99,13 @@ def _runs(args) -> _Runs:
             "--repeats > 1 would let a learning drafter (suffix) propose from its own answers to "
             "the same prompts; use --passes to serve a set again on purpose"
         )
-    dtypes = [d for d in args.dtype.split(",") if d]
-    if peer_specs and all(d in QUANTIZED for d in dtypes):
+    if peer_specs and all(p.quantized for p in args.precisions):
+        dtypes = ",".join(map(str, args.precisions))
         raise UserError(
-            f"--peers run the float32 or bf16 model, and --dtype {args.dtype} keeps none: "
+            f"--peers run the float32 or bf16 model, and --dtype {dtypes} keeps none: "
             "add fp32 or bf16 (e.g. --dtype fp32,gguf; peers run in those dtypes only)"
         )
-    return _Runs(params, specs, ks, peer_specs, temperatures, dtypes)
+    return _Runs(params, specs, ks, peer_specs, temperatures, list(args.precisions))
 
 
 def cmd_bench(args) -> None:
@@ -119,7 +119,7 @@ def cmd_bench(args) -> None:
         prompts,
         runs.specs,
         target=args.target,
-        dtypes=runs.dtypes,
+        precisions=runs.precisions,
         device=args.device,
         backend=args.backend,
         target_quant=args.target_quant,

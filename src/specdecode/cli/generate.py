@@ -58,7 +58,7 @@ def cmd_generate(args) -> None:
         spec,
         k=args.k,
         adaptive=args.adaptive,
-        dtype=args.dtype,
+        dtype=args.precision,
         device=args.device,
         backend=args.backend,
         target_quant=args.target_quant,

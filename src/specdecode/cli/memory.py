@@ -25,15 +25,14 @@ def cmd_memory(args) -> None:
 
     if args.context < 1 or args.batch < 1 or args.k < 0:
         raise UserError("--context and --batch must be >= 1 and --k >= 0")
-    if args.dtype not in memory.BYTES:
-        raise UserError(f"unknown dtype {args.dtype!r}; choose one of {', '.join(memory.BYTES)}")
+    memory.weight_bytes(args.precision)  # a float precision: GGUF blocks are not modelled
     spec = parse(args.drafter)
     check_quant(args, [spec] if args.drafter_quant != "none" else [])
     setup(args)
     report = memory.report(
         args.target,
         spec,
-        dtype=args.dtype,
+        precision=args.precision,
         context=args.context,
         batch=args.batch,
         k=args.k,

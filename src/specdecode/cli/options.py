@@ -16,7 +16,9 @@ DRAFTERS_HELP = (  # every registered kind (drafters/__init__.py; tests/test_rea
 )
 
 
-def model_args(p: argparse.ArgumentParser, dtype: str = "auto") -> None:
+def model_args(p: argparse.ArgumentParser, dtype: str = "auto", dtype_list: bool = False) -> None:
+    """--target, --dtype (dtype_list: a comma-separated list, one run each), --device, --threads,
+    --backend; parse_precision reads --dtype before the command runs."""
     p.add_argument(
         "--target", default=None, help="model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)"
     )
@@ -35,6 +37,7 @@ def model_args(p: argparse.ArgumentParser, dtype: str = "auto") -> None:
         choices=["auto", "fast", "hf"],
         help="forward implementation: fast (lean Llama), hf (transformers), auto (fast when supported)",
     )
+    p.set_defaults(dtype_list=dtype_list)
 
 
 def quant_args(p: argparse.ArgumentParser) -> None:
@@ -56,9 +59,9 @@ def check_quant(args, drafter_specs: list) -> None:
     """Validate --target-quant / --drafter-quant (of parsed drafter specs) before any model is loaded."""
     from specdecode.backends import quant
 
-    for dtype in args.dtype.split(","):
-        quant.check(args.target_quant, dtype, args.device)
-        quant.check(args.drafter_quant, dtype, args.device)
+    for precision in args.precisions:
+        quant.check(args.target_quant, precision, args.device)
+        quant.check(args.drafter_quant, precision, args.device)
     if args.drafter_quant != "none" and not any(spec.draft_models for spec in drafter_specs):
         raise UserError(
             "--drafter-quant applies to draft models (draft, draft:<model>); "
@@ -141,25 +144,41 @@ def sampling(args):
     return Warp(args.temperature, args.top_k, args.top_p)
 
 
-def resolve_dtype(args) -> None:
-    """--dtype auto -> gguf for a GGUF target on CPU with the fused kernels, else fp32. Commands that
-    promise fp32's tokens take gguf-exact instead (exact_auto): `train data`, whose data is fp32's
-    output, and `serve` where its batched rows could round differently from a single request's
-    (harmless in float32, enough to move an 8-bit activation across a rounding step): everywhere but
-    on the VNNI kernels, where every row gets the same bits in any call (kernels.rows_exact_int8)."""
-    if "auto" not in getattr(args, "dtype", "").split(","):
+def parse_precision(args) -> None:
+    """--dtype, parsed once (commands with model_args): args.precisions, the list `bench` takes (one
+    precision for every other command), and args.precision, its first.
+
+    auto -> gguf for a GGUF target on CPU with the fused kernels, else fp32. Commands that promise
+    fp32's tokens take gguf-exact instead (exact_auto): `train data`, whose data is fp32's output, and
+    `serve` where its batched rows could round differently from a single request's (harmless in
+    float32, enough to move an 8-bit activation across a rounding step): everywhere but on the VNNI
+    kernels, where every row gets the same bits in any call (kernels.rows_exact_int8)."""
+    if getattr(args, "dtype", None) is None:
         return
+    from specdecode.backends.precision import Precision
+
+    texts = [t for t in args.dtype.split(",") if t] if getattr(args, "dtype_list", False) else [args.dtype]
+    precisions = [Precision.parse(text) for text in texts]
+    if any(p.auto for p in precisions):
+        picked = _auto(args)
+        precisions = [picked if p.auto else p for p in precisions]
+    args.precisions, args.precision = precisions, (precisions[0] if precisions else None)
+
+
+def _auto(args):
+    """What --dtype auto means for this command's target, device and quantization."""
     from specdecode.backends import models
+    from specdecode.backends.precision import FP32, GGUF, GGUF_EXACT
 
     try:
         picked = models.auto_dtype(
             args.target, args.device, getattr(args, "target_quant", "none"), args.backend
         )
     except UserError:  # a target that cannot be read: said where it is loaded, after the cheaper checks
-        picked = "fp32"
-    if picked == "gguf" and getattr(args, "exact_auto", False):
+        return FP32
+    if picked == GGUF and getattr(args, "exact_auto", False):
         from specdecode.backends import kernels
 
         rows_exact = args.exact_auto == "unless-rows-exact" and kernels.rows_exact_int8()
-        picked = "gguf" if rows_exact else "gguf-exact"
-    args.dtype = ",".join(picked if d == "auto" else d for d in args.dtype.split(","))
+        return GGUF if rows_exact else GGUF_EXACT
+    return picked

@@ -135,7 +135,7 @@ def cmd_serve(args) -> None:
     caches = SuffixCaches(args.suffix_scope, args.suffix_cache)
     setup(args)
     quant.warn_if_lossy(args.target_quant, True)  # clients may ask any request to speculate
-    target = models.load(args.target, args.dtype, args.device, args.backend, args.target_quant)
+    target = models.load(args.target, args.precision, args.device, args.backend, args.target_quant)
     if args.suffix_warm:
         caches.warm = read_responses(args.suffix_warm, target.tokenizer)
     name = args.served_model_name or (
@@ -196,7 +196,7 @@ def _engine(args, target, routes, name: str, caches):
         max_batch=args.max_batch,
         queue_size=args.queue,
         load_control=args.load_control,
-        dtype=args.dtype,
+        precision=args.precision,
         device=args.device,
         backend=args.backend,
         drafter_quant=args.drafter_quant,

@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdecode.backends.precision import FP32, Precision
 from specdecode.core.tasks import TASKS
 from specdecode.decoding.control import CostModel
 from specdecode.decoding.generation import MAX_K
@@ -47,7 +48,7 @@ class SpecConfig:
     candidates: list[Spec] = field(default_factory=lambda: [parse("none"), parse("ngram")])
     costs: dict[Spec, CostModel] = field(default_factory=dict)
     target: str | None = None
-    dtype: str = "fp32"
+    precision: Precision = FP32  # informational: what the advice was measured on
     k_by_batch_size: list[tuple[int, int, int]] | None = None  # (first, last, k), inclusive ranges
 
     def k_for_batch(self, size: int, k: int) -> int:
@@ -70,7 +71,7 @@ class SpecConfig:
             "candidates": [str(c) for c in self.candidates],
             "costs": {str(d): c.to_json() for d, c in self.costs.items()},
             "target": self.target,
-            "dtype": self.dtype,
+            "dtype": str(self.precision),
             **({"k_by_batch_size": [list(r) for r in self.k_by_batch_size]} if self.k_by_batch_size else {}),
         }
 
@@ -119,6 +120,13 @@ def check_schedule(obj, where: str) -> list[tuple[int, int, int]]:
     return rows
 
 
+def _precision(text, path: Path) -> Precision:
+    try:
+        return Precision.parse(text)
+    except UserError as e:
+        raise UserError(f"config {path}: {e}") from None
+
+
 def load_config(path: str | Path) -> SpecConfig:
     path = Path(path)
     if not path.is_file():
@@ -154,7 +162,7 @@ def load_config(path: str | Path) -> SpecConfig:
         candidates=candidates,
         costs=costs,
         target=raw.get("target"),
-        dtype=raw.get("dtype", "fp32"),
+        precision=_precision(raw.get("dtype", "fp32"), path),
         k_by_batch_size=(
             check_schedule(raw["k_by_batch_size"], f"config {path}: k_by_batch_size")
             if raw.get("k_by_batch_size") is not None

@@ -1,7 +1,8 @@
 """Memory estimate from model configs: weights, KV cache and the activations of one forward,
 for target and drafter, and a measurement of the real peak to compare with.
 
-Bytes per element come from the dtype. The estimate counts what specdecode actually allocates:
+Bytes per element come from the precision (fp32, bf16, fp16; not GGUF blocks). The estimate counts
+what specdecode actually allocates:
 - weights: every parameter of the HF module, plus, for the FastLlama backend on CPU in fp32, the
   oneDNN-prepacked copy of each linear weight (same size again); with int8 quantization (quant.py)
   the decoder layers' linear weights take INT8_WEIGHT_BYTES each instead (and no prepacked fp32
@@ -22,9 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from specdecode.backends.precision import FLOATS, FP32, Precision
 from specdecode.errors import UserError
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BLOCK = 256
 # bytes per int8 weight as torch's packed dynamic linear holds it: the int8 value plus fbgemm's
 # blocking and per-channel scale, zero point and column offsets; measured 1.21 on 2048x4096 layers
@@ -76,17 +77,24 @@ def param_count(cfg) -> tuple[int, int]:
     return total, linear + vocab * h  # the LM head is packed even when tied
 
 
+def weight_bytes(precision: Precision) -> int:
+    """Bytes per weight element; a clear error for a precision the estimate does not model (GGUF blocks)."""
+    if precision.weight_bytes is None:
+        raise UserError(f"unknown dtype {str(precision)!r}; choose one of {', '.join(map(str, FLOATS))}")
+    return precision.weight_bytes
+
+
 def estimate(
     cfg,
     *,
-    dtype: str = "fp32",
+    precision: Precision = FP32,
     context: int = 2048,
     batch: int = 1,
     tokens_in_flight: int = 5,
     fast_backend: bool = True,
     quant: str = "none",
 ) -> Estimate:
-    b = BYTES[dtype]
+    b = weight_bytes(precision)
     total, linear = param_count(cfg)
     int8 = layer_linear_count(cfg) if quant == "int8" else 0
     heads, kvh, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
@@ -102,7 +110,7 @@ def estimate(
         prefill_n * (per_token + positions) + cfg.vocab_size * 4 * batch,
         verify_n * (per_token + positions + cfg.vocab_size * 4),
     )
-    packed = (linear - int8) * b if (fast_backend and dtype == "fp32") else 0
+    packed = (linear - int8) * b if (fast_backend and precision == FP32) else 0
     return Estimate(round((total - int8) * b + int8 * INT8_WEIGHT_BYTES), packed, kv, act)
 
 
@@ -131,9 +139,9 @@ def current_rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def heads_estimate(directory, target_cfg, dtype: str) -> Estimate:
+def heads_estimate(directory, target_cfg, precision: Precision) -> Estimate:
     """Medusa/EAGLE heads: the checkpoint's tensors plus the LM head rows its token map keeps
-    (draft_lm_head), in the dtype; read from the file's header, nothing is loaded. Not modelled: an
+    (draft_lm_head), in the precision; read from the file's header, nothing is loaded. Not modelled: an
     EAGLE head's own KV cache (one layer, small beside the target's)."""
     from safetensors import safe_open
 
@@ -142,7 +150,7 @@ def heads_estimate(directory, target_cfg, dtype: str) -> Estimate:
     elements = sum(math.prod(shape) for shape in shapes.values())
     if "token_map" in shapes:
         elements += shapes["token_map"][0] * target_cfg.hidden_size
-    return Estimate(elements * BYTES[dtype], 0, 0, 0)
+    return Estimate(elements * weight_bytes(precision), 0, 0, 0)
 
 
 def draft_config(source: str | None, target_cfg):
@@ -165,7 +173,7 @@ def report(
     target: str | None,
     spec,
     *,
-    dtype: str,
+    precision: Precision,
     context: int,
     batch: int,
     k: int,
@@ -186,7 +194,7 @@ def report(
         fast = backend != "hf" and cfg.model_type in SUPPORTED
         return estimate(
             cfg,
-            dtype=dtype,
+            precision=precision,
             context=context,
             batch=batch,
             tokens_in_flight=tokens,
@@ -195,7 +203,7 @@ def report(
         )
 
     out = {
-        "dtype": dtype,
+        "dtype": str(precision),
         "context": context,
         "batch": batch,
         "k": k,
@@ -211,7 +219,7 @@ def report(
         e = est(cfg, spec.option("b", 1), drafter_quant)
         if shared:  # the embedding (and tied head) are the target's own tensors
             e = Estimate(
-                e.weights - cfg.vocab_size * cfg.hidden_size * BYTES[dtype],
+                e.weights - cfg.vocab_size * cfg.hidden_size * weight_bytes(precision),
                 e.packed_weights,
                 e.kv_cache,
                 e.activations,
@@ -219,7 +227,9 @@ def report(
         out["draft" if i == 0 else f"draft{i + 1}"] = e
         parts.append(e)
     for i, member in enumerate(spec.heads):
-        parts.append(heads_estimate(checkpoint.checkpoint_dir(member.arg, member.kind), target_cfg, dtype))
+        parts.append(
+            heads_estimate(checkpoint.checkpoint_dir(member.arg, member.kind), target_cfg, precision)
+        )
         out["heads" if i == 0 else f"heads{i + 1}"] = parts[-1]
     out["total"] = sum(e.total for e in parts)
     if measure:
@@ -233,8 +243,8 @@ def report(
                 f"{spec} is built over the target"
             )
         before = current_rss_bytes()
-        loaded = [models.load(target, dtype, "cpu", backend, target_quant)] + [
-            models.load(source, dtype, "cpu", backend, drafter_quant) for source in spec.draft_models
+        loaded = [models.load(target, precision, "cpu", backend, target_quant)] + [
+            models.load(source, precision, "cpu", backend, drafter_quant) for source in spec.draft_models
         ]
         for m, tokens in zip(
             loaded, [spec.tree_nodes(k) + 1] + [spec.option("b", 1)] * len(spec.draft_models)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from specdecode.backends.lm import CausalLM
 from specdecode.backends.models import LoadedModel
+from specdecode.backends.precision import FP32, Precision
 from specdecode.core.drafter import Drafter, Proposal
 from specdecode.drafters.cross_vocab import CrossVocabDrafter
 from specdecode.drafters.draft_model import DraftModelDrafter
@@ -43,7 +44,7 @@ class DrafterContext:
     """What a drafter factory may use: the loaded target and how models are loaded."""
 
     target: LoadedModel
-    dtype: str = "fp32"
+    precision: Precision = FP32
     device: str | None = None
     backend: str = "auto"
     quant: str = "none"  # of draft models: "int8" quantizes their linear layers (quant.py)
@@ -118,10 +119,9 @@ def _load_draft(spec: Spec, ctx: DrafterContext) -> tuple[CausalLM, LoadedModel 
 
     if distilled.is_checkpoint(spec.arg):
         return distilled.load(spec.arg, ctx), None
-    dtype = (
-        "fp32" if ctx.dtype in models.QUANTIZED and not models.is_gguf(spec.arg) else ctx.dtype
-    )  # a HF draft beside a GGUF target
-    draft = models.load(spec.arg, dtype, ctx.device, ctx.backend, ctx.quant)
+    hf_beside_gguf = ctx.precision.quantized and not models.is_gguf(spec.arg)  # loads in float32
+    precision = FP32 if hf_beside_gguf else ctx.precision
+    draft = models.load(spec.arg, precision, ctx.device, ctx.backend, ctx.quant)
     return draft.model, draft
 
 

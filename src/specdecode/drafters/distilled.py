@@ -67,7 +67,7 @@ def load(spec: str | None, ctx):
     """The distilled draft model (a CausalLM over the target's embedding) for the target in ctx."""
     from specdecode.backends import checkpoint, models, quant
 
-    quant.check(ctx.quant, ctx.dtype, ctx.device)
+    quant.check(ctx.quant, ctx.precision, ctx.device)
     tensors, config = checkpoint.load(spec, "draft", ctx.target)
     hf = build_model(ctx.target.model, config["num_layers"], tensors)
     int8 = ctx.target.model.int8_activations  # beside a --dtype gguf target: its 8-bit path

@@ -114,6 +114,7 @@ def _config(args):
 
 def cmd_vllm(args) -> None:
     from specdecode.backends import models
+    from specdecode.backends.precision import FP32
     from specdecode.export import vllm, vllm_memory
 
     config = _config(args)
@@ -153,7 +154,7 @@ def cmd_vllm(args) -> None:
         args.per_request_metrics,
     )
     out = Path(args.out)
-    ctx = vllm.Context(out, lambda: models.load(target, "fp32", "cpu", backend="hf"), target_ref=ref)
+    ctx = vllm.Context(out, lambda: models.load(target, FP32, "cpu", backend="hf"), target_ref=ref)
     result = vllm.export(config, opts, ctx)
     result.notes[1:1] = notes
     try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from specdecode import drafters
 from specdecode.backends.batch_model import batched
 from specdecode.backends.models import LoadedModel
+from specdecode.backends.precision import FP32, Precision
 from specdecode.decoding.config import Route, SpecConfig
 from specdecode.decoding.prefill import PREFILL_BUDGET
 from specdecode.decoding.prefix_cache import PrefixCache
@@ -39,7 +40,7 @@ def build_engine(
     max_batch: int = 8,
     queue_size: int = 64,
     load_control: bool = True,
-    dtype: str = "fp32",
+    precision: Precision = FP32,
     device: str | None = None,
     backend: str = "auto",
     drafter_quant: str = "none",
@@ -59,7 +60,7 @@ def build_engine(
         model.reserve(kv_reserve)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
     pool = DrafterPool(
-        drafters.DrafterContext(target, dtype, device, backend, drafter_quant),
+        drafters.DrafterContext(target, precision, device, backend, drafter_quant),
         sorted(specs, key=str),
         suffix_caches,
     )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from specdecode.backends.precision import BF16, FP32, GGUF, GGUF_EXACT
 from specdecode.errors import UserError
 
 DEFAULT_EXCLUDE = "mtbench:1"  # the prompts of `bench --prompts mtbench:1`, held out of the shipped data
-TRAIN_DTYPES = ("fp32", "bf16", "gguf", "gguf-exact")  # a trainer's feature sources (--dtype)
+TRAINS_FROM = (FP32, BF16, GGUF, GGUF_EXACT)  # a trainer's feature sources (--dtype)
 
 
 def add_parser(sub, model_args, setup) -> None:
@@ -173,9 +174,9 @@ def _load_target(args, generate_only: bool = False):
     A trainer's --dtype picks its feature source instead (_feature_source): its weights are fp32."""
     from specdecode.backends import models
 
-    if generate_only and args.dtype not in ("fp32", "gguf-exact"):
-        raise UserError(f"train data uses the target in fp32 or gguf-exact (--dtype {args.dtype} given)")
-    return models.load(args.target, "fp32" if not generate_only else args.dtype, args.device, args.backend)
+    if generate_only and not args.precision.exact:
+        raise UserError(f"train data uses the target in fp32 or gguf-exact (--dtype {args.precision} given)")
+    return models.load(args.target, args.precision if generate_only else FP32, args.device, args.backend)
 
 
 def _feature_source(args, loaded):
@@ -184,10 +185,11 @@ def _feature_source(args, loaded):
     from specdecode.backends import kernels, models
     from specdecode.train import features
 
-    if args.dtype in ("fp32", "gguf-exact"):  # gguf-exact computes fp32's bits
-        return features.Source(loaded.model, args.dtype)
-    model = models.load(args.target, args.dtype, args.device, args.backend).model
-    return features.Source(model, args.dtype, kernels.DENSE_ROWS if args.dtype == "gguf" else None)
+    precision = args.precision
+    if precision.exact:  # gguf-exact computes fp32's bits
+        return features.Source(loaded.model, precision)
+    model = models.load(args.target, precision, args.device, args.backend).model
+    return features.Source(model, precision, kernels.DENSE_ROWS if precision.int8_activations else None)
 
 
 def cmd_prompts(args) -> None:
@@ -225,7 +227,7 @@ def cmd_data(args) -> None:
     spec = drafters.parse(args.drafter)  # before loading anything; generate_data builds it
     args.setup(args)
     loaded = _load_target(args, generate_only=True)
-    context = drafters.DrafterContext(loaded, "fp32", args.device, args.backend)
+    context = drafters.DrafterContext(loaded, FP32, args.device, args.backend)
     meta = {
         "target": checkpoint.describe(loaded),
         "prompts": args.prompts,
@@ -288,9 +290,10 @@ def cmd_train(args) -> None:
         )
     if args.resume:
         loop.check_resumable(args.out)  # before loading the target and its feature pass
-    if args.dtype not in TRAIN_DTYPES:  # before loading anything
+    if args.precision not in TRAINS_FROM:  # before loading anything
         raise UserError(
-            f"training learns from the target in {', '.join(TRAIN_DTYPES)} (--dtype {args.dtype} given)"
+            f"training learns from the target in {', '.join(map(str, TRAINS_FROM))} "
+            f"(--dtype {args.precision} given)"
         )
     args.setup(args)
     loaded = _load_target(args)

@@ -65,7 +65,7 @@ def train(
         "steps": steps,
         "lr": lr,
         "amp": amp,
-        "features": corpus.source.dtype,
+        "features": str(corpus.source.precision),
         "batch_tokens": batch_tokens,
         "window": window,
         "vocab": len(corpus.token_map),

@@ -88,7 +88,7 @@ def train(
     corpus = load(
         loaded, data_dir, vocab=vocab, features_dir=features_dir, source=source, val=val, layer_ids=layer_ids
     )
-    settings = {"steps": steps, "lr": lr, "amp": amp, "features": corpus.source.dtype}
+    settings = {"steps": steps, "lr": lr, "amp": amp, "features": str(corpus.source.precision)}
     settings |= {"batch_tokens": batch_tokens, "window": window, "ttt_steps": ttt_steps, "topk": topk}
     settings |= {"topk_weight": topk_weight, "seed": seed, "init": init or None}
     config = _config(hf.config, layer_ids, corpus, settings, val)

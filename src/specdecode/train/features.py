@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from specdecode.backends.precision import FP32, Precision
 from specdecode.errors import UserError
 from specdecode.shards import Record
 
@@ -34,7 +35,7 @@ class Features:
 
 @dataclass(frozen=True)
 class Source:
-    """The target a drafter learns from, as it will serve: `model` loaded in `dtype`. A head for
+    """The target a drafter learns from, as it will serve: `model` loaded in `precision`. A head for
     `--dtype gguf` can learn from the quantized target's own features (on the default model the shipped
     head's teacher-forced agreement is 0.006 lower on them than on fp32's: docs/drafters.md); the store
     keeps each source's features apart. gguf-exact computes fp32's bits, so it shares fp32's.
@@ -44,14 +45,14 @@ class Source:
     gives when serving."""
 
     model: object
-    dtype: str = "fp32"
+    precision: Precision = FP32
     rows: int | None = None
 
     def key(self, fingerprint: str) -> str:
         """The store's fingerprint for this source's features."""
-        if self.dtype in ("fp32", "gguf-exact") and self.rows is None:
+        if self.precision.exact and self.rows is None:
             return fingerprint
-        return f"{fingerprint}:{self.dtype}" + (f":rows{self.rows}" if self.rows else "")
+        return f"{fingerprint}:{self.precision}" + (f":rows{self.rows}" if self.rows else "")
 
     def features(
         self, store: str | Path, seqs: list[Record], fingerprint: str, layer_ids: tuple[int, ...] = ()

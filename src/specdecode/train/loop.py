@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from specdecode.backends.checkpoint import write_atomic
+from specdecode.backends.precision import BF16, FP32, Precision
 from specdecode.errors import UserError
 
 
@@ -79,7 +80,11 @@ def run(
     (matmuls in bf16, softmax and losses in fp32, fp32 master weights): faster where the CPU has bf16
     dot products (AVX512-BF16, AMX), slower where it does not.
     evaluate: held-out `(score, metrics)`, higher is better (module docstring); patience 0 never stops."""
-    if amp not in ("fp32", "bf16"):
+    try:
+        autocast = Precision.parse(amp)
+    except UserError:
+        autocast = None
+    if autocast not in (FP32, BF16):
         raise UserError(f"amp: expected fp32 or bf16, got {amp!r}")
     if evaluate is not None and eval_every < 1:
         raise UserError(f"eval_every: expected a positive number of steps, got {eval_every}")
@@ -87,7 +92,7 @@ def run(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = _Run(module, export, out, lr, amp, resume)
+    state = _Run(module, export, out, lr, autocast, resume)
     warmup = max(1, steps // 20)
     bar = tqdm(range(state.start, steps), initial=state.start, total=steps, desc=desc, unit="step")
     module.train()
@@ -113,7 +118,7 @@ class _Run:
     and writes the checkpoints."""
 
     def __init__(
-        self, module: torch.nn.Module, export: Callable, out: Path, lr: float, amp: str, resume: bool
+        self, module: torch.nn.Module, export: Callable, out: Path, lr: float, amp: Precision, resume: bool
     ):
         self.module, self.export, self.out, self.amp = module, export, out, amp
         self.params = [p for p in module.parameters() if p.requires_grad]
@@ -137,7 +142,7 @@ class _Run:
         self.history = state.get("val", [])
 
     def _autocast(self):
-        return torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.amp == "bf16")
+        return torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.amp == BF16)
 
     def step(self, loss_fn: Callable, step: int, lr: float) -> dict:
         """One optimizer step at learning rate lr on step `step`'s batch -> its metrics."""

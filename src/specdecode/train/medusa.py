@@ -54,7 +54,7 @@ def train(
         "steps": steps,
         "lr": lr,
         "amp": amp,
-        "features": corpus.source.dtype,
+        "features": str(corpus.source.precision),
         "batch_tokens": batch_tokens,
         "topk": topk,
         "topk_weight": topk_weight,
