@@ -13,9 +13,9 @@ from specdecode.core.sampling import Warp
 from specdecode.decoding.generation import generate
 from specdecode.drafters import parse
 from specdecode.drafters.none import NoDrafter
-from specdecode.server import build_engine, default_routes
+from specdecode.engine import build_engine, default_routes
+from specdecode.engine.loop import Engine
 from specdecode.server.app import AppOptions, create_app
-from specdecode.server.engine import Engine
 from specdecode.server.lifecycle import Server
 
 MODEL = "tiny"
@@ -76,7 +76,7 @@ def serve(
         suffix_caches=suffix_caches,
         trace_steps=trace_steps,
     )
-    app = create_app(engine, AppOptions(MODEL, routes, **opts), start_engine=start_engine)
+    app = create_app(engine, AppOptions(MODEL, **opts), start_engine=start_engine)
     server = Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"), engine, drain_s=drain_s)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -117,7 +117,7 @@ def _fixed_costs(monkeypatch):
     """Costs as measured, without the timing: one sequence verifies 4 tokens for 1.15 forwards, B rows
     of n tokens cost 1 + 0.1·B·(n - 1) forwards of B rows of one."""
     from specdecode.decoding import costs
-    from specdecode.server import load
+    from specdecode.engine import load
 
     single = CostModel(0.01, {1: 1.05, 2: 1.1, 3: 1.15}, 0.01)
     monkeypatch.setattr(costs, "measure", lambda *a, **k: single)
@@ -180,7 +180,7 @@ def test_cli_needs_spec_counters_and_a_drafter(tmp_path, capsys):
 
 
 def test_our_server_counts_drafts_reaching_each_position():
-    from specdecode.server.metrics import ServerMetrics
+    from specdecode.engine.metrics import ServerMetrics
 
     m = ServerMetrics("tiny")
     for drafted, accepted, depth in [(4, 2, None), (2, 2, None), (7, 1, 3)]:  # the last: a tree of depth 3

@@ -54,7 +54,9 @@ WINGS = "the wings are independent of each other"
 @pytest.mark.parametrize(
     "module,line,broken",
     [
-        ("core/verify.py", "import specdecode.server.engine", [BELOW_WINGS, VERIFY, LAYERS]),
+        ("core/verify.py", "import specdecode.server.app", [BELOW_WINGS, VERIFY, LAYERS]),
+        ("engine/loop.py", "from specdecode.server import app", [BELOW_WINGS]),
+        ("decoding/step.py", "from specdecode.engine import loop", [LAYERS]),
         ("core/tree.py", "from specdecode.backends import fast_llama", [VERIFY, LAYERS]),
         ("core/sampling.py", "from specdecode.core import plan", [VERIFY]),
         ("core/metrics.py", "from specdecode.drafters import ngram", [LAYERS]),
@@ -71,7 +73,7 @@ WINGS = "the wings are independent of each other"
         ),
         ("decoding/control.py", "from specdecode.backends import lm", [POLICIES]),
         ("decoding/constraints.py", "from specdecode.decoding import step", [POLICIES]),
-        ("monitor/view.py", "from specdecode.server import metrics", [WINGS]),
+        ("monitor/view.py", "from specdecode.server import app", [WINGS]),
         ("bench/suite.py", "from specdecode.export import vllm", [WINGS]),
     ],
 )

@@ -217,7 +217,7 @@ def test_the_batched_model_knows_its_attention_span(target):
 def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
     """The room for a request (prompt + max_new_tokens) is asked for when it is admitted, not found
     missing between the chunks of its prompt (or under `serve --kv-reserve`, at start)."""
-    from specdecode.server import build_engine, default_routes
+    from specdecode.engine import build_engine, default_routes
 
     lm = batched(target.model, 3)
     core = BatchDecoder(lm)

@@ -6,7 +6,7 @@ from specdecode.backends import models
 from specdecode.backends.batch_model import BatchedLlama, PerSlotLM, Row, batched
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.decoding.control import CostModel
-from specdecode.server.load import BatchCosts
+from specdecode.engine.load import BatchCosts
 
 
 @pytest.fixture(scope="module")

@@ -135,7 +135,7 @@ def test_no_alert_on_thin_windows_and_a_given_baseline():
 
 
 def test_reads_our_own_server_counters_per_task():
-    from specdecode.server.metrics import ServerMetrics
+    from specdecode.engine.metrics import ServerMetrics
 
     m = ServerMetrics("tiny")
     for task, drafted, accepted in [("code", 4, 4), ("code", 4, 2), ("qa", 3, 0), ("qa", 2, 1)]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdecode.drafters import parse
-from specdecode.server.per_spec import PerSpec
+from specdecode.engine.per_spec import PerSpec
 
 
 def test_configured_specs_stay_and_other_specs_give_way_least_recently_written_first():

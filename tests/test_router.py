@@ -1,34 +1,65 @@
+"""Routing is a policy of the engine (decoding/router.py): a request's task picks its route from the
+config, learned routing tries every candidate before keeping the fastest, and what finished requests
+did seeds adaptive k. Checked through the Python API, the way in that drives the engine itself."""
+
 import pytest
 
-from specdecode import drafters
+from specdecode import LLM, SamplingParams, StructuredOutputs
 from specdecode.decoding.config import Route, SpecConfig
-from specdecode.decoding.control import AdaptiveK, CostModel
+from specdecode.decoding.control import DEFAULT_PRIOR, AdaptiveK
 from specdecode.decoding.router import Router
-from specdecode.decoding.taskstate import TaskState
 from specdecode.drafters import parse
 
-CHEAP = CostModel(0.0, {k: 1.0 + 0.01 * k for k in range(1, 9)}, step_s=0.001)
+GREEDY = SamplingParams(temperature=0, max_tokens=16)
 
 
-def router(target, config, **kw):
-    return Router(target, config, drafters.DrafterContext(target), TaskState(), **kw)
+def routed_llm(model_dir, tmp_path, config: SpecConfig, **kw) -> LLM:
+    path = tmp_path / "config.json"
+    config.save(path)
+    return LLM(model_dir, config=str(path), dtype="fp32", **kw)
 
 
-def test_routes_by_task_label_and_classifier(target):
-    cfg = SpecConfig(
-        default=Route(parse("ngram:1-2"), 4, False),
-        routing={"creative": Route(parse("none"), 1, False)},
-        costs={parse("ngram:1-2"): CHEAP},
+def test_routes_by_task_label_and_classifier(tiny_model_dir, tmp_path):
+    llm = routed_llm(
+        tiny_model_dir,
+        tmp_path,
+        SpecConfig(
+            default=Route(parse("ngram:1-2"), 4, False), routing={"creative": Route(parse("none"), 1, False)}
+        ),
     )
-    r = router(target, cfg)
-    plain = r.run("Write a poem about the sea", max_new_tokens=8)  # classified creative -> none
-    assert plain.extra["task"] == "creative" and plain.extra["drafter"] == "none" and plain.stats.drafted == 0
-    coded = r.run("a b c a b c a b c", task="code", max_new_tokens=16)
-    assert coded.extra["drafter"] == "ngram:1-2" and coded.stats.drafted > 0
-    assert r.state.get("code", "ngram:1-2").requests == 1
+    plain = llm.generate("Write a poem about the sea", GREEDY)[0]  # classified creative -> none
+    assert plain.route["task"] == "creative" and plain.route["drafter"] == "none"
+    assert plain.metrics.drafted == 0 and plain.route["realised_speedup"] == 1.0
+    coded = llm.generate("a b c a b c a b c", GREEDY, task="code")[0]
+    assert coded.route["drafter"] == "ngram:1-2" and coded.metrics.drafted > 0
+    assert llm.engine.router.state.get("code", "ngram:1-2").requests == 1
 
 
-def test_adaptive_route_uses_the_task_prior(target, monkeypatch):
+def test_routed_requests_batch_and_keep_their_own_routes(tiny_model_dir, tmp_path):
+    """Prompts of different tasks go through the engine together, each on its own route, with the
+    output each gets alone (greedy)."""
+    llm = routed_llm(
+        tiny_model_dir,
+        tmp_path,
+        SpecConfig(
+            default=Route(parse("ngram"), 3, False), routing={"creative": Route(parse("none"), 1, False)}
+        ),
+    )
+    prompts = ["Write a poem about the sea", "a b c a b c a b c", "def f(x): return x"]
+    together = llm.generate(prompts, GREEDY)
+    alone = [llm.generate(p, GREEDY)[0] for p in prompts]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    assert {o.route["drafter"] for o in together} == {"none", "ngram:2-4"}
+
+
+def test_structured_outputs_work_with_routing(tiny_model_dir, tmp_path):
+    llm = routed_llm(tiny_model_dir, tmp_path, SpecConfig(default=Route(parse("ngram"), 3, True)))
+    fmt = StructuredOutputs(regex="[ab]{3,6}")
+    out = llm.generate("a b a b", SamplingParams(temperature=0, max_tokens=12, structured_outputs=fmt))[0]
+    assert out.text and set(out.text) <= {"a", "b"} and 3 <= len(out.text) <= 6
+
+
+def test_adaptive_route_uses_the_task_prior(tiny_model_dir, tmp_path, monkeypatch):
     seen = {}
     real_init = AdaptiveK.__post_init__
 
@@ -37,28 +68,33 @@ def test_adaptive_route_uses_the_task_prior(target, monkeypatch):
         real_init(self)
 
     monkeypatch.setattr(AdaptiveK, "__post_init__", spy)
-    r = router(
-        target, SpecConfig(default=Route(parse("ngram:1-2"), 4, True), costs={parse("ngram:1-2"): CHEAP})
-    )
-    r.run("a b c a b c a b c", task="code", max_new_tokens=16)
-    assert seen["prior"] == [0.5]
-    r.run("a b c a b c a b c", task="code", max_new_tokens=16)
-    profile = r.state.get("code", "ngram:1-2").profile
+    llm = routed_llm(tiny_model_dir, tmp_path, SpecConfig(default=Route(parse("ngram:1-2"), 4, True)))
+    llm.generate("a b c a b c a b c", GREEDY, task="code")
+    assert seen["prior"] == list(DEFAULT_PRIOR)
+    llm.generate("a b c a b c a b c", GREEDY, task="code")
+    profile = llm.engine.router.state.get("code", "ngram:1-2").profile
     assert profile and seen["prior"] == pytest.approx(profile)
 
 
-def test_auto_routing_explores_then_exploits(target):
-    cfg = SpecConfig(
-        default=Route(parse("ngram"), 4, False),
-        candidates=[parse("none"), parse("ngram")],
-        costs={parse("ngram"): CHEAP},
-    )
-    r = router(target, cfg, auto=True, explore=2)
-    chosen = [r.run("x y z x y z x y z", task="sql", max_new_tokens=8).extra["drafter"] for _ in range(4)]
+def test_auto_routing_explores_then_exploits(tiny_model_dir, tmp_path):
+    config = SpecConfig(default=Route(parse("ngram"), 4, False), candidates=[parse("none"), parse("ngram")])
+    llm = routed_llm(tiny_model_dir, tmp_path, config, routing="auto", state=str(tmp_path / "state.json"))
+    short = SamplingParams(temperature=0, max_tokens=8)
+    chosen = [llm.generate("x y z x y z x y z", short, task="sql")[0].route["drafter"] for _ in range(4)]
     ngram = "ngram:2-4"  # routes, state and results name a drafter by its canonical spec
-    assert chosen[:2] == ["none", "none"] and chosen[2:4] == [ngram, ngram]
+    assert chosen == ["none", "none", ngram, ngram]
+    state = llm.engine.router.state
+    assert (tmp_path / "state.json").exists() and state.get("sql", ngram).requests == 2
     # pretend ngram measured slower than plain on this task: auto routing must stop using it
-    r.state.get("sql", ngram).speedup = 0.7
-    assert r.run("x y z x y z", task="sql", max_new_tokens=4).extra["drafter"] == "none"
-    r.state.get("sql", ngram).speedup = 1.4
-    assert r.run("x y z x y z", task="sql", max_new_tokens=4).extra["drafter"] == ngram
+    state.get("sql", ngram).speedup = 0.7
+    assert llm.generate("x y z x y z", short, task="sql")[0].route["drafter"] == "none"
+    state.get("sql", ngram).speedup = 1.4
+    assert llm.generate("x y z x y z", short, task="sql")[0].route["drafter"] == ngram
+
+
+def test_the_router_alone_is_a_pure_policy():
+    router = Router(
+        SpecConfig(default=Route(parse("ngram"), 4, False), candidates=[parse("none")]), auto=True
+    )
+    assert router.choose("qa") == Route(parse("none"), 4, False)  # unexplored candidate first
+    assert router.prior("qa", parse("ngram")) is None

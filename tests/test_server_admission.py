@@ -9,8 +9,8 @@ import pytest
 
 from specdecode.core.sampling import Warp
 from specdecode.drafters import parse
-from specdecode.server import build_engine, default_routes
-from specdecode.server.engine import Delta, Done, QueueFull, Request
+from specdecode.engine import build_engine, default_routes
+from specdecode.engine.loop import Delta, Done, QueueFull, Request
 
 MAX_BATCH, QUEUE = 2, 4
 

@@ -307,7 +307,7 @@ def test_drafter_labels_come_from_the_configuration_whatever_clients_send(server
 def test_per_spec_state_stays_bounded_whatever_specs_clients_send(server):
     """Drafter templates, acceptance stats and drafting times are kept per spec: the configured specs'
     for good, 100 odd specs' among at most OTHERS (the latest), so the state does not grow with them."""
-    from specdecode.server.per_spec import OTHERS
+    from specdecode.engine.per_spec import OTHERS
 
     engine = server.engine
     odd = [drafters.parse(f"ngram:{1 + i % 3}-{50000 - i}") for i in range(100)]

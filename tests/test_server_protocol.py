@@ -73,7 +73,7 @@ def test_an_unusable_request_id_is_refused_by_name(server):
 
 def test_the_request_id_names_the_request_in_the_log(server, caplog):
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
-    with caplog.at_level(logging.INFO, logger="specdecode.server"):
+    with caplog.at_level(logging.INFO, logger="specdecode.engine"):
         r = httpx.post(
             server.url + "/v1/completions", json=body, headers={**AUTH, "X-Request-Id": "log-me-1"}
         )

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from serving import serve
-from specdecode.server.trace import StepRecord, StepTrace
+from specdecode.engine.trace import StepRecord, StepTrace
 
 SIZE = 48
 

@@ -3,8 +3,6 @@ where `none` means k = 0."""
 
 import pytest
 
-from specdecode import drafters
-from specdecode.decoding.config import Route, SpecConfig
 from specdecode.drafters import KINDS, canonical, parse
 from specdecode.errors import UserError
 
@@ -122,26 +120,21 @@ def test_every_kind_has_a_vllm_exporter():
 
 
 def test_server_asks_the_spec_what_it_can_serve():
-    from specdecode.server.drafting import _on_demand
+    from specdecode.engine.drafting import _on_demand
 
     assert _on_demand() == ["none", "ngram", "suffix"]  # weightless: built on first use, then shared
 
 
-def test_router_and_server_agree_that_none_runs_with_k_zero(target):
-    """router.py ran `none` with k = 1 and the server with k = 0; both now ask the spec."""
-    from specdecode.decoding.router import Router
+def test_the_engine_runs_none_with_k_zero_and_one_drafter_per_canonical_spec(target):
+    """The engine asks the spec: `none` drafts nothing whatever k, adaptive or not; equal specs
+    written differently share one drafter template."""
+    from specdecode.core.sampling import Warp
+    from specdecode.engine import Request, build_engine, default_routes
 
-    router = Router(
-        target, SpecConfig(default=Route(parse("none"), 4, False)), drafters.DrafterContext(target)
+    engine = build_engine(
+        target, default_routes(parse("ngram"), 4, False), model_name="t", load_control=False
     )
-    assert router.policy("code", Route(parse("none"), 4, True), None).next_k() == 0
-    assert router.policy("code", Route(parse("ngram"), 4, False), None).next_k() == 4
-
-
-def test_router_builds_one_drafter_per_canonical_spec(target):
-    from specdecode.decoding.router import Router
-
-    router = Router(
-        target, SpecConfig(default=Route(parse("ngram"), 4, False)), drafters.DrafterContext(target)
-    )
-    assert router.drafter(parse("ngram")) is router.drafter(parse("ngram:02-4"))
+    none = engine._policy(Request([1, 2], Warp(), 4, drafter=parse("none"), k=4, adaptive=True))
+    assert none.next_k() == 0
+    assert engine._policy(Request([1, 2], Warp(), 4, drafter=parse("ngram"), k=4)).next_k() == 4
+    assert engine.pool.template(parse("ngram")) is engine.pool.template(parse("ngram:02-4"))

@@ -8,8 +8,8 @@ import pytest
 
 from serving import MODEL, reference, serve
 from specdecode.drafters.suffix import read_responses
+from specdecode.engine.suffix_cache import FORMAT, SuffixCaches
 from specdecode.errors import UserError
-from specdecode.server.suffix_cache import FORMAT, SuffixCaches
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox",

@@ -1,20 +1,18 @@
-"""LLM: a target with a drafter, loaded once; generate, chat and stream through the batched core.
+"""LLM: a target with a drafter, loaded once; generate, chat and stream through the engine.
 
-Many prompts go through decoding/batch_decoder.py, the core the server runs: each request gets a KV
-slot, its own copy of the drafter and its own seeded generator, and joins or leaves between steps;
-a model without a batched forward (transformers' own) runs its slots in turn inside the same core.
-Requests with per-task routing or adaptive k (config, adaptive, routing="auto", state, task) go one
-at a time through decoding/router.py, which chooses each one's drafter and k from measured costs.
+The engine (specdecode/engine: the loop the server runs too) holds the batched target, the drafters and
+the policies: every request gets a KV slot, its own copy of its drafter and its own seeded generator,
+and joins or leaves between steps; its task picks its route (drafter and k: a config's routes, learned
+routing, the per-task history of `state`), adaptive k and grammars ride on it. LLM is a thin client:
+it turns prompts and SamplingParams into the engine's Requests, then drives the engine from the
+caller's thread (`Engine.iterate`) until they finish, collecting their events.
 """
 
 from __future__ import annotations
 
 import copy
-import queue
-import secrets
+import sys
 import threading
-import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import count
@@ -22,68 +20,20 @@ from itertools import count
 import torch
 
 from specdecode import drafters
+from specdecode import engine as eng
 from specdecode.api.outputs import CompletionOutput, RequestOutput, StreamDelta
 from specdecode.api.params import SamplingParams
 from specdecode.api.structured import Compiler
 from specdecode.backends import models
-from specdecode.backends.batch_model import batched
 from specdecode.backends.precision import FP32, Precision
-from specdecode.core.metrics import Stats
-from specdecode.decoding import batch_decoder
-from specdecode.decoding.batch_decoder import BatchDecoder
-from specdecode.decoding.constraints import Constraints
-from specdecode.decoding.control import FixedK
+from specdecode.core.tasks import TASKS, classify
+from specdecode.decoding.config import Route, load_config
 from specdecode.decoding.generation import check_k, encode_prompt
-from specdecode.decoding.prefix_cache import PrefixCache
-from specdecode.decoding.step import Step
-from specdecode.decoding.text import TextStream
+from specdecode.decoding.taskstate import TaskState
 from specdecode.drafters.spec import Spec
 from specdecode.errors import UserError
 
 Prompt = str | list[int]  # text, or token ids used as they are
-
-
-@dataclass(eq=False)
-class _Request:
-    """One request in flight in the batched core."""
-
-    id: str
-    prompt: str | None
-    ids: list[int]
-    params: SamplingParams
-    seq: batch_decoder.Sequence
-    text: TextStream
-    stats: Stats = field(default_factory=lambda: Stats(prefills=1))
-    from_draft: list[bool] = field(default_factory=list)
-    start: float = 0.0
-
-    def observe(self, step: Step) -> str:
-        """Account one step -> the text it made safe to show."""
-        if not self.text.tokens:
-            self.stats.ttft_s = time.perf_counter() - self.start
-        self.stats.observe_step(step)
-        self.stats.draft_s += step.draft_s
-        self.stats.verify_s += step.verify_s
-        self.from_draft += _provenance(step)
-        return self.text.push(step.tokens, step.finished)
-
-    def output(self) -> RequestOutput:
-        self.stats.wall_s = time.perf_counter() - self.start
-        self.stats.new_tokens = len(self.text.tokens)
-        tokens = self.text.tokens
-        done = CompletionOutput(
-            0,
-            self.text.text,
-            list(tokens),
-            self.text.finish_reason or "length",
-            self.from_draft[: len(tokens)],
-        )
-        return RequestOutput(self.id, self.prompt, self.ids, [done], self.stats)
-
-
-def _provenance(step: Step) -> list[bool]:
-    """A step commits its accepted drafts, then the target's own token (cut after an EOS)."""
-    return ([True] * step.accepted + [False])[: len(step.tokens)]
 
 
 class LLM:
@@ -140,38 +90,57 @@ class LLM:
         if drafter_quant != "none" and not self.spec.draft_models:
             raise UserError(f"drafter_quant applies to draft models (draft, draft:<model>), not {self.spec}")
         self.precision = precision
-        self.routing = {"config": config, "auto": routing == "auto", "state": state}
-        if config:
-            from specdecode.decoding.config import load_config
-
-            load_config(config)  # a bad config fails before the model loads
+        # a bad config or state file fails before the model loads
+        routes = load_config(config) if config else eng.default_routes(self.spec, self.k, adaptive)
+        if state:
+            TaskState(state)
         self.target = models.load(model, precision, device, backend, target_quant)
         self.tokenizer = self.target.tokenizer
-        self.ctx = drafters.DrafterContext(self.target, precision, device, backend, drafter_quant)
-        self._router = None
-        if config or adaptive or routing == "auto" or state:
-            self._router = self._make_router()
-        self._drafter = None if self._router else drafters.build(self.spec, self.ctx)
-        cache = PrefixCache(max_bytes=prefix_cache_mb << 20) if prefix_cache_mb > 0 else None
-        self._core = BatchDecoder(batched(self.target.model, max_batch), cache)
+        self._routed = bool(config or routing == "auto" or state)
+        self._engine = eng.build_engine(
+            self.target,
+            routes,
+            model_name=str(model or models.DEFAULT_TARGET),
+            max_batch=max_batch,
+            queue_size=sys.maxsize,  # a client's own prompts wait in line, however many
+            load_control=self._routed or adaptive,  # adaptive k and realised speedups need the costs
+            precision=precision,
+            device=device,
+            backend=backend,
+            drafter_quant=drafter_quant,
+            prefix_cache_mb=prefix_cache_mb,
+            learned_routing=routing == "auto",
+            state=state,
+            any_drafter=True,
+            chunked_prefill=False,  # each admission's prompts in one forward of their own
+        )
+        # unrouted requests take the LLM's own drafter and k (with_drafter changes them)
+        self._route = None if self._routed else Route(self.spec, self.k, adaptive)
+        self._lock = threading.Lock()  # one caller drives the engine at a time
+        self._formats = Compiler(self._engine.grammars)
         self._ids = count()
-        self._formats = Compiler(self.tokenizer, self.target.model.vocab_size, frozenset(self.target.eos_ids))
 
     # -- public ----------------------------------------------------------------------------------
 
     @property
     def routed(self) -> bool:
-        """Whether requests go one at a time through the router (config, adaptive k, routing, state)."""
-        return self._router is not None
+        """Whether a request's task picks its route (a config, learned routing or a state file)."""
+        return self._routed
+
+    @property
+    def engine(self) -> eng.Engine:
+        """The engine this LLM drives (its metrics, costs and router)."""
+        return self._engine
 
     def with_drafter(self, drafter: str | Spec, k: int | None = None) -> LLM:
-        """The same loaded target, batch core and prefix cache with another drafter (and k), fixed k
-        and no routing: only the drafter is built (`specdecode audit` compares drafters this way)."""
+        """The same loaded target and engine with another drafter (and k), fixed k and no routing:
+        only the drafter is built (`specdecode audit` compares drafters this way)."""
         other = copy.copy(self)
         other.spec = drafters.parse(drafter)
         other.k = check_k(k) if k is not None else self.k
-        other.adaptive, other._router = False, None
-        other._drafter = drafters.build(other.spec, self.ctx)
+        other.adaptive, other._routed = False, False
+        other._route = Route(other.spec, other.k, False)
+        self._engine.pool.template(other.spec)  # built now: a bad spec or model fails here
         return other
 
     def generate(
@@ -180,17 +149,19 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         chat: bool | None = False,
-        task: str | None = None,
+        task: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
         """Complete each prompt (text, or a list of token ids) -> one RequestOutput per prompt, in
         order. sampling_params: one for all, or one per prompt. chat: apply the model's chat template
-        to text prompts (None: when it has one). task: route every prompt as this task (routing)."""
-        requests = self._requests(prompts, sampling_params, chat)
-        if task is not None or self._router:
-            return [self._routed(r, task, chat) for r in requests]
-        for _ in self._drive(requests):
-            pass
-        return [r.output() for r in requests]
+        to text prompts (None: when it has one). task: every prompt's task, or one per prompt (None:
+        classified from its text), which picks its route when the LLM routes."""
+        pending = self._submit(prompts, sampling_params, chat, task)
+        try:
+            while not all(p.finished for p in pending):
+                self._iterate(pending)
+        finally:
+            self._drop(pending)
+        return [p.output(self._routed) for p in pending]
 
     def chat(
         self,
@@ -223,23 +194,30 @@ class LLM:
         chat: bool | None = False,
         task: str | None = None,
     ) -> Iterator[StreamDelta]:
-        """Generate one completion step by step: a StreamDelta per target forward that committed
-        tokens; the last one carries the finished RequestOutput."""
-        (request,) = self._requests(prompt if isinstance(prompt, str) else [prompt], sampling_params, chat)
-        if task is not None or self._router:
-            yield from self._routed_stream(request, task, chat)
-            return
-        last = None
-        for _, step, delta in self._drive([request]):
-            if last is not None:
-                yield last
-            last = StreamDelta(delta, list(step.tokens), _provenance(step))
-        last.output = request.output()
-        yield last
+        """Generate one completion piece by piece: a StreamDelta whenever new text is safe to show,
+        with the tokens committed since the last; the last one carries the finished RequestOutput."""
+        (pending,) = self._submit(
+            prompt if isinstance(prompt, str) else [prompt], sampling_params, chat, task
+        )
+        try:
+            seen = 0
+            while True:
+                if not pending.finished:
+                    self._iterate([pending])
+                for delta in pending.deltas[seen:]:
+                    yield StreamDelta(delta.text, delta.tokens, delta.from_draft)
+                seen = len(pending.deltas)
+                if pending.finished:
+                    break
+            out = pending.output(self._routed)
+            rest = slice(sum(len(d.tokens) for d in pending.deltas), None)
+            yield StreamDelta("", out.token_ids[rest], out.outputs[0].from_draft[rest], output=out)
+        finally:
+            self._drop([pending])
 
-    # -- the batched core ------------------------------------------------------------------------
+    # -- requests into the engine, events out -----------------------------------------------------
 
-    def _requests(self, prompts, params, chat: bool | None) -> list[_Request]:
+    def _submit(self, prompts, params, chat: bool | None, task) -> list[_Pending]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and _is_ids(prompts)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -250,12 +228,25 @@ class LLM:
         params = list(params)
         if len(params) != len(prompts):
             raise UserError(f"{len(params)} sampling_params for {len(prompts)} prompts")
-        return [self._request(p, sp, chat) for p, sp in zip(prompts, params)]
+        tasks = [task] * len(prompts) if task is None or isinstance(task, str) else list(task)
+        if len(tasks) != len(prompts):
+            raise UserError(f"{len(tasks)} tasks for {len(prompts)} prompts")
+        if bad := [t for t in tasks if t is not None and t not in TASKS]:
+            raise UserError(f"unknown task {bad[0]!r}; known: {', '.join(TASKS)}")
+        requests = [self._request(*args, chat) for args in zip(prompts, params, tasks)]  # all checked first
+        pending = []
+        for prompt, request in zip(prompts, requests):
+            p = _Pending(str(next(self._ids)), prompt if isinstance(prompt, str) else None, request.prompt)
+            p.state = self._engine.submit(request, p.events.append)
+            pending.append(p)
+        return pending
 
-    def _request(self, prompt: Prompt, params: SamplingParams, chat: bool | None) -> _Request:
+    def _request(
+        self, prompt: Prompt, params: SamplingParams, task: str | None, chat: bool | None
+    ) -> eng.Request:
         if isinstance(prompt, str):
             ids = encode_prompt(self.tokenizer, prompt, chat)
-        elif isinstance(prompt, list) and _is_ids(prompt):
+        elif isinstance(prompt, list) and prompt and _is_ids(prompt):
             ids = list(prompt)
             vocab = self.target.model.vocab_size
             if bad := [t for t in ids if not 0 <= t < vocab]:
@@ -268,121 +259,72 @@ class LLM:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
                 f"context of {limit} tokens"
             )
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
-        eos = frozenset() if params.ignore_eos else frozenset(self.target.eos_ids)
-        seq = batch_decoder.Sequence(
-            ids,
-            self._drafter.fork() if self._drafter is not None else None,
-            FixedK(self.spec.k(self.k)),
-            params.distribution(),
-            torch.Generator(device=self.target.model.device).manual_seed(seed),
-            params.max_tokens,
-            eos,
-            constraints=self._constraints(ids, params),
-        )
-        text = TextStream(self.tokenizer, params.stop, eos)
-        return _Request(
-            str(next(self._ids)), prompt if isinstance(prompt, str) else None, ids, params, seq, text
-        )
-
-    def _constraints(self, ids: list[int], params: SamplingParams) -> Constraints | None:
-        """A request's structured outputs as a grammar on the target's distribution (decoding.constraints)."""
+        task = task or classify(prompt if isinstance(prompt, str) else self.tokenizer.decode(ids))
+        route = self._route or self._engine.route(task)
         fmt = params.structured_outputs
-        return None if fmt is None else Constraints(ids, grammar=self._formats.matcher(fmt))
-
-    def _drive(self, requests: list[_Request]) -> Iterator[tuple[_Request, Step, str]]:
-        """Run requests through the batched core, at most max_batch at a time, admitting waiting ones
-        as others finish -> (request, step, new text) for every step that committed tokens."""
-        core = self._core
-        waiting, running = deque(requests), []
-        try:
-            while waiting or running:
-                admitted = [waiting.popleft() for _ in range(min(len(waiting), len(core.free)))]
-                if admitted:
-                    now = time.perf_counter()
-                    for r in admitted:
-                        r.start = now
-                    prefill_s = core.start([r.seq for r in admitted])
-                    for r in admitted:
-                        r.stats.prefill_s = prefill_s
-                    running += admitted
-                steps = core.step([r.seq for r in running])
-                for r, step in zip(list(running), steps):
-                    if step.error is not None:
-                        raise step.error
-                    delta = r.observe(step)
-                    yield r, step, delta
-                    if r.text.finish_reason:
-                        core.release(r.seq)
-                        running.remove(r)
-        finally:  # an error, or a stream abandoned half-way: the slots are free for the next call
-            for r in running:
-                core.release(r.seq)
-
-    # -- routed requests (config, adaptive k, learned routing): one at a time ----------------------
-
-    def _make_router(self):
-        from specdecode.decoding.config import Route, SpecConfig, load_config
-        from specdecode.decoding.router import Router
-        from specdecode.decoding.taskstate import TaskState
-
-        r = self.routing
-        config = (
-            load_config(r["config"])
-            if r["config"]
-            else SpecConfig(default=Route(self.spec, self.k, self.adaptive))
-        )
-        return Router(self.target, config, self.ctx, TaskState(r["state"]), auto=r["auto"])
-
-    def _route_args(self, request: _Request, task: str | None, chat: bool | None) -> dict:
-        from specdecode.core.tasks import TASKS
-
-        if task is not None and task not in TASKS:
-            raise UserError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
-        p = request.params
-        if p.structured_outputs is not None:
-            raise UserError("structured_outputs cannot be used with routing, adaptive k or a config (yet)")
-        if self._router is None:
-            self._router = self._make_router()
-        return dict(
+        return eng.Request(
+            ids,
+            params.distribution(),
+            params.max_tokens,
+            stop=params.stop,
+            seed=params.seed,
+            drafter=route.drafter,
+            k=route.k,
+            adaptive=route.adaptive,
             task=task,
-            chat=chat,
-            params=p.distribution(),
-            max_new_tokens=p.max_tokens,
-            stop=p.stop,
-            seed=request.seq.generator.initial_seed(),
+            ignore_eos=params.ignore_eos,
+            grammar=None if fmt is None else self._formats.compile(fmt),
         )
 
-    def _routed(self, request: _Request, task: str | None, chat: bool | None, on_text=None) -> RequestOutput:
-        args = self._route_args(request, task, chat)
-        prompt = request.prompt if request.prompt is not None else request.ids
-        result = self._router.run(prompt, on_text=on_text, ignore_eos=request.params.ignore_eos, **args)
-        self._router.state.save()
-        done = CompletionOutput(0, result.text, result.token_ids, result.finish_reason, result.from_draft)
+    def _iterate(self, pending: list[_Pending]) -> None:
+        """One engine iteration (it advances every request in flight, this call's or another's)."""
+        with self._lock:
+            worked = self._engine.iterate()
+        for p in pending:
+            if p.failed is not None:
+                raise p.failed.error or RuntimeError(p.failed.message)
+        if not worked and not all(p.finished for p in pending):
+            raise RuntimeError("the engine has no work but requests are unfinished")
+
+    def _drop(self, pending: list[_Pending]) -> None:
+        """An error, or a stream abandoned half-way: unfinished requests leave, their slots free."""
+        left = [p for p in pending if not p.finished]
+        for p in left:
+            self._engine.cancel(p.state)
+        if left:
+            with self._lock:
+                self._engine.iterate()
+
+
+@dataclass(eq=False)
+class _Pending:
+    """One request of this client in the engine, and its events so far."""
+
+    id: str
+    prompt: str | None
+    ids: list[int]
+    state: eng.RequestState | None = None
+    events: list = field(default_factory=list)
+
+    @property
+    def deltas(self) -> list[eng.Delta]:
+        return [e for e in self.events if isinstance(e, eng.Delta)]
+
+    @property
+    def failed(self) -> eng.Failed | None:
+        return next((e for e in self.events if isinstance(e, eng.Failed)), None)
+
+    @property
+    def finished(self) -> bool:
+        return any(isinstance(e, (eng.Done, eng.Failed)) for e in self.events)
+
+    def output(self, routed: bool) -> RequestOutput:
+        done = next(e for e in self.events if isinstance(e, eng.Done))
+        text = "".join(d.text for d in self.deltas)
+        completion = CompletionOutput(0, text, done.tokens, done.finish_reason, done.from_draft)
         return RequestOutput(
-            request.id, request.prompt, request.ids, [done], result.stats, route=result.extra
+            self.id, self.prompt, self.ids, [completion], done.stats, route=done.route if routed else {}
         )
-
-    def _routed_stream(self, request: _Request, task: str | None, chat: bool | None) -> Iterator[StreamDelta]:
-        """The router's loop reports text through a callback: it runs in a thread that hands each
-        piece over (torch releases the GIL in its kernels, so nothing runs slower)."""
-        pieces: queue.Queue = queue.Queue()
-
-        def run():
-            try:
-                pieces.put(self._routed(request, task, chat, on_text=pieces.put))
-            except BaseException as e:  # noqa: BLE001 (re-raised in the caller's thread)
-                pieces.put(e)
-
-        threading.Thread(target=run, name="specdecode-route", daemon=True).start()
-        while True:
-            item = pieces.get()
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, RequestOutput):
-                yield StreamDelta("", [], [], output=item)
-                return
-            yield StreamDelta(item, [], [])
 
 
 def _is_ids(prompt: list) -> bool:

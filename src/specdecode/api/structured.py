@@ -10,13 +10,14 @@ needs the target's tokenizer (decoding/grammar.py): `Compiler` does it once per 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specdecode.errors import UserError
 
 if TYPE_CHECKING:
-    from specdecode.decoding.grammar import Grammar, Grammars
+    from specdecode.decoding.grammar import Grammars
 
 
 # response_format types -> the field each one needs beside "type"
@@ -112,21 +113,16 @@ class StructuredOutputs:
 
 
 class Compiler:
-    """Structured outputs -> one sequence's grammar matcher, for one target. llguidance's view of the
-    tokenizer takes seconds to build for a large vocabulary: it is made on first use, once per target
-    (LLM.with_drafter's copies share this object), and each distinct format is compiled once."""
+    """Structured outputs -> the grammar text the engine runs, for one target. llguidance's view of the
+    tokenizer takes seconds to build for a large vocabulary: `grammars` (the engine's, made on first
+    use) is asked once; each distinct format is compiled once (LLM.with_drafter's copies share this)."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_ids: frozenset[int]):
-        self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, stop_ids
-        self.grammars: Grammars | None = None
+    def __init__(self, grammars: Callable[[], Grammars]):
+        self.grammars = grammars
         self.compiled: dict[str, str] = {}  # StructuredOutputs.key() -> llguidance grammar
 
-    def matcher(self, fmt: StructuredOutputs) -> Grammar:
-        if self.grammars is None:
-            from specdecode.decoding.grammar import Grammars  # llguidance loads only when a request needs it
-
-            self.grammars = Grammars(self.tokenizer, self.vocab_size, self.stop_ids)
+    def compile(self, fmt: StructuredOutputs) -> str:
         key = fmt.key()
         if key not in self.compiled:
-            self.compiled[key] = fmt.compile(self.grammars)
-        return self.grammars.matcher(self.compiled[key])
+            self.compiled[key] = fmt.compile(self.grammars())
+        return self.compiled[key]

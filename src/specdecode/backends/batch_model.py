@@ -46,6 +46,7 @@ class BatchLM(Protocol):
     vocab_size: int
     attention_span: float | None  # context tokens whose attention costs a token's matmuls; None: unknown
     copies_kv: bool  # read_kv / write_kv copy a slot's keys and values (prefix caching)
+    device: torch.device  # where its logits are (a request's generator lives there)
 
     def read_kv(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -429,6 +430,7 @@ class PerSlotLM:
         self.seqs = seqs
         self.slots = len(seqs)
         self.max_length, self.vocab_size = self.seqs[0].max_length, self.seqs[0].vocab_size
+        self.device = self.seqs[0].device
 
     def length(self, slot: int) -> int:
         return self.seqs[slot].length

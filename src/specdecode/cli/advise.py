@@ -203,7 +203,7 @@ def _engine_costs(args, spec, k_max: int) -> _Costs:
     from specdecode.backends.batch_model import batched
     from specdecode.decoding import costs
     from specdecode.decoding.generation import encode_prompt
-    from specdecode.server import load
+    from specdecode.engine import load
 
     setup(args)
     target = models.load(args.target, args.precision, args.device, args.backend)

@@ -67,18 +67,15 @@ def cmd_generate(args) -> None:
         routing=args.routing,
         state=args.state,
     )
-    routed = llm.routed or args.task is not None
-    if args.json and not routed:
-        outputs = llm.generate([p.prompt for p in prompts], params, chat=args.chat)
-    shown = []
-    for i, p in enumerate(prompts):
-        task = (args.task or p.task) if routed else None
-        if args.json:
-            out = llm.generate(p.prompt, params, chat=args.chat, task=task)[0] if routed else outputs[i]
+    tasks = [args.task or p.task for p in prompts]
+    if args.json:  # every prompt through the engine at once, each on its task's route
+        shown = llm.generate([p.prompt for p in prompts], params, chat=args.chat, task=tasks)
+        for p, out in zip(prompts, shown):
             print(json.dumps({**out.to_json(), "id": p.id, "category": p.category}, ensure_ascii=False))
-        else:
-            out = _stream(llm, args, p.prompt, params, task, f"{spec}, k={args.k}")
-        shown.append(out)
+    else:
+        shown = [
+            _stream(llm, args, p.prompt, params, t, f"{spec}, k={args.k}") for p, t in zip(prompts, tasks)
+        ]
     if args.show:
         print(show.legend(color=sys.stdout.isatty()), file=sys.stderr)
     if args.show_html:

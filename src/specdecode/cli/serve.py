@@ -30,6 +30,13 @@ def add_parser(sub) -> None:
     )
     s.add_argument("--adaptive", action="store_true", help="choose k per step from live α and measured costs")
     s.add_argument("--config", help="speculation config from `specdecode advise`: routes per task")
+    s.add_argument(
+        "--routing",
+        choices=["config", "auto"],
+        default="config",
+        help="auto: learn the best drafter per task (among the config's candidates) from measured speedups",
+    )
+    s.add_argument("--state", help="per-task α history file (JSON), kept across restarts")
     s.add_argument("--served-model-name", help="the model id clients send (default: the target's name)")
     s.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or $SPECDECODE_API_KEY)"
@@ -122,10 +129,10 @@ def cmd_serve(args) -> None:
         import uvicorn
 
         from specdecode.drafters.suffix import read_responses
-        from specdecode.server import default_routes
+        from specdecode.engine import default_routes
+        from specdecode.engine.suffix_cache import SuffixCaches
         from specdecode.server.app import AppOptions, create_app
         from specdecode.server.lifecycle import Server
-        from specdecode.server.suffix_cache import SuffixCaches
     except ImportError as e:
         raise UserError(
             f"serve needs fastapi, uvicorn and prometheus_client (pip install -e .): {e}"
@@ -144,7 +151,6 @@ def cmd_serve(args) -> None:
     engine = _engine(args, target, routes, name, caches)
     opts = AppOptions(
         name,
-        routes,
         args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
         args.timeout,
         args.max_body_bytes,
@@ -187,7 +193,7 @@ def _check(args):
 
 def _engine(args, target, routes, name: str, caches):
     """The server's engine (server.build_engine) as the options configure it."""
-    from specdecode.server import build_engine
+    from specdecode.engine import build_engine
 
     return build_engine(
         target,
@@ -206,4 +212,6 @@ def _engine(args, target, routes, name: str, caches):
         prefix_cache_mb=args.prefix_cache_mb,
         kv_reserve=args.kv_reserve,
         trace_steps=args.trace_steps,
+        learned_routing=args.routing == "auto",
+        state=args.state,
     )

@@ -12,7 +12,7 @@ import json
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from specdecode.server import engine as eng
+from specdecode import engine as eng
 from specdecode.server.responses import CompletionFormat, merge_usage
 from specdecode.server.schemas import ApiError, error_response
 

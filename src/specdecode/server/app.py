@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from specdecode.decoding.config import SpecConfig
-from specdecode.server import engine as eng
+from specdecode import engine as eng
 from specdecode.server.answer import answer
 from specdecode.server.guard import Guard, request_id
 from specdecode.server.handlers import install_error_handlers
@@ -31,7 +30,6 @@ from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest
 @dataclass
 class AppOptions:
     model_name: str
-    routes: SpecConfig  # default drafter/k/adaptive, and routes per task
     api_key: str | None = None
     timeout_s: float | None = 600.0
     max_body_bytes: int = 1 << 20
@@ -57,7 +55,7 @@ def _add_generation_routes(app: FastAPI, engine: eng.Engine, opts: AppOptions) -
     """POST /v1/completions and /v1/chat/completions: a prompt's token ids and the text its task is
     classified from, then intake and answer."""
     tokenizer, vocab = engine.tokenizer, engine.model.vocab_size
-    intake = Intake(engine, opts.model_name, opts.routes, opts.timeout_s)
+    intake = Intake(engine, opts.model_name, opts.timeout_s)
 
     def token_text(token: int) -> str:
         return tokenizer.decode([token])

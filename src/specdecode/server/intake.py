@@ -5,21 +5,20 @@ not fit is an ApiError (400, or 404 for another model's name) before anything is
 
 from __future__ import annotations
 
+from specdecode import engine as eng
 from specdecode.api.structured import StructuredOutputs
 from specdecode.core.sampling import Warp
 from specdecode.core.tasks import classify
-from specdecode.decoding.config import Route, SpecConfig
+from specdecode.decoding.config import Route
 from specdecode.decoding.penalties import Penalties
 from specdecode.drafters import parse
 from specdecode.errors import UserError
-from specdecode.server import engine as eng
 from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest, ResponseFormat, Speculative
 
 
-def resolve_route(spec: Speculative | None, task: str, routes: SpecConfig) -> Route:
-    """The request's speculative override on top of the server's route for its task: the request's
+def resolve_route(spec: Speculative | None, route: Route) -> Route:
+    """The request's speculative override on top of the engine's route for its task: the request's
     drafter text is parsed here, once (a malformed one is a UserError)."""
-    route = routes.route(task)
     if spec is None:
         return route
     if not spec.enabled:
@@ -30,10 +29,10 @@ def resolve_route(spec: Speculative | None, task: str, routes: SpecConfig) -> Ro
 
 class Intake:
     """The server's checks of a completion or chat request (model_name: the one model it serves;
-    routes: its drafter and k per task; timeout_s: each request's)."""
+    the engine's routes give a task's drafter and k; timeout_s: each request's)."""
 
-    def __init__(self, engine: eng.Engine, model_name: str, routes: SpecConfig, timeout_s: float | None):
-        self.engine, self.model_name, self.routes, self.timeout_s = engine, model_name, routes, timeout_s
+    def __init__(self, engine: eng.Engine, model_name: str, timeout_s: float | None):
+        self.engine, self.model_name, self.timeout_s = engine, model_name, timeout_s
         self.context, self.vocab = engine.model.max_length, engine.model.vocab_size
 
     def request(
@@ -52,7 +51,7 @@ class Intake:
         max_tokens = self._max_tokens(req, ids)
         task = req.task or classify(task_text)
         try:
-            route = resolve_route(req.speculative, task, self.routes)
+            route = resolve_route(req.speculative, self.engine.route(task))
             self.engine.pool.template(route.drafter)  # unknown or not loaded -> 400
             params = Warp(req.temperature, max(req.top_k, 0), req.top_p)
         except UserError as e:

@@ -10,7 +10,7 @@ import threading
 
 import uvicorn
 
-from specdecode.server.engine import Engine
+from specdecode.engine.loop import Engine
 
 FLUSH_S = 5.0  # after the engine fails the running requests: time for their last events to be sent
 

@@ -12,9 +12,9 @@ import threading
 from collections.abc import Iterable
 
 from specdecode import drafters
+from specdecode.engine.per_spec import PerSpec
+from specdecode.engine.suffix_cache import SuffixCaches
 from specdecode.errors import UserError
-from specdecode.server.per_spec import PerSpec
-from specdecode.server.suffix_cache import SuffixCaches
 
 
 def _on_demand() -> list[str]:
@@ -36,8 +36,12 @@ class DrafterPool:
         ctx: drafters.DrafterContext,
         preload: Iterable[drafters.Spec] = (),
         caches: SuffixCaches | None = None,
+        *,
+        any_drafter: bool = False,
     ):
-        self.ctx = ctx
+        """any_drafter: a request may name a model drafter not preloaded (loaded on first use, as the
+        Python API allows); else only weightless ones (a server loads its drafters at start-up)."""
+        self.ctx, self.any_drafter = ctx, any_drafter
         self.caches = caches or SuffixCaches()
         preload = list(preload)
         self.templates: PerSpec[drafters.Drafter] = PerSpec(preload)
@@ -51,7 +55,7 @@ class DrafterPool:
         with self.lock:
             template = self.templates.get(spec)
             if template is None:
-                if not spec.weightless and not allow_load:
+                if not spec.weightless and not (allow_load or self.any_drafter):
                     raise UserError(
                         f"drafter {str(spec)!r} is not loaded on this server; "
                         f"available: {', '.join(self.available())}"

@@ -1,15 +1,20 @@
-"""The serving engine: HTTP-facing queueing and scheduling around the batched decoding core.
+"""The engine: the one scheduler/step loop around the batched decoding core. The server runs it in
+its own thread (`start`); the Python API (api/llm.py) and through it the command line drive it from
+the caller's thread, one `iterate` at a time. Everything a request gets is decided here, once:
 
-Each iteration of the scheduler thread:
+Each iteration:
   1. drops cancelled and timed-out requests (their slots are free again);
-  2. admits waiting requests into free slots; the core prefills their prompts (one batched forward);
-  3. runs one step of the core (batch_decoder.py: decoder.decode's step for every running request,
-     one batched target forward), with each request's k capped for the current batch size by the
-     measured cost model (load.py);
-  4. accounts each request's step (usage, engine-wide acceptance, Prometheus) and delivers its new
-     text (text.py: detokenizing, stop strings, what is safe to stream).
-Requests join and leave between iterations. Events reach the API through `sink`, a callable the
-caller makes thread-safe.
+  2. admits waiting requests into free slots; the core prefills their prompts (in chunks beside the
+     others' steps: decoding/prefill.py);
+  3. runs one step of the core (decoding/batch_decoder.py: decoder.decode's step for every running
+     request, one batched target forward), each request's k from its policy (fixed, or adaptive
+     from measured costs and its task's history) capped for the current batch size (load.py);
+  4. accounts each request's step (its Stats, usage, engine-wide acceptance, Prometheus) and
+     delivers its new text (decoding/text.py: detokenizing, stop strings, what is safe to stream).
+Routing (decoding/router.py: a task's drafter and k, learned routing) is asked through `route` and
+told what each finished request did. Constraints (penalties, grammars), logprobs and seeds ride on
+the request. Requests join and leave between iterations. Events (request.py) reach the client
+through the request's `sink`, a callable the client makes thread-safe.
 """
 
 from __future__ import annotations
@@ -21,144 +26,40 @@ import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from itertools import count
 
 import torch
 
 from specdecode.backends.batch_model import BatchLM
-from specdecode.core.metrics import Stats, acceptance_rate, mean_acceptance_length
-from specdecode.core.sampling import Warp
+from specdecode.core.metrics import Stats
 from specdecode.decoding import batch_decoder
 from specdecode.decoding.batch_decoder import BatchDecoder
+from specdecode.decoding.config import Route, SpecConfig
 from specdecode.decoding.constraints import Constraints
 from specdecode.decoding.control import CostModel, FixedK, KPolicy, adaptive_k
-from specdecode.decoding.logprobs import TokenLogprob
-from specdecode.decoding.penalties import Penalties
 from specdecode.decoding.prefill import PREFILL_BUDGET, PrefillBudget
 from specdecode.decoding.prefix_cache import PrefixCache
+from specdecode.decoding.router import Router
 from specdecode.decoding.step import Step
 from specdecode.decoding.text import TextStream
-from specdecode.drafters.spec import Spec, parse
-from specdecode.server.drafting import DrafterPool
-from specdecode.server.load import BatchCosts
-from specdecode.server.metrics import ServerMetrics
-from specdecode.server.per_spec import PerSpec
-from specdecode.server.trace import StepRecord, StepTrace
+from specdecode.engine.drafting import DrafterPool
+from specdecode.engine.load import BatchCosts
+from specdecode.engine.metrics import ServerMetrics
+from specdecode.engine.per_spec import PerSpec
+from specdecode.engine.request import (
+    Delta,
+    Done,
+    Event,
+    Failed,
+    QueueFull,
+    Request,
+    RequestState,
+    ShuttingDown,
+    Usage,
+)
+from specdecode.engine.trace import StepRecord, StepTrace
 
-log = logging.getLogger("specdecode.server")
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    params: Warp
-    max_tokens: int
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    drafter: Spec = field(default_factory=lambda: parse("ngram"))  # parsed once, where the request came in
-    k: int = 4  # fixed k, or the largest k adaptive control may choose
-    adaptive: bool = False
-    task: str = "creative"
-    ignore_eos: bool = False
-    timeout_s: float | None = None
-    scope: str = ""  # whose suffix cache the request reads and feeds (suffix_cache.py)
-    penalties: Penalties | None = None
-    grammar: str | None = None  # a compiled grammar (decoding/grammar.py: Grammars) the output must follow
-    logprobs: int | None = None  # report the target's logprobs with this many top ones per token
-    after: RequestState | None = None  # n > 1: a sibling whose prompt KV this one waits for (prefix cache)
-    request_id: str = ""  # X-Request-Id: names the request in the log
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    drafter: str
-    task: str
-    k: int
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    steps: int = 0  # verify forwards
-    accepted_by_position: list[int] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "speculative": {
-                "drafter": self.drafter,
-                "task": self.task,
-                "k": self.k,
-                "num_drafts": self.num_drafts,
-                "num_draft_tokens": self.num_draft_tokens,
-                "num_accepted_tokens": self.num_accepted_tokens,
-                "num_verify_forwards": self.steps,
-                "acceptance_rate": acceptance_rate(self.num_accepted_tokens, self.num_draft_tokens),
-                "mean_acceptance_length": mean_acceptance_length(self.num_accepted_tokens, self.num_drafts),
-                "num_accepted_tokens_per_pos": list(self.accepted_by_position),
-            },
-        }
-
-
-@dataclass
-class Delta:
-    text: str
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the tokens committed since the last
-
-
-@dataclass
-class Done:
-    finish_reason: str  # "stop", "length" (OpenAI) or "abort" (cancelled)
-    usage: Usage
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # of tokens not delivered with a Delta
-
-
-@dataclass
-class Failed:
-    status: int
-    type: str
-    message: str
-
-
-Event = Delta | Done | Failed
-
-
-class QueueFull(Exception):
-    pass
-
-
-class ShuttingDown(Exception):
-    pass
-
-
-@dataclass(eq=False)
-class RequestState:
-    """One request inside the engine (engine-thread state, except the `cancelled` flag)."""
-
-    id: int
-    request: Request
-    sink: Callable[[Event], None]
-    dec: batch_decoder.Sequence  # its decoding state in the core
-    arrival: float
-    text: TextStream
-    stats: Stats = field(default_factory=lambda: Stats(prefills=1))
-    num_drafts: int = 0
-    last_delivery: float | None = None
-    cancelled: bool = False
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet delivered
-
-    @property
-    def out(self) -> list[int]:
-        """The completion's tokens."""
-        return self.text.tokens
-
-    @property
-    def deadline(self) -> float | None:
-        t = self.request.timeout_s
-        return None if t is None else self.arrival + t
+log = logging.getLogger("specdecode.engine")
 
 
 class Engine:
@@ -175,11 +76,14 @@ class Engine:
         threads: int | None = None,
         prefill_budget: int = PREFILL_BUDGET,
         prefix_cache: PrefixCache | None = None,
-        k_for_batch=None,  # (batch size, k) -> k capped by a config's k_by_batch_size (SpecConfig)
+        router: Router | None = None,  # routes per task (SpecConfig), learned routing, task history
         trace: StepTrace | None = None,  # record each step's timing and rows (trace.py)
+        chunked_prefill: bool = True,  # prompts go in chunks beside the others' steps (prefill.py)
     ):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, set(eos_ids)
-        self.k_for_batch = k_for_batch
+        self.router = router or Router(SpecConfig())
+        config = self.router.config  # its k_by_batch_size caps a batch's k
+        self.k_for_batch = config.k_for_batch if config.k_by_batch_size else None
         # long prompts go in chunks beside the others' steps, at most prefill_budget of work a step
         self.core = BatchDecoder(model, prefix_cache, PrefillBudget(prefill_budget))
         self.pool, self.metrics, self.costs = pool, metrics, costs
@@ -196,7 +100,7 @@ class Engine:
         self.spec_stats: PerSpec[Stats] = PerSpec(pool.configured)
         self.draft_s_per_token: PerSpec[float] = PerSpec(pool.configured)
         self._grammars = None
-        self.trace = trace
+        self.trace, self.chunked_prefill = trace, chunked_prefill
 
     # -- API side (any thread) ----------------------------------------------------------------
 
@@ -205,9 +109,13 @@ class Engine:
         """KV slots not in use."""
         return self.core.free
 
+    def route(self, task: str) -> Route:
+        """The drafter and k a request of this task takes unless it names its own (router.py)."""
+        return self.router.choose(task)
+
     def submit(self, request: Request, sink: Callable[[Event], None]) -> RequestState:
         eos = frozenset() if request.ignore_eos else frozenset(self.eos_ids)
-        generator = torch.Generator().manual_seed(
+        generator = torch.Generator(device=self.model.device).manual_seed(
             request.seed if request.seed is not None else secrets.randbits(63)
         )
         dec = batch_decoder.Sequence(
@@ -305,9 +213,10 @@ class Engine:
             else CostModel(0.0, {})
         )
         known = self.spec_stats.get(request.drafter)
-        return adaptive_k(
-            cost, request.k, known.conditional_acceptance if known and known.drafted >= 32 else None
-        )
+        prior = self.router.prior(request.task, request.drafter)
+        if prior is None and known is not None and known.drafted >= 32:
+            prior = known.conditional_acceptance
+        return adaptive_k(cost, request.k, prior)
 
     def _gauges(self) -> None:
         self.metrics.set_queue(len(self.running), len(self.waiting))
@@ -320,31 +229,39 @@ class Engine:
                     self.cv.wait()
                 if self.stopping:
                     break
-                self._sweep()
-                admitted = []
-                while len(admitted) < len(self.free):
-                    seq = next((s for s in self.waiting if self._ready(s)), None)
-                    if seq is None:
-                        break
-                    self.waiting.remove(seq)
-                    self.running.append(seq)
-                    admitted.append(seq)
-                self._gauges()
-            try:
-                t0, began = time.perf_counter(), time.time()
-                if admitted:
-                    self._prefill(admitted)
-                if self.running:
-                    self._step(t0, began)
-            except Exception as e:  # a bug must not take the server down: fail this batch, go on
-                log.exception(
-                    "engine step failed (requests %s)", " ".join(s.request.request_id for s in self.running)
-                )
-                with self.cv:
-                    for seq in list(self.running):
-                        self._finish(seq, "error", Failed(500, "internal_error", f"engine error: {e}"))
+            self.iterate()
         with self.cv:
             self._fail_all()
+
+    def iterate(self) -> bool:
+        """One iteration of the loop (sweep, admit, prefill, step, deliver) -> whether it had work.
+        The server's thread calls it; a client without that thread (LLM) calls it itself."""
+        with self.cv:
+            self._sweep()
+            admitted = []
+            while len(admitted) < len(self.free):
+                seq = next((s for s in self.waiting if self._ready(s)), None)
+                if seq is None:
+                    break
+                self.waiting.remove(seq)
+                self.running.append(seq)
+                admitted.append(seq)
+            self._gauges()
+        if not self.running:
+            return False
+        try:
+            t0, began = time.perf_counter(), time.time()
+            if admitted:
+                self._prefill(admitted)
+            self._step(t0, began)
+        except Exception as e:  # a bug must not take the server down: fail this batch, go on
+            log.exception(
+                "engine step failed (requests %s)", " ".join(s.request.request_id for s in self.running)
+            )
+            with self.cv:
+                for seq in list(self.running):
+                    self._finish(seq, "error", Failed(500, "internal_error", f"engine error: {e}", e))
+        return True
 
     def _ready(self, seq: RequestState) -> bool:
         """Under the lock: a sibling of an n > 1 request starts once the first has its prompt's KV in
@@ -363,7 +280,7 @@ class Engine:
         now = time.perf_counter()
         for seq in list(self.waiting) + list(self.running):
             if seq.cancelled:
-                self._finish(seq, "abort", Done("abort", self._usage(seq)))
+                self._finish(seq, "abort", self._done(seq, "abort"))
             elif seq.deadline is not None and now > seq.deadline:
                 self._finish(
                     seq,
@@ -394,9 +311,7 @@ class Engine:
             self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(len(seq.request.prompt))
         cache = self.core.prefix_cache
         before = (cache.queries, cache.hits) if cache else (0, 0)
-        prefill_s = self.core.start(
-            [seq.dec for seq in admitted], chunked=True
-        )  # prompts go in with the steps
+        prefill_s = self.core.start([seq.dec for seq in admitted], chunked=self.chunked_prefill)
         if cache:
             self.metrics.observe_prefix(cache.queries - before[0], cache.hits - before[1])
         for seq in admitted:
@@ -438,7 +353,8 @@ class Engine:
             if step.error is not None:  # this request's row failed; the rest of the batch goes on
                 log.error("request %s failed in its step: %r", seq.request.request_id, step.error)
                 with self.cv:
-                    self._finish(seq, "error", Failed(500, "internal_error", f"engine error: {step.error}"))
+                    failure = Failed(500, "internal_error", f"engine error: {step.error}", step.error)
+                    self._finish(seq, "error", failure)
                 continue
             if step.prefilling:  # its prompt is still going in, chunk by chunk
                 continue
@@ -446,11 +362,12 @@ class Engine:
             delta = seq.text.push(step.tokens, step.finished)
             seq.logprobs += step.logprobs or []
             if delta:
-                seq.sink(Delta(delta, seq.logprobs))
-                seq.logprobs = []
+                new = slice(seq.delivered, len(seq.out))
+                seq.sink(Delta(delta, seq.logprobs, seq.out[new], seq.from_draft[new]))
+                seq.logprobs, seq.delivered = [], len(seq.out)
             if reason := seq.text.finish_reason:
                 with self.cv:
-                    self._finish(seq, reason, Done(reason, self._usage(seq), seq.logprobs))
+                    self._finish(seq, reason, self._done(seq, reason))
         if self.trace is not None:
             prompt = [seq.dec.prefilled - n for seq, n in zip(active, prefilled) if seq.dec.prefilled > n]
             self.trace.add(
@@ -467,7 +384,12 @@ class Engine:
     def _account(self, seq: RequestState, step: Step) -> None:
         """One definition of what a step adds: request usage, engine-wide stats, Prometheus."""
         spec, now = seq.request.drafter, time.perf_counter()
+        if seq.last_delivery is None:
+            seq.stats.ttft_s = now - seq.arrival
         seq.stats.observe_step(step)
+        seq.stats.draft_s += step.draft_s
+        seq.stats.verify_s += step.verify_s
+        seq.from_draft += ([True] * step.accepted + [False])[: len(step.tokens)]
         seq.num_drafts += step.drafted > 0
         self.spec_stats.setdefault(spec, Stats).observe_step(step)
         if step.drafted:
@@ -497,3 +419,16 @@ class Engine:
             seq.stats.steps,
             list(seq.stats.accepted_by_pos),
         )
+
+    def _done(self, seq: RequestState, reason: str) -> Done:
+        """A request's end: its completion, Stats and usage; a completed one (not aborted) is told to
+        the router with its realised speedup, measured against a plain step's cost (load.py)."""
+        r, stats = seq.request, seq.stats
+        stats.wall_s = time.perf_counter() - seq.arrival
+        stats.new_tokens = len(seq.out)
+        route = {"task": r.task, "drafter": str(r.drafter), "k": r.k, "adaptive": r.adaptive}
+        if reason in ("stop", "length"):
+            step_s = self.costs.cost(1).step_s if self.costs is not None else None
+            route["realised_speedup"] = self.router.observe(r.task, r.drafter, stats, step_s)
+        out = list(seq.out)
+        return Done(reason, self._usage(seq), seq.logprobs, out, seq.from_draft[: len(out)], stats, route)
