@@ -98,3 +98,27 @@ def test_the_router_alone_is_a_pure_policy():
     )
     assert router.choose("qa") == Route(parse("none"), 4, False)  # unexplored candidate first
     assert router.prior("qa", parse("ngram")) is None
+
+
+def test_the_server_engine_routes_and_remembers_by_task(target, tmp_path):
+    """`serve --routing auto --state F`: the engine the server runs chooses and learns the same way."""
+    from specdecode.core.sampling import Warp
+    from specdecode.decoding.taskstate import TaskState
+    from specdecode.engine import Done, Request, build_engine
+
+    config = SpecConfig(default=Route(parse("ngram"), 3, False), candidates=[parse("none"), parse("ngram")])
+    path = tmp_path / "state.json"
+    engine = build_engine(
+        target, config, model_name="t", load_control=False, learned_routing=True, state=str(path)
+    )
+    route = engine.route("sql")
+    assert route.drafter == parse("none")  # the first candidate is explored first
+    events = []
+    engine.submit(
+        Request([5, 6, 7, 5, 6, 7], Warp(), 6, drafter=route.drafter, k=route.k, task="sql"), events.append
+    )
+    while engine.iterate():
+        pass
+    assert isinstance(events[-1], Done) and events[-1].route["drafter"] == "none"
+    assert len(events[-1].tokens) == 6 and events[-1].stats.new_tokens == 6
+    assert TaskState(path).get("sql", "none").requests == 1

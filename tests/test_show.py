@@ -67,7 +67,7 @@ def test_api_provenance_is_the_loop_account(tiny_model_dir, near_draft_dir):
     from specdecode import SamplingParams as Params
 
     llm = LLM(tiny_model_dir, f"draft:{near_draft_dir}", k=3)
-    drafter = drafters.build(f"draft:{near_draft_dir}", llm.ctx)
+    drafter = drafters.build(f"draft:{near_draft_dir}", llm.engine.pool.ctx)
     tokens, flags = loop_account(llm.target, drafter, llm.tokenizer(PROMPT)["input_ids"])
     out = llm.generate(PROMPT, Params(temperature=0, max_tokens=TOKENS, ignore_eos=True))[0]
     assert out.token_ids == tokens and out.outputs[0].from_draft == flags

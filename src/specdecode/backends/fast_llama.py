@@ -51,12 +51,16 @@ _FUSED_MAX_TOKENS = fused_kernels.DENSE_ROWS  # longer forwards: SDPA and dense 
 class FastLlama:
     """CausalLM protocol (reset / extend / truncate, extend_tree / keep) for LlamaForCausalLM weights."""
 
-    def __init__(self, hf_model, max_length: int | None = None, fused: bool = True, int8: bool = False):
+    def __init__(
+        self, hf_model, max_length: int | None = None, fused: bool = True, int8: bool = False, weights=None
+    ):
         """fused: run fp32 and bf16 on CPU through kernels.cpp when it builds (see kernels.py);
         there bf16 means bf16 weights with float32 activations, cache and accumulation. int8: float
         weights beside a `--dtype gguf` target (a distilled draft) take its path where the CPU has the
         VNNI kernels: every linear quantized to 8 bits per 16 (head_linear), 8-bit activations, every
-        forward row-exact, the layers in one native stack."""
+        forward row-exact, the layers in one native stack. weights: the linears, LM head and token
+        embedding from a GGUF file's blocks (gguf_model.FileWeights), built here layer by layer in
+        place of the float model's (`hf_model` is then a skeleton whose linears hold no weights)."""
         cfg = hf_model.config
         check_config(cfg, max_length)
         self.hf = hf_model.eval()
@@ -69,7 +73,7 @@ class FastLlama:
         cpu = self.device.type == "cpu" and hf_model.dtype in (torch.float32, torch.bfloat16)
         widths = (cfg.hidden_size, cfg.intermediate_size, self.heads * self.head_dim)  # the linears' inputs
         self.kernels = fused_kernels.load() if fused and cpu and all(w % 16 == 0 for w in widths) else None
-        self.int8_activations = False  # gguf_model.keep_quantized sets it for `--dtype gguf`
+        self.int8_activations = weights is not None and weights.int8_activations  # --dtype gguf
         # dtype of activations and the KV cache (int8 linears keep fp32 activations)
         self.dtype = torch.float32 if self.kernels else hf_model.dtype
         int8 = (
@@ -87,9 +91,6 @@ class FastLlama:
         self.max_length = max_length or getattr(cfg, "max_position_embeddings", 2048)
         if rope_type(cfg) == "longrope":  # Phi-3: its short factors hold up to the original context
             self.max_length = min(self.max_length, cfg.original_max_position_embeddings)
-        self.embedding = Embedding(hf_model.get_input_embeddings().weight)  # gguf: its blocks (gguf_model)
-        self.lm_head = linear(hf_model.get_output_embeddings().weight, None)
-        self.vocab_size = self.lm_head.out_features
         gemma = cfg.model_type in GEMMA
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5) if gemma else None
         self.qk_scale = cfg.query_pre_attn_scalar**-0.5 if gemma else None  # None: 1 / sqrt(head_dim)
@@ -106,8 +107,9 @@ class FastLlama:
                     offset,
                     kind,
                     cfg.sliding_window if kind == "sliding_attention" else None,
+                    weights.layer(i, layer) if weights is not None else None,
                 )
-                for layer, kind in zip(hf_model.model.layers, kinds)
+                for i, (layer, kind) in enumerate(zip(hf_model.model.layers, kinds))
             ]
             # cos/sin for every position from HF's own rotary module (covers rope scaling variants;
             # Gemma 3 keeps one table per layer kind)
@@ -125,14 +127,32 @@ class FastLlama:
                 for kind in set(kinds)
             }  # kind -> (cos, sin) [max_length, head_dim]
             self.cos, self.sin = self.rope.get("full_attention", next(iter(self.rope.values())))
+        if weights is None:
+            self.embedding = Embedding(hf_model.get_input_embeddings().weight)
+            self.lm_head = linear(hf_model.get_output_embeddings().weight, None)
+        else:  # after the layers: each layer's file pages are let go before the next (gguf_model.py)
+            self.lm_head, self.embedding = weights.head(), weights.embedding()
+            self._own_norms()
+        self.vocab_size = self.lm_head.out_features
         self.k_cache = self.v_cache = None
         self.fused_rows = _FUSED_MAX_TOKENS  # longer forwards: SDPA and dense GEMMs (see rows_independent)
-        self.stack = None  # the layers in one native call (backends/stack.py), set by keep_quantized
-        if int8:
-            self.int8_activations = True
+        self.stack = None  # the layers in one native call (backends/stack.py)
+        self.int8_activations = self.int8_activations or int8
+        if int8 or getattr(self.lm_head, "interleaved", False):  # every linear on the VNNI path
             self.rows_independent()
             self.stack = native_stack.build(self)
         self.reset()
+
+    def _own_norms(self) -> None:
+        """Norm weights of this model's own, not views of the skeleton's parameters (the native stack
+        holds the tensors it is given)."""
+        self.final_norm = self.final_norm.clone()
+        for layer in self.layers:
+            for name in ("norm1", "norm2", "post_attn_norm", "post_mlp_norm"):
+                if getattr(layer, name) is not None:
+                    setattr(layer, name, getattr(layer, name).clone())
+            if layer.qk_norms is not None:
+                layer.qk_norms = tuple(w.clone() for w in layer.qk_norms)
 
     def rows_independent(self) -> None:
         """Every forward through the fused kernels, whatever its length: for linears that give a row

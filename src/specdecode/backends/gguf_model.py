@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdecode.backends import stack
+from specdecode.backends import kernels as fused_kernels
 from specdecode.backends.embedding import Embedding, FileBlocks
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.gguf_weights import (
@@ -68,13 +68,13 @@ def load(path: Path, int8_activations: bool) -> FastLlama:
     `--dtype gguf` (see gguf_weights.QuantLinear), else `gguf-exact`. A family or variant the lean
     forward does not run raises ValueError; no fused kernels here, a UserError."""
     arch, tensors = read(path)  # the file is mapped once, its pages dropped as layers are repacked
-    model = FastLlama(skeleton(path, tensors))
-    if model.kernels is None:
+    hf = skeleton(path, tensors)
+    kernels = fused_kernels.load()
+    if kernels is None:
         raise UserError(
             "--dtype gguf needs the fused CPU kernels, which did not build here (use --dtype fp32)"
         )
-    keep_quantized(model, path, arch, tensors, int8_activations)
-    return model
+    return FastLlama(hf, weights=FileWeights(kernels, path, arch, tensors, hf.config, int8_activations))
 
 
 def skeleton(path: Path, tensors: dict[str, tuple[str, np.ndarray]]):
@@ -93,7 +93,7 @@ def skeleton(path: Path, tensors: dict[str, tuple[str, np.ndarray]]):
         hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     quantized = {id(m.weight) for m in hf.model.layers.modules() if isinstance(m, torch.nn.Linear)}
     quantized.add(id(hf.get_output_embeddings().weight))
-    quantized.add(id(hf.get_input_embeddings().weight))  # keep_quantized: kept as blocks (embedding.py)
+    quantized.add(id(hf.get_input_embeddings().weight))  # FileWeights: kept as blocks (embedding.py)
     for full, param in list(hf.named_parameters()):
         if id(param) in quantized:
             continue
@@ -154,84 +154,90 @@ def _trim_heap() -> None:
         pass
 
 
-def keep_quantized(
-    model, path: Path, arch: str, tensors: dict[str, tuple[str, np.ndarray]], int8_activations: bool = False
-) -> None:
-    """In place: FastLlama `model` (built on the weightless skeleton of `path`) computes its layers, LM
-    head and embedding from the file's quantized blocks (arch, tensors: read(path), read once by load).
-    int8_activations: see QuantLinear."""
-    model.int8_activations = int8_activations
-    permuted = arch == "llama"  # llama.cpp rotates q/k rows for its llama architecture only
-    linear = partial(QuantLinear, model.kernels, int8_activations=int8_activations)
+class FileWeights:
+    """A GGUF file's linears, LM head and token embedding for FastLlama's constructor (its `weights`):
+    each layer's blocks repacked into the kernels' layouts when the model builds that layer, then the
+    file pages and temporaries let go, so that loading costs about the model's repacked size; the
+    embedding stays the file's blocks (embedding.py). int8_activations: see QuantLinear."""
 
-    def weight(name: str, heads: int = 0):
-        if name not in tensors:
-            raise UserError(f"GGUF file {path} has no tensor {name}")
-        m = repack(*tensors[name], name)
-        if not (heads and permuted):
+    def __init__(self, kernels, path: Path, arch: str, tensors: dict, config, int8_activations: bool):
+        self.kernels, self.path, self.tensors = kernels, path, tensors
+        self.int8_activations = int8_activations
+        self.permuted = arch == "llama"  # llama.cpp rotates q/k rows for its llama architecture only
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.hidden = config.hidden_size
+        self.linear = partial(QuantLinear, kernels, int8_activations=int8_activations)
+
+    def _weight(self, name: str, heads: int = 0):
+        if name not in self.tensors:
+            raise UserError(f"GGUF file {self.path} has no tensor {name}")
+        m = repack(*self.tensors[name], name)
+        if not (heads and self.permuted):
             return m
         order = _unpermute(m.shape[0], heads)
         return m.rows(order) if isinstance(m, QuantMatrix) else m[order]
 
-    for i, layer in enumerate(model.layers):
-        b = f"blk.{i}."
-        fused = b + "attn_qkv.weight" in tensors  # Phi-3: q|k|v in one matrix, and gate|up in ffn_up
-        layer.qkv = linear(
-            [weight(b + "attn_qkv.weight")]
+    def layer(self, i: int, hf_layer) -> tuple:
+        """Layer i's (qkv, o, gate_up, down); the biases are the skeleton's (Qwen2: q|k|v biases, in
+        the weights' row order), whose weightless linears are emptied (nothing reads them)."""
+        b, w, attn = f"blk.{i}.", self._weight, hf_layer.self_attn
+        fused = b + "attn_qkv.weight" in self.tensors  # Phi-3: q|k|v in one matrix, and gate|up in ffn_up
+        biases = [] if fused else [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+        qkv_bias = torch.cat(biases) if biases and all(x is not None for x in biases) else None
+        if fused:
+            qkv_bias = attn.qkv_proj.bias
+        qkv = self.linear(
+            [w(b + "attn_qkv.weight")]
             if fused
             else [
-                weight(b + "attn_q.weight", model.heads),
-                weight(b + "attn_k.weight", model.kv_heads),
-                weight(b + "attn_v.weight"),
+                w(b + "attn_q.weight", self.heads),
+                w(b + "attn_k.weight", self.kv_heads),
+                w(b + "attn_v.weight"),
             ],
-            bias=layer.qkv.bias,  # the float model's (Qwen2: q|k|v biases, in the weights' row order)
+            bias=qkv_bias,
         )
-        layer.o = linear([weight(b + "attn_output.weight")], bias=layer.o.bias)
-        layer.gate_up = linear(
-            [weight(b + "ffn_up.weight")]
-            if b + "ffn_gate.weight" not in tensors
-            else [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")]
+        o = self.linear([w(b + "attn_output.weight")], bias=attn.o_proj.bias)
+        gate_up = self.linear(
+            [w(b + "ffn_up.weight")]
+            if b + "ffn_gate.weight" not in self.tensors
+            else [w(b + "ffn_gate.weight"), w(b + "ffn_up.weight")]
         )
-        layer.down = linear([weight(b + "ffn_down.weight")])
-        drop_pages(tensors)  # this layer's blocks are repacked: its file pages need not stay resident
+        down = self.linear([w(b + "ffn_down.weight")])
+        with torch.no_grad():
+            for lin in (m for m in hf_layer.modules() if isinstance(m, torch.nn.Linear)):
+                lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+        drop_pages(self.tensors)  # this layer's blocks are repacked: its file pages need not stay resident
         _trim_heap()  # nor the repacks' temporaries (glibc keeps freed pages otherwise)
-    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"  # tied: the embedding's
-    kind, raw = tensors[head]
-    if int8_activations and model.kernels.vnni_rows() > 0 and kind in FORMATS:  # QuantLinear interleaves
-        model.lm_head = linear(
-            [Interleaved.pack_chunks(model.kernels, repack_chunks(kind, raw, head), len(raw))]
+        return qkv, o, gate_up, down
+
+    def head(self) -> QuantLinear:
+        """The LM head (tied: the embedding's blocks), interleaved slice by slice where it can be."""
+        name = "output.weight" if "output.weight" in self.tensors else "token_embd.weight"
+        kind, raw = self.tensors[name]
+        if self.int8_activations and self.kernels.vnni_rows() > 0 and kind in FORMATS:
+            return self.linear(
+                [Interleaved.pack_chunks(self.kernels, repack_chunks(kind, raw, name), len(raw))]
+            )
+        return self.linear([self._weight(name)])
+
+    def embedding(self) -> Embedding:
+        """The token embedding, left in the file's mapping; then what loading left is let go."""
+        embedding = Embedding(
+            FileBlocks(*self.tensors["token_embd.weight"], "token_embd.weight", self.hidden)
         )
-    else:
-        model.lm_head = linear([weight(head)])
-    model.embedding = Embedding(
-        FileBlocks(*tensors["token_embd.weight"], "token_embd.weight", model.config.hidden_size)
-    )
-    drop_pages(tensors)
-    if model.lm_head.interleaved:
-        model.rows_independent()
-    with torch.no_grad():  # the skeleton's weightless linears: nothing reads them (features.teacher checks)
-        for lin in (m for m in model.hf.model.layers.modules() if isinstance(m, torch.nn.Linear)):
-            lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
-    model.final_norm = model.final_norm.clone()
-    for layer in model.layers:
-        for name in ("norm1", "norm2", "post_attn_norm", "post_mlp_norm"):
-            if getattr(layer, name) is not None:
-                setattr(layer, name, getattr(layer, name).clone())
-        if layer.qk_norms is not None:
-            layer.qk_norms = tuple(w.clone() for w in layer.qk_norms)
-    if model.lm_head.interleaved:  # after the clones above: the stack holds the norms it is given
-        model.stack = stack.build(model)
-    gc.collect()
-    _trim_heap()
-    unsupported = sorted(
-        {t for t, _ in tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")}
-    )
-    if unsupported:
-        print(
-            f"specdecode: GGUF types {', '.join(unsupported)} have no quantized kernel; "
-            f"their matrices run as float32",
-            file=sys.stderr,
+        drop_pages(self.tensors)
+        gc.collect()
+        _trim_heap()
+        unsupported = sorted(
+            {t for t, _ in self.tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")}
         )
+        if unsupported:
+            print(
+                f"specdecode: GGUF types {', '.join(unsupported)} have no quantized kernel; "
+                f"their matrices run as float32",
+                file=sys.stderr,
+            )
+        return embedding
 
 
 def _unpermute(n: int, heads: int) -> torch.Tensor:

@@ -123,10 +123,12 @@ class Layer:
         norm_offset: float = 0.0,
         rope_kind: str = "full_attention",
         window: int | None = None,
+        linears: tuple | None = None,
     ):
         """linear: (weight, bias) -> a callable x -> x W^T + b (Linear or FusedLinear); act: the MLP's
         gate activation; norm_offset: 1 for Gemma's (1 + w) RMSNorm weights; rope_kind: which rotary
-        table (Gemma 3: local or global); window: sliding-window layers see the last `window` positions."""
+        table (Gemma 3: local or global); window: sliding-window layers see the last `window` positions;
+        linears: (qkv, o, gate_up, down) built elsewhere (a GGUF file's blocks), instead of `linear`'s."""
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.act, self.rope_kind, self.window = act, rope_kind, window
         weight = partial(norm_weight, offset=norm_offset, dtype=norm_dtype)
@@ -140,6 +142,9 @@ class Layer:
         self.post_mlp_norm = weight(hf_layer.post_feedforward_layernorm) if sandwich else None
         # Qwen3 and Gemma 3: each head's q and k RMS-normed before the rotary embedding
         self.qk_norms = (weight(attn.q_norm), weight(attn.k_norm)) if hasattr(attn, "q_norm") else None
+        if linears is not None:
+            self.qkv, self.o, self.gate_up, self.down = linears
+            return
         if hasattr(attn, "qkv_proj"):  # Phi-3: q|k|v and gate|up already fused in the checkpoint
             mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             self.qkv, self.o, self.gate_up, self.down = (

@@ -81,7 +81,7 @@ class NativeStack:
 
 def build(model) -> NativeStack | None:
     """A NativeStack for `model` (a FastLlama whose linears are gguf_weights.QuantLinear, after
-    keep_quantized) when its layers are Llama's form (pre-norm, SiLU-gated MLP, no q/k or sandwich
+    gguf_model.FileWeights) when its layers are Llama's form (pre-norm, SiLU-gated MLP, no q/k or sandwich
     norms; q|k|v biases in every layer or none: Qwen2) and every linear is made of interleaved VNNI
     matrices; else None (fused_layers keeps its per-op path: Gemma 3, Qwen3, machines without VNNI)."""
     if len({layer.qkv.bias is None for layer in model.layers}) > 1:

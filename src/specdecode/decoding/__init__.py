@@ -5,5 +5,6 @@ grammar.py; logprobs.py), adaptive k and cost models (control.py, costs.py, step
 budgets and the prefix cache, routing and task state, memory estimates.
 
 It sits above the drafters (it builds them from specs and drives them through core/drafter.py's
-protocol) and the core's primitives, and imports no wing (pyproject.toml's contracts). Not named
-`engine`: that is the server's scheduler (server/engine.py), which drives this package's batched loop."""
+protocol) and the core's primitives, and imports no wing (pyproject.toml's contracts). Above it,
+specdecode/engine is the one scheduler every way in drives (server, Python API, command line): it
+runs this package's batched loop and asks its policies (router.py, control.py, constraints.py)."""

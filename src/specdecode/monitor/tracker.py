@@ -1,7 +1,7 @@
 """Speculation counters over successive scrapes: totals, sliding windows of deltas, drift.
 
 Reads vLLM's `vllm:spec_decode_*` counters and our server's `specdecode:spec_decode_*` (same names
-and meaning, server/metrics.py), with or without the `_total` suffix. Definitions, as vLLM's
+and meaning, engine/metrics.py), with or without the `_total` suffix. Definitions, as vLLM's
 SpecDecodingLogging and our metrics.py:
 
     α (acceptance rate)          = accepted tokens / draft tokens

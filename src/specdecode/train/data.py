@@ -6,7 +6,7 @@ compressed, checksummed) and `meta.json` naming the target; older directories ho
 recomputed at training time by one teacher-forced forward per sequence (features.py), which keeps the
 data small and valid for any head. Responses are generated with speculative decoding (n-gram
 drafter by default); in fp32 greedy that is token-identical to plain decoding, only faster; with
-batch > 1 several prompts decode together in the batched decoding core (decoding/batch_decoder.py).
+batch > 1 several prompts decode together in the engine (specdecode/engine), as the server's do.
 Finished sequences are buffered and written as a shard every `shard_size` sequences, every
 `flush_minutes` and when the run ends or is stopped (SIGTERM, Ctrl-C): a rerun resumes by skipping the
 ids already in shards. A second turn (Prompt.parent, e.g. MT-bench's) is asked after its parent's
@@ -323,42 +323,38 @@ def _respond_one_by_one(
 
 
 def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch):
-    """The same, `batch` at a time through the batched decoding core; yields in order of completion."""
-    import torch
+    """The same, `batch` at a time through the engine (specdecode/engine); yields in order of completion."""
+    from specdecode import engine as eng
 
-    from specdecode import drafters
-    from specdecode.backends.batch_model import batched
-    from specdecode.decoding.batch_decoder import BatchDecoder, Sequence
-    from specdecode.decoding.control import FixedK
-
-    core = BatchDecoder(batched(loaded.model, batch))
-    template = drafters.build(drafter, context)
+    engine = eng.build_engine(
+        loaded,
+        eng.default_routes(drafter, k, False),
+        model_name="train data",
+        max_batch=batch,
+        load_control=False,
+        precision=context.precision,
+        device=context.device,
+        backend=context.backend,
+        drafter_quant=context.quant,
+        chunked_prefill=False,
+    )
     pending, running = list(reversed(prompts)), {}
     while pending or running:
-        admitted = []
-        while pending and len(admitted) < len(core.free) and not (deadline and time.monotonic() > deadline):
+        while pending and len(running) < batch and not (deadline and time.monotonic() > deadline):
             p, ids = pending.pop()
-            seq = Sequence(
-                ids,
-                template.fork(),
-                FixedK(k),
-                params,
-                torch.Generator().manual_seed(_seed(seed, p)),
-                max_new_tokens,
-                loaded.eos_ids,
-            )
-            running[seq] = p
-            admitted.append(seq)
-        if admitted:
-            core.start(admitted)
+            request = eng.Request(ids, params, max_new_tokens, seed=_seed(seed, p), drafter=drafter, k=k)
+            events: list[eng.Event] = []
+            engine.submit(request, events.append)
+            running[p.id] = (p, ids, events)
         if not running:
             return
-        seqs = list(running)
-        core.step(seqs)
-        for seq in seqs:
-            if seq.finished:
-                core.release(seq)
-                yield running.pop(seq), seq.prompt, seq.context[len(seq.prompt) :]
+        engine.iterate()
+        for key, (p, ids, events) in list(running.items()):
+            if failed := next((e for e in events if isinstance(e, eng.Failed)), None):
+                raise failed.error or RuntimeError(failed.message)
+            if done := next((e for e in events if isinstance(e, eng.Done)), None):
+                del running[key]
+                yield p, ids, done.tokens
 
 
 def token_map(seqs: list[Record], vocab_size: int, size: int) -> "torch.Tensor":
