@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdecode.backends.gguf_weights import repack
+from specdecode.backends.gguf_weights import dequantized
 
 
 @dataclass
@@ -37,8 +37,7 @@ class FileBlocks:
         bad = index[(index < 0) | (index >= len(self.raw))]
         if len(bad):
             raise IndexError(f"token id {bad[0]} outside the vocabulary of {len(self.raw)} ids")
-        m = repack(self.kind, self.raw[index], self.name)
-        return m if isinstance(m, torch.Tensor) else m.dequantize()
+        return dequantized(self.kind, self.raw[index], self.name)
 
 
 class Embedding:

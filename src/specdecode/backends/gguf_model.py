@@ -31,6 +31,7 @@ from specdecode.backends.gguf_weights import (
     Interleaved,
     QuantLinear,
     QuantMatrix,
+    dequantized,
     drop_pages,
     read,
     repack,
@@ -126,7 +127,7 @@ def repack_float(kind: str, raw: np.ndarray, name: str) -> np.ndarray:
 
     def dequantize(rows: np.ndarray) -> np.ndarray:
         if kind in FORMATS:
-            return repack(kind, rows, name).dequantize().numpy()
+            return dequantized(kind, rows, name).numpy()
         try:
             return quants.dequantize(rows, GGMLQuantizationType[kind])
         except (KeyError, NotImplementedError):

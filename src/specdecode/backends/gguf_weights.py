@@ -376,6 +376,13 @@ _SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 
 
+def dequantized(type_name: str, raw: np.ndarray, name: str = "tensor") -> torch.Tensor:
+    """Rows of a GGUF tensor -> float32 [N, K], the values the kernels compute with (the one
+    dequantization of looked-up embedding rows and of the float tensors a skeleton holds)."""
+    m = repack(type_name, raw, name)
+    return m if isinstance(m, torch.Tensor) else m.dequantize()
+
+
 def read(path: Path) -> tuple[str, dict[str, tuple[str, np.ndarray]]]:
     """-> (architecture, tensor name -> (GGML type name, its rows of raw bytes, mapped from the file)).
     A small reader of the GGUF layout: gguf.GGUFReader builds every metadata value as numpy views,
