@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdecode.api.structured import StructuredOutputs
+from specdecode.api.structured import StructuredOutputs, check_ignore_eos
 from specdecode.core import sampling
 from specdecode.errors import UserError
 
@@ -41,10 +41,7 @@ class SamplingParams:
                 raise UserError(
                     f"structured_outputs must be a StructuredOutputs, got {self.structured_outputs!r:.60}"
                 )
-            if self.ignore_eos:
-                raise UserError(
-                    "ignore_eos cannot be used with structured_outputs: the output ends where it completes"
-                )
+            check_ignore_eos(self.ignore_eos, "structured_outputs")
         self.distribution()  # temperature, top_p, top_k checked once, by the core's own rules
 
     def distribution(self) -> sampling.Warp:

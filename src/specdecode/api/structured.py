@@ -112,6 +112,13 @@ class StructuredOutputs:
         return json.dumps([self.json, self.json_object, self.regex, self.grammar], sort_keys=True)
 
 
+def check_ignore_eos(ignore_eos: bool, field: str) -> None:
+    """The one rule, for the API's structured_outputs and the server's response_format (`field`): a
+    grammar ends the output where it completes, so ignore_eos cannot go with it (a UserError)."""
+    if ignore_eos:
+        raise UserError(f"ignore_eos cannot be used with {field}: the output ends where it completes")
+
+
 class Compiler:
     """Structured outputs -> the grammar text the engine runs, for one target. llguidance's view of the
     tokenizer takes seconds to build for a large vocabulary: `grammars` (the engine's, made on first

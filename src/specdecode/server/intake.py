@@ -6,7 +6,7 @@ not fit is an ApiError (400, or 404 for another model's name) before anything is
 from __future__ import annotations
 
 from specdecode import engine as eng
-from specdecode.api.structured import StructuredOutputs
+from specdecode.api.structured import StructuredOutputs, check_ignore_eos
 from specdecode.core.sampling import Warp
 from specdecode.core.tasks import classify
 from specdecode.decoding.config import Route
@@ -59,12 +59,11 @@ class Intake:
         if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         grammar = self._grammar(req.response_format)
-        if grammar is not None and req.ignore_eos:
-            raise ApiError(
-                400,
-                "ignore_eos cannot be used with a response_format: the output ends where it completes",
-                param="ignore_eos",
-            )
+        if grammar is not None:
+            try:
+                check_ignore_eos(req.ignore_eos, "a response_format")
+            except UserError as e:
+                raise ApiError(400, str(e), param="ignore_eos") from None
         penalties = Penalties(req.presence_penalty, req.frequency_penalty, req.repetition_penalty)
         return eng.Request(
             ids,
