@@ -324,8 +324,10 @@ def _respond_one_by_one(
 
 def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch):
     """The same, `batch` at a time through the engine (specdecode/engine); yields in order of completion."""
+    from specdecode import drafters
     from specdecode import engine as eng
 
+    drafter = drafters.parse(drafter)
     engine = eng.build_engine(
         loaded,
         eng.default_routes(drafter, k, False),
