@@ -29,12 +29,15 @@ from typing import Protocol
 
 class StepCounts(Protocol):
     """What accounting reads of a step (decoding/step.py's Step): tokens committed, draft tokens (tree
-    nodes) offered and accepted, and the draft positions (a tree's depth) checked."""
+    nodes) offered and accepted, the draft positions (a tree's depth) checked, and its timings."""
 
     tokens: list[int]
     drafted: int
     accepted: int
     positions: int
+    draft_s: float
+    verify_s: float
+    prefill_s: float
 
 
 def acceptance_rate(accepted: float, draft_tokens: float) -> float | None:
@@ -92,9 +95,13 @@ class Stats:
             self.accepted_by_pos[i] += 1
 
     def observe_step(self, step: StepCounts) -> None:
-        """What one decode step adds (a decoder Step): the one accounting of a step, used by generate,
-        the server's per-request and per-drafter stats alike, so a tree counts its depth by position."""
+        """What one decode step adds (a decoder Step): the one accounting of a step, used by generate
+        and the engine's per-request and per-drafter stats alike, so a tree counts its depth by
+        position; its drafting, verification and prefill times too."""
         self.observe(step.drafted, step.accepted, len(step.tokens), step.positions)
+        self.draft_s += step.draft_s
+        self.verify_s += step.verify_s
+        self.prefill_s += step.prefill_s
 
     def merge(self, other: "Stats") -> "Stats":
         out = Stats()

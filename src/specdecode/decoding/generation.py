@@ -117,10 +117,7 @@ def generate(
         if not stream.tokens:
             stats.ttft_s = time.perf_counter() - start
         stats.observe_step(step)
-        stats.draft_s += step.draft_s
-        stats.verify_s += step.verify_s
-        stats.prefill_s += step.prefill_s
-        from_draft += ([True] * step.accepted + [False])[: len(step.tokens)]
+        from_draft += step.from_draft
         delta = stream.push(step.tokens, step.finished)
         if on_text and delta:
             on_text(delta)

@@ -59,6 +59,11 @@ class Step:
         """Draft positions checked: what per-position counters count (a tree's nodes are no positions)."""
         return self.drafted if self.depth is None else self.depth
 
+    @property
+    def from_draft(self) -> list[bool]:
+        """Per committed token: an accepted draft (else the target's own; cut after an EOS)."""
+        return ([True] * self.accepted + [False])[: len(self.tokens)]
+
 
 @dataclass
 class Checked:

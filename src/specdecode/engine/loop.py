@@ -387,9 +387,7 @@ class Engine:
         if seq.last_delivery is None:
             seq.stats.ttft_s = now - seq.arrival
         seq.stats.observe_step(step)
-        seq.stats.draft_s += step.draft_s
-        seq.stats.verify_s += step.verify_s
-        seq.from_draft += ([True] * step.accepted + [False])[: len(step.tokens)]
+        seq.from_draft += step.from_draft
         seq.num_drafts += step.drafted > 0
         self.spec_stats.setdefault(spec, Stats).observe_step(step)
         if step.drafted:
