@@ -79,6 +79,12 @@ Linear make_linear(const std::vector<PartSpec>& specs, const char* name) {
   return lin;
 }
 
+// field `name` of a parameter object (stack.StackParams), converted to T
+template <typename T>
+T field(const pybind11::object& p, const char* name) {
+  return p.attr(name).cast<T>();
+}
+
 // [begin, end) of `total` items for thread t of T, in contiguous even shares
 std::pair<int64_t, int64_t> share(int64_t total, int t, int T) { return {total * t / T, total * (t + 1) / T}; }
 
@@ -248,24 +254,37 @@ void plan_ahead(const Linear& lin, int t, int T, Ahead& ahead) {
 // and its weight groups shared out like a layer's, so a thread the OS preempted is not waited for.
 class Stack {
  public:
-  // qkv, o, gate_up, down: per layer, the linear's parts; norm1, norm2: per layer [H]; rope_kind,
-  // window_kind: per layer, the index of its rotary table and mask in forward's lists; head: the LM
-  // head's parts, or none (the caller applies its head); pair_norm: empty, or [H] for a first layer whose
-  // q|k|v read two rows side by side, [pair_norm(emb); norm1(x)] (2H inputs, an EAGLE head's layer:
-  // forward's `emb`, the token's embedding, beside the residual stream x, the feature it continues);
-  // qkv_bias: empty, or per layer [(heads + 2 kv_heads) head_dim] added to q|k|v's rows (Qwen2), the one
-  // float add the per-op path's QuantLinear makes, so a row keeps its bits.
-  Stack(const std::vector<std::vector<PartSpec>>& qkv, const std::vector<std::vector<PartSpec>>& o,
-        const std::vector<std::vector<PartSpec>>& gate_up, const std::vector<std::vector<PartSpec>>& down,
-        std::vector<torch::Tensor> norm1, std::vector<torch::Tensor> norm2, torch::Tensor final_norm,
-        std::vector<int64_t> rope_kind, std::vector<int64_t> window_kind, int64_t heads, int64_t kv_heads,
-        int64_t head_dim, double eps, double qk_scale, const std::vector<PartSpec>& head, torch::Tensor pair_norm,
-        std::vector<torch::Tensor> qkv_bias)
-      : qkv_bias_(std::move(qkv_bias)),
-        pair_norm_(pair_norm), pair_(pair_norm.numel() > 0), norm1_(std::move(norm1)), norm2_(std::move(norm2)),
-        final_norm_(final_norm), rope_kind_(std::move(rope_kind)), window_kind_(std::move(window_kind)),
-        heads_(heads), kv_heads_(kv_heads), d_(head_dim), eps_(eps) {
+  // p: a stack.StackParams, its fields read by name (their meaning is documented there): qkv, o, gate_up,
+  // down (per layer, the linear's parts), norm1, norm2, final_norm, rope_kind and window_kind (per layer,
+  // the index of its rotary table and mask in forward's lists; empty: all 0), heads, kv_heads, head_dim,
+  // eps, qk_scale (0: 1 / sqrt(head_dim)), head (the LM head's parts, or none: the caller applies its
+  // head), pair_norm (None, or [H] for a first layer whose q|k|v read two rows side by side,
+  // [pair_norm(emb); norm1(x)] (2H inputs, an EAGLE head's layer: forward's `emb`, the token's embedding,
+  // beside the residual stream x, the feature it continues)), qkv_bias (empty, or per layer
+  // [(heads + 2 kv_heads) head_dim] added to q|k|v's rows (Qwen2), the one float add the per-op path's
+  // QuantLinear makes, so a row keeps its bits).
+  explicit Stack(const pybind11::object& p)
+      : qkv_bias_(field<std::vector<torch::Tensor>>(p, "qkv_bias")),
+        pair_norm_(field<std::optional<torch::Tensor>>(p, "pair_norm").value_or(torch::Tensor())),
+        pair_(pair_norm_.defined()),
+        norm1_(field<std::vector<torch::Tensor>>(p, "norm1")),
+        norm2_(field<std::vector<torch::Tensor>>(p, "norm2")),
+        final_norm_(field<torch::Tensor>(p, "final_norm")),
+        rope_kind_(field<std::vector<int64_t>>(p, "rope_kind")),
+        window_kind_(field<std::vector<int64_t>>(p, "window_kind")),
+        heads_(field<int64_t>(p, "heads")),
+        kv_heads_(field<int64_t>(p, "kv_heads")),
+        d_(field<int64_t>(p, "head_dim")),
+        eps_(field<double>(p, "eps")) {
+    using Parts = std::vector<std::vector<PartSpec>>;
+    const auto qkv = field<Parts>(p, "qkv"), o = field<Parts>(p, "o"), gate_up = field<Parts>(p, "gate_up"),
+               down = field<Parts>(p, "down");
+    const auto head = field<std::vector<PartSpec>>(p, "head");
+    const double qk_scale = field<double>(p, "qk_scale");
+    const int64_t heads = heads_, kv_heads = kv_heads_, head_dim = d_;
     const size_t n = qkv.size();
+    if (rope_kind_.empty()) rope_kind_.assign(n, 0);
+    if (window_kind_.empty()) window_kind_.assign(n, 0);
     TORCH_CHECK(o.size() == n && gate_up.size() == n && down.size() == n && norm1_.size() == n && norm2_.size() == n &&
                     rope_kind_.size() == n && window_kind_.size() == n,
                 "Stack: one entry per layer expected in every list");
@@ -539,11 +558,8 @@ class Stack {
 
 void bind_stack(pybind11::module& m) {
   pybind11::class_<Stack>(m, "Stack", pybind11::module_local(), "A Llama-form model's layers on the interleaved VNNI kernels, one call a forward")
-      .def(pybind11::init<const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
-                          const std::vector<std::vector<PartSpec>>&, const std::vector<std::vector<PartSpec>>&,
-                          std::vector<torch::Tensor>, std::vector<torch::Tensor>, torch::Tensor, std::vector<int64_t>,
-                          std::vector<int64_t>, int64_t, int64_t, int64_t, double, double, const std::vector<PartSpec>&,
-                          torch::Tensor, std::vector<torch::Tensor>>())
+      .def(pybind11::init<const pybind11::object&>(), pybind11::arg("params"),
+           "the stack of a stack.StackParams (its fields read by name)")
       .def_property_readonly("has_head", &Stack::has_head)
       .def("forward_ids", &Stack::forward_ids, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "forward for chains of token ids (sequence b's counts[b] at positions starts[b].. of slot slots[b]), "

@@ -9,8 +9,38 @@ the others) holds unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+# a linear's interleaved matrices: QuantLinear.interleaved_parts
+Parts = Sequence[tuple[str, torch.Tensor, torch.Tensor, int]]
+
+
+@dataclass(frozen=True)
+class StackParams:
+    """What kernels.Stack is built from, by name (stack.cpp reads each field by its name). Per-layer
+    lists have one entry per layer; a norm is its float32 multiplier [H] (Gemma's 1 + w already added)."""
+
+    qkv: Sequence[Parts]  # per layer, q|k|v's parts (their rows q, k, v)
+    o: Sequence[Parts]
+    gate_up: Sequence[Parts]  # gate | up
+    down: Sequence[Parts]
+    norm1: Sequence[torch.Tensor]  # before attention
+    norm2: Sequence[torch.Tensor]  # before the MLP
+    final_norm: torch.Tensor
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    qk_scale: float = 0.0  # the attention's q.k scale; 0: 1 / sqrt(head_dim)
+    rope_kind: Sequence[int] = ()  # per layer, its rotary table's index in a call's cos, sin; empty: all 0
+    window_kind: Sequence[int] = ()  # per layer, its mask's index in a call's masks; empty: all 0 (causal)
+    head: Parts = ()  # the LM head's parts; empty: none (the caller applies its head)
+    pair_norm: torch.Tensor | None = None  # [H]: the first q|k|v reads [pair_norm(emb); norm1(x)] (EAGLE)
+    qkv_bias: Sequence[torch.Tensor] = ()  # empty, or per layer [(heads + 2 kv_heads) head_dim] (Qwen2)
 
 
 class NativeStack:
@@ -21,23 +51,24 @@ class NativeStack:
         self.windows = [None] + sorted({layer.window for layer in model.layers if layer.window})
         layers = model.layers
         self.native = model.kernels.Stack(
-            [layer.qkv.interleaved_parts(with_bias=True) for layer in layers],
-            [layer.o.interleaved_parts() for layer in layers],
-            [layer.gate_up.interleaved_parts() for layer in layers],
-            [layer.down.interleaved_parts() for layer in layers],
-            [layer.norm1.float().contiguous() for layer in layers],
-            [layer.norm2.float().contiguous() for layer in layers],
-            model.final_norm.float().contiguous(),
-            [self.kinds.index(layer.rope_kind) for layer in layers],
-            [self.windows.index(layer.window) for layer in layers],
-            model.heads,
-            model.kv_heads,
-            model.head_dim,
-            model.eps,
-            model.qk_scale or 0.0,
-            model.lm_head.interleaved_parts() or [],
-            torch.empty(0),  # no pair norm: every layer reads its own residual stream
-            [layer.qkv.bias.contiguous() for layer in layers] if layers[0].qkv.bias is not None else [],
+            StackParams(
+                qkv=[layer.qkv.interleaved_parts(with_bias=True) for layer in layers],
+                o=[layer.o.interleaved_parts() for layer in layers],
+                gate_up=[layer.gate_up.interleaved_parts() for layer in layers],
+                down=[layer.down.interleaved_parts() for layer in layers],
+                norm1=[layer.norm1.float().contiguous() for layer in layers],
+                norm2=[layer.norm2.float().contiguous() for layer in layers],
+                final_norm=model.final_norm.float().contiguous(),
+                heads=model.heads,
+                kv_heads=model.kv_heads,
+                head_dim=model.head_dim,
+                eps=model.eps,
+                qk_scale=model.qk_scale or 0.0,
+                rope_kind=[self.kinds.index(layer.rope_kind) for layer in layers],
+                window_kind=[self.windows.index(layer.window) for layer in layers],
+                head=model.lm_head.interleaved_parts() or [],
+                qkv_bias=[layer.qkv.bias.contiguous() for layer in layers if layer.qkv.bias is not None],
+            )
         )
         self.head = None if self.native.has_head else model.lm_head  # applied here when not native
         # chains (FastLlama's sequence, BatchedLlama's rows without trees) go to forward_ids, their

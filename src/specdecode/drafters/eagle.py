@@ -36,6 +36,7 @@ from specdecode.backends.embedding import Embedding
 from specdecode.backends.gguf_weights import QuantLinear
 from specdecode.backends.layer import pack_linears, rope
 from specdecode.backends.lm import tree_attention
+from specdecode.backends.stack import StackParams
 from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.sampling import Warp, argmax_ids, sample, warp
 from specdecode.core.tree import Tree
@@ -191,23 +192,21 @@ class NativeHead:
             return w.detach().float().contiguous()
 
         self.stack = ops.Stack(
-            [head.qkv.linear.interleaved_parts()],
-            [head.o.linear.interleaved_parts()],
-            [head.gate_up.linear.interleaved_parts()],
-            [head.down.linear.interleaved_parts()],
-            [weight(head.norm_feat)],
-            [weight(head.norm_mlp)],
-            weight(head.norm_out),
-            [0],
-            [0],
-            head.heads,
-            head.kv_heads,
-            head.head_dim,
-            head.eps,
-            0.0,
-            project.interleaved_parts(),
-            weight(head.norm_emb),
-            [],  # no q|k|v biases
+            StackParams(
+                qkv=[head.qkv.linear.interleaved_parts()],
+                o=[head.o.linear.interleaved_parts()],
+                gate_up=[head.gate_up.linear.interleaved_parts()],
+                down=[head.down.linear.interleaved_parts()],
+                norm1=[weight(head.norm_feat)],
+                norm2=[weight(head.norm_mlp)],
+                final_norm=weight(head.norm_out),
+                heads=head.heads,
+                kv_heads=head.kv_heads,
+                head_dim=head.head_dim,
+                eps=head.eps,
+                head=project.interleaved_parts(),
+                pair_norm=weight(head.norm_emb),
+            )
         )
         self.embedding, self.cos, self.sin = embedding, cos.contiguous(), sin.contiguous()
 
