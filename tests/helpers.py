@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from specdecode.backends.batch_model import Row, batched
 from specdecode.backends.lm import Output
 from specdecode.core.sampling import Warp, warp
 from specdecode.decoding.generation import generate
@@ -143,3 +144,35 @@ def assert_lossless(
         accepted += b.stats.accepted
     assert drafted > 0 and accepted >= min_accepted, f"drafted {drafted}, accepted {accepted}"
     return outputs, drafted
+
+
+def assert_stack_is_per_op(model, ids: torch.Tensor) -> None:
+    """The native stack's logits and captured layer outputs equal the per-op path's bit for bit: a
+    prefill, a decoding step, a chain, a tree, batched rows of two slots."""
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    last = len(model.layers) - 1
+
+    def run():
+        model.reset()
+        outs = [
+            model.forward(ids[:30], layers=(0, last)),
+            model.forward(ids[30:31]),
+            model.forward(ids[31:34]),
+        ]
+        outs.append(
+            model.forward(ids[34:37], positions=torch.tensor([34, 35, 35]), tree_mask=tree, layers=(1,))
+        )
+        lm = batched(model, 2)
+        outs += lm.forward([Row(0, ids[:20]), Row(1, ids[40:45], layers=(0,))])
+        outs += lm.forward([Row(0, ids[20:25]), Row(1, ids[45:46])])
+        return [o.logits for o in outs] + [o.features for o in outs if o.features is not None]
+
+    native = run()
+    model.stack, stack = None, model.stack
+    per_op = run()
+    model.stack = stack
+    assert len(native) == len(per_op) == 11  # 8 logits, 3 feature tensors
+    assert all(torch.equal(a, b) for a, b in zip(native, per_op))
+    model.reset()  # and a verification chain's rows are those of decoding steps
+    model.forward(ids[:31])
+    assert torch.equal(torch.cat([model.forward(ids[i : i + 1]).logits for i in range(31, 34)]), native[2])

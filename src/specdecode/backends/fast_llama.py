@@ -5,9 +5,10 @@ a change of `length`: stale keys and values beyond it are overwritten by the nex
 Which code runs my forward? One decision, made here at each forward (FastLlama.forward; BatchedLlama
 makes the same one for its rows through `fused_layers`):
 1. `stack` (stack.py, stack.cpp): the whole layer stack and the LM head in one native call. Built at
-   load for `--dtype gguf` on AVX-512 VNNI when every layer is Llama's form (Llama, Qwen2, Mistral:
-   gguf_model.load); any number of rows. A chain of token ids without a sliding window or scaled
-   embedding goes in as ids (`stack.chains`), everything else as rows prepared in torch.
+   load for `--dtype gguf` on AVX-512 VNNI when every linear is interleaved (Llama, Qwen2, Qwen3,
+   Mistral, Phi-3, Gemma 3: gguf_model.load, stack.build); any number of rows. A chain of token ids
+   without a sliding window or scaled embedding goes in as ids (`stack.chains`), everything else as rows
+   prepared in torch.
 2. `fused_layers` (kernels.cpp between the matmuls, ~9 calls a layer): the fused kernels built here
    (CPU, fp32/bf16/gguf) and at most `fused_rows` rows (kernels.DENSE_ROWS; any number when rows must
    keep a decoding step's bits: gguf on VNNI).

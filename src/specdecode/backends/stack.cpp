@@ -1,4 +1,5 @@
-// The whole layer stack of a Llama-form model in one call (`--dtype gguf` on AVX-512 VNNI): every
+// The whole layer stack of a Llama-form model (and Qwen2's biases, Qwen3's and Gemma 3's q/k norms, Gemma 3's
+// sandwich norms and GELU) in one call (`--dtype gguf` on AVX-512 VNNI): every
 // layer's norms, matmuls, attention and residual adds for the rows of any sequences, inside one
 // OpenMP team that works through the stages together, nothing crossing into Python per layer.
 //
@@ -12,7 +13,9 @@
 // heads over 2 threads, a matmul's last chunks) then stream weights too (docs/native_forward.md).
 // Invariant: the stages run the functions of the per-op kernels (vnni_tile.h, attention_row.h,
 // rowops.h) on the same inputs, and a row's result never depends on the other rows or on which
-// thread computed it: a stack row has the bits of the per-op path's row and of a one-token step.
+// thread computed it: a stack row has the bits of the per-op path's row and of a one-token step. Where
+// the per-op path runs a torch op (the q/k norms, GELU-tanh), a stage calls the same ATen function on
+// the same views of its rows (torch's elementwise and last-dimension kernels treat each row alike).
 
 #include <torch/extension.h>
 
@@ -248,8 +251,8 @@ void plan_ahead(const Linear& lin, int t, int T, Ahead& ahead) {
 
 }  // namespace
 
-// The layers of a Llama-form model (pre-norm, SiLU-gated MLP, no q/k norms; q|k|v biases allowed: Qwen2) whose linears
-// are all interleaved VNNI matrices, and its LM head when that is one too; made once at load
+// The layers of a pre-norm model (SiLU- or GELU-tanh-gated MLP; optional q|k|v biases: Qwen2; q/k norms:
+// Qwen3, Gemma 3; norms after attention and MLP: Gemma 3) whose linears are all interleaved VNNI matrices, and its LM head when that is one too; made once at load
 // (gguf_weights.keep_quantized). The head in the same call: no second call and fork of the thread pool,
 // and its weight groups shared out like a layer's, so a thread the OS preempted is not waited for.
 class Stack {
@@ -262,7 +265,10 @@ class Stack {
   // [pair_norm(emb); norm1(x)] (2H inputs, an EAGLE head's layer: forward's `emb`, the token's embedding,
   // beside the residual stream x, the feature it continues)), qkv_bias (empty, or per layer
   // [(heads + 2 kv_heads) head_dim] added to q|k|v's rows (Qwen2), the one float add the per-op path's
-  // QuantLinear makes, so a row keeps its bits).
+  // QuantLinear makes, so a row keeps its bits), q_norm, k_norm (empty, or per layer [head_dim]: each q
+  // and k head RMS-normed after q|k|v, Qwen3 and Gemma 3), post_attn_norm, post_mlp_norm (empty, or per
+  // layer [H]: the attention's and the MLP's outputs normed before their residual adds, Gemma 3),
+  // activation ("silu" or "gelu_tanh": the MLP's gate).
   explicit Stack(const pybind11::object& p)
       : qkv_bias_(field<std::vector<torch::Tensor>>(p, "qkv_bias")),
         pair_norm_(field<std::optional<torch::Tensor>>(p, "pair_norm").value_or(torch::Tensor())),
@@ -275,7 +281,11 @@ class Stack {
         heads_(field<int64_t>(p, "heads")),
         kv_heads_(field<int64_t>(p, "kv_heads")),
         d_(field<int64_t>(p, "head_dim")),
-        eps_(field<double>(p, "eps")) {
+        eps_(field<double>(p, "eps")),
+        q_norm_(field<std::vector<torch::Tensor>>(p, "q_norm")),
+        k_norm_(field<std::vector<torch::Tensor>>(p, "k_norm")),
+        post_attn_norm_(field<std::vector<torch::Tensor>>(p, "post_attn_norm")),
+        post_mlp_norm_(field<std::vector<torch::Tensor>>(p, "post_mlp_norm")) {
     using Parts = std::vector<std::vector<PartSpec>>;
     const auto qkv = field<Parts>(p, "qkv"), o = field<Parts>(p, "o"), gate_up = field<Parts>(p, "gate_up"),
                down = field<Parts>(p, "down");
@@ -305,6 +315,23 @@ class Stack {
       }
     checks::tensor(final_norm_, "final_norm");
     TORCH_CHECK(qkv_bias_.empty() || qkv_bias_.size() == n, "qkv_bias: none, or one per layer");
+    TORCH_CHECK(q_norm_.size() == k_norm_.size() && (q_norm_.empty() || q_norm_.size() == n),
+                "q_norm, k_norm: none, or one each per layer");
+    for (auto* norms : {&q_norm_, &k_norm_})
+      for (auto& t : *norms) {
+        checks::tensor(t, "q_norm/k_norm");
+        TORCH_CHECK(t.numel() == head_dim, "q_norm/k_norm: expected ", head_dim, " weights");
+      }
+    for (auto* norms : {&post_attn_norm_, &post_mlp_norm_}) {
+      TORCH_CHECK(norms->empty() || norms->size() == n, "post_attn_norm, post_mlp_norm: none, or one per layer");
+      for (auto& t : *norms) {
+        checks::tensor(t, "post norm");
+        TORCH_CHECK(t.numel() == H_, "post norm: expected ", H_, " weights");
+      }
+    }
+    const auto activation = field<std::string>(p, "activation");
+    TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "activation: silu or gelu_tanh, not ", activation);
+    gelu_ = activation == "gelu_tanh";
     for (auto& b : qkv_bias_) {
       checks::tensor(b, "qkv_bias");
       TORCH_CHECK(b.numel() == (heads + 2 * kv_heads) * head_dim, "qkv_bias: expected ", (heads + 2 * kv_heads) * head_dim, " values");
@@ -449,10 +476,13 @@ class Stack {
     const int64_t stride = layout.longest + attn::L;
     const int threads = omp_in_parallel() ? 1 : at::get_num_threads();
     const int64_t H = H_, I = I_;
-    const bool bias = !qkv_bias_.empty();
-    Stages stages(1 + (bias ? 11 : 10) * layers + 2, threads);  // 10 (11) stages a layer, one before, two for the head
+    const bool bias = !qkv_bias_.empty(), qk_norms = !q_norm_.empty();
+    // 10 stages a layer (one more each for biases, q/k norms), one before, two for the head
+    Stages stages(1 + (10 + bias + qk_norms) * layers + 2, threads);
+    const auto floats = torch::TensorOptions().dtype(torch::kFloat32);
 #pragma omp parallel num_threads(threads)
     {
+      c10::InferenceMode no_autograd;  // the torch ops below (q/k norms, GELU), in this thread too
       const int t = omp_get_thread_num();
       std::vector<float> q(limit * d_), p(limit * stride);
       int64_t stage = 0;
@@ -470,9 +500,14 @@ class Stack {
         each(lin.groups, std::max<int64_t>(1, lin.groups / (4 * threads)),
              [&](int64_t b, int64_t e) { linear_range(lin, qr, rows_in < 0 ? N : rows_in, y, b, e); });
       };
-      // the residual stream x += delta (unless first), normed by w into xn, quantized for the next linear
-      auto norm = [&](bool add, const torch::Tensor& w, int64_t layer_before, bool quantize) {
+      // rows b..e-1 at once (torch ops over them: a row's bits do not depend on its neighbours)
+      auto row_chunks = [&](auto&& f) { each(N, std::max<int64_t>(1, (N + threads - 1) / threads), f); };
+      // the residual stream x += delta (unless first; normed by `post` first where given), normed by w
+      // into xn, quantized for the next linear
+      auto norm = [&](bool add, const torch::Tensor& w, int64_t layer_before, bool quantize,
+                      const torch::Tensor* post = nullptr) {
         rows([&](int64_t i) {
+          if (post) rowops::rms_norm_row(dp + i * H, post->data_ptr<float>(), dp + i * H, H, eps_);
           if (add) rowops::add_row(xp + i * H, dp + i * H, H);
           rowops::rms_norm_row(xp + i * H, w.data_ptr<float>(), xn + i * H, H, eps_);
           if (layer_before >= 0 && layer_before < layers - 1 && captured[layer_before])
@@ -493,6 +528,13 @@ class Stack {
         const Layer& w = layers_[l];
         linear(w.qkv, qkvp, &w.o);
         if (bias) rows([&](int64_t i) { rowops::add_row(qkvp + i * row_qkv, qkv_bias_[l].data_ptr<float>(), row_qkv); });
+        if (qk_norms)  // the per-op path's torch op (layer.Layer.norm_qk) on the same views of the rows
+          row_chunks([&](int64_t b, int64_t e) {
+            auto per_head = torch::from_blob(qkvp + b * row_qkv, {e - b, heads_ + 2 * kv_heads_, d_}, floats);
+            auto q = per_head.narrow(1, 0, heads_), k = per_head.narrow(1, heads_, kv_heads_);
+            q.copy_(at::rms_norm(q, {d_}, q_norm_[l], eps_));
+            k.copy_(at::rms_norm(k, {d_}, k_norm_[l], eps_));
+          });
         const auto& mask = masks[window_kind_[l]];
         const attn::Step step{layout,
                               qkvp,
@@ -516,15 +558,26 @@ class Stack {
         });
         rows([&](int64_t i) { qb.row(attp, i, hd); });
         linear(w.o, dp, &w.gate_up);
-        norm(true, norm2_[l], -1, true);
+        norm(true, norm2_[l], -1, true, post_attn_norm_.empty() ? nullptr : &post_attn_norm_[l]);
         linear(w.gate_up, gup, &w.down);
-        rows([&](int64_t i) {
-          rowops::silu_mul_row(gup + i * 2 * I, gup + i * 2 * I + I, actp + i * I, I);
-          qb.row(actp, i, I);
-        });
+        if (gelu_)  // the per-op path's torch GELU (tanh) on the same view of the gates, times up
+          row_chunks([&](int64_t b, int64_t e) {
+            const auto gate = torch::from_blob(gup + b * 2 * I, {e - b, I}, {2 * I, 1}, floats);
+            const auto g = at::gelu(gate, "tanh");
+            const float* gp = g.data_ptr<float>();
+            for (int64_t i = b; i < e; ++i) {
+              for (int64_t j = 0; j < I; ++j) actp[i * I + j] = gp[(i - b) * I + j] * gup[i * 2 * I + I + j];
+              qb.row(actp, i, I);
+            }
+          });
+        else
+          rows([&](int64_t i) {
+            rowops::silu_mul_row(gup + i * 2 * I, gup + i * 2 * I + I, actp + i * I, I);
+            qb.row(actp, i, I);
+          });
         linear(w.down, dp, l + 1 < layers ? &layers_[l + 1].qkv : (M > 0 ? &*head_ : nullptr));
         const bool last = l == layers - 1;
-        norm(true, last ? final_norm_ : norm1_[l + 1], l, !last);
+        norm(true, last ? final_norm_ : norm1_[l + 1], l, !last, post_mlp_norm_.empty() ? nullptr : &post_mlp_norm_[l]);
       }
       if (M > 0) {  // the LM head for the rows asked for, their normed rows quantized first
         each(M, 1, [&](int64_t b, int64_t e) {
@@ -553,6 +606,8 @@ class Stack {
   std::vector<int64_t> rope_kind_, window_kind_;
   int64_t heads_, kv_heads_, d_, H_ = 0, I_ = 0;
   double eps_;
+  std::vector<torch::Tensor> q_norm_, k_norm_, post_attn_norm_, post_mlp_norm_;
+  bool gelu_ = false;
   float scale_;
 };
 

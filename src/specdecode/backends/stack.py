@@ -1,7 +1,8 @@
 """The whole layer stack in one native call (stack.cpp) for `--dtype gguf` on AVX-512 VNNI.
 
-fast_llama.fused_layers runs a forward as ~9 kernel calls per layer; for a Llama-form model whose
-linears are all interleaved VNNI matrices, `build` makes one kernels.Stack at load instead, and
+fast_llama.fused_layers runs a forward as ~9 kernel calls per layer; for a pre-norm model (Llama's form,
+with Qwen2's biases, Qwen3's q/k norms, Gemma 3's q/k and sandwich norms and GELU) whose linears are all
+interleaved VNNI matrices, `build` makes one kernels.Stack at load instead, and
 fused_layers hands it the whole forward, the LM head included when that is interleaved too. Its rows
 carry the bits of the per-op path (tested), so every invariant of that path (a row never depends on
 the others) holds unchanged.
@@ -15,8 +16,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdecode.backends.layer import ACTIVATIONS
+
 # a linear's interleaved matrices: QuantLinear.interleaved_parts
 Parts = Sequence[tuple[str, torch.Tensor, torch.Tensor, int]]
+
+# the MLP gates stack.cpp computes: layer.ACTIVATIONS' functions -> stack.cpp's names
+ACTIVATION_NAMES = {F.silu: "silu", ACTIVATIONS["gelu_pytorch_tanh"]: "gelu_tanh"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,11 @@ class StackParams:
     head: Parts = ()  # the LM head's parts; empty: none (the caller applies its head)
     pair_norm: torch.Tensor | None = None  # [H]: the first q|k|v reads [pair_norm(emb); norm1(x)] (EAGLE)
     qkv_bias: Sequence[torch.Tensor] = ()  # empty, or per layer [(heads + 2 kv_heads) head_dim] (Qwen2)
+    q_norm: Sequence[torch.Tensor] = ()  # empty, or per layer [head_dim]: each q head normed (Qwen3, Gemma 3)
+    k_norm: Sequence[torch.Tensor] = ()  # as q_norm, for the k heads
+    post_attn_norm: Sequence[torch.Tensor] = ()  # empty, or per layer [H]: attention's output normed (Gemma)
+    post_mlp_norm: Sequence[torch.Tensor] = ()  # as post_attn_norm, for the MLP's output
+    activation: str = "silu"  # the MLP's gate: "silu" or "gelu_tanh" (Gemma 3)
 
 
 class NativeStack:
@@ -50,15 +61,21 @@ class NativeStack:
         self.kinds = sorted(model.rope)  # rotary kind -> its index in the call's cos/sin lists
         self.windows = [None] + sorted({layer.window for layer in model.layers if layer.window})
         layers = model.layers
+
+        def weight(w: torch.Tensor) -> torch.Tensor:
+            return w.float().contiguous()
+
+        qk_norms = [layer.qk_norms for layer in layers if layer.qk_norms is not None]  # all or none (build)
+        sandwiched = [layer for layer in layers if layer.post_attn_norm is not None]  # Gemma 3: post norms
         self.native = model.kernels.Stack(
             StackParams(
                 qkv=[layer.qkv.interleaved_parts(with_bias=True) for layer in layers],
                 o=[layer.o.interleaved_parts() for layer in layers],
                 gate_up=[layer.gate_up.interleaved_parts() for layer in layers],
                 down=[layer.down.interleaved_parts() for layer in layers],
-                norm1=[layer.norm1.float().contiguous() for layer in layers],
-                norm2=[layer.norm2.float().contiguous() for layer in layers],
-                final_norm=model.final_norm.float().contiguous(),
+                norm1=[weight(layer.norm1) for layer in layers],
+                norm2=[weight(layer.norm2) for layer in layers],
+                final_norm=weight(model.final_norm),
                 heads=model.heads,
                 kv_heads=model.kv_heads,
                 head_dim=model.head_dim,
@@ -68,6 +85,11 @@ class NativeStack:
                 window_kind=[self.windows.index(layer.window) for layer in layers],
                 head=model.lm_head.interleaved_parts() or [],
                 qkv_bias=[layer.qkv.bias.contiguous() for layer in layers if layer.qkv.bias is not None],
+                q_norm=[weight(q) for q, _ in qk_norms],
+                k_norm=[weight(k) for _, k in qk_norms],
+                post_attn_norm=[weight(layer.post_attn_norm) for layer in sandwiched],
+                post_mlp_norm=[weight(layer.post_mlp_norm) for layer in sandwiched],
+                activation=ACTIVATION_NAMES[layers[0].act],
             )
         )
         self.head = None if self.native.has_head else model.lm_head  # applied here when not native
@@ -111,19 +133,26 @@ class NativeStack:
 
 
 def build(model) -> NativeStack | None:
-    """A NativeStack for `model` (a FastLlama whose linears are gguf_weights.QuantLinear, after
-    gguf_model.FileWeights) when its layers are Llama's form (pre-norm, SiLU-gated MLP, no q/k or sandwich
-    norms; q|k|v biases in every layer or none: Qwen2) and every linear is made of interleaved VNNI
-    matrices; else None (fused_layers keeps its per-op path: Gemma 3, Qwen3, machines without VNNI)."""
-    if len({layer.qkv.bias is None for layer in model.layers}) > 1:
+    """A NativeStack for `model` (a FastLlama whose linears are gguf_weights.QuantLinear, from
+    gguf_model.FileWeights) when every linear is made of interleaved VNNI matrices and its layers are
+    pre-norm with a SiLU- or GELU-tanh-gated MLP; q|k|v biases (Qwen2), q/k norms (Qwen3, Gemma 3) and norms after
+    attention and MLP (Gemma 3) each in every layer or in none; else None (fused_layers keeps its per-op
+    path: machines without VNNI, matrices of other layouts)."""
+    layers = model.layers
+    for has in (
+        lambda layer: layer.qkv.bias is not None,
+        lambda layer: layer.qk_norms is not None,
+        lambda layer: layer.post_attn_norm is not None,
+        lambda layer: layer.post_mlp_norm is not None,
+        lambda layer: layer.act,
+    ):
+        if len({has(layer) for layer in layers}) > 1:
+            return None
+    if layers[0].act not in ACTIVATION_NAMES:
         return None
-    for layer in model.layers:
+    for layer in layers:
         if layer.qkv.interleaved_parts(with_bias=True) is None:
             return None
         if any(lin.interleaved_parts() is None for lin in (layer.o, layer.gate_up, layer.down)):
-            return None
-        if layer.qk_norms is not None or layer.post_attn_norm is not None or layer.post_mlp_norm is not None:
-            return None
-        if layer.act is not F.silu:
             return None
     return NativeStack(model) if model.dtype == torch.float32 else None
