@@ -1,7 +1,7 @@
-// The whole layer stack of a Llama-form model (and Qwen2's biases, Qwen3's and Gemma 3's q/k norms, Gemma 3's
-// sandwich norms and GELU) in one call (`--dtype gguf` on AVX-512 VNNI): every
-// layer's norms, matmuls, attention and residual adds for the rows of any sequences, inside one
-// OpenMP team that works through the stages together, nothing crossing into Python per layer.
+// The whole layer stack of a pre-norm model (Llama's form; Qwen2's biases, Qwen3's and Gemma 3's q/k norms,
+// Gemma 3's sandwich norms and GELU) in one call (`--dtype gguf` on AVX-512 VNNI): every layer's norms,
+// matmuls, attention and residual adds for the rows of any sequences, inside one OpenMP team that works
+// through the stages together, nothing crossing into Python per layer.
 //
 // Why: the per-op path (fast_llama.fused_layers) makes ~9 calls a layer, 270 a forward for the
 // default model, each paying Python dispatch, tensor allocation and a fork/join of the thread pool;
@@ -252,8 +252,8 @@ void plan_ahead(const Linear& lin, int t, int T, Ahead& ahead) {
 }  // namespace
 
 // The layers of a pre-norm model (SiLU- or GELU-tanh-gated MLP; optional q|k|v biases: Qwen2; q/k norms:
-// Qwen3, Gemma 3; norms after attention and MLP: Gemma 3) whose linears are all interleaved VNNI matrices, and its LM head when that is one too; made once at load
-// (gguf_weights.keep_quantized). The head in the same call: no second call and fork of the thread pool,
+// Qwen3, Gemma 3; norms after attention and MLP: Gemma 3) whose linears are all interleaved VNNI
+// matrices, and its LM head when that is one too; made once at load (gguf_weights.keep_quantized). The head in the same call: no second call and fork of the thread pool,
 // and its weight groups shared out like a layer's, so a thread the OS preempted is not waited for.
 class Stack {
  public:
@@ -577,7 +577,8 @@ class Stack {
           });
         linear(w.down, dp, l + 1 < layers ? &layers_[l + 1].qkv : (M > 0 ? &*head_ : nullptr));
         const bool last = l == layers - 1;
-        norm(true, last ? final_norm_ : norm1_[l + 1], l, !last, post_mlp_norm_.empty() ? nullptr : &post_mlp_norm_[l]);
+        const torch::Tensor* post_mlp = post_mlp_norm_.empty() ? nullptr : &post_mlp_norm_[l];
+        norm(true, last ? final_norm_ : norm1_[l + 1], l, !last, post_mlp);
       }
       if (M > 0) {  // the LM head for the rows asked for, their normed rows quantized first
         each(M, 1, [&](int64_t b, int64_t e) {
