@@ -253,8 +253,9 @@ void plan_ahead(const Linear& lin, int t, int T, Ahead& ahead) {
 
 // The layers of a pre-norm model (SiLU- or GELU-tanh-gated MLP; optional q|k|v biases: Qwen2; q/k norms:
 // Qwen3, Gemma 3; norms after attention and MLP: Gemma 3) whose linears are all interleaved VNNI
-// matrices, and its LM head when that is one too; made once at load (gguf_weights.keep_quantized). The head in the same call: no second call and fork of the thread pool,
-// and its weight groups shared out like a layer's, so a thread the OS preempted is not waited for.
+// matrices, and its LM head when that is one too; made once at load (stack.build). The head in the same
+// call: no second call and fork of the thread pool, and its weight groups shared out like a layer's, so
+// a thread the OS preempted is not waited for.
 class Stack {
  public:
   // p: a stack.StackParams, its fields read by name (their meaning is documented there): qkv, o, gate_up,
