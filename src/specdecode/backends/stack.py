@@ -135,9 +135,9 @@ class NativeStack:
 def build(model) -> NativeStack | None:
     """A NativeStack for `model` (a FastLlama whose linears are gguf_weights.QuantLinear, from
     gguf_model.FileWeights) when every linear is made of interleaved VNNI matrices and its layers are
-    pre-norm with a SiLU- or GELU-tanh-gated MLP; q|k|v biases (Qwen2), q/k norms (Qwen3, Gemma 3) and norms after
-    attention and MLP (Gemma 3) each in every layer or in none; else None (fused_layers keeps its per-op
-    path: machines without VNNI, matrices of other layouts)."""
+    pre-norm with a SiLU- or GELU-tanh-gated MLP; q|k|v biases (Qwen2), q/k norms (Qwen3, Gemma 3) and
+    norms after attention and MLP (Gemma 3) each in every layer or in none; else None (fused_layers keeps
+    its per-op path: machines without VNNI, matrices of other layouts)."""
     layers = model.layers
     for has in (
         lambda layer: layer.qkv.bias is not None,
