@@ -28,7 +28,7 @@ from specdecode.corpora import load_prompts
 case, model, prompts_spec, tokens, config = sys.argv[1:6]
 prompts = [p.prompt for p in load_prompts(prompts_spec)]
 kw = {"config": config} if case == "routed" else {}
-drafter = "none" if case == "plain" else case.split("=")[-1]
+drafter = {"plain": "none", "routed": "ngram"}.get(case) or case.split("=")[-1]
 llm = LLM(model if model != "default" else None, drafter, dtype="gguf", **kw)
 params = SamplingParams(temperature=0, max_tokens=int(tokens), ignore_eos=True)
 llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up

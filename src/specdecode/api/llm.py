@@ -237,7 +237,7 @@ class LLM:
         pending = []
         for prompt, request in zip(prompts, requests):
             p = _Pending(str(next(self._ids)), prompt if isinstance(prompt, str) else None, request.prompt)
-            p.state = self._engine.submit(request, p.events.append)
+            p.state = self._engine.submit(request, p.add)
             pending.append(p)
         return pending
 
@@ -298,28 +298,30 @@ class LLM:
 
 @dataclass(eq=False)
 class _Pending:
-    """One request of this client in the engine, and its events so far."""
+    """One request of this client in the engine, and its events so far (`add` is its sink)."""
 
     id: str
     prompt: str | None
     ids: list[int]
     state: eng.RequestState | None = None
-    events: list = field(default_factory=list)
+    deltas: list[eng.Delta] = field(default_factory=list)
+    done: eng.Done | None = None
+    failed: eng.Failed | None = None
 
-    @property
-    def deltas(self) -> list[eng.Delta]:
-        return [e for e in self.events if isinstance(e, eng.Delta)]
-
-    @property
-    def failed(self) -> eng.Failed | None:
-        return next((e for e in self.events if isinstance(e, eng.Failed)), None)
+    def add(self, event: eng.Event) -> None:
+        if isinstance(event, eng.Delta):
+            self.deltas.append(event)
+        elif isinstance(event, eng.Done):
+            self.done = event
+        else:
+            self.failed = event
 
     @property
     def finished(self) -> bool:
-        return any(isinstance(e, (eng.Done, eng.Failed)) for e in self.events)
+        return self.done is not None or self.failed is not None
 
     def output(self, routed: bool) -> RequestOutput:
-        done = next(e for e in self.events if isinstance(e, eng.Done))
+        done = self.done
         text = "".join(d.text for d in self.deltas)
         completion = CompletionOutput(0, text, done.tokens, done.finish_reason, done.from_draft)
         return RequestOutput(
