@@ -93,21 +93,43 @@ def target4(tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="module")
 def trained(target4, tmp_path_factory):
     from specdecode.train import draft, eagle, medusa
+    from specdecode.train.loop import Schedule
 
     _, target = target4
     root = tmp_path_factory.mktemp("trained4")
     data_dir = make_data(target, root / "data", max_new_tokens=24)
-    medusa.train(target, data_dir, root / "medusa", steps=3, batch_tokens=64, vocab=200)
+    medusa.train(target, data_dir, root / "medusa", Schedule(steps=3), batch_tokens=64, vocab=200)
     eagle.train(
-        target, data_dir, root / "eagle", steps=3, batch_tokens=64, vocab=200, window=32, layers="0,1,2"
+        target,
+        data_dir,
+        root / "eagle",
+        Schedule(steps=3),
+        batch_tokens=64,
+        vocab=200,
+        window=32,
+        layers="0,1,2",
     )
     eagle.train(
-        target, data_dir, root / "eagle2", steps=1, batch_tokens=64, vocab=200, window=32, layers="0,1"
+        target,
+        data_dir,
+        root / "eagle2",
+        Schedule(steps=1),
+        batch_tokens=64,
+        vocab=200,
+        window=32,
+        layers="0,1",
     )
     eagle.train(
-        target, data_dir, root / "eagle_top", steps=1, batch_tokens=64, vocab=200, window=32, layers="0,1,3"
+        target,
+        data_dir,
+        root / "eagle_top",
+        Schedule(steps=1),
+        batch_tokens=64,
+        vocab=200,
+        window=32,
+        layers="0,1,3",
     )
-    draft.train(target, data_dir, root / "draft", steps=3, batch_tokens=64, vocab=200, window=32)
+    draft.train(target, data_dir, root / "draft", Schedule(steps=3), batch_tokens=64, vocab=200, window=32)
     return {kind: root / kind for kind in ("medusa", "eagle", "eagle2", "eagle_top", "draft")}
 
 

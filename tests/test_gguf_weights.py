@@ -22,6 +22,7 @@ from specdecode.backends.precision import FP32, GGUF, GGUF_EXACT, Precision
 from specdecode.core.sampling import Warp
 from specdecode.decoding.generation import generate
 from specdecode.errors import UserError
+from specdecode.train.loop import Schedule
 from train_fixtures import PROMPTS
 
 ops = kernels.load()
@@ -245,7 +246,9 @@ def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
 
     fp32, target = pair
     data_dir = make_data(target, tmp_path / "data", max_new_tokens=24)  # generated on the quantized model
-    medusa.train(fp32, data_dir, tmp_path / "medusa", steps=20, lr=1e-2, batch_tokens=128, vocab=300)
+    medusa.train(
+        fp32, data_dir, tmp_path / "medusa", Schedule(steps=20, lr=1e-2), batch_tokens=128, vocab=300
+    )
     ctx = drafters.DrafterContext(target, GGUF_EXACT)  # same embedding: the fingerprint matches
     plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'medusa'}", ctx)
     assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
@@ -257,7 +260,9 @@ def test_medusa_beside_an_int8_target_mixes_on_its_int8_path_losslessly(tiny_ggu
     from train_fixtures import make_data
 
     data_dir = make_data(pair[0], tmp_path / "data", max_new_tokens=24)
-    medusa.train(pair[0], data_dir, tmp_path / "medusa", steps=20, lr=1e-2, batch_tokens=128, vocab=300)
+    medusa.train(
+        pair[0], data_dir, tmp_path / "medusa", Schedule(steps=20, lr=1e-2), batch_tokens=128, vocab=300
+    )
     target = models.load(tiny_gguf, GGUF, "cpu")
     ctx = drafters.DrafterContext(target, GGUF)
     plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'medusa'}", ctx)
@@ -651,7 +656,9 @@ def test_a_distilled_draft_beside_an_int8_target_runs_on_its_int8_stack(tiny_ggu
     from train_fixtures import make_data
 
     data_dir = make_data(pair[0], tmp_path / "data", max_new_tokens=24)
-    draft.train(pair[0], data_dir, tmp_path / "draft", steps=3, batch_tokens=64, vocab=200, window=32)
+    draft.train(
+        pair[0], data_dir, tmp_path / "draft", Schedule(steps=3), batch_tokens=64, vocab=200, window=32
+    )
     target = models.load(tiny_gguf, GGUF, "cpu")
     ctx = drafters.DrafterContext(target, GGUF)
     plain, drafter = drafters.build("none", ctx), drafters.build(f"draft:{tmp_path / 'draft'}", ctx)

@@ -25,23 +25,25 @@ from train_fixtures import PROMPTS, make_data
 def trained(target, tmp_path_factory):
     """{kind: checkpoint} for the tiny target, a few training steps each."""
     from specdecode.train import draft, eagle, medusa
+    from specdecode.train.loop import Schedule
 
     root = tmp_path_factory.mktemp("trained")
     data_dir = make_data(target, root / "data")
-    medusa.train(target, data_dir, root / "medusa", steps=40, lr=1e-2, batch_tokens=128, vocab=300)
+    medusa.train(target, data_dir, root / "medusa", Schedule(steps=40, lr=1e-2), batch_tokens=128, vocab=300)
     eagle.train(
         target,
         data_dir,
         root / "eagle",
-        steps=40,
-        lr=3e-3,
+        Schedule(steps=40, lr=3e-3),
         batch_tokens=256,
         vocab=300,
         window=64,
         ttt_steps=2,
         layers="0,1",
     )
-    draft.train(target, data_dir, root / "draft", steps=40, lr=3e-3, batch_tokens=256, vocab=300, window=64)
+    draft.train(
+        target, data_dir, root / "draft", Schedule(steps=40, lr=3e-3), batch_tokens=256, vocab=300, window=64
+    )
     return {kind: root / kind for kind in ("medusa", "eagle", "draft")}
 
 

@@ -1,6 +1,7 @@
 """Training: self-distillation data, the shared loop (loss goes down, resume after a kill gives the
 same state, atomic checkpoints, loss curve), token maps, and the `train` CLI."""
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,8 @@ from specdecode.backends.precision import FP32
 from specdecode.cli import main
 from specdecode.errors import UserError
 from specdecode.train import data, draft, eagle, medusa
+from specdecode.train.cli import SCHEDULE
+from specdecode.train.loop import Schedule
 from train_fixtures import PROMPTS, make_data
 
 
@@ -107,15 +110,25 @@ def test_token_map_keeps_the_most_frequent_response_tokens():
     assert data.token_map(seqs, 12, 5).tolist() == [0, 3, 5, 7, 9]  # then prompt tokens, then low ids
 
 
+def _trainer(train, lr: float, **own):
+    """train(target, data, out, **kw) with kw a mix of Schedule fields and the trainer's own settings."""
+
+    def call(target, data_dir, out, **kw):
+        plan = Schedule(**{"lr": lr, **{k: v for k, v in kw.items() if k in SCHEDULE}})
+        return train(target, data_dir, out, plan, **own, **{k: v for k, v in kw.items() if k not in SCHEDULE})
+
+    return call
+
+
 TRAINERS = {
-    "medusa": lambda t, d, out, **kw: medusa.train(t, d, out, lr=1e-2, batch_tokens=64, vocab=300, **kw),
-    "eagle": lambda t, d, out, **kw: eagle.train(
-        t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64, layers="0,1", **kw
-    ),
-    "draft": lambda t, d, out, **kw: draft.train(
-        t, d, out, lr=3e-3, batch_tokens=128, vocab=300, window=64, **kw
-    ),
+    "medusa": _trainer(medusa.train, 1e-2, batch_tokens=64, vocab=300),
+    "eagle": _trainer(eagle.train, 3e-3, batch_tokens=128, vocab=300, window=64, layers="0,1"),
+    "draft": _trainer(draft.train, 3e-3, batch_tokens=128, vocab=300, window=64),
 }
+
+
+def test_the_command_line_names_every_field_of_the_schedule():
+    assert SCHEDULE == {f.name for f in dataclasses.fields(Schedule)}  # the CLI's copy, kept without torch
 
 
 @pytest.mark.parametrize("kind", TRAINERS)
@@ -179,16 +192,17 @@ def test_bf16_autocast_training_lowers_the_loss_and_resumes_to_the_same_state(
 
 def test_eagle_trains_further_from_a_checkpoint(target, data_dir, tmp_path):
     first = TRAINERS["eagle"](target, data_dir, tmp_path / "a", steps=20, save_every=20)
-    kw = dict(batch_tokens=128, vocab=300, window=64, steps=1, save_every=1, init=str(tmp_path / "a"))
+    kw = dict(batch_tokens=128, vocab=300, window=64, init=str(tmp_path / "a"))
+    one = Schedule(steps=1, lr=0.0, save_every=1)
     same = eagle.train(
-        target, data_dir, tmp_path / "b", lr=0.0, **kw
+        target, data_dir, tmp_path / "b", one, **kw
     )  # no update: it exports what it started from
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert same.losses[0] < 0.8 * first.losses[0]  # it starts where the first run ended, not from scratch
     assert json.loads((tmp_path / "b" / "config.json").read_text())["train"]["init"] == str(tmp_path / "a")
     with pytest.raises(UserError, match="fuses layers"):
-        eagle.train(target, data_dir, tmp_path / "c", layers="1", **kw)
+        eagle.train(target, data_dir, tmp_path / "c", one, layers="1", **kw)
 
 
 @pytest.mark.parametrize("kind", TRAINERS)
@@ -241,13 +255,9 @@ def test_patience_ends_a_run_whose_held_out_score_stops_improving(target, data_d
         target,
         data_dir,
         tmp_path / "m",
-        lr=0.0,
+        Schedule(steps=40, lr=0.0, val=0.3, eval_every=2, patience=2),
         batch_tokens=64,
         vocab=300,
-        steps=40,
-        val=0.3,
-        eval_every=2,
-        patience=2,
     )
     assert len(result.losses) == 6
     history = json.loads((tmp_path / "m" / "losses.json").read_text())["val"]
@@ -408,11 +418,10 @@ def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tm
         target,
         data_dir,
         tmp_path / "tuned",
-        lr=1e-2,
+        Schedule(steps=10, lr=1e-2),
         batch_tokens=128,
         vocab=300,
         window=64,
-        steps=10,
         init=str(tmp_path / "base"),
         lora=2,
     )
@@ -443,7 +452,7 @@ def test_domain_fine_tuning_of_a_draft_checkpoint_with_lora(target, data_dir, tm
     (tmp_path / "medusa").mkdir()
     (tmp_path / "medusa" / "config.json").write_text(json.dumps({"kind": "medusa"}))
     with pytest.raises(UserError, match="not 'draft'"):
-        draft.train(target, data_dir, tmp_path / "x", steps=1, init=str(tmp_path / "medusa"))
+        draft.train(target, data_dir, tmp_path / "x", Schedule(steps=1), init=str(tmp_path / "medusa"))
 
 
 def test_the_recipe_script_trains_all_three_sharing_one_feature_store_and_skips_finished_ones(

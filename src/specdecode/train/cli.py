@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from specdecode.backends.precision import BF16, FP32, GGUF, GGUF_EXACT
 from specdecode.errors import UserError
 
 DEFAULT_EXCLUDE = "mtbench:1"  # the prompts of `bench --prompts mtbench:1`, held out of the shipped data
 TRAINS_FROM = (FP32, BF16, GGUF, GGUF_EXACT)  # a trainer's feature sources (--dtype)
+SCHEDULE = frozenset(
+    ("steps", "lr", "amp", "seed", "resume", "save_every", "stop_after", "val", "eval_every", "patience")
+)  # loop.Schedule's fields (tests/test_train.py checks), settable with --set as before
 
 
 def add_parser(sub, model_args, setup) -> None:
@@ -272,6 +277,25 @@ def _overrides(pairs: list[str]) -> dict:
     return out
 
 
+def _schedule(args, overrides: dict):
+    """The run's loop.Schedule from the flags (steps and lr left unset take the trainer's defaults)
+    and the --set keys that name one of its fields (e.g. --set stop_after=10)."""
+    from specdecode.train import loop
+
+    flags = loop.Schedule(
+        steps=args.steps,
+        lr=args.lr,
+        amp=args.amp,
+        seed=args.seed,
+        resume=args.resume,
+        save_every=args.save_every,
+        val=args.val,
+        eval_every=args.eval_every,
+        patience=args.patience,
+    )
+    return dataclasses.replace(flags, **{k: v for k, v in overrides.items() if k in SCHEDULE})
+
+
 def cmd_train(args) -> None:
     import importlib
     import inspect
@@ -280,15 +304,16 @@ def cmd_train(args) -> None:
 
     trainer = importlib.import_module(f"specdecode.train.{args.trainer}")
     overrides = _overrides(args.set)
-    known = {
-        name for name, p in inspect.signature(trainer.train).parameters.items() if p.kind is p.KEYWORD_ONLY
-    } - {"features_dir", "source"}  # those are --features and --dtype
+    params = inspect.signature(trainer.train).parameters.items()
+    own = {name for name, p in params if p.kind is p.KEYWORD_ONLY} - {"features_dir", "source"}
+    known = own | SCHEDULE  # features_dir and source are --features and --dtype
     if unknown := sorted(set(overrides) - known):
         raise UserError(
             f"--set {', '.join(unknown)}: not a setting of `train {args.trainer}` "
             f"(its settings: {', '.join(sorted(known))})"
         )
-    if args.resume:
+    plan = _schedule(args, overrides)
+    if plan.resume:
         loop.check_resumable(args.out)  # before loading the target and its feature pass
     if args.precision not in TRAINS_FROM:  # before loading anything
         raise UserError(
@@ -301,8 +326,6 @@ def cmd_train(args) -> None:
     opts = {
         k: v
         for k, v in dict(
-            steps=args.steps,
-            lr=args.lr,
             batch_tokens=args.batch_tokens,
             vocab=args.vocab,
             init=getattr(args, "init", None),
@@ -314,16 +337,10 @@ def cmd_train(args) -> None:
         loaded,
         args.data,
         args.out,
+        plan,
         features_dir=args.features,
         source=source,
-        amp=args.amp,
-        seed=args.seed,
-        resume=args.resume,
-        save_every=args.save_every,
-        val=args.val,
-        eval_every=args.eval_every,
-        patience=args.patience,
         **opts,
-        **overrides,
+        **{k: v for k, v in overrides.items() if k in own},
     )
     print(result.summary())

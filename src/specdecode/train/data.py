@@ -183,7 +183,7 @@ def generate_data(
     prompts: list[tuple[Prompt, str | None]],
     out: str | Path,
     *,
-    drafter: str = "ngram",
+    drafter="ngram",
     context=None,
     k: int = 4,
     params=None,
@@ -198,13 +198,13 @@ def generate_data(
     tag: str = "",
 ) -> list[Record]:
     """Generate the target's responses for every prompt whose id is not yet in `out`, writing shards
-    as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec (context: how to
-    build it); batch > 1 decodes that many prompts at once through the batched core (same greedy
+    as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec, a Spec or its
+    text (context: how to build it); batch > 1 decodes that many prompts at once through the batched core (same greedy
     output, several times the tokens per CPU-second). Prompts longer than max_prompt_tokens are
     skipped. tag: this worker's shard-name tag (see part()). Returns all sequences of `out`."""
     from specdecode.backends import checkpoint
     from specdecode.core.sampling import Warp
-    from specdecode.drafters import DrafterContext
+    from specdecode.drafters import DrafterContext, parse
 
     if batch < 1:
         raise UserError(f"batch must be at least 1, got {batch}")
@@ -224,7 +224,7 @@ def generate_data(
     writer = ShardWriter(out, target, shard_size, flush_minutes, tag)
     deadline = time.monotonic() + 60 * minutes if minutes else None
     options = dict(
-        drafter=drafter,
+        drafter=parse(drafter),  # the batched engine routes by Spec
         context=context or DrafterContext(loaded),
         k=k,
         params=params or Warp(),

@@ -27,29 +27,23 @@ def train(
     loaded,
     data_dir,
     out,
+    schedule: loop.Schedule = loop.Schedule(),
     *,
     features_dir=None,
     source: features.Source | None = None,
-    seed: int = 0,
-    resume: bool = False,
-    save_every: int = 50,
-    stop_after: int | None = None,
-    amp: str = "fp32",
     layers: int = 1,
     vocab: int = 4096,
-    steps: int = 150,
-    lr: float = 5e-4,
     batch_tokens: int = 768,
     window: int = 384,
     init: str = "",
     lora: int = 0,
     lora_alpha: float = 0.0,
-    val: float = 0.0,
-    eval_every: int = 200,
-    patience: int = 0,
 ) -> loop.TrainResult:
-    """val: hold out this fraction of the sequences (data.split) and score the draft's top-1 agreement
-    with the target's next token there."""
+    """schedule: steps (default 150), lr (default 5e-4), precision, checkpoints and held-out scoring
+    (loop.Schedule). With schedule.val, the draft's top-1 agreement with the target's next token is
+    scored on the held-out sequences (data.split)."""
+    schedule = schedule.filled(steps=150, lr=5e-4)
+    seed, val = schedule.seed, schedule.val
     torch.manual_seed(seed)
     corpus = load(loaded, data_dir, vocab=vocab, features_dir=features_dir, source=source, val=val)
     model, layers, picks = _model(loaded, layers, init)
@@ -62,9 +56,9 @@ def train(
         forward, corpus.train_ids, corpus.val_ids, per_batch, seed, "top1"
     )
     recipe = {
-        "steps": steps,
-        "lr": lr,
-        "amp": amp,
+        "steps": schedule.steps,
+        "lr": schedule.lr,
+        "amp": schedule.amp,
         "features": str(corpus.source.precision),
         "batch_tokens": batch_tokens,
         "window": window,
@@ -89,16 +83,9 @@ def train(
         loss_fn,
         partial(_export, config=config),
         out=out,
-        steps=steps,
-        lr=lr,
-        resume=resume,
-        save_every=save_every,
-        stop_after=stop_after,
+        schedule=schedule,
         desc="draft",
-        amp=amp,
         evaluate=evaluate if corpus.val_ids else None,
-        eval_every=eval_every,
-        patience=patience,
     )
     lora_lib.merge(model)
     hf_dir = result.out / "hf"  # a complete HF model directory (with the embedding): --drafter draft:DIR/hf

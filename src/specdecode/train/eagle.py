@@ -52,17 +52,11 @@ def train(
     loaded,
     data_dir,
     out,
+    schedule: loop.Schedule = loop.Schedule(),
     *,
     features_dir=None,
     source: features.Source | None = None,
-    seed: int = 0,
-    resume: bool = False,
-    save_every: int = 50,
-    stop_after: int | None = None,
-    amp: str = "fp32",
     vocab: int = 8192,
-    steps: int = 200,
-    lr: float = 1e-3,
     batch_tokens: int = 1024,
     window: int = 384,
     ttt_steps: int = 2,
@@ -70,15 +64,15 @@ def train(
     topk: int = 0,
     topk_weight: float = 1.0,
     init: str = "",
-    val: float = 0.0,
-    eval_every: int = 200,
-    patience: int = 0,
 ) -> loop.TrainResult:
-    """init: start from this EAGLE checkpoint (a directory, or "shipped") instead of the target's last
-    layer, e.g. to train a head further on more data; the head's weights do not depend on the draft
-    vocabulary (its LM head is the target's), so the new data's token map is used. val: hold out this
-    fraction of the sequences (data.split) and score the head's teacher-forced top-1 agreement with the
-    target there, per unrolled step (top1_0 is position 1's acceptance under greedy decoding)."""
+    """schedule: steps (default 200), lr (default 1e-3), precision, checkpoints and held-out scoring
+    (loop.Schedule). init: start from this EAGLE checkpoint (a directory, or "shipped") instead of the
+    target's last layer, e.g. to train a head further on more data; the head's weights do not depend on
+    the draft vocabulary (its LM head is the target's), so the new data's token map is used. With
+    schedule.val, the head's teacher-forced top-1 agreement with the target is scored on the held-out
+    sequences (data.split) per unrolled step (top1_0 is position 1's acceptance under greedy decoding)."""
+    schedule = schedule.filled(steps=200, lr=1e-3)
+    seed, val = schedule.seed, schedule.val
     torch.manual_seed(seed)
     hf = loaded.model.hf
     init_tensors, init_config = (
@@ -88,7 +82,8 @@ def train(
     corpus = load(
         loaded, data_dir, vocab=vocab, features_dir=features_dir, source=source, val=val, layer_ids=layer_ids
     )
-    settings = {"steps": steps, "lr": lr, "amp": amp, "features": str(corpus.source.precision)}
+    settings = {"steps": schedule.steps, "lr": schedule.lr, "amp": schedule.amp}
+    settings |= {"features": str(corpus.source.precision)}
     settings |= {"batch_tokens": batch_tokens, "window": window, "ttt_steps": ttt_steps, "topk": topk}
     settings |= {"topk_weight": topk_weight, "seed": seed, "init": init or None}
     config = _config(hf.config, layer_ids, corpus, settings, val)
@@ -123,16 +118,9 @@ def train(
         loss_fn,
         export,
         out=out,
-        steps=steps,
-        lr=lr,
-        resume=resume,
-        save_every=save_every,
-        stop_after=stop_after,
+        schedule=schedule,
         desc="eagle",
-        amp=amp,
         evaluate=evaluate if corpus.val_ids else None,
-        eval_every=eval_every,
-        patience=patience,
     )
 
 

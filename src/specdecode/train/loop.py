@@ -11,6 +11,10 @@ Held-out validation (optional): `evaluate(module) -> (score, metrics)` on sequen
 draw, every `eval_every` steps; the best-scoring drafter is exported to `out/best`, the history kept
 in `train_state.pt` and `losses.json`, and `patience` evaluations without a better score end the run
 (training "as long as the held-out acceptance still improves").
+
+A run's schedule (steps, learning rate, precision, seed, checkpoints, validation) is one frozen
+`Schedule`, built once from the command line and handed through a trainer to `run` unchanged
+(steps and lr left unset take the trainer's defaults, `Schedule.filled`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -44,6 +48,33 @@ class TrainResult:
         )
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """How a trainer runs, whatever it trains: what `run` and every trainer's recipe read.
+    steps, lr: None takes the trainer's own defaults (`filled`). seed: the batches of step s are a
+    function of (seed, s) alone, so `resume` after a kill reaches the uninterrupted run's state.
+    stop_after: leave early after that many steps of this run, as a kill would (only tests use it).
+    val: the fraction of sequences held out (by id) and scored every `eval_every` steps; `patience`
+    scores without a better one end the run (0: never)."""
+
+    steps: int | None = None
+    lr: float | None = None
+    amp: str = "fp32"
+    seed: int = 0
+    resume: bool = False
+    save_every: int = 50
+    stop_after: int | None = None
+    val: float = 0.0
+    eval_every: int = 200
+    patience: int = 0
+
+    def filled(self, steps: int, lr: float) -> Schedule:
+        """This schedule with a trainer's default steps and learning rate where they are unset."""
+        return replace(
+            self, steps=steps if self.steps is None else self.steps, lr=lr if self.lr is None else self.lr
+        )
+
+
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     """Linear warm-up, then cosine decay to 10% of lr."""
     if step < warmup:
@@ -64,35 +95,31 @@ def run(
     export: Callable,
     *,
     out: str | Path,
-    steps: int,
-    lr: float,
-    resume: bool = False,
-    save_every: int = 50,
-    stop_after: int | None = None,
+    schedule: Schedule,
     desc: str = "train",
-    amp: str = "fp32",
     evaluate: Callable | None = None,
-    eval_every: int = 200,
-    patience: int = 0,
 ) -> TrainResult:
-    """Train `module` for `steps` optimizer steps (stop_after: leave early after that many steps of
-    this run, as a kill would; only tests use it). amp "bf16": the forward under bfloat16 autocast
-    (matmuls in bf16, softmax and losses in fp32, fp32 master weights): faster where the CPU has bf16
-    dot products (AVX512-BF16, AMX), slower where it does not.
-    evaluate: held-out `(score, metrics)`, higher is better (module docstring); patience 0 never stops."""
+    """Train `module` for `schedule.steps` optimizer steps (a filled schedule: the trainer's defaults
+    in). amp "bf16": the forward under bfloat16 autocast (matmuls in bf16, softmax and losses in fp32,
+    fp32 master weights): faster where the CPU has bf16 dot products (AVX512-BF16, AMX), slower where
+    it does not. evaluate: held-out `(score, metrics)`, higher is better (module docstring)."""
+    steps, lr, amp = schedule.steps, schedule.lr, schedule.amp
+    if steps is None or lr is None:
+        raise ValueError("run: the schedule needs steps and lr (Schedule.filled)")
     try:
         autocast = Precision.parse(amp)
     except UserError:
         autocast = None
     if autocast not in (FP32, BF16):
         raise UserError(f"amp: expected fp32 or bf16, got {amp!r}")
+    eval_every, patience = schedule.eval_every, schedule.patience
     if evaluate is not None and eval_every < 1:
         raise UserError(f"eval_every: expected a positive number of steps, got {eval_every}")
     from tqdm import tqdm
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = _Run(module, export, out, lr, autocast, resume)
+    state = _Run(module, export, out, lr, autocast, schedule.resume)
     warmup = max(1, steps // 20)
     bar = tqdm(range(state.start, steps), initial=state.start, total=steps, desc=desc, unit="step")
     module.train()
@@ -103,9 +130,9 @@ def run(
         stop = False
         if evaluate is not None and (done % eval_every == 0 or done == steps):
             stop = state.validate(done, evaluate, patience, lambda line: bar.write(f"{desc} {line}"))
-        if done % save_every == 0 or done == steps or stop:
+        if done % schedule.save_every == 0 or done == steps or stop:
             state.checkpoint(done)
-        if stop or (stop_after is not None and done - state.start >= stop_after):
+        if stop or (schedule.stop_after is not None and done - state.start >= schedule.stop_after):
             break
     bar.close()
     module.eval()

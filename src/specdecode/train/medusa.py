@@ -24,36 +24,30 @@ def train(
     loaded,
     data_dir,
     out,
+    schedule: loop.Schedule = loop.Schedule(),
     *,
     features_dir=None,
     source: features.Source | None = None,
-    seed: int = 0,
-    resume: bool = False,
-    save_every: int = 50,
-    stop_after: int | None = None,
-    amp: str = "fp32",
     num_heads: int = 4,
     vocab: int = 8192,
-    steps: int = 300,
-    lr: float = 3e-3,
     batch_tokens: int = 1024,
     topk: int = 0,
     topk_weight: float = 1.0,
-    val: float = 0.0,
-    eval_every: int = 200,
-    patience: int = 0,
 ) -> loop.TrainResult:
-    """val: hold out this fraction of the sequences (data.split) and score each head's top-1 agreement
-    with the target's token i + 1 positions ahead there (head 1's is the score)."""
+    """schedule: steps (default 300), lr (default 3e-3), precision, checkpoints and held-out scoring
+    (loop.Schedule). With schedule.val, each head's top-1 agreement with the target's token i + 1
+    positions ahead is scored on the held-out sequences (data.split); head 1's is the score."""
+    schedule = schedule.filled(steps=300, lr=3e-3)
+    seed, val = schedule.seed, schedule.val
     torch.manual_seed(seed)
     corpus = load(loaded, data_dir, vocab=vocab, features_dir=features_dir, source=source, val=val)
     rows = _Rows.gather(corpus.feats, corpus.val_ids)
     heads = MedusaHeads(rows.hidden.shape[1], num_heads)
     objective = _Objective(rows, corpus.lm_head, num_heads, topk, topk_weight, batch_tokens, seed)
     recipe = {
-        "steps": steps,
-        "lr": lr,
-        "amp": amp,
+        "steps": schedule.steps,
+        "lr": schedule.lr,
+        "amp": schedule.amp,
         "features": str(corpus.source.precision),
         "batch_tokens": batch_tokens,
         "topk": topk,
@@ -77,16 +71,9 @@ def train(
         objective.loss_fn,
         partial(_export, config=config, token_map=corpus.token_map),
         out=out,
-        steps=steps,
-        lr=lr,
-        resume=resume,
-        save_every=save_every,
-        stop_after=stop_after,
+        schedule=schedule,
         desc="medusa",
-        amp=amp,
         evaluate=objective.evaluate if corpus.val_ids else None,
-        eval_every=eval_every,
-        patience=patience,
     )
 
 
