@@ -199,8 +199,8 @@ def generate_data(
 ) -> list[Record]:
     """Generate the target's responses for every prompt whose id is not yet in `out`, writing shards
     as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec, a Spec or its
-    text (context: how to build it); batch > 1 decodes that many prompts at once through the batched core (same greedy
-    output, several times the tokens per CPU-second). Prompts longer than max_prompt_tokens are
+    text (context: how to build it); batch > 1 decodes that many prompts at once through the engine
+    (same greedy output, several times the tokens per CPU-second). Prompts longer than max_prompt_tokens are
     skipped. tag: this worker's shard-name tag (see part()). Returns all sequences of `out`."""
     from specdecode.backends import checkpoint
     from specdecode.core.sampling import Warp
@@ -324,10 +324,8 @@ def _respond_one_by_one(
 
 def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch):
     """The same, `batch` at a time through the engine (specdecode/engine); yields in order of completion."""
-    from specdecode import drafters
     from specdecode import engine as eng
 
-    drafter = drafters.parse(drafter)
     engine = eng.build_engine(
         loaded,
         eng.default_routes(drafter, k, False),
