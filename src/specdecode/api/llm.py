@@ -14,7 +14,7 @@ import copy
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import count
 
 import torch
@@ -236,7 +236,8 @@ class LLM:
         requests = [self._request(*args, chat) for args in zip(prompts, params, tasks)]  # all checked first
         pending = []
         for prompt, request in zip(prompts, requests):
-            p = _Pending(str(next(self._ids)), prompt if isinstance(prompt, str) else None, request.prompt)
+            text = prompt if isinstance(prompt, str) else None
+            p = _Pending(id=str(next(self._ids)), prompt=text, ids=request.prompt)
             p.state = self._engine.submit(request, p.add)
             pending.append(p)
         return pending
@@ -281,8 +282,7 @@ class LLM:
         with self._lock:
             worked = self._engine.iterate()
         for p in pending:
-            if p.failed is not None:
-                raise p.failed.error or RuntimeError(p.failed.message)
+            p.check()
         if not worked and not all(p.finished for p in pending):
             raise RuntimeError("the engine has no work but requests are unfinished")
 
@@ -296,29 +296,14 @@ class LLM:
                 self._engine.iterate()
 
 
-@dataclass(eq=False)
-class _Pending:
-    """One request of this client in the engine, and its events so far (`add` is its sink)."""
+@dataclass(eq=False, kw_only=True)
+class _Pending(eng.Collected):
+    """One request of this client in the engine, and its events so far."""
 
     id: str
     prompt: str | None
     ids: list[int]
     state: eng.RequestState | None = None
-    deltas: list[eng.Delta] = field(default_factory=list)
-    done: eng.Done | None = None
-    failed: eng.Failed | None = None
-
-    def add(self, event: eng.Event) -> None:
-        if isinstance(event, eng.Delta):
-            self.deltas.append(event)
-        elif isinstance(event, eng.Done):
-            self.done = event
-        else:
-            self.failed = event
-
-    @property
-    def finished(self) -> bool:
-        return self.done is not None or self.failed is not None
 
     def output(self, routed: bool) -> RequestOutput:
         done = self.done

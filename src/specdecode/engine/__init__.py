@@ -29,6 +29,7 @@ from specdecode.engine.load import measure
 from specdecode.engine.loop import Engine
 from specdecode.engine.metrics import ServerMetrics
 from specdecode.engine.request import (
+    Collected,
     Delta,
     Done,
     Event,
@@ -107,6 +108,7 @@ def default_routes(drafter: drafters.Spec, k: int, adaptive: bool) -> SpecConfig
 
 
 __all__ = [
+    "Collected",
     "Delta",
     "Done",
     "Engine",

@@ -102,6 +102,32 @@ class Failed:
 Event = Delta | Done | Failed
 
 
+@dataclass(eq=False)
+class Collected:
+    """A request's events as a client in the same process keeps them (`add` is the request's sink)."""
+
+    deltas: list[Delta] = field(default_factory=list)
+    done: Done | None = None
+    failed: Failed | None = None
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, Delta):
+            self.deltas.append(event)
+        elif isinstance(event, Done):
+            self.done = event
+        else:
+            self.failed = event
+
+    @property
+    def finished(self) -> bool:
+        return self.done is not None or self.failed is not None
+
+    def check(self) -> None:
+        """Raise what made the request fail: the engine's error itself, else its message."""
+        if self.failed is not None:
+            raise self.failed.error or RuntimeError(self.failed.message)
+
+
 class QueueFull(Exception):
     pass
 

@@ -343,18 +343,17 @@ def _respond_batched(loaded, prompts, *, drafter, context, k, params, max_new_to
         while pending and len(running) < batch and not (deadline and time.monotonic() > deadline):
             p, ids = pending.pop()
             request = eng.Request(ids, params, max_new_tokens, seed=_seed(seed, p), drafter=drafter, k=k)
-            events: list[eng.Event] = []
-            engine.submit(request, events.append)
-            running[p.id] = (p, ids, events)
+            collected = eng.Collected()
+            engine.submit(request, collected.add)
+            running[p.id] = (p, ids, collected)
         if not running:
             return
         engine.iterate()
-        for key, (p, ids, events) in list(running.items()):
-            if failed := next((e for e in events if isinstance(e, eng.Failed)), None):
-                raise failed.error or RuntimeError(failed.message)
-            if done := next((e for e in events if isinstance(e, eng.Done)), None):
+        for key, (p, ids, collected) in list(running.items()):
+            collected.check()
+            if collected.done is not None:
                 del running[key]
-                yield p, ids, done.tokens
+                yield p, ids, collected.done.tokens
 
 
 def token_map(seqs: list[Record], vocab_size: int, size: int) -> "torch.Tensor":
