@@ -95,14 +95,19 @@ def control_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task", help="task label for routing and per-task stats (default: classified from the prompt)"
     )
+    routing_args(p)
+
+
+def routing_args(p: argparse.ArgumentParser) -> None:
+    """A config's routes per task, learned routing and the per-task history (generate, serve)."""
     p.add_argument("--config", help="speculation config from `specdecode advise`: routes per task")
     p.add_argument(
         "--routing",
         choices=["config", "auto"],
         default="config",
-        help="auto: learn the best drafter per task from measured speedups",
+        help="auto: learn the best drafter per task (among the config's candidates) from measured speedups",
     )
-    p.add_argument("--state", help="per-task α history file (JSON), kept across runs")
+    p.add_argument("--state", help="per-task α history file (JSON), kept across runs and restarts")
 
 
 def free_cores() -> int:

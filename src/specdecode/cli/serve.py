@@ -13,6 +13,7 @@ from specdecode.cli.options import (
     check_quant,
     model_args,
     quant_args,
+    routing_args,
     setup,
 )
 from specdecode.errors import UserError
@@ -29,14 +30,7 @@ def add_parser(sub) -> None:
         "--k", type=int, default=4, help="default draft tokens per step (the largest k when adaptive)"
     )
     s.add_argument("--adaptive", action="store_true", help="choose k per step from live α and measured costs")
-    s.add_argument("--config", help="speculation config from `specdecode advise`: routes per task")
-    s.add_argument(
-        "--routing",
-        choices=["config", "auto"],
-        default="config",
-        help="auto: learn the best drafter per task (among the config's candidates) from measured speedups",
-    )
-    s.add_argument("--state", help="per-task α history file (JSON), kept across restarts")
+    routing_args(s)
     s.add_argument("--served-model-name", help="the model id clients send (default: the target's name)")
     s.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or $SPECDECODE_API_KEY)"
