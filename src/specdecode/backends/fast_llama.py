@@ -74,7 +74,6 @@ class FastLlama:
         cpu = self.device.type == "cpu" and hf_model.dtype in (torch.float32, torch.bfloat16)
         widths = (cfg.hidden_size, cfg.intermediate_size, self.heads * self.head_dim)  # the linears' inputs
         self.kernels = fused_kernels.load() if fused and cpu and all(w % 16 == 0 for w in widths) else None
-        self.int8_activations = weights is not None and weights.int8_activations  # --dtype gguf
         # dtype of activations and the KV cache (int8 linears keep fp32 activations)
         self.dtype = torch.float32 if self.kernels else hf_model.dtype
         int8 = (
@@ -83,6 +82,8 @@ class FastLlama:
             and self.kernels.vnni_rows() > 0
             and all(w % 32 == 0 for w in widths)
         )
+        # 8-bit activations: a --dtype gguf file's linears, or float weights onto that path (int8)
+        self.int8_activations = int8 or (weights is not None and weights.int8_activations)
 
         def int8_linear(weight, bias):  # float weights onto the target's 8-bit path
             return head_linear(weight, self.kernels, bias, int8=True)
@@ -138,7 +139,6 @@ class FastLlama:
         self.k_cache = self.v_cache = None
         self.fused_rows = _FUSED_MAX_TOKENS  # longer forwards: SDPA and dense GEMMs (see rows_independent)
         self.stack = None  # the layers in one native call (backends/stack.py)
-        self.int8_activations = self.int8_activations or int8
         if int8 or getattr(self.lm_head, "interleaved", False):  # every linear on the VNNI path
             self.rows_independent()
             self.stack = native_stack.build(self)
