@@ -112,12 +112,16 @@ def test_interleaved_matmul_is_the_int8_kernel_reordered_and_row_invariant(type_
     packed = gguf_weights.Interleaved.pack(ops, m)
     back = packed.unpack(ops)
     assert torch.equal(back.scales, m.scales) and torch.equal(back.quants, m.quants)
-    # the file's fp16 scales stay 16-bit; K-quants' products of two scales need float32
-    assert packed.scales.dtype == (torch.float32 if type_name in ("Q4_K", "Q6_K") else torch.float16)
-    # one scale a block of 32 (Q8_0's d; Q5_0's, widened to 8 bits) is kept once: "q8_0"
-    assert packed.kind == {"Q8_0": "q8_0", "Q5_0": "q8_0"}.get(type_name, m.kind)
-    assert packed.scales.shape[2] == (1 if packed.kind == "q8_0" else 2)
-    f = {"q4": ops.linear_q4_vnni, "q8": ops.linear_q8_vnni, "q8_0": ops.linear_q8_0_vnni}[packed.kind]
+    # the file's fp16 scales stay 16-bit; K-quants' scales stay factored as the file keeps them
+    k_quant = type_name in ("Q4_K", "Q6_K")
+    assert packed.scales.dtype == (torch.uint8 if k_quant else torch.float16)
+    assert (back.factors is not None) == k_quant and (not k_quant or torch.equal(back.factors, m.factors))
+    # one scale a block of 32 (Q8_0's d; Q5_0's) is kept once: "_0"; weights in -32..31 (Q5_0, Q6_K) in 6 bits
+    assert packed.kind == {"Q8_0": "q8_0", "Q5_0": "q6_0", "Q6_K": "q6"}.get(type_name, m.kind)
+    assert packed.scales.shape[2] == (
+        gguf_weights.FACTORED if k_quant else 1 if packed.kind.endswith("_0") else 2
+    )
+    f = getattr(ops, f"linear_{packed.kind}_vnni")
     x = torch.randn(37, 512, generator=torch.Generator().manual_seed(6))
     y = f(x, packed.scales, packed.quants, rows)
     old = (ops.linear_q4_i8 if m.kind == "q4" else ops.linear_q8_i8)(x, m.scales, m.quants)
@@ -128,6 +132,64 @@ def test_interleaved_matmul_is_the_int8_kernel_reordered_and_row_invariant(type_
     for i in [0, 1, 8, 9, 36]:
         assert torch.equal(f(x[i : i + 1].contiguous(), packed.scales, packed.quants, rows)[0], y[i])
     assert torch.equal(f(x[3:12].contiguous(), packed.scales, packed.quants, rows), y[3:12])
+
+
+@needs_vnni
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name):
+    """A K-quant's block scales, each a super-block factor times a small integer, are kept as the file
+    keeps them (a third of float32's bytes) and the kernels form the very float32 scales: the same
+    bits in every tile shape, in a lone call and in the native stack's layout. A scale that is no
+    integer multiple of its factor keeps the float32 layout."""
+    m = gguf_weights.repack(type_name, raw_matrix(type_name, 40, 512, seed=7))
+    factored = gguf_weights.Interleaved.pack(ops, m)
+    plain = gguf_weights.Interleaved.pack(ops, gguf_weights.QuantMatrix(m.kind, m.scales, m.quants))
+    assert factored.scales.dtype == torch.uint8 and plain.scales.dtype == torch.float32
+    assert factored.scales.nbytes * 3 < plain.scales.nbytes
+    f = getattr(ops, f"linear_{factored.kind}_vnni")
+    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(8))
+    for rows in (1, 2, 5, 8, 11):
+        got = f(x[:rows].contiguous(), factored.scales, factored.quants, 40)
+        assert torch.equal(got, f(x[:rows].contiguous(), plain.scales, plain.quants, 40))
+    picked = gguf_weights.Interleaved.pack(ops, factored.unpack(ops).rows(torch.tensor([9, 2, 33])))
+    assert picked.scales.dtype == torch.uint8
+    assert torch.equal(
+        f(x, picked.scales, picked.quants, 3), f(x, plain.scales, plain.quants, 40)[:, [9, 2, 33]]
+    )
+    odd = m.scales.clone()
+    odd[3, 1, 0] += 0.5 * m.factors[3, 0, 0] if m.factors[3, 0, 0] != 0 else 1.0
+    kept = gguf_weights.Interleaved.pack(ops, gguf_weights.QuantMatrix(m.kind, odd, m.quants, m.factors))
+    assert kept.scales.dtype == torch.float32
+    with pytest.raises(RuntimeError, match="factored"):
+        f(x, factored.scales[:, :1].contiguous(), factored.quants, 40)
+
+
+@needs_vnni
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("rows", [40, 16])
+def test_weights_that_fit_six_bits_are_kept_in_six_and_give_the_eight_bit_bits(type_name, rows):
+    """An 8-bit matrix whose weights all lie in -32..31 (Q5_0, Q6_K) is stored in 6 bits a weight and
+    gives the 8-bit kernel's bits in every tile shape; one weight outside keeps it in 8 bits."""
+    m = gguf_weights.repack(type_name, raw_matrix(type_name, rows, 512, seed=9))
+    packed = gguf_weights.Interleaved.pack(ops, m)
+    if type_name == "Q8_0":
+        assert packed.kind == "q8_0" and packed.quants.shape[2] == 512
+        return
+    assert packed.kind in ("q6", "q6_0") and packed.quants.shape[2] == 384
+    eight = gguf_weights._eight_bits(packed.quants)
+    f6, f8 = (
+        getattr(ops, f"linear_{packed.kind}_vnni"),
+        getattr(ops, f"linear_{packed.kind.replace('6', '8')}_vnni"),
+    )
+    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(10))
+    for n in (1, 3, 8, 11):
+        xs = x[:n].contiguous()
+        assert torch.equal(f6(xs, packed.scales, packed.quants, rows), f8(xs, packed.scales, eight, rows))
+    wide = m.quants.clone()
+    wide[rows - 1, 5] = 40
+    assert gguf_weights.Interleaved.pack(
+        ops, gguf_weights.QuantMatrix(m.kind, m.scales, wide)
+    ).kind.startswith("q8")
 
 
 @needs_vnni

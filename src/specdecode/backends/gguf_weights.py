@@ -32,11 +32,14 @@ from specdecode.errors import UserError
 @dataclass
 class QuantMatrix:
     """[N, K] weights in a kernel layout: kind "q4" (scales [N, K/32, 2] = (s, o), quants uint8
-    [N, K/2]) or "q8" (scales [N, K/32, 2] = per-16 s, quants int8 [N, K])."""
+    [N, K/2]) or "q8" (scales [N, K/32, 2] = per-16 s, quants int8 [N, K]). factors [N, K/256, 2]
+    float32, or None: for K-quants, each super-block's two factors (q4: d, -dmin; q8: d, d) of which
+    its blocks' scales are small-integer multiples (Interleaved keeps them factored)."""
 
     kind: str
     scales: torch.Tensor
     quants: torch.Tensor
+    factors: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -44,7 +47,10 @@ class QuantMatrix:
 
     def rows(self, index: torch.Tensor) -> QuantMatrix:
         """The rows `index` [R] (a permutation, or the draft vocabulary's LM-head rows)."""
-        return QuantMatrix(self.kind, self.scales[index].contiguous(), self.quants[index].contiguous())
+        factors = None if self.factors is None else self.factors[index].contiguous()
+        return QuantMatrix(
+            self.kind, self.scales[index].contiguous(), self.quants[index].contiguous(), factors
+        )
 
     def dequantize(self) -> torch.Tensor:
         """-> float32 [N, K], the values the kernels compute with (for tests and eager fallbacks)."""
@@ -61,8 +67,8 @@ class QuantMatrix:
 class Interleaved:
     """A QuantMatrix of `n` rows in kernels_vnni.cpp's layout: rows interleaved 16 at a time so one
     AVX-512 VNNI instruction serves 16 weight rows (scales [ceil(n/16), K/32, 2, 16], or 1 for
-    "q8_0"; quants uint8 [ceil(n/16), K/32, 256 (q4) or 512 (q8, q8_0)]). Made and undone by the
-    kernels (pack/unpack)."""
+    "q8_0", or factored: uint8 [ceil(n/16), K/256, FACTORED] (_factored); quants uint8 [ceil(n/16), K/32, 256
+    (q4) or 512 (q8, q8_0)]). Made and undone by the kernels (pack/unpack)."""
 
     kind: str
     scales: torch.Tensor
@@ -71,48 +77,132 @@ class Interleaved:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.n, self.scales.shape[1] * 32
+        return self.n, self.quants.shape[1] * 32
 
     @classmethod
     def pack(cls, ops, m: QuantMatrix) -> Interleaved:
-        """Scales in float16 where that holds them exactly (fewer bytes a step), else float32. A "q8"
+        """Scales as few bytes a step as hold them exactly: factored where the matrix has factors
+        (K-quants: as the file keeps them), else float16 where that holds them, else float32. A "q8"
         matrix whose two scales are equal in every block (Q8_0: the default model's LM head) becomes
         "q8_0", one scale a block: half the scale bytes, and its kernel converts and scales one sum a
         block instead of two (linear_q8_0_vnni)."""
-        return cls._compact(m.kind, *getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants), m.shape[0])
+        scales, quants = getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants)
+        return cls._compact(m.kind, scales, quants, m.shape[0], m.factors)
 
     @classmethod
     def pack_chunks(cls, ops, chunks: Iterator[QuantMatrix], n: int) -> Interleaved:
         """pack of the row-wise concatenation of `chunks` (n rows in all, each chunk a multiple of 16
         rows but the last) without ever holding it: each chunk is packed into its place (a 150k-row LM
         head costs its own size at load, not three times that)."""
-        scales = quants = None
-        group = 0
+        scales = quants = factors = None
+        group = row = 0
         for m in chunks:
             s, q = getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants)
             if scales is None:
                 kind, groups = m.kind, -(-n // 16)
                 scales, quants = s.new_empty((groups, *s.shape[1:])), q.new_empty((groups, *q.shape[1:]))
+                if m.factors is not None:
+                    factors = m.factors.new_empty((n, *m.factors.shape[1:]))
             scales[group : group + len(s)], quants[group : group + len(q)] = s, q
-            group += len(s)
-        return cls._compact(kind, scales, quants, n)
+            if factors is not None:
+                factors[row : row + len(m.quants)] = m.factors
+            group, row = group + len(s), row + len(m.quants)
+        return cls._compact(kind, scales, quants, n, factors)
 
     @classmethod
-    def _compact(cls, kind: str, scales: torch.Tensor, quants: torch.Tensor, n: int) -> Interleaved:
-        if kind == "q8" and torch.equal(scales[:, :, 0], scales[:, :, 1]):
-            kind, scales = "q8_0", scales[:, :, :1].contiguous()
-        half = scales.half()
-        if torch.equal(half.float(), scales):
-            scales = half
+    def _compact(
+        cls,
+        kind: str,
+        scales: torch.Tensor,
+        quants: torch.Tensor,
+        n: int,
+        factors: torch.Tensor | None = None,
+    ) -> Interleaved:
+        packed = None if factors is None else _factored(scales, factors, n)
+        if packed is not None:
+            scales = packed
+        else:
+            if kind == "q8" and torch.equal(scales[:, :, 0], scales[:, :, 1]):
+                kind, scales = "q8_0", scales[:, :, :1].contiguous()
+            half = scales.half()
+            if torch.equal(half.float(), scales):
+                scales = half
+        if kind != "q4":
+            quants.view(len(quants), -1, 8, 16, 4)[-1, :, :, n - 16 * (len(quants) - 1) :] = (
+                128  # padding: q = 0
+            )
+            if bool(((quants >= 96) & (quants < 160)).all()):  # every q in -32..31: 6 bits hold it
+                kind, quants = kind.replace("8", "6"), _six_bits(quants)
         return cls(kind, scales, quants, n)
 
     def unpack(self, ops) -> QuantMatrix:
-        if self.kind == "q8_0":  # both halves of a block the one scale
-            two = self.scales.expand(-1, -1, 2, -1).contiguous()
-            return QuantMatrix("q8", *ops.unpack_q8_vnni(two, self.quants, self.n))
-        return QuantMatrix(
-            self.kind, *getattr(ops, f"unpack_{self.kind}_vnni")(self.scales, self.quants, self.n)
-        )
+        if self.kind == "q4":
+            unpack, quants = ops.unpack_q4_vnni, self.quants
+        else:
+            unpack, quants = (
+                ops.unpack_q8_vnni,
+                _eight_bits(self.quants) if self.kind[1] == "6" else self.quants,
+            )
+        scales, factors = self.scales, None
+        if self.kind.endswith("_0"):  # both halves of a block the one scale
+            scales = scales.expand(-1, -1, 2, -1).contiguous()
+        elif scales.dtype == torch.uint8:
+            scales, factors = _unfactored(scales, self.n)
+        return QuantMatrix("q4" if self.kind == "q4" else "q8", *unpack(scales, quants, self.n), factors)
+
+
+def _six_bits(quants: torch.Tensor) -> torch.Tensor:
+    """Interleaved q8 bytes [groups, G, 512] (q + 128, every q in -32..31) -> q6 [groups, G, 384]
+    (vnni_tile.h): v = q + 32 as q4's nibble registers, then two registers of v's high two bits."""
+    groups, g = quants.shape[:2]
+    v = (quants.view(groups, g, 8, 64) - 96).to(torch.uint8)  # [.., register t, lane byte]
+    nibbles = (v[:, :, :4] & 15) | ((v[:, :, 4:] & 15) << 4)
+    high = (v >> 4).view(groups, g, 2, 4, 64)  # register 4j + i -> bits 2i of high register j
+    packed = high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4) | (high[:, :, :, 3] << 6)
+    return torch.cat([nibbles, packed], dim=2).reshape(groups, g, 384).contiguous()
+
+
+def _eight_bits(quants: torch.Tensor) -> torch.Tensor:
+    """_six_bits' inverse."""
+    groups, g = quants.shape[:2]
+    nibbles, packed = quants[:, :, :256].view(groups, g, 4, 64), quants[:, :, 256:].view(groups, g, 2, 1, 64)
+    high = (packed >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3  # [.., 2, 4, 64]
+    v = torch.cat([nibbles & 15, nibbles >> 4], dim=2) | (high.reshape(groups, g, 8, 64) << 4)
+    return (v + 96).reshape(groups, g, 512).contiguous()
+
+
+# vnni_tile.h's factored scales: per group of 16 rows and super-block of 8 blocks, the two factors
+# [2, 16] float16, then per block the two multipliers [8, 2, 16] int8 (a block's scale = factor x multiplier)
+FACTOR_BYTES = 2 * 16 * 2
+FACTORED = FACTOR_BYTES + 8 * 2 * 16  # vnni::FACTORED
+
+
+def _factored(scales: torch.Tensor, factors: torch.Tensor, n: int) -> torch.Tensor | None:
+    """Interleaved float32 scales [groups, G, 2, 16] and factors [n, G/8, 2] -> uint8 [groups, G/8,
+    FACTORED], or None when a scale is not exactly an int8 multiple of its factor in
+    float16 (the kernel forms factor x multiplier in float32: the very value of `scales`)."""
+    groups, g = scales.shape[:2]
+    if g % 8 or scales.dtype != torch.float32 or scales.shape[2] != 2:
+        return None
+    f = torch.zeros(groups * 16, g // 8, 2)
+    f[:n] = factors
+    f = f.view(groups, 16, g // 8, 2).permute(0, 2, 3, 1).half()  # [groups, S, 2, 16]
+    per_block = f.float().repeat_interleave(8, dim=1)  # [groups, G, 2, 16]
+    c = torch.where(per_block != 0, scales / per_block, torch.zeros(()))
+    c = c.round().clamp(-128, 127)
+    if not torch.equal(c * per_block, scales):
+        return None
+    c = c.to(torch.int8).view(groups, g // 8, 8 * 2 * 16).view(torch.uint8)
+    return torch.cat([f.contiguous().view(groups, g // 8, -1).view(torch.uint8), c], dim=-1).contiguous()
+
+
+def _unfactored(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """_factored's bytes -> (float32 scales [groups, G, 2, 16], factors [n, G/8, 2])."""
+    groups, s = packed.shape[:2]
+    f = packed[..., :FACTOR_BYTES].contiguous().view(torch.float16).view(groups, s, 1, 2, 16).float()
+    c = packed[..., FACTOR_BYTES:].contiguous().view(torch.int8).view(groups, s, 8, 2, 16).float()
+    factors = f.view(groups, s, 2, 16).permute(0, 3, 1, 2).reshape(groups * 16, s, 2)[:n].contiguous()
+    return (f * c).view(groups, s * 8, 2, 16), factors
 
 
 def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
@@ -136,8 +226,14 @@ def concat(matrices: list[QuantMatrix]) -> QuantMatrix | None:
         return None
     if len(matrices) == 1:
         return matrices[0]
+    factors = None
+    if all(m.factors is not None for m in matrices):
+        factors = torch.cat([m.factors for m in matrices])
     return QuantMatrix(
-        matrices[0].kind, torch.cat([m.scales for m in matrices]), torch.cat([m.quants for m in matrices])
+        matrices[0].kind,
+        torch.cat([m.scales for m in matrices]),
+        torch.cat([m.quants for m in matrices]),
+        factors,
     )
 
 
@@ -194,7 +290,7 @@ def _q4_k(
     s = d[..., None] * torch.from_numpy(sc.astype(np.float32))
     o = -(dmin[..., None] * torch.from_numpy(mn.astype(np.float32)))
     so = torch.stack([s, o], -1).reshape(n, nsb * 8, 2)
-    return QuantMatrix("q4", so, torch.from_numpy(_nibbles(q).reshape(n, -1)))
+    return QuantMatrix("q4", so, torch.from_numpy(_nibbles(q).reshape(n, -1)), torch.stack([d, -dmin], -1))
 
 
 def _q6_k(
@@ -208,8 +304,9 @@ def _q6_k(
     sc = torch.from_numpy(
         blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
     )  # per 16 elements, in order
-    s = (_f16(blocks[..., 208:210])[..., None] * sc).reshape(n, nsb * 8, 2)
-    return QuantMatrix("q8", s, torch.from_numpy(q.astype(np.int8).reshape(n, -1)))
+    d = _f16(blocks[..., 208:210])
+    s = (d[..., None] * sc).reshape(n, nsb * 8, 2)
+    return QuantMatrix("q8", s, torch.from_numpy(q.astype(np.int8).reshape(n, -1)), torch.stack([d, d], -1))
 
 
 # GGML type name -> (bytes per block, weights per block, repack of [N, blocks, bytes])
@@ -252,8 +349,11 @@ def repack(type_name: str, raw: np.ndarray, name: str = "tensor") -> QuantMatrix
                     m.scales.new_empty((n, *m.scales.shape[1:])),
                     m.quants.new_empty((n, *m.quants.shape[1:])),
                 )
-                out = QuantMatrix(m.kind, scales, quants)
+                factors = None if m.factors is None else m.factors.new_empty((n, *m.factors.shape[1:]))
+                out = QuantMatrix(m.kind, scales, quants, factors)
             out.scales[row : row + len(m.scales)], out.quants[row : row + len(m.quants)] = m.scales, m.quants
+            if out.factors is not None:
+                out.factors[row : row + len(m.quants)] = m.factors
             row += len(m.quants)
         return out
     from gguf import GGMLQuantizationType, quants
@@ -293,7 +393,13 @@ class QuantLinear:
             if int8_activations
             else {"q4": ops.linear_q4, "q8": ops.linear_q8}
         )
-        self.vnni = {"q4": ops.linear_q4_vnni, "q8": ops.linear_q8_vnni, "q8_0": ops.linear_q8_0_vnni}
+        self.vnni = {
+            "q4": ops.linear_q4_vnni,
+            "q8": ops.linear_q8_vnni,
+            "q8_0": ops.linear_q8_0_vnni,
+            "q6": ops.linear_q6_vnni,
+            "q6_0": ops.linear_q6_0_vnni,
+        }
         for m in matrices:
             if self.parts and isinstance(m, QuantMatrix) and isinstance(self.parts[-1], QuantMatrix):
                 joined = concat([self.parts[-1], m])

@@ -300,6 +300,8 @@ int64_t vnni_rows();  // kernels_vnni.cpp
 torch::Tensor linear_q4_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 torch::Tensor linear_q8_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 torch::Tensor linear_q8_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q6_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q6_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 std::vector<torch::Tensor> pack_q4_vnni(torch::Tensor scales, torch::Tensor quants);
 std::vector<torch::Tensor> pack_q8_vnni(torch::Tensor scales, torch::Tensor quants);
 std::vector<torch::Tensor> unpack_q4_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N);
@@ -326,6 +328,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("linear_q8_0_vnni", &linear_q8_0_vnni, release,
         "linear_q8_vnni for rows with one scale per block of 32 (Q8_0): scales [groups, K / 32, 1, 16]",
+        py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
+  m.def("linear_q6_vnni", &linear_q6_vnni, release,
+        "linear_q8_vnni for rows whose weights lie in -32..31, kept in 6 bits: quants [groups, K / 32, 384]",
+        py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
+  m.def("linear_q6_0_vnni", &linear_q6_0_vnni, release, "linear_q6_vnni with one scale per block of 32",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("pack_q4_vnni", &pack_q4_vnni, "4-bit rows -> (scales, quants) interleaved for linear_q4_vnni");
   m.def("pack_q8_vnni", &pack_q8_vnni, "8-bit rows -> (scales, quants) interleaved for linear_q8_vnni");

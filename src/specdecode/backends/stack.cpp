@@ -47,7 +47,8 @@ namespace {
 
 // One interleaved matrix (gguf_weights.Interleaved): n rows in ceil(n / 16) groups.
 struct Part {
-  bool q4, half, one;  // one: a single scale per block of 32 (q8_0)
+  int bits;                   // 4, 6 or 8 (vnni_tile.h)
+  bool half, one, factored;  // one: a single scale per block of 32 (q8_0, q6_0); factored: vnni::FACTORED
   torch::Tensor scales, quants;
   int64_t n, groups;
 };
@@ -63,20 +64,26 @@ using PartSpec = std::tuple<std::string, torch::Tensor, torch::Tensor, int64_t>;
 Linear make_linear(const std::vector<PartSpec>& specs, const char* name) {
   Linear lin;
   for (const auto& [kind, scales, quants, n] : specs) {
-    TORCH_CHECK(kind == "q4" || kind == "q8" || kind == "q8_0", name, ": unknown interleaved kind ", kind);
-    const bool q4 = kind == "q4", half = scales.scalar_type() == torch::kHalf, one = kind == "q8_0";
-    const int64_t groups = (n + vnni::R - 1) / vnni::R, G = scales.size(1);
+    TORCH_CHECK(kind == "q4" || kind == "q8" || kind == "q8_0" || kind == "q6" || kind == "q6_0", name,
+                ": unknown interleaved kind ", kind);
+    const int bits = kind == "q4" ? 4 : kind[1] == '6' ? 6 : 8;
+    const bool half = scales.scalar_type() == torch::kHalf, one = kind.size() == 4;
+    const bool factored = scales.scalar_type() == torch::kUInt8;
+    const int64_t groups = (n + vnni::R - 1) / vnni::R, G = quants.size(1);
     TORCH_CHECK(quants.is_contiguous() && quants.scalar_type() == torch::kUInt8 && quants.dim() == 3 &&
-                    quants.size(0) == groups && quants.size(2) == (q4 ? 256 : 512),
+                    quants.size(0) == groups && quants.size(2) == bits * 64,
                 name, ": quants are not an interleaved ", kind, " matrix of ", n, " rows");
-    TORCH_CHECK(scales.is_contiguous() && (half || scales.scalar_type() == torch::kFloat32) && scales.dim() == 4 &&
-                    scales.size(0) == groups && scales.size(2) == (one ? 1 : 2) && scales.size(3) == vnni::R,
+    TORCH_CHECK(scales.is_contiguous() && scales.size(0) == groups &&
+                    (factored ? !one && G % 8 == 0 && scales.dim() == 3 && scales.size(1) == G / 8 &&
+                                    scales.size(2) == vnni::FACTORED
+                              : (half || scales.scalar_type() == torch::kFloat32) && scales.dim() == 4 &&
+                                    scales.size(1) == G && scales.size(2) == (one ? 1 : 2) && scales.size(3) == vnni::R),
                 name, ": scales are not an interleaved matrix's");
     TORCH_CHECK(lin.parts.empty() || G * 32 == lin.K, name, ": parts with different input widths");
     lin.K = G * 32;
     lin.N += n;
     lin.groups += groups;
-    lin.parts.push_back({q4, half, one, scales, quants, n, groups});
+    lin.parts.push_back({bits, half, one, factored, scales, quants, n, groups});
   }
   TORCH_CHECK(!lin.parts.empty(), name, ": no matrices");
   return lin;
@@ -222,14 +229,20 @@ void linear_range(const Linear& lin, const vnni::QuantRows& x, int64_t M, float*
     const auto* wq = p.quants.data_ptr<uint8_t>();
     auto run = [&](auto* ws) {
       using Scale = std::remove_pointer_t<decltype(ws)>;
-      if (p.q4)
-        vnni::groups<true, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+      if (p.bits == 4)
+        vnni::groups<4, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+      else if (p.bits == 6 && p.one)
+        vnni::groups<6, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+      else if (p.bits == 6)
+        vnni::groups<6, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else if (p.one)
-        vnni::groups<false, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        vnni::groups<8, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else
-        vnni::groups<false, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        vnni::groups<8, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
     };
-    if (p.half)
+    if (p.factored)
+      run(p.scales.data_ptr<uint8_t>());
+    else if (p.half)
       run(p.scales.data_ptr<at::Half>());
     else
       run(p.scales.data_ptr<float>());
@@ -242,7 +255,8 @@ void plan_ahead(const Linear& lin, int t, int T, Ahead& ahead) {
   const auto [b, e] = share(lin.groups, t, T);
   const int64_t G = lin.K / 32;
   for_parts(lin, b, e, [&](const Part& p, int64_t g0, int64_t g1, int64_t) {
-    const int64_t qb = G * (p.q4 ? 256 : 512), sb = G * (p.one ? 16 : 32) * (p.half ? 2 : 4);
+    const int64_t qb = G * p.bits * 64,
+                  sb = p.factored ? vnni::scale_stride<uint8_t>(G) : G * (p.one ? 16 : 32) * (p.half ? 2 : 4);
     ahead.add(static_cast<const char*>(p.scales.data_ptr()) + g0 * sb, (g1 - g0) * sb);
     ahead.add(p.quants.data_ptr<uint8_t>() + g0 * qb, (g1 - g0) * qb);
   });
