@@ -131,7 +131,7 @@ class Interleaved:
             quants.view(len(quants), -1, 8, 16, 4)[-1, :, :, n - 16 * (len(quants) - 1) :] = (
                 128  # padding: q = 0
             )
-            if bool(((quants >= 96) & (quants < 160)).all()):  # every q in -32..31: 6 bits hold it
+            if all(bool(((q >= 96) & (q < 160)).all()) for q in _slices(quants)):  # every q in -32..31
                 kind, quants = kind.replace("8", "6"), _six_bits(quants)
         return cls(kind, scales, quants, n)
 
@@ -151,15 +151,26 @@ class Interleaved:
         return QuantMatrix("q4" if self.kind == "q4" else "q8", *unpack(scales, quants, self.n), factors)
 
 
+def _slices(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """x's groups of 16 rows a ROWS_AT_ONCE rows at a time (views): conversions of a 150k-row LM head
+    then hold temporaries of a slice, not of the head."""
+    return x.split(ROWS_AT_ONCE // 16)
+
+
 def _six_bits(quants: torch.Tensor) -> torch.Tensor:
     """Interleaved q8 bytes [groups, G, 512] (q + 128, every q in -32..31) -> q6 [groups, G, 384]
     (vnni_tile.h): v = q + 32 as q4's nibble registers, then two registers of v's high two bits."""
-    groups, g = quants.shape[:2]
-    v = (quants.view(groups, g, 8, 64) - 96).to(torch.uint8)  # [.., register t, lane byte]
-    nibbles = (v[:, :, :4] & 15) | ((v[:, :, 4:] & 15) << 4)
-    high = (v >> 4).view(groups, g, 2, 4, 64)  # register 4j + i -> bits 2i of high register j
-    packed = high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4) | (high[:, :, :, 3] << 6)
-    return torch.cat([nibbles, packed], dim=2).reshape(groups, g, 384).contiguous()
+    out = quants.new_empty((*quants.shape[:2], 384))
+    for q, o in zip(_slices(quants), _slices(out)):
+        groups, g = q.shape[:2]
+        v = q.view(groups, g, 8, 64) - 96  # [.., register t, lane byte]
+        nibbles = (v[:, :, :4] & 15) | ((v[:, :, 4:] & 15) << 4)
+        high = (v >> 4).view(groups, g, 2, 4, 64)  # register 4j + i -> bits 2i of high register j
+        o[:, :, :256] = nibbles.view(groups, g, 256)
+        o[:, :, 256:] = (
+            high[:, :, :, 0] | high[:, :, :, 1] << 2 | high[:, :, :, 2] << 4 | high[:, :, :, 3] << 6
+        ).view(groups, g, 128)
+    return out
 
 
 def _eight_bits(quants: torch.Tensor) -> torch.Tensor:
@@ -186,14 +197,16 @@ def _factored(scales: torch.Tensor, factors: torch.Tensor, n: int) -> torch.Tens
         return None
     f = torch.zeros(groups * 16, g // 8, 2)
     f[:n] = factors
-    f = f.view(groups, 16, g // 8, 2).permute(0, 2, 3, 1).half()  # [groups, S, 2, 16]
-    per_block = f.float().repeat_interleave(8, dim=1)  # [groups, G, 2, 16]
-    c = torch.where(per_block != 0, scales / per_block, torch.zeros(()))
-    c = c.round().clamp(-128, 127)
-    if not torch.equal(c * per_block, scales):
-        return None
-    c = c.to(torch.int8).view(groups, g // 8, 8 * 2 * 16).view(torch.uint8)
-    return torch.cat([f.contiguous().view(groups, g // 8, -1).view(torch.uint8), c], dim=-1).contiguous()
+    f = f.view(groups, 16, g // 8, 2).permute(0, 2, 3, 1).half().contiguous()  # [groups, S, 2, 16]
+    out = torch.empty(groups, g // 8, FACTORED, dtype=torch.uint8)
+    out[..., :FACTOR_BYTES] = f.view(groups, g // 8, -1).view(torch.uint8)
+    for fs, ss, o in zip(_slices(f), _slices(scales), _slices(out)):
+        per_block = fs.float().repeat_interleave(8, dim=1)  # [.., G, 2, 16]
+        c = torch.where(per_block != 0, ss / per_block, torch.zeros(())).round().clamp(-128, 127)
+        if not torch.equal(c * per_block, ss):
+            return None
+        o[..., FACTOR_BYTES:] = c.to(torch.int8).view(len(ss), g // 8, -1).view(torch.uint8)
+    return out
 
 
 def _unfactored(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
