@@ -175,11 +175,14 @@ def _six_bits(quants: torch.Tensor) -> torch.Tensor:
 
 def _eight_bits(quants: torch.Tensor) -> torch.Tensor:
     """_six_bits' inverse."""
-    groups, g = quants.shape[:2]
-    nibbles, packed = quants[:, :, :256].view(groups, g, 4, 64), quants[:, :, 256:].view(groups, g, 2, 1, 64)
-    high = (packed >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3  # [.., 2, 4, 64]
-    v = torch.cat([nibbles & 15, nibbles >> 4], dim=2) | (high.reshape(groups, g, 8, 64) << 4)
-    return (v + 96).reshape(groups, g, 512).contiguous()
+    out = quants.new_empty((*quants.shape[:2], 512))
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+    for q, o in zip(_slices(quants), _slices(out)):
+        groups, g = q.shape[:2]
+        nibbles, packed = q[:, :, :256].view(groups, g, 4, 64), q[:, :, 256:].view(groups, g, 2, 1, 64)
+        high = ((packed >> shifts) & 3).view(groups, g, 8, 64)  # register 4j + i: bits 2i of register j
+        o.view(groups, g, 8, 64)[:] = (torch.cat([nibbles & 15, nibbles >> 4], dim=2) | high << 4) + 96
+    return out
 
 
 # vnni_tile.h's factored scales: per group of 16 rows and super-block of 8 blocks, the two factors
