@@ -385,32 +385,12 @@ def test_gguf_rows_get_the_same_bits_in_any_call(tiny_gguf):
 def test_the_native_stack_gives_the_per_op_paths_bits(tiny_gguf):
     """backends/stack.py runs all layers and the LM head in one native call; its logits and captured
     layer outputs equal those of fused_layers' per-op path (the head a call of its own) bit for bit:
-    a prefill, a chain, a tree, batched rows."""
-    from specdecode.backends.batch_model import Row, batched
-
+    a prefill, a decoding step, a chain, a tree, batched rows (helpers.assert_stack_is_per_op)."""
     model = models.load(tiny_gguf, GGUF, "cpu").model
     assert model.stack is not None  # a Llama-form file on VNNI: every forward goes through it
     assert model.stack.head is None  # ... its LM head included
-    g = torch.Generator().manual_seed(3)
-    seqs = [torch.randint(model.vocab_size, (n,), generator=g) for n in (40, 7)]
-    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-    last = model.config.num_hidden_layers - 1
-
-    def run():
-        model.reset()
-        out = [model.forward(seqs[0][:30], layers=(0, last)), model.forward(seqs[0][30:34], layers=(1,))]
-        out.append(model.forward(seqs[0][34:37], positions=torch.tensor([34, 35, 35]), tree_mask=tree))
-        lm = batched(model, 2)
-        out += lm.forward([Row(s, t, layers=(0,)) for s, t in enumerate(seqs)])
-        return [o.logits for o in out] + [o.features for o in out if o.features is not None]
-
-    native = run()
-    model.stack, stack = None, model.stack
-    per_op = run()
-    model.stack = stack
-    assert len(native) == len(per_op) == 9  # 5 logits, 4 feature tensors
-    for a, b in zip(native, per_op):
-        assert torch.equal(a, b)
+    ids = torch.randint(model.vocab_size, (46,), generator=torch.Generator().manual_seed(3))
+    assert_stack_is_per_op(model, ids)
 
 
 @needs_vnni
