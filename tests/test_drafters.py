@@ -147,6 +147,46 @@ def test_draft_vocabulary_is_aligned_to_the_target():
     assert drafter.propose([0, 1], 3, Warp(), None).tokens.tolist() == [3, 3, 3]
 
 
+def chain_table() -> TableModel:
+    """Token t is followed by t + 1 with probability CHAIN[t] (the rest spread evenly over the others)."""
+    n = len(CHAIN) + 2
+    p = torch.zeros(n, n)
+    for t in range(n):
+        top = CHAIN[t] if t < len(CHAIN) else 0.9
+        p[t] = (1 - top) / (n - 1)
+        p[t, (t + 1) % n] = top
+    return TableModel(p.log())
+
+
+CHAIN = [0.9, 0.9, 0.5, 0.9, 0.9, 0.9]  # from token 0: survival 0.9, 0.81, 0.405, 0.3645, 0.328, 0.295
+
+
+@pytest.mark.parametrize("stop,expected", [(0.0, [1, 2, 3, 4, 5, 6, 7]), (0.5, [1, 2, 3]), (0.3, [1, 2, 3, 4, 5, 6]), (0.95, [1])])
+def test_draft_chain_ends_once_its_confidence_falls_below_stop(stop, expected):
+    drafter = DraftModelDrafter(chain_table(), len(CHAIN) + 2, stop=stop)
+    drafter.begin([0])
+    proposal = drafter.propose([5, 0], 7, Warp(), None)
+    assert proposal.tokens.tolist() == expected
+    assert drafter.cached == [5, 0] + expected[:-1]  # the cache holds the drafts but the last
+    # the next step rolls back to the committed context whatever the last one drafted
+    assert drafter.propose([5, 0, 1, 2, 3], 7, Warp(), None).tokens.tolist()[0] == 4
+
+
+def test_sampled_draft_chain_stops_on_the_drawn_tokens_probabilities():
+    table = TableModel.random(8, seed=5, scale=2.0)
+    params = Warp(temperature=1.0)
+    for seed in range(20):
+        drafter = DraftModelDrafter(table, 8, stop=0.2)
+        drafter.begin([1])
+        proposal = drafter.propose([1], 6, params, torch.Generator().manual_seed(seed))
+        tokens = proposal.tokens.tolist()
+        survival = torch.cumprod(proposal.probs[torch.arange(len(tokens)), proposal.tokens], 0)
+        assert (survival[:-1] >= 0.2).all()  # every token but the last left the chain alive
+        assert len(tokens) == 6 or survival[-1] < 0.2
+        previous = [1] + tokens[:-1]
+        assert torch.allclose(proposal.probs, torch.softmax(table.table[previous], -1))
+
+
 # --- drafters.build ---------------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from serving import MODEL, reference, scheduler_held, serve, until
 from specdecode import LLM, SamplingParams, drafters
 from specdecode.backends import kernels, models
 from specdecode.backends.precision import Precision
+from specdecode.errors import UserError
 
 ops = kernels.load()
 DTYPES = [
@@ -111,3 +112,26 @@ def test_a_draft_over_its_most_frequent_tokens_drafts_only_them_and_stays_lossle
     plain = drafters.build("none", ctx)
     assert_lossless(target, plain, drafter, PROMPTS, k=4, max_new_tokens=24)  # some accepted
     assert proposed and set(proposed) <= allowed
+
+
+def test_a_draft_chain_with_a_confidence_stop_stays_lossless(tiny_gguf):
+    """`draft:stop=P:<model>` ends chains whose draft confidence falls below P%: shorter proposals,
+    the same output as plain decoding; a stop of 100% or on a tree is refused by name."""
+    target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
+    ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
+    drafter = drafters.build(f"draft:vocab=200:stop=5:{tiny_gguf}", ctx)
+    assert drafter.stop == 0.05
+    lengths = []
+    propose = drafter.propose
+
+    def recorded(*args):
+        proposal = propose(*args)
+        lengths.append(proposal.tokens.numel())
+        return proposal
+
+    drafter.propose = recorded
+    assert_lossless(target, drafters.build("none", ctx), drafter, PROMPTS, k=4, max_new_tokens=24)
+    assert lengths and min(lengths) >= 1 and min(lengths) < 4  # some chains stopped early
+    for bad, match in [(f"draft:stop=100:{tiny_gguf}", "below 100"), (f"draft:b=2:stop=30:{tiny_gguf}", "stop=P ends a chain")]:
+        with pytest.raises(UserError, match=match):
+            drafters.build(bad, ctx)

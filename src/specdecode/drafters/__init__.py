@@ -5,6 +5,8 @@
     draft                                  the shipped distilled draft model (draft:DIR: a `train draft`
                                            checkpoint)
     draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
+    draft:[vocab=V:][stop=P:]<model>       a chain over the V most frequent tokens, ending once its draft
+                                           confidence is below P% (draft_model.py)
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
     suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
                                            corpus (suffix.py)
@@ -102,7 +104,7 @@ def _build_ngram(spec: Spec, ctx) -> Drafter:
 def _parse_draft(arg: str | None) -> Spec:
     if arg is None:
         return Spec("draft")  # the shipped distilled draft
-    options, path = tree_options(arg, "draft", ("vocab",))
+    options, path = tree_options(arg, "draft", ("vocab", "stop"))
     if not path:
         raise UserError(
             "the draft drafter needs a model: --drafter draft:<path or hub id> "
@@ -162,8 +164,13 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         token_map = frequent_tokens(tokenizer, spec.option("vocab"), min(model.vocab_size, vocab))
         model = model.with_head_rows(token_map)
     if spec.option("b") is not None:
+        if spec.option("stop") is not None:
+            raise UserError("draft option stop=P ends a chain: it takes no b= (a tree grows by nodes=)")
         return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"))
-    return DraftModelDrafter(model, vocab, token_map)
+    stop = spec.option("stop", 0)
+    if stop >= 100:
+        raise UserError(f"draft option stop=P is a percentage below 100, got {stop}")
+    return DraftModelDrafter(model, vocab, token_map, stop / 100)
 
 
 # -- medusa, eagle ---------------------------------------------------------------------------------
