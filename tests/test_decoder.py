@@ -461,6 +461,27 @@ def test_sampled_tokens_follow_the_target_distribution(tables, drafter_name, par
     assert tv(counts, exact) < tv_bound(support, N)
 
 
+def test_sampled_tokens_follow_the_target_distribution_when_draft_chains_stop_early(tables):
+    """`draft:stop=P`: a chain that ends once its draft probabilities' product falls below P proposes
+    one token in some steps and two in others; the output keeps the target's distribution."""
+    target, draft_model = tables
+    params = Warp(temperature=0.7, top_k=3)
+    lengths = []
+
+    class Recorded(DraftModelDrafter):
+        def propose(self, *args):
+            proposal = super().propose(*args)
+            lengths.append(proposal.tokens.numel())
+            return proposal
+
+    drafter = Recorded(draft_model, target.vocab_size, stop=0.5)
+    exact = joint_two(target.table, 2, params)
+    counts, drafted, accepted, _ = first_two_counts(target, drafter, [2], params, N)
+    assert {1, 2} <= set(lengths) and 0.05 * drafted < accepted < 0.95 * drafted
+    assert counts[exact == 0].sum() == 0
+    assert tv(counts, exact) < tv_bound(int((exact > 0).sum()), N)
+
+
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_distribution_check_catches_a_wrong_residual(tables, monkeypatch, runner):
     """Negative control through the same loop: recovered tokens drawn from p instead of

@@ -161,7 +161,9 @@ def chain_table() -> TableModel:
 CHAIN = [0.9, 0.9, 0.5, 0.9, 0.9, 0.9]  # from token 0: survival 0.9, 0.81, 0.405, 0.3645, 0.328, 0.295
 
 
-@pytest.mark.parametrize("stop,expected", [(0.0, [1, 2, 3, 4, 5, 6, 7]), (0.5, [1, 2, 3]), (0.3, [1, 2, 3, 4, 5, 6]), (0.95, [1])])
+@pytest.mark.parametrize(
+    "stop,expected", [(0.0, [1, 2, 3, 4, 5, 6, 7]), (0.5, [1, 2, 3]), (0.3, [1, 2, 3, 4, 5, 6]), (0.95, [1])]
+)
 def test_draft_chain_ends_once_its_confidence_falls_below_stop(stop, expected):
     drafter = DraftModelDrafter(chain_table(), len(CHAIN) + 2, stop=stop)
     drafter.begin([0])
@@ -185,6 +187,24 @@ def test_sampled_draft_chain_stops_on_the_drawn_tokens_probabilities():
         assert len(tokens) == 6 or survival[-1] < 0.2
         previous = [1] + tokens[:-1]
         assert torch.allclose(proposal.probs, torch.softmax(table.table[previous], -1))
+
+
+@pytest.mark.parametrize("stop,depth", [(0.0, 4), (0.25, 3), (0.7, 1)])
+def test_a_dynamic_tree_stops_growing_once_no_frontier_path_reaches_stop(stop, depth):
+    from specdecode.drafters.growth import Growth
+
+    root = torch.tensor([0.6, 0.3, 0.05, 0.05]).log()  # best paths: 0.6, then x 0.5 a level
+    child = torch.tensor([0.5, 0.3, 0.1, 0.1]).log()
+    calls = []
+
+    def children(frontier):
+        calls.append(frontier)
+        return child.expand(len(frontier), -1)
+
+    growth = Growth()
+    tree, confidence = growth.dynamic(root, 4, 2, 100, children, stop)
+    assert max(growth.depth) == depth and len(calls) == depth - 1  # one draft forward a level grown
+    assert max(confidence) == pytest.approx(0.6)
 
 
 # --- drafters.build ---------------------------------------------------------------------------------

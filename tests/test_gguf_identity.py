@@ -90,13 +90,15 @@ def test_server_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, dtype)
     assert sum(u["num_accepted_tokens"] for u in usage) > 0
 
 
+@pytest.mark.parametrize("tree", ["", "b=2:"], ids=["chain", "tree"])
 @pytest.mark.parametrize("dtype", ["fp32", *DTYPES])
-def test_a_draft_over_its_most_frequent_tokens_drafts_only_them_and_stays_lossless(tiny_gguf, dtype):
+def test_a_draft_over_its_most_frequent_tokens_drafts_only_them_and_stays_lossless(tiny_gguf, dtype, tree):
     """FR-Spec: `draft:vocab=N:<model>` keeps the draft's LM-head rows of its first N tokens (and its
-    specials); it proposes only those, verification is unchanged, the output stays plain decoding's."""
+    specials); it proposes only those, in chains and trees, verification is unchanged, the output stays
+    plain decoding's."""
     target = models.load(tiny_gguf, Precision.parse(dtype), "cpu")
     ctx = drafters.DrafterContext(target, Precision.parse(dtype))
-    drafter = drafters.build(f"draft:vocab=200:{tiny_gguf}", ctx)
+    drafter = drafters.build(f"draft:{tree}vocab=200:{tiny_gguf}", ctx)
     allowed = set(drafter.token_map.tolist())
     assert set(range(200)) <= allowed and len(allowed) < target.model.vocab_size
     assert drafter.model.vocab_size == len(allowed) < target.model.vocab_size  # the head's rows, only
@@ -116,7 +118,7 @@ def test_a_draft_over_its_most_frequent_tokens_drafts_only_them_and_stays_lossle
 
 def test_a_draft_chain_with_a_confidence_stop_stays_lossless(tiny_gguf):
     """`draft:stop=P:<model>` ends chains whose draft confidence falls below P%: shorter proposals,
-    the same output as plain decoding; a stop of 100% or on a tree is refused by name."""
+    the same output as plain decoding; a stop of 100% or on a static tree is refused by name."""
     target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
     ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
     drafter = drafters.build(f"draft:vocab=200:stop=5:{tiny_gguf}", ctx)
@@ -132,6 +134,9 @@ def test_a_draft_chain_with_a_confidence_stop_stays_lossless(tiny_gguf):
     drafter.propose = recorded
     assert_lossless(target, drafters.build("none", ctx), drafter, PROMPTS, k=4, max_new_tokens=24)
     assert lengths and min(lengths) >= 1 and min(lengths) < 4  # some chains stopped early
-    for bad, match in [(f"draft:stop=100:{tiny_gguf}", "below 100"), (f"draft:b=2:stop=30:{tiny_gguf}", "stop=P ends a chain")]:
+    for bad, match in [
+        (f"draft:stop=100:{tiny_gguf}", "below 100"),
+        (f"draft:b=2:stop=30:{tiny_gguf}", "not a static one"),
+    ]:
         with pytest.raises(UserError, match=match):
             drafters.build(bad, ctx)

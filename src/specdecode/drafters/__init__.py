@@ -5,7 +5,8 @@
     draft                                  the shipped distilled draft model (draft:DIR: a `train draft`
                                            checkpoint)
     draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
-    draft:[vocab=V:][stop=P:]<model>       a chain over the V most frequent tokens, ending once its draft
+    draft:[vocab=V:][stop=P:]<model>       vocab: the draft's head over its V most frequent tokens (chains
+                                           and trees); stop: a chain or dynamic tree ends once its draft
                                            confidence is below P% (draft_model.py)
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
     suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
@@ -158,18 +159,20 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
             )
     token_map = None
     if spec.option("vocab") is not None:  # FR-Spec: the draft's LM head over its frequent tokens only
-        if not hasattr(model, "with_head_rows") or spec.option("b") is not None:
-            raise UserError("draft option vocab=N needs a chain (no b=) and a fast-backend draft model")
+        if not hasattr(model, "with_head_rows"):
+            raise UserError("draft option vocab=N needs a fast-backend draft model")
         tokenizer = draft.tokenizer if draft is not None else ctx.target.tokenizer
         token_map = frequent_tokens(tokenizer, spec.option("vocab"), min(model.vocab_size, vocab))
         model = model.with_head_rows(token_map)
-    if spec.option("b") is not None:
-        if spec.option("stop") is not None:
-            raise UserError("draft option stop=P ends a chain: it takes no b= (a tree grows by nodes=)")
-        return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"))
     stop = spec.option("stop", 0)
     if stop >= 100:
         raise UserError(f"draft option stop=P is a percentage below 100, got {stop}")
+    if spec.option("b") is not None:
+        if stop and spec.option("nodes") is None:
+            raise UserError(
+                "draft option stop=P needs a chain or a dynamic tree (b=B:nodes=N), not a static one"
+            )
+        return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"), token_map, stop / 100)
     return DraftModelDrafter(model, vocab, token_map, stop / 100)
 
 

@@ -23,7 +23,9 @@ from specdecode.drafters.draft_lm import DraftLM
 class DraftModelDrafter(DraftLM):
     name = "draft"
 
-    def __init__(self, model, target_vocab_size: int, token_map: torch.Tensor | None = None, stop: float = 0.0):
+    def __init__(
+        self, model, target_vocab_size: int, token_map: torch.Tensor | None = None, stop: float = 0.0
+    ):
         """stop: end the chain once the product of its draft probabilities is below this (0: never)."""
         super().__init__(model, target_vocab_size, token_map)
         self.stop = stop

@@ -7,6 +7,7 @@
   The shape never depends on the drawn tokens, which is what keeps sampled siblings lossless.
 - Dynamic (`b=B:nodes=N`): EAGLE-2's tree of N nodes grown B children at a time (growth.py), ranked
   by the draft's probabilities (its warped q when sampling); tokens are chosen, so q is one-hot.
+  `stop=P` ends the growth once no frontier path's draft probability reaches P% (as a chain's).
 
 The draft model's cache holds the committed context; tree nodes are fed after it and dropped again
 once the tree is built (the next step re-feeds what was accepted together with the new token).
@@ -27,11 +28,15 @@ from specdecode.errors import UserError
 class DraftTreeDrafter(DraftLM):
     name = "draft-tree"
 
-    def __init__(self, model, target_vocab_size: int, branches: int, nodes: int | None = None):
-        super().__init__(model, target_vocab_size)
+    def __init__(
+        self, model, target_vocab_size: int, branches: int, nodes: int | None = None, token_map=None, stop=0.0
+    ):
+        """token_map: [Vd] the target ids of a draft vocabulary's logits (`vocab=N`), else None; stop: a
+        dynamic tree stops growing once no frontier path's draft probability reaches it (0: never)."""
+        super().__init__(model, target_vocab_size, token_map)
         if branches < 1 or (nodes is not None and nodes < 1):
             raise UserError(f"draft tree needs b >= 1 and nodes >= 1, got b={branches} nodes={nodes}")
-        self.branches, self.nodes = branches, nodes
+        self.branches, self.nodes, self.stop = branches, nodes, stop
 
     def propose(self, context, k, params: Warp, generator):
         root = self.align(self.sync(context))  # [V]
@@ -45,6 +50,7 @@ class DraftTreeDrafter(DraftLM):
                 self.branches,
                 self.nodes,
                 lambda frontier: draft_dist(grow.feed(frontier), params).log(),
+                self.stop,
             )
             return Proposal.of_tree(tree, confidence=confidence)
         finally:

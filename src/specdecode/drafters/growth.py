@@ -74,10 +74,12 @@ class Growth:
         b: int,
         budget: int,
         children_logq: Callable[[list[int]], torch.Tensor],
+        stop: float = 0.0,
     ) -> tuple[Tree, list[float]]:
         """root_logq: [V] draft log-probabilities after the last committed token; children_logq
-        (frontier nodes) -> [F, V] after each of them. Grows k levels -> (the best `budget` nodes,
-        [budget] each kept node's path probability under the draft)."""
+        (frontier nodes) -> [F, V] after each of them. Grows k levels, or fewer once no frontier path's
+        draft probability reaches `stop` -> (the best `budget` nodes, [budget] each kept node's path
+        probability under the draft)."""
 
         def expand(parent: int, logq: torch.Tensor) -> list[int]:
             top = logq.topk(min(b, logq.shape[-1]))
@@ -91,7 +93,7 @@ class Growth:
         level = expand(-1, root_logq)
         for _ in range(1, k):
             frontier = sorted(sorted(level, key=lambda i: -self.scores[i])[:b])
-            if not frontier:
+            if not frontier or max(self.scores[i] for i in frontier) < math.log(stop or 1e-300):
                 break
             level = [c for node, logq in zip(frontier, children_logq(frontier)) for c in expand(node, logq)]
         kept = best_nodes(self.parents, self.scores, budget)
