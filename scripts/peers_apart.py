@@ -10,8 +10,11 @@ prompt, then decodes every prompt greedily and prints one JSON line per prompt. 
 in every repeat (the order rotates), so a slow phase of the machine hits them alike. Reported per
 engine (medians over repeats of the sums over prompts): decode tokens/s after the first token, and
 end-to-end tokens/s with the time to first token; ours also the share of outputs identical to our
-plain decoding. Engines: a drafter spec of ours (`none` is plain decoding; `draft` means
-`draft:<--draft>`), `llamacpp` (llama-cpp-python), or llama.cpp's own binaries at b11434
+plain decoding; and the decode rate per group of prompts, code / SQL / API (categories code, coding,
+code-edit, sql, function-calling, json-extract) and general chat (the rest), also as a multiple of
+llama.cpp's (and in the JSON per category). Engines: a drafter spec of ours (`none` is plain
+decoding; `draft` means `draft:<--draft>`), `llamacpp` (llama-cpp-python), or llama.cpp's own
+binaries at b11434
 (scripts/build_llamacpp.sh): `llamacpp-bin` (llama-completion) and `llamacpp-spec`
 (llama-speculative-simple with the --draft model, at most 3 drafted), timed by their own counters.
 Each engine's peak RSS is its worker's. The CPU is named in the output; run it with nothing else running.
@@ -161,8 +164,31 @@ def run_engine(engine: str, a) -> tuple[list[dict], float]:
     return [x for x in lines if "id" in x], max(x.get("peak_rss_mb", 0.0) for x in lines)
 
 
-def summary(runs: list[list[dict]], plain: list[list[dict]] | None) -> dict:
-    """Medians over repeats of the sums over prompts."""
+# The issue's two kinds of prompt: code (and code edits), SQL and API calls (function calls, their
+# arguments extracted as JSON); everything else counts as general chat.
+CODE_SQL_API = {"code", "coding", "code-edit", "sql", "function-calling", "json-extract"}
+
+
+def group_of(category: str) -> str:
+    return "code_sql_api" if category in CODE_SQL_API else "chat"
+
+
+def decode_rate(rows: list[dict]) -> float:
+    """Decoded tokens (after each prompt's first) per second of decoding, over these prompts."""
+    tokens = sum(len(r["tokens"]) - 1 for r in rows)
+    return tokens / sum(r["wall_s"] - r["ttft_s"] for r in rows)
+
+
+def by(runs: list[list[dict]], label: dict[str, str]) -> dict[str, float]:
+    """Median over repeats of the decode rate of each label's prompts (label: prompt id -> label)."""
+    return {
+        g: statistics.median(decode_rate([r for r in rows if label[r["id"]] == g]) for rows in runs)
+        for g in sorted(set(label.values()))
+    }
+
+
+def summary(runs: list[list[dict]], plain: list[list[dict]] | None, categories: dict[str, str]) -> dict:
+    """Medians over repeats of the sums over prompts; categories: prompt id -> its category."""
     decode, e2e, ttft = [], [], []
     for rows in runs:
         tokens = sum(len(r["tokens"]) for r in rows)
@@ -175,6 +201,8 @@ def summary(runs: list[list[dict]], plain: list[list[dict]] | None) -> dict:
         "end_to_end_tok_s": statistics.median(e2e),
         "mean_ttft_ms": 1e3 * statistics.median(ttft),
         "decode_tok_s_runs": decode,
+        "decode_tok_s_by_group": by(runs, {i: group_of(c) for i, c in categories.items()}),
+        "decode_tok_s_by_category": by(runs, categories),
     }
     if plain:
         want = {r["id"]: r["tokens"] for r in plain[0]}
@@ -210,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
             rss[e] = max(rss.get(e, 0.0), peak)
             print(f"repeat {r + 1}: {e} done", file=sys.stderr)
     plain = runs.get("none")
-    results = {e: summary(v, plain if not e.startswith("llamacpp") else None) for e, v in runs.items()}
+    from specdecode.corpora import load_prompts
+
+    categories = {p.id: p.category for p in load_prompts(a.prompts)}
+    results = {
+        e: summary(v, plain if not e.startswith("llamacpp") else None, categories) for e, v in runs.items()
+    }
     for e in results:
         results[e]["peak_rss_mb"] = rss[e]
     base = next((results[e]["decode_tok_s"] for e in ("llamacpp-bin", "llamacpp") if e in results), None)
@@ -222,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f", {s['decode_tok_s'] / base:.2f}x llama.cpp decode" if base else ""
         same = f", identical to plain {s['identical_to_plain']:.0%}" if "identical_to_plain" in s else ""
         same += f", peak RSS {s['peak_rss_mb']:.0f} MB"
+        if base:
+            by = results[next(x for x in ("llamacpp-bin", "llamacpp") if x in results)][
+                "decode_tok_s_by_group"
+            ]
+            same += "".join(f", {g} {v / by[g]:.2f}x" for g, v in s["decode_tok_s_by_group"].items())
         lines.append(
             f"{e:>12}: decode {s['decode_tok_s']:.1f} tok/s, end to end {s['end_to_end_tok_s']:.1f} tok/s,"
             f" TTFT {s['mean_ttft_ms']:.0f} ms{ratio}{same}"
