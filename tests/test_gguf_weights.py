@@ -116,8 +116,9 @@ def test_interleaved_matmul_is_the_int8_kernel_reordered_and_row_invariant(type_
     k_quant = type_name in ("Q4_K", "Q6_K")
     assert packed.scales.dtype == (torch.uint8 if k_quant else torch.float16)
     assert (back.factors is not None) == k_quant and (not k_quant or torch.equal(back.factors, m.factors))
-    # one scale a block of 32 (Q8_0's d; Q5_0's) is kept once: "_0"; weights in -32..31 (Q5_0, Q6_K) in 6 bits
-    assert packed.kind == {"Q8_0": "q8_0", "Q5_0": "q6_0", "Q6_K": "q6"}.get(type_name, m.kind)
+    # one scale a block of 32 (Q8_0's d; Q5_0's) is kept once: "_0"; weights in -16..15 (Q5_0) in 5 bits,
+    # in -32..31 (Q6_K) in 6
+    assert packed.kind == {"Q8_0": "q8_0", "Q5_0": "q5_0", "Q6_K": "q6"}.get(type_name, m.kind)
     assert packed.scales.shape[2] == (
         gguf_weights.FACTORED if k_quant else 1 if packed.kind.endswith("_0") else 2
     )
@@ -165,31 +166,33 @@ def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name)
 
 
 @needs_vnni
-@pytest.mark.parametrize("type_name", ["Q5_0", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("type_name,bits", [("Q5_0", 5), ("Q6_K", 6), ("Q8_0", 8)])
 @pytest.mark.parametrize("rows", [40, 16])
-def test_weights_that_fit_six_bits_are_kept_in_six_and_give_the_eight_bit_bits(type_name, rows):
-    """An 8-bit matrix whose weights all lie in -32..31 (Q5_0, Q6_K) is stored in 6 bits a weight and
-    gives the 8-bit kernel's bits in every tile shape; one weight outside keeps it in 8 bits."""
+def test_weights_that_fit_fewer_bits_are_kept_in_fewer_and_give_the_eight_bit_bits(type_name, bits, rows):
+    """An 8-bit matrix whose weights all lie in -16..15 (Q5_0) is stored in 5 bits a weight, in -32..31
+    (Q6_K) in 6, and gives the 8-bit kernel's bits in every tile shape; one weight outside the range
+    keeps the next wider layout."""
     m = gguf_weights.repack(type_name, raw_matrix(type_name, rows, 512, seed=9))
     packed = gguf_weights.Interleaved.pack(ops, m)
-    if type_name == "Q8_0":
-        assert packed.kind == "q8_0" and packed.quants.shape[2] == 512
+    assert packed.kind[1] == str(bits) and packed.quants.shape[2] == 64 * bits
+    if bits == 8:
         return
-    assert packed.kind in ("q6", "q6_0") and packed.quants.shape[2] == 384
-    eight = gguf_weights._eight_bits(packed.quants)
-    f6, f8 = (
+    eight = gguf_weights._widen(packed.quants, bits)
+    assert torch.equal(gguf_weights._narrow(eight, bits), packed.quants)
+    narrow, wide8 = (
         getattr(ops, f"linear_{packed.kind}_vnni"),
-        getattr(ops, f"linear_{packed.kind.replace('6', '8')}_vnni"),
+        getattr(ops, f"linear_{packed.kind.replace(str(bits), '8')}_vnni"),
     )
     x = torch.randn(11, 512, generator=torch.Generator().manual_seed(10))
     for n in (1, 3, 8, 11):
         xs = x[:n].contiguous()
-        assert torch.equal(f6(xs, packed.scales, packed.quants, rows), f8(xs, packed.scales, eight, rows))
-    wide = m.quants.clone()
-    wide[rows - 1, 5] = 40
-    assert gguf_weights.Interleaved.pack(
-        ops, gguf_weights.QuantMatrix(m.kind, m.scales, wide)
-    ).kind.startswith("q8")
+        assert torch.equal(
+            narrow(xs, packed.scales, packed.quants, rows), wide8(xs, packed.scales, eight, rows)
+        )
+    outside = m.quants.clone()
+    outside[rows - 1, 5] = 1 << (bits - 1)  # one past the range
+    kind = gguf_weights.Interleaved.pack(ops, gguf_weights.QuantMatrix(m.kind, m.scales, outside)).kind
+    assert kind[1] == {5: "6", 6: "8"}[bits]
 
 
 @needs_vnni

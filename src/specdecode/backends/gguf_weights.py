@@ -131,8 +131,11 @@ class Interleaved:
             quants.view(len(quants), -1, 8, 16, 4)[-1, :, :, n - 16 * (len(quants) - 1) :] = (
                 128  # padding: q = 0
             )
-            if all(bool(((q >= 96) & (q < 160)).all()) for q in _slices(quants)):  # every q in -32..31
-                kind, quants = kind.replace("8", "6"), _six_bits(quants)
+            for bits in (5, 6):  # every q in -16..15 (Q5_0), else in -32..31 (Q6_K): fewer bits
+                lo, hi = 128 - (1 << (bits - 1)), 128 + (1 << (bits - 1))
+                if all(bool(((q >= lo) & (q < hi)).all()) for q in _slices(quants)):
+                    kind, quants = kind.replace("8", str(bits)), _narrow(quants, bits)
+                    break
         return cls(kind, scales, quants, n)
 
     def unpack(self, ops) -> QuantMatrix:
@@ -141,7 +144,7 @@ class Interleaved:
         else:
             unpack, quants = (
                 ops.unpack_q8_vnni,
-                _eight_bits(self.quants) if self.kind[1] == "6" else self.quants,
+                _widen(self.quants, int(self.kind[1])) if self.kind[1] in "56" else self.quants,
             )
         scales, factors = self.scales, None
         if self.kind.endswith("_0"):  # both halves of a block the one scale
@@ -157,31 +160,40 @@ def _slices(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return x.split(ROWS_AT_ONCE // 16)
 
 
-def _six_bits(quants: torch.Tensor) -> torch.Tensor:
-    """Interleaved q8 bytes [groups, G, 512] (q + 128, every q in -32..31) -> q6 [groups, G, 384]
-    (vnni_tile.h): v = q + 32 as q4's nibble registers, then two registers of v's high two bits."""
-    out = quants.new_empty((*quants.shape[:2], 384))
+def _narrow(quants: torch.Tensor, bits: int) -> torch.Tensor:
+    """Interleaved q8 bytes [groups, G, 512] (q + 128, every q in -2^(bits-1)..2^(bits-1) - 1; bits 5 or
+    6) -> [groups, G, 64 bits] (vnni_tile.h): v = q + 2^(bits-1) as q4's nibble registers, then
+    bits - 4 registers of v's high bits, register PER j + i's at bits (bits - 4) i of register j
+    (PER = 8 / (bits - 4))."""
+    h = bits - 4
+    per = 8 // h
+    out = quants.new_empty((*quants.shape[:2], 64 * bits))
     for q, o in zip(_slices(quants), _slices(out)):
         groups, g = q.shape[:2]
-        v = q.view(groups, g, 8, 64) - 96  # [.., register t, lane byte]
+        v = q.view(groups, g, 8, 64) - (128 - (1 << (bits - 1)))  # [.., register t, lane byte]
         nibbles = (v[:, :, :4] & 15) | ((v[:, :, 4:] & 15) << 4)
-        high = (v >> 4).view(groups, g, 2, 4, 64)  # register 4j + i -> bits 2i of high register j
+        high = (v >> 4).view(groups, g, h, per, 64)  # register PER j + i -> bits h i of high register j
+        packed = high[:, :, :, 0].clone()
+        for i in range(1, per):
+            packed |= high[:, :, :, i] << (h * i)
         o[:, :, :256] = nibbles.view(groups, g, 256)
-        o[:, :, 256:] = (
-            high[:, :, :, 0] | high[:, :, :, 1] << 2 | high[:, :, :, 2] << 4 | high[:, :, :, 3] << 6
-        ).view(groups, g, 128)
+        o[:, :, 256:] = packed.view(groups, g, 64 * h)
     return out
 
 
-def _eight_bits(quants: torch.Tensor) -> torch.Tensor:
-    """_six_bits' inverse."""
+def _widen(quants: torch.Tensor, bits: int) -> torch.Tensor:
+    """_narrow's inverse."""
+    h = bits - 4
+    per = 8 // h
     out = quants.new_empty((*quants.shape[:2], 512))
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+    shifts = torch.tensor([h * i for i in range(per)], dtype=torch.uint8).view(per, 1)
     for q, o in zip(_slices(quants), _slices(out)):
         groups, g = q.shape[:2]
-        nibbles, packed = q[:, :, :256].view(groups, g, 4, 64), q[:, :, 256:].view(groups, g, 2, 1, 64)
-        high = ((packed >> shifts) & 3).view(groups, g, 8, 64)  # register 4j + i: bits 2i of register j
-        o.view(groups, g, 8, 64)[:] = (torch.cat([nibbles & 15, nibbles >> 4], dim=2) | high << 4) + 96
+        nibbles, packed = q[:, :, :256].view(groups, g, 4, 64), q[:, :, 256:].view(groups, g, h, 1, 64)
+        high = ((packed >> shifts) & ((1 << h) - 1)).view(groups, g, 8, 64)  # register PER j + i
+        o.view(groups, g, 8, 64)[:] = (torch.cat([nibbles & 15, nibbles >> 4], dim=2) | high << 4) + (
+            128 - (1 << (bits - 1))
+        )
     return out
 
 
@@ -415,6 +427,8 @@ class QuantLinear:
             "q8_0": ops.linear_q8_0_vnni,
             "q6": ops.linear_q6_vnni,
             "q6_0": ops.linear_q6_0_vnni,
+            "q5": ops.linear_q5_vnni,
+            "q5_0": ops.linear_q5_0_vnni,
         }
         for m in matrices:
             if self.parts and isinstance(m, QuantMatrix) and isinstance(self.parts[-1], QuantMatrix):

@@ -302,6 +302,8 @@ torch::Tensor linear_q8_vnni(torch::Tensor x, torch::Tensor scales, torch::Tenso
 torch::Tensor linear_q8_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 torch::Tensor linear_q6_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 torch::Tensor linear_q6_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q5_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q5_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 std::vector<torch::Tensor> pack_q4_vnni(torch::Tensor scales, torch::Tensor quants);
 std::vector<torch::Tensor> pack_q8_vnni(torch::Tensor scales, torch::Tensor quants);
 std::vector<torch::Tensor> unpack_q4_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N);
@@ -333,6 +335,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "linear_q8_vnni for rows whose weights lie in -32..31, kept in 6 bits: quants [groups, K / 32, 384]",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("linear_q6_0_vnni", &linear_q6_0_vnni, release, "linear_q6_vnni with one scale per block of 32",
+        py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
+  m.def("linear_q5_vnni", &linear_q5_vnni, release,
+        "linear_q8_vnni for rows whose weights lie in -16..15, kept in 5 bits: quants [groups, K / 32, 320]",
+        py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
+  m.def("linear_q5_0_vnni", &linear_q5_0_vnni, release, "linear_q5_vnni with one scale per block of 32",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("pack_q4_vnni", &pack_q4_vnni, "4-bit rows -> (scales, quants) interleaved for linear_q4_vnni");
   m.def("pack_q8_vnni", &pack_q8_vnni, "8-bit rows -> (scales, quants) interleaved for linear_q8_vnni");

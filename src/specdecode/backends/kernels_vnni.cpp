@@ -179,6 +179,16 @@ torch::Tensor linear_q6_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Ten
   return matmul<6, true>(x, scales, quants, N);
 }
 
+// The same for 5-bit rows ("q5": weights in -16..15, quants [ceil(N / 16), K / 32, 320])
+torch::Tensor linear_q5_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+  return matmul<5>(x, scales, quants, N);
+}
+
+// ... with one scale per block of 32 ("q5_0": Q5_0's blocks)
+torch::Tensor linear_q5_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+  return matmul<5, true>(x, scales, quants, N);
+}
+
 std::vector<torch::Tensor> pack_q4_vnni(torch::Tensor scales, torch::Tensor quants) { return pack<true>(scales, quants); }
 std::vector<torch::Tensor> pack_q8_vnni(torch::Tensor scales, torch::Tensor quants) { return pack<false>(scales, quants); }
 std::vector<torch::Tensor> unpack_q4_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N) { return unpack<true>(ps, pq, N); }

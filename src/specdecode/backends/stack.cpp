@@ -47,8 +47,8 @@ namespace {
 
 // One interleaved matrix (gguf_weights.Interleaved): n rows in ceil(n / 16) groups.
 struct Part {
-  int bits;                   // 4, 6 or 8 (vnni_tile.h)
-  bool half, one, factored;  // one: a single scale per block of 32 (q8_0, q6_0); factored: vnni::FACTORED
+  int bits;                   // 4, 5, 6 or 8 (vnni_tile.h)
+  bool half, one, factored;  // one: a single scale per block of 32 (q8_0, q6_0, q5_0); factored: vnni::FACTORED
   torch::Tensor scales, quants;
   int64_t n, groups;
 };
@@ -64,9 +64,10 @@ using PartSpec = std::tuple<std::string, torch::Tensor, torch::Tensor, int64_t>;
 Linear make_linear(const std::vector<PartSpec>& specs, const char* name) {
   Linear lin;
   for (const auto& [kind, scales, quants, n] : specs) {
-    TORCH_CHECK(kind == "q4" || kind == "q8" || kind == "q8_0" || kind == "q6" || kind == "q6_0", name,
-                ": unknown interleaved kind ", kind);
-    const int bits = kind == "q4" ? 4 : kind[1] == '6' ? 6 : 8;
+    TORCH_CHECK(kind == "q4" || kind == "q8" || kind == "q8_0" || kind == "q6" || kind == "q6_0" || kind == "q5" ||
+                    kind == "q5_0",
+                name, ": unknown interleaved kind ", kind);
+    const int bits = kind[1] - '0';
     const bool half = scales.scalar_type() == torch::kHalf, one = kind.size() == 4;
     const bool factored = scales.scalar_type() == torch::kUInt8;
     const int64_t groups = (n + vnni::R - 1) / vnni::R, G = quants.size(1);
@@ -235,6 +236,10 @@ void linear_range(const Linear& lin, const vnni::QuantRows& x, int64_t M, float*
         vnni::groups<6, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else if (p.bits == 6)
         vnni::groups<6, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+      else if (p.bits == 5 && p.one)
+        vnni::groups<5, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+      else if (p.bits == 5)
+        vnni::groups<5, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else if (p.one)
         vnni::groups<8, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else

@@ -97,9 +97,10 @@ inline void block_scales(const Scale* ws, int64_t g, __m512& s0, __m512& s1) {
 // 16 rows real). Q4: <w, x> = sum_g s d (q_w . q_x) + o S; Q8: sum_g d (s_lo (.)_lo + s_hi (.)_hi);
 // Q8 with ONE scale a block (Q8_0's d, scales [groups, G, 1, 16]): sum_g d s (q_w . q_x), one
 // conversion, multiply and FMA a block and row of x instead of two each, and half the scale bytes.
-// BITS: 4 (q4), 8 (q8) or 6 (q6: a q8 matrix whose weights all lie in -32..31, stored as q + 32 in
+// BITS: 4 (q4), 8 (q8), 6 (q6: a q8 matrix whose weights all lie in -32..31, stored as q + 32 in
 // q4's nibble registers and two registers of high bits, register t's at bits 2 (t % 4) of register
-// t / 4; unpacked to q8's unsigned bytes, whose bias of 32 sum(x) is subtracted in integers).
+// t / 4; unpacked to q8's unsigned bytes, whose bias of 32 sum(x) is subtracted in integers) or 5
+// (q5: weights in -16..15, q + 16, one register of high bits, register t's at bit t; bias 16 sum(x)).
 template <int BITS, int MB, typename Scale, bool ONE = false>
 void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
                 const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0) {
@@ -121,13 +122,14 @@ void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
         u[t] = _mm512_and_si512(b, low);
         u[t + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
       }
-    } else if constexpr (BITS == 6) {  // q4's nibbles, each with its two high bits put back above it
-      const __m512i hbits = _mm512_set1_epi8(0x30);
+    } else if constexpr (BITS == 5 || BITS == 6) {  // q4's nibbles, each with its high bits put back above it
+      constexpr int H = BITS - 4, PER = 8 / H;  // high bits a register; registers a byte of high bits
+      const __m512i hbits = _mm512_set1_epi8(static_cast<char>(((1 << H) - 1) << 4));
       for (int t = 0; t < 8; ++t) {
-        const __m512i hb = _mm512_loadu_si512(p + 256 + 64 * (t >> 2));
-        const int j = t & 3;  // its two bits at 2j of hb's byte -> bits 4..5
-        const __m512i at = j == 0 ? _mm512_slli_epi16(hb, 4) : j == 1 ? _mm512_slli_epi16(hb, 2) : j == 2 ? hb : _mm512_srli_epi16(hb, 2);
-        u[t] = _mm512_and_si512(at, hbits);
+        const __m512i hb = _mm512_loadu_si512(p + 256 + 64 * (t / PER));
+        const int at = H * (t % PER);  // its bits at `at` of hb's byte -> bits 4..4 + H - 1
+        const __m512i moved = at < 4 ? _mm512_slli_epi16(hb, 4 - at) : at == 4 ? hb : _mm512_srli_epi16(hb, at - 4);
+        u[t] = _mm512_and_si512(moved, hbits);
       }
       for (int t = 0; t < 4; ++t) {
         const __m512i b = _mm512_loadu_si512(p + 64 * t);  // (A & low) | B: ternary-logic table 0xEC
@@ -137,7 +139,7 @@ void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
     } else {
       for (int t = 0; t < 8; ++t) u[t] = _mm512_loadu_si512(p + 64 * t);
     }
-    constexpr int bias = BITS == 6 ? 2 : 0;  // q6 bytes are q + 32 (q8: q + 128): 128 sum(x) >> 2
+    constexpr int bias = Q4 ? 0 : 8 - BITS;  // q6 bytes are q + 32, q5's q + 16 (q8: q + 128): 128 sum(x) >> 2, 3
     __m512 s0, s1;
     block_scales<ONE>(ws, g, s0, s1);
 #pragma GCC unroll 8
