@@ -93,7 +93,7 @@ class Growth:
         level = expand(-1, root_logq)
         for _ in range(1, k):
             frontier = sorted(sorted(level, key=lambda i: -self.scores[i])[:b])
-            if not frontier or max(self.scores[i] for i in frontier) < math.log(stop or 1e-300):
+            if not frontier or (stop and max(self.scores[i] for i in frontier) < math.log(stop)):
                 break
             level = [c for node, logq in zip(frontier, children_logq(frontier)) for c in expand(node, logq)]
         kept = best_nodes(self.parents, self.scores, budget)
