@@ -126,6 +126,19 @@ def joint_two(table: torch.Tensor, last: int, params: Warp) -> torch.Tensor:
     return p1[:, None] * p2
 
 
+def record_proposals(drafter) -> list:
+    """Wrap drafter.propose so that every proposal it returns is also appended to the returned list."""
+    proposals, propose = [], drafter.propose
+
+    def recorded(*args):
+        proposal = propose(*args)
+        proposals.append(proposal)
+        return proposal
+
+    drafter.propose = recorded
+    return proposals
+
+
 def assert_lossless(
     target, plain, drafter, prompts: list[str], k: int, max_new_tokens: int, min_accepted: int = 1
 ):

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import make_llama, make_tokenizer
 from gguf_fixtures import write_tiny_gguf
-from helpers import assert_lossless
+from helpers import assert_lossless, record_proposals
 from serving import MODEL, reference, scheduler_held, serve, until
 from specdecode import LLM, SamplingParams, drafters
 from specdecode.backends import kernels, models
@@ -102,17 +102,10 @@ def test_a_draft_over_its_most_frequent_tokens_drafts_only_them_and_stays_lossle
     allowed = set(drafter.token_map.tolist())
     assert set(range(200)) <= allowed and len(allowed) < target.model.vocab_size
     assert drafter.model.vocab_size == len(allowed) < target.model.vocab_size  # the head's rows, only
-    proposed = []
-    propose = drafter.propose
-
-    def recorded(*args):
-        proposal = propose(*args)
-        proposed.extend(proposal.tokens.tolist())
-        return proposal
-
-    drafter.propose = recorded
+    proposals = record_proposals(drafter)
     plain = drafters.build("none", ctx)
     assert_lossless(target, plain, drafter, PROMPTS, k=4, max_new_tokens=24)  # some accepted
+    proposed = [t for p in proposals for t in p.tokens.tolist()]
     assert proposed and set(proposed) <= allowed
 
 
@@ -123,16 +116,9 @@ def test_a_draft_chain_with_a_confidence_stop_stays_lossless(tiny_gguf):
     ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
     drafter = drafters.build(f"draft:vocab=200:stop=5:{tiny_gguf}", ctx)
     assert drafter.stop == 0.05
-    lengths = []
-    propose = drafter.propose
-
-    def recorded(*args):
-        proposal = propose(*args)
-        lengths.append(proposal.tokens.numel())
-        return proposal
-
-    drafter.propose = recorded
+    proposals = record_proposals(drafter)
     assert_lossless(target, drafters.build("none", ctx), drafter, PROMPTS, k=4, max_new_tokens=24)
+    lengths = [p.tokens.numel() for p in proposals]
     assert lengths and min(lengths) >= 1 and min(lengths) < 4  # some chains stopped early
     for bad, match in [
         (f"draft:stop=100:{tiny_gguf}", "below 100"),
