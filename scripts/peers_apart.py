@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for e in results:
         results[e]["peak_rss_mb"] = rss[e]
-    base = next((results[e]["decode_tok_s"] for e in ("llamacpp-bin", "llamacpp") if e in results), None)
+    peer = next((results[e] for e in ("llamacpp-bin", "llamacpp") if e in results), None)
+    base = peer and peer["decode_tok_s"]
     lines = [
         f"CPU: {cpu_name()['name']}, {a.threads} threads, {a.target or 'default target'}, {a.prompts}, "
         f"{a.max_new_tokens} tokens, greedy"
@@ -255,11 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f", {s['decode_tok_s'] / base:.2f}x llama.cpp decode" if base else ""
         same = f", identical to plain {s['identical_to_plain']:.0%}" if "identical_to_plain" in s else ""
         same += f", peak RSS {s['peak_rss_mb']:.0f} MB"
-        if base:
-            by = results[next(x for x in ("llamacpp-bin", "llamacpp") if x in results)][
-                "decode_tok_s_by_group"
-            ]
-            same += "".join(f", {g} {v / by[g]:.2f}x" for g, v in s["decode_tok_s_by_group"].items())
+        if peer:
+            peer_groups = peer["decode_tok_s_by_group"]
+            same += "".join(f", {g} {v / peer_groups[g]:.2f}x" for g, v in s["decode_tok_s_by_group"].items())
         lines.append(
             f"{e:>12}: decode {s['decode_tok_s']:.1f} tok/s, end to end {s['end_to_end_tok_s']:.1f} tok/s,"
             f" TTFT {s['mean_ttft_ms']:.0f} ms{ratio}{same}"
