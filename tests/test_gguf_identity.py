@@ -126,3 +126,15 @@ def test_a_draft_chain_with_a_confidence_stop_stays_lossless(tiny_gguf):
     ]:
         with pytest.raises(UserError, match=match):
             drafters.build(bad, ctx)
+
+
+def test_a_dynamic_draft_tree_with_a_confidence_stop_stays_lossless(tiny_gguf):
+    """`draft:b=B:nodes=N:stop=P:<model>`: the tree stops growing where no path reaches P%; greedy
+    output is plain decoding's (fp32)."""
+    target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
+    ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
+    drafter = drafters.build(f"draft:b=2:nodes=6:vocab=200:stop=5:{tiny_gguf}", ctx)
+    assert drafter.stop == 0.05 and drafter.nodes == 6
+    proposals = record_proposals(drafter)
+    assert_lossless(target, drafters.build("none", ctx), drafter, PROMPTS, k=4, max_new_tokens=24)
+    assert proposals and all(1 <= p.tokens.numel() <= 6 for p in proposals)
