@@ -8,6 +8,7 @@ import threading
 
 import httpx
 import pytest
+import torch
 
 from conftest import make_llama, make_tokenizer
 from gguf_fixtures import write_tiny_gguf
@@ -126,6 +127,26 @@ def test_a_draft_chain_with_a_confidence_stop_stays_lossless(tiny_gguf):
     ]:
         with pytest.raises(UserError, match=match):
             drafters.build(bad, ctx)
+
+
+def test_stop_auto_is_the_measured_cost_of_a_draft_pass_in_target_steps(tiny_gguf, monkeypatch):
+    """`draft:stop=auto:<model>` sets P% from pass_cost, timed on forks of both models: neither the
+    target's cache nor the draft's changes; a cost of a whole step or more still drafts one token."""
+    from specdecode.drafters.draft_model import pass_cost
+
+    target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
+    ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
+    target.model.extend(torch.tensor([1, 2, 3]))
+    cost = pass_cost(target.model, target.model)  # a model against itself
+    assert 0.5 < cost < 2.0 and target.model.length == 3
+    drafter = drafters.build(f"draft:stop=auto:{tiny_gguf}", ctx)
+    assert 0.0 < drafter.stop <= 0.95 and target.model.length == 3 and drafter.cached == []
+    seen = []
+    monkeypatch.setattr(drafters, "pass_cost", lambda draft, tgt: seen.append((draft, tgt)) or 0.25)
+    assert drafters.build(f"draft:vocab=200:stop=auto:{tiny_gguf}", ctx).stop == 0.25
+    assert seen[0][1] is target.model and seen[0][0].vocab_size < target.model.vocab_size  # the cut head
+    monkeypatch.setattr(drafters, "pass_cost", lambda draft, tgt: 3.0)
+    assert drafters.build(f"draft:b=2:nodes=6:stop=auto:{tiny_gguf}", ctx).stop == 0.95
 
 
 def test_a_dynamic_draft_tree_with_a_confidence_stop_stays_lossless(tiny_gguf):

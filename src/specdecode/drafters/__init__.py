@@ -5,9 +5,9 @@
     draft                                  the shipped distilled draft model (draft:DIR: a `train draft`
                                            checkpoint)
     draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
-    draft:[vocab=V:][stop=P:]<model>       vocab: the draft's head over its V most frequent tokens (chains
+    draft:[vocab=V:][stop=P|auto:]<model>  vocab: the draft's head over its V most frequent tokens (chains
                                            and trees); stop: a chain or dynamic tree ends once its draft
-                                           confidence is below P% (draft_model.py)
+                                           confidence is below P% (auto: P measured, draft_model.py)
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
     suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
                                            corpus (suffix.py)
@@ -22,6 +22,7 @@ below with its parser, builder and facts.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, replace
 
 from specdecode.backends.lm import CausalLM
@@ -29,7 +30,7 @@ from specdecode.backends.models import LoadedModel
 from specdecode.backends.precision import FP32, Precision
 from specdecode.core.drafter import Drafter, Proposal
 from specdecode.drafters.cross_vocab import CrossVocabDrafter
-from specdecode.drafters.draft_model import DraftModelDrafter
+from specdecode.drafters.draft_model import DraftModelDrafter, pass_cost
 from specdecode.drafters.draft_tree import DraftTreeDrafter
 from specdecode.drafters.draft_vocab import frequent_tokens
 from specdecode.drafters.ensemble import EnsembleDrafter
@@ -105,7 +106,7 @@ def _build_ngram(spec: Spec, ctx) -> Drafter:
 def _parse_draft(arg: str | None) -> Spec:
     if arg is None:
         return Spec("draft")  # the shipped distilled draft
-    options, path = tree_options(arg, "draft", ("vocab", "stop"))
+    options, path = tree_options(arg, "draft", ("vocab", "stop"), auto=("stop",))
     if not path:
         raise UserError(
             "the draft drafter needs a model: --drafter draft:<path or hub id> "
@@ -165,6 +166,11 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         token_map = frequent_tokens(tokenizer, spec.option("vocab"), min(model.vocab_size, vocab))
         model = model.with_head_rows(token_map)
     stop = spec.option("stop", 0)
+    if stop == "auto":  # P = c, the measured cost of a draft pass in target steps (draft_model.py)
+        cost = 100 * pass_cost(model, ctx.target.model)
+        stop = min(95.0, round(cost, 1))  # a draft as dear as its target still drafts one token a step
+        note = f"{spec}: a draft pass costs {cost:.1f}% of a target pass; stop={stop:g}"
+        print(f"specdecode: {note}", file=sys.stderr)
     if stop >= 100:
         raise UserError(f"draft option stop=P is a percentage below 100, got {stop}")
     if spec.option("b") is not None:

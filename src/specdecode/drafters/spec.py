@@ -26,7 +26,8 @@ from specdecode.errors import UserError
 @dataclass(frozen=True)
 class Spec:
     kind: str
-    options: tuple[tuple[str, int], ...] = ()  # key=value options, in the kind's canonical order
+    options: tuple[tuple[str, int | str], ...] = ()  # key=value options, in the kind's canonical order
+    # (an int; `auto` where the kind measures the value when it builds the drafter: draft's stop)
     arg: str | None = None  # a model path / hub id / checkpoint directory; None: the shipped one, or none
     members: tuple["Spec", ...] = ()  # ensemble / fallback members
     cap: int | None = None  # a member's `k=N`: at most N draft tokens a step, whatever the step's k
@@ -34,7 +35,7 @@ class Spec:
     def __str__(self) -> str:
         return KINDS[self.kind].format(self) + (f":k={self.cap}" if self.cap else "")
 
-    def option(self, key: str, default: int | None = None) -> int | None:
+    def option(self, key: str, default: int | None = None) -> int | str | None:
         return dict(self.options).get(key, default)
 
     @property
@@ -149,28 +150,37 @@ def canonical(text: str) -> str:
 OPTION = re.compile(r"\s*[a-z_]+\s*=[^:]*")
 
 
-def int_options(segments: list[str], known: tuple[str, ...], what: str) -> tuple[tuple[str, int], ...]:
-    """`key=value` segments -> ((key, positive int), ...) in the order of `known`."""
-    options: dict[str, int] = {}
+def int_options(
+    segments: list[str], known: tuple[str, ...], what: str, auto: tuple[str, ...] = ()
+) -> tuple[tuple[str, int | str], ...]:
+    """`key=value` segments -> ((key, positive int), ...) in the order of `known`; the keys in `auto`
+    also take the word `auto` (kept as the string, resolved when the drafter is built)."""
+    options: dict[str, int | str] = {}
     for segment in segments:
         key, _, value = (s.strip() for s in segment.partition("="))
         if key not in known:
             raise UserError(f"unknown {what} option {key!r}; known: {', '.join(sorted(known))}")
+        if key in auto and value == "auto":
+            options[key] = value
+            continue
         try:
             options[key] = int(value)
         except ValueError:
-            raise UserError(f"{what} option {key} needs an integer, got {value!r}") from None
+            words = " or auto" if key in auto else ""
+            raise UserError(f"{what} option {key} needs an integer{words}, got {value!r}") from None
         if options[key] < 1:
             raise UserError(f"{what} option {key} must be >= 1, got {options[key]}")
     return tuple((key, options[key]) for key in known if key in options)
 
 
-def tree_options(arg: str, what: str, extra: tuple[str, ...] = ()) -> tuple[tuple[tuple[str, int], ...], str]:
+def tree_options(
+    arg: str, what: str, extra: tuple[str, ...] = (), auto: tuple[str, ...] = ()
+) -> tuple[tuple[tuple[str, int | str], ...], str]:
     """`[b=B:[nodes=N:]]REST` -> ((("b", B), ("nodes", N)), REST: a model path, hub id or checkpoint);
-    extra: the kind's other options (draft: vocab)."""
+    extra: the kind's other options (draft: vocab, stop); auto: those that may be `auto`."""
     segments = arg.split(":")
     n_options = next(i for i, s in enumerate(segments + [""]) if not OPTION.fullmatch(s))
-    options = int_options(segments[:n_options], ("b", "nodes", *extra), what)
+    options = int_options(segments[:n_options], ("b", "nodes", *extra), what, auto)
     if "nodes" in dict(options) and "b" not in dict(options):
         raise UserError(f"{what} option nodes=N needs b=B (children per expanded node)")
     return options, ":".join(segments[n_options:]).strip()

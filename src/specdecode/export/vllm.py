@@ -228,7 +228,10 @@ def _draft(spec, k, ctx) -> RouteExport:
     model = str(where.resolve()) if isinstance(where, Path) else where
     notes = [_DRAFT_MODEL_NOTE]
     if options:
-        notes.append(f"draft options {options} make token trees; vLLM drafts one chain with a draft model")
+        notes.append(
+            f"draft options {options} (trees, a draft vocabulary, a confidence stop) have no vLLM "
+            "equivalent; vLLM drafts one chain of k tokens over the draft's whole vocabulary"
+        )
     return RouteExport({"method": "draft_model", "model": model, "num_speculative_tokens": k}, notes)
 
 
