@@ -97,6 +97,8 @@ def test_none_means_k_zero_and_nothing_else_does():
         ("medusa:nodes=4", "needs b=B"),
         ("draft:stop=most:/m", "stop needs an integer or auto, got 'most'"),
         ("draft:vocab=auto:/m", "vocab needs an integer, got 'auto'"),
+        ("draft:stop=100:/m", "below 100"),
+        ("draft:b=2:stop=auto:/m", "not a static one"),
         ("eagle:b=auto", "b needs an integer, got 'auto'"),
         ("ensemble:ngram+none", "cannot be 'none'"),
         ("fallback:ngram", "fallback needs two or more drafters"),

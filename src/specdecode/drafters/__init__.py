@@ -112,6 +112,12 @@ def _parse_draft(arg: str | None) -> Spec:
             "the draft drafter needs a model: --drafter draft:<path or hub id> "
             "(or `draft` for the shipped one)"
         )
+    given = dict(options)  # refused here, before any model loads: a stop of 100% or on a static tree
+    stop = given.get("stop")
+    if stop not in (None, "auto") and stop >= 100:
+        raise UserError(f"draft option stop=P is a percentage below 100, got {stop}")
+    if stop is not None and "b" in given and "nodes" not in given:
+        raise UserError("draft option stop=P needs a chain or a dynamic tree (b=B:nodes=N), not a static one")
     return Spec("draft", options, path)
 
 
@@ -171,13 +177,7 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         stop = min(95.0, round(cost, 1))  # a draft as dear as its target still drafts one token a step
         note = f"{spec}: a draft pass costs {cost:.1f}% of a target pass; stop={stop:g}"
         print(f"specdecode: {note}", file=sys.stderr)
-    if stop >= 100:
-        raise UserError(f"draft option stop=P is a percentage below 100, got {stop}")
-    if spec.option("b") is not None:
-        if stop and spec.option("nodes") is None:
-            raise UserError(
-                "draft option stop=P needs a chain or a dynamic tree (b=B:nodes=N), not a static one"
-            )
+    if spec.option("b") is not None:  # stop: parsed below 100, and only with nodes= (_parse_draft)
         return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"), token_map, stop / 100)
     return DraftModelDrafter(model, vocab, token_map, stop / 100)
 
