@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -33,31 +32,10 @@ import torch
 
 
 def cpu_name() -> dict:
-    """Model name, family/model and the ISA extensions the kernels care about."""
-    info, flags = {}, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key, value = key.strip(), value.strip()
-            if key in ("model name", "cpu family", "model", "cpu MHz") and key not in info:
-                info[key] = value
-            if key == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "avx_vnni") if f in flags]
-    family, model = info.get("cpu family"), info.get("model")
-    zen = {("25", "17"): "Zen 4", ("25", "1"): "Zen 3", ("25", "8"): "Zen 3", ("25", "33"): "Zen 3"}
-    label = info.get("model name", platform.processor() or "unknown CPU")
-    if "AMD" in label and (family, model) in zen:
-        label += f" ({zen[family, model]})"
-    return {
-        "name": label,
-        "family": family,
-        "model": model,
-        "isa": isa,
-        "mhz": float(info.get("cpu MHz", 0) or 0),
-    }
+    """The CPU and the ISA the kernels are built for (kernels.machine)."""
+    from specdecode.backends import kernels
+
+    return kernels.machine()
 
 
 def median_ms(fn, repeats: int) -> float:

@@ -24,9 +24,7 @@ DTYPES = [
     pytest.param("gguf-exact", marks=pytest.mark.skipif(ops is None, reason="no C++ compiler: no kernels")),
     pytest.param(
         "gguf",
-        marks=pytest.mark.skipif(
-            ops is None or ops.vnni_rows() == 0, reason="batch-invariant 8-bit rows need AVX-512 VNNI"
-        ),
+        marks=pytest.mark.skipif(ops is None, reason="no C++ compiler: no kernels"),
     ),
 ]
 # repetitive prompts: n-gram lookup has something to propose on a random tiny model

@@ -69,45 +69,29 @@ def test_quantized_matmul_is_the_dense_kernel_on_dequantized_weights(type_name):
 def test_many_rows_take_the_dense_gemm_on_the_exact_dequantized_weights(type_name):
     """Over kernels.DENSE_ROWS rows (a long prefill) a quantized matrix is dequantized in C++ to the
     reference values and multiplied by torch's GEMM: the float32 model's route, bit for bit. With
-    8-bit activations on the VNNI kernels, every row stays in the kernel (its bits as alone)."""
+    8-bit activations (the interleaved tile kernels), every row stays in the kernel (its bits as alone)."""
     m = gguf_weights.repack(type_name, raw_matrix(type_name, 96, 512, seed=6))
     dense = (ops.dequantize_q4 if m.kind == "q4" else ops.dequantize_q8)(m.scales, m.quants)
     assert torch.equal(dense, m.dequantize())
     x = torch.randn(kernels.DENSE_ROWS + 40, 512, generator=torch.Generator().manual_seed(7))
     assert torch.equal(gguf_weights.QuantLinear(ops, [m], False)(x), torch.nn.functional.linear(x, dense))
     int8 = gguf_weights.QuantLinear(ops, [m], True)
-    if int8.interleaved:
-        assert torch.equal(int8(x)[-3:], int8(x[-3:]))
-    else:
-        assert torch.equal(int8(x), torch.nn.functional.linear(x, dense))
+    assert int8.interleaved and torch.equal(int8(x)[-3:], int8(x[-3:]))
 
 
-@needs_kernels
-@pytest.mark.parametrize("type_name", TYPES)
-def test_int8_activation_matmul_is_close_and_row_invariant(type_name):
-    m = gguf_weights.repack(type_name, raw_matrix(type_name, 200, 512, seed=3))
-    f = ops.linear_q4_i8 if m.kind == "q4" else ops.linear_q8_i8
-    x = torch.randn(
-        300, 512, generator=torch.Generator().manual_seed(4)
-    )  # 300: two blocks of rows (256 + 44)
-    y = f(x, m.scales, m.quants)
-    ref = x @ m.dequantize().T
-    assert float((y - ref).norm() / ref.norm()) < 0.02  # 8-bit activations: about 0.5% here
-    for i in [*range(17), 255, 256, 299]:
-        assert torch.equal(f(x[i : i + 1].contiguous(), m.scales, m.quants)[0], y[i])
-    assert torch.equal(f(x[:9].contiguous(), m.scales, m.quants), y[:9])
+needs_tiles = pytest.mark.skipif(ops is None, reason="no C++ compiler: no fused kernels")
 
 
-needs_vnni = pytest.mark.skipif(ops is None or ops.vnni_rows() == 0, reason="no AVX-512 VNNI on this CPU")
-
-
-@needs_vnni
+@needs_tiles
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("rows", [200, 16, 7])  # a padded last group, one whole group, a lone partial one
-def test_interleaved_matmul_is_the_int8_kernel_reordered_and_row_invariant(type_name, rows):
-    """The VNNI layout holds the same blocks (pack/unpack round trip), multiplies with the same 8-bit
-    activations as kernels_i8.cpp (equal up to float32 summation order) and keeps a row's bits
-    whatever rows share the call."""
+def test_interleaved_matmul_is_the_8bit_activations_times_the_files_weights_and_row_invariant(
+    type_name, rows
+):
+    """The tile layout holds the same blocks (pack/unpack round trip), multiplies each row of x
+    quantized to 8 bits per block of 32 (q = round(127 x / max|x|)) by the file's weights (equal to a
+    float64 product of the same values up to float32 summation) and keeps a row's bits whatever rows
+    share the call (tests/native/tile_check.cpp checks the microkernels' bits against tile_ref.h)."""
     m = gguf_weights.repack(type_name, raw_matrix(type_name, rows, 512, seed=5))
     packed = gguf_weights.Interleaved.pack(ops, m)
     back = packed.unpack(ops)
@@ -122,12 +106,16 @@ def test_interleaved_matmul_is_the_int8_kernel_reordered_and_row_invariant(type_
     assert packed.scales.shape[2] == (
         gguf_weights.FACTORED if k_quant else 1 if packed.kind.endswith("_0") else 2
     )
-    f = getattr(ops, f"linear_{packed.kind}_vnni")
+    f = getattr(ops, f"linear_{packed.kind}_tile")
     x = torch.randn(37, 512, generator=torch.Generator().manual_seed(6))
     y = f(x, packed.scales, packed.quants, rows)
-    old = (ops.linear_q4_i8 if m.kind == "q4" else ops.linear_q8_i8)(x, m.scales, m.quants)
+    blocks = x.view(37, -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    x8 = (torch.round(blocks / torch.where(d > 0, d, 1)) * d).view(
+        37, 512
+    )  # the rows as the kernel sees them
     assert y.shape == (37, rows)
-    torch.testing.assert_close(y, old, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(y, (x8.double() @ m.dequantize().double().T).float(), rtol=1e-5, atol=1e-4)
     ref = x @ m.dequantize().T
     assert float((y - ref).norm() / ref.norm()) < 0.02
     for i in [0, 1, 8, 9, 36]:
@@ -135,7 +123,7 @@ def test_interleaved_matmul_is_the_int8_kernel_reordered_and_row_invariant(type_
     assert torch.equal(f(x[3:12].contiguous(), packed.scales, packed.quants, rows), y[3:12])
 
 
-@needs_vnni
+@needs_tiles
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
 def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name):
     """A K-quant's block scales, each a super-block factor times a small integer, are kept as the file
@@ -147,7 +135,7 @@ def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name)
     plain = gguf_weights.Interleaved.pack(ops, gguf_weights.QuantMatrix(m.kind, m.scales, m.quants))
     assert factored.scales.dtype == torch.uint8 and plain.scales.dtype == torch.float32
     assert factored.scales.nbytes * 3 < plain.scales.nbytes
-    f = getattr(ops, f"linear_{factored.kind}_vnni")
+    f = getattr(ops, f"linear_{factored.kind}_tile")
     x = torch.randn(11, 512, generator=torch.Generator().manual_seed(8))
     for rows in (1, 2, 5, 8, 11):
         got = f(x[:rows].contiguous(), factored.scales, factored.quants, 40)
@@ -165,7 +153,7 @@ def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name)
         f(x, factored.scales[:, :1].contiguous(), factored.quants, 40)
 
 
-@needs_vnni
+@needs_tiles
 @pytest.mark.parametrize("type_name,bits", [("Q5_0", 5), ("Q6_K", 6), ("Q8_0", 8)])
 @pytest.mark.parametrize("rows", [40, 16])
 def test_weights_that_fit_fewer_bits_are_kept_in_fewer_and_give_the_eight_bit_bits(type_name, bits, rows):
@@ -180,8 +168,8 @@ def test_weights_that_fit_fewer_bits_are_kept_in_fewer_and_give_the_eight_bit_bi
     eight = gguf_weights._widen(packed.quants, bits)
     assert torch.equal(gguf_weights._narrow(eight, bits), packed.quants)
     narrow, wide8 = (
-        getattr(ops, f"linear_{packed.kind}_vnni"),
-        getattr(ops, f"linear_{packed.kind.replace(str(bits), '8')}_vnni"),
+        getattr(ops, f"linear_{packed.kind}_tile"),
+        getattr(ops, f"linear_{packed.kind.replace(str(bits), '8')}_tile"),
     )
     x = torch.randn(11, 512, generator=torch.Generator().manual_seed(10))
     for n in (1, 3, 8, 11):
@@ -195,21 +183,21 @@ def test_weights_that_fit_fewer_bits_are_kept_in_fewer_and_give_the_eight_bit_bi
     assert kind[1] == {5: "6", 6: "8"}[bits]
 
 
-@needs_vnni
+@needs_tiles
 def test_interleaved_shapes_are_checked():
     m = gguf_weights.repack("Q4_1", raw_matrix("Q4_1", 20, 64))
     packed = gguf_weights.Interleaved.pack(ops, m)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        ops.linear_q4_vnni(torch.randn(1, 48), packed.scales, packed.quants, 20)
+        ops.linear_q4_tile(torch.randn(1, 48), packed.scales, packed.quants, 20)
     with pytest.raises(RuntimeError, match="quants"):
-        ops.linear_q4_vnni(torch.randn(1, 64), packed.scales, packed.quants, 40)
+        ops.linear_q4_tile(torch.randn(1, 64), packed.scales, packed.quants, 40)
     with pytest.raises(RuntimeError, match="quants"):
-        ops.linear_q8_vnni(torch.randn(1, 64), packed.scales, packed.quants, 20)
+        ops.linear_q8_tile(torch.randn(1, 64), packed.scales, packed.quants, 20)
     q8_0 = gguf_weights.Interleaved.pack(ops, gguf_weights.repack("Q8_0", raw_matrix("Q8_0", 20, 64)))
     with pytest.raises(RuntimeError, match=r"K / 32, 2, 16\]"):  # two scales a block expected
-        ops.linear_q8_vnni(torch.randn(1, 64), q8_0.scales, q8_0.quants, 20)
+        ops.linear_q8_tile(torch.randn(1, 64), q8_0.scales, q8_0.quants, 20)
     with pytest.raises(RuntimeError, match=r"K / 32, 1, 16\]"):
-        ops.linear_q8_0_vnni(torch.randn(1, 64), torch.cat([q8_0.scales] * 2, 2), q8_0.quants, 20)
+        ops.linear_q8_0_tile(torch.randn(1, 64), torch.cat([q8_0.scales] * 2, 2), q8_0.quants, 20)
 
 
 @needs_kernels
@@ -319,7 +307,7 @@ def test_trained_head_on_quantized_target_equals_plain(pair, tmp_path):
     assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
 
 
-@needs_vnni
+@needs_tiles
 def test_medusa_beside_an_int8_target_mixes_on_its_int8_path_losslessly(tiny_gguf, pair, tmp_path):
     from specdecode.train import medusa
     from train_fixtures import make_data
@@ -340,9 +328,7 @@ def test_medusa_beside_an_int8_target_mixes_on_its_int8_path_losslessly(tiny_ggu
 def test_int8_activations_keep_greedy_speculation_lossless(tiny_gguf):
     target = models.load(tiny_gguf, GGUF, "cpu")
     qkv = target.model.layers[0].qkv
-    assert qkv.kernels["q4"] == ops.linear_q4_i8
-    assert qkv.interleaved == (ops.vnni_rows() > 0)  # the VNNI kernels wherever the CPU has them
-    assert isinstance(qkv.parts[0], gguf_weights.Interleaved) == qkv.interleaved
+    assert qkv.interleaved and isinstance(qkv.parts[0], gguf_weights.Interleaved)  # the tiles, on every ISA
     ctx = drafters.DrafterContext(target, GGUF)
     plain, ngram = drafters.build("none", ctx), drafters.build("ngram", ctx)
     assert_lossless(target, plain, ngram, PROMPTS[:4], k=4, max_new_tokens=40, min_accepted=0)
@@ -350,7 +336,7 @@ def test_int8_activations_keep_greedy_speculation_lossless(tiny_gguf):
     assert_lossless(target, plain, own, PROMPTS[:2], k=4, max_new_tokens=24, min_accepted=20)
 
 
-@needs_vnni
+@needs_tiles
 def test_gguf_rows_get_the_same_bits_in_any_call(tiny_gguf):
     """On the VNNI kernels every forward is fused and row-invariant: a long prefill (more rows than
     DENSE_ROWS), a verification chain, a tree and the batched server's mixed rows all give each row
@@ -384,7 +370,7 @@ def test_gguf_rows_get_the_same_bits_in_any_call(tiny_gguf):
         assert torch.equal(torch.cat([outs[s].logits, outs[3 + s].logits]), want)
 
 
-@needs_vnni
+@needs_tiles
 def test_the_native_stack_gives_the_per_op_paths_bits(tiny_gguf):
     """backends/stack.py runs all layers and the LM head in one native call; its logits and captured
     layer outputs equal those of fused_layers' per-op path (the head a call of its own) bit for bit:
@@ -396,7 +382,7 @@ def test_the_native_stack_gives_the_per_op_paths_bits(tiny_gguf):
     assert_stack_is_per_op(model, ids)
 
 
-@needs_vnni
+@needs_tiles
 def test_a_chain_from_token_ids_gives_the_stacks_bits_and_names_a_bad_id(tiny_gguf):
     """FastLlama's and BatchedLlama's chains go to the native stack as token ids (forward_ids gathers
     the embedding and rotary rows); prefill, decoding step, draft chain and batched rows keep the bits of
@@ -431,7 +417,7 @@ def test_a_chain_from_token_ids_gives_the_stacks_bits_and_names_a_bad_id(tiny_gg
     assert model.length == 25
 
 
-@needs_vnni
+@needs_tiles
 def test_the_eagle_heads_native_step_follows_its_torch_step(tiny_gguf):
     """Beside a gguf target on VNNI, an EAGLE draft step is one native call (a one-layer stack whose q|k|v
     read the pair [norm_emb(embed(token)); norm_feat(feature)]): the features it syncs, the logits and
@@ -575,9 +561,9 @@ def test_a_file_of_each_family_loads_quantized_with_the_fp32_bits(family, extra,
     ):  # fused kernels, a dense prefill past DENSE_ROWS, fused again
         assert torch.equal(fp32.model.extend(chunk), quant.model.extend(chunk))
     target = models.load(path, GGUF, "cpu")  # 8-bit activations: lossless against its own plain decoding
-    if ops.vnni_rows() > 0:  # biases, q/k norms, Gemma's sandwich norms, GELU, its tied head: one native call
-        assert target.model.stack is not None and target.model.stack.head is None
-        assert_stack_is_per_op(target.model, ids)
+    # biases, q/k norms, Gemma's sandwich norms, GELU, its tied head: one native call
+    assert target.model.stack is not None and target.model.stack.head is None
+    assert_stack_is_per_op(target.model, ids)
     ctx = drafters.DrafterContext(target, GGUF)
     plain = drafters.build("none", ctx)
     repeats = PROMPTS[:2] + ["one two three one two three one two"]  # the last one has n-grams to find
@@ -619,9 +605,9 @@ def test_auto_is_exact_where_fp32_tokens_are_promised(tiny_gguf):
         args = cli.parser().parse_args([*argv, "--target", tiny_gguf, "--device", "cpu"])
         cli.options.parse_precision(args)
         picked[argv[0] + (argv[1] if argv[0] == "train" else "")] = str(args.precision)
-    serve = "gguf" if kernels.rows_exact_int8() else "gguf-exact"  # batched rows as single ones: VNNI
-    assert picked == {"generate": "gguf", "serve": serve, "traindata": "gguf-exact", "bench": "gguf"}
-    assert kernels.rows_exact_int8() == (ops.vnni_rows() > 0)
+    # batched rows as single ones on every ISA's tiles: the server runs gguf too
+    assert picked == {"generate": "gguf", "serve": "gguf", "traindata": "gguf-exact", "bench": "gguf"}
+    assert kernels.rows_exact_int8()
 
 
 @needs_kernels
@@ -671,8 +657,8 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     ctx = drafters.DrafterContext(target, GGUF)
     plain, head = drafters.build("none", ctx), drafters.build(f"eagle:{tmp_path / 'gguf'}", ctx)
     packed = [m.linear for m in head.head.modules() if isinstance(m, layer.PackedLinear)]
-    assert packed and all(isinstance(f, gguf_weights.QuantLinear) == (ops.vnni_rows() > 0) for f in packed)
-    assert (head.native is not None) == (ops.vnni_rows() > 0)  # on VNNI a draft step is one native call
+    assert packed and all(isinstance(f, gguf_weights.QuantLinear) for f in packed)
+    assert head.native is not None  # a draft step is one native call
     assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
     # the server's batched core: three rows at once, each with its fork of the head (the native stack shared)
     from specdecode.backends.batch_model import batched
@@ -695,7 +681,7 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     )
 
 
-@needs_vnni
+@needs_tiles
 def test_a_distilled_draft_beside_an_int8_target_runs_on_its_int8_stack(tiny_gguf, pair, tmp_path):
     from specdecode.train import draft
     from train_fixtures import make_data
@@ -729,7 +715,7 @@ def test_quantize_q8_rounds_each_16_weights_to_their_scale():
         gguf_weights.quantize_q8(torch.randn(4, 48))
 
 
-@needs_vnni
+@needs_tiles
 def test_a_drafter_head_beside_an_int8_target_takes_the_targets_int8_path():
     g = torch.Generator().manual_seed(6)
     w, b, x = torch.randn(40, 64, generator=g), torch.randn(40, generator=g), torch.randn(3, 64, generator=g)
@@ -760,8 +746,8 @@ def test_features_fed_in_short_calls_are_the_rows_decoding_computes(tiny_gguf, p
         for i in range(start, len(tokens))
     ]
     assert torch.equal(fed, torch.cat(served).float())
-    # one long call is what decoding computes only where every forward is fused (the VNNI kernels)
-    assert torch.equal(whole[start:], fed[start:]) == (ops.vnni_rows() > 0)
+    # one long call is what decoding computes: every forward is fused (the tile kernels)
+    assert torch.equal(whole[start:], fed[start:])
     assert features.Source(target, GGUF, 4).key("fp") != features.Source(target, GGUF).key("fp") != "fp"
     assert features.Source(target, GGUF_EXACT).key("fp") == "fp"
 

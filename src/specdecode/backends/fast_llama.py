@@ -5,13 +5,13 @@ a change of `length`: stale keys and values beyond it are overwritten by the nex
 Which code runs my forward? One decision, made here at each forward (FastLlama.forward; BatchedLlama
 makes the same one for its rows through `fused_layers`):
 1. `stack` (stack.py, stack.cpp): the whole layer stack and the LM head in one native call. Built at
-   load for `--dtype gguf` on AVX-512 VNNI when every linear is interleaved (Llama, Qwen2, Qwen3,
-   Mistral, Phi-3, Gemma 3: gguf_model.load, stack.build); any number of rows. A chain of token ids
-   without a sliding window or scaled embedding goes in as ids (`stack.chains`), everything else as rows
-   prepared in torch.
+   load for `--dtype gguf` (tile.h's microkernel for this CPU) when every linear is interleaved
+   (Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3: gguf_model.load, stack.build); any number of rows.
+   A chain of token ids without a sliding window or scaled embedding goes in as ids (`stack.chains`),
+   everything else as rows prepared in torch.
 2. `fused_layers` (kernels.cpp between the matmuls, ~9 calls a layer): the fused kernels built here
    (CPU, fp32/bf16/gguf) and at most `fused_rows` rows (kernels.DENSE_ROWS; any number when rows must
-   keep a decoding step's bits: gguf on VNNI).
+   keep a decoding step's bits: gguf's tiles).
 3. `_forward` (torch ops and SDPA): everything else: long float prefills, GPUs, no C++ compiler.
 The layer itself (linears, norms, rotary, attention inputs) is written once, in layer.py.
 """
@@ -57,8 +57,8 @@ class FastLlama:
     ):
         """fused: run fp32 and bf16 on CPU through kernels.cpp when it builds (see kernels.py);
         there bf16 means bf16 weights with float32 activations, cache and accumulation. int8: float
-        weights beside a `--dtype gguf` target (a distilled draft) take its path where the CPU has the
-        VNNI kernels: every linear quantized to 8 bits per 16 (head_linear), 8-bit activations, every
+        weights beside a `--dtype gguf` target (a distilled draft) take its path (the tile
+        kernels): every linear quantized to 8 bits per 16 (head_linear), 8-bit activations, every
         forward row-exact, the layers in one native stack. weights: the linears, LM head and token
         embedding from a GGUF file's blocks (gguf_model.FileWeights), built here layer by layer in
         place of the float model's (`hf_model` is then a skeleton whose linears hold no weights)."""
@@ -76,12 +76,7 @@ class FastLlama:
         self.kernels = fused_kernels.load() if fused and cpu and all(w % 16 == 0 for w in widths) else None
         # dtype of activations and the KV cache (int8 linears keep fp32 activations)
         self.dtype = torch.float32 if self.kernels else hf_model.dtype
-        int8 = (
-            int8
-            and self.kernels is not None
-            and self.kernels.vnni_rows() > 0
-            and all(w % 32 == 0 for w in widths)
-        )
+        int8 = int8 and self.kernels is not None and all(w % 32 == 0 for w in widths)
         # 8-bit activations: a --dtype gguf file's linears, or float weights onto that path (int8)
         self.int8_activations = int8 or (weights is not None and weights.int8_activations)
 
@@ -139,7 +134,7 @@ class FastLlama:
         self.k_cache = self.v_cache = None
         self.fused_rows = _FUSED_MAX_TOKENS  # longer forwards: SDPA and dense GEMMs (see rows_independent)
         self.stack = None  # the layers in one native call (backends/stack.py)
-        if int8 or getattr(self.lm_head, "interleaved", False):  # every linear on the VNNI path
+        if int8 or getattr(self.lm_head, "interleaved", False):  # every linear on the tiles
             self.rows_independent()
             self.stack = native_stack.build(self)
         self.reset()
@@ -157,7 +152,7 @@ class FastLlama:
 
     def rows_independent(self) -> None:
         """Every forward through the fused kernels, whatever its length: for linears that give a row
-        the same bits in any call (gguf on the VNNI kernels), so that a prompt's prefill, a verification
+        the same bits in any call (gguf on the tile kernels), so that a prompt's prefill, a verification
         and a batched server row each compute exactly what a decoding step computes."""
         self.fused_rows = sys.maxsize
 

@@ -215,7 +215,7 @@ class FileWeights:
         """The LM head (tied: the embedding's blocks), interleaved slice by slice where it can be."""
         name = "output.weight" if "output.weight" in self.tensors else "token_embd.weight"
         kind, raw = self.tensors[name]
-        if self.int8_activations and self.kernels.vnni_rows() > 0 and kind in FORMATS:
+        if self.int8_activations and kind in FORMATS:
             return self.linear(
                 [Interleaved.pack_chunks(self.kernels, repack_chunks(kind, raw, name), len(raw))]
             )

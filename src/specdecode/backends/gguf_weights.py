@@ -65,10 +65,10 @@ class QuantMatrix:
 
 @dataclass
 class Interleaved:
-    """A QuantMatrix of `n` rows in kernels_vnni.cpp's layout: rows interleaved 16 at a time so one
-    AVX-512 VNNI instruction serves 16 weight rows (scales [ceil(n/16), K/32, 2, 16], or 1 for
-    "q8_0", or factored: uint8 [ceil(n/16), K/256, FACTORED] (_factored); quants uint8 [ceil(n/16), K/32, 256
-    (q4) or 512 (q8, q8_0)]). Made and undone by the kernels (pack/unpack)."""
+    """A QuantMatrix of `n` rows in tile.h's layout: rows interleaved 16 at a time so one byte
+    multiply-add serves 16 (AVX-512 VNNI), 8 (AVX2) or 4 (NEON) weight rows (scales [ceil(n/16),
+    K/32, 2, 16], or 1 for "q8_0", or factored: uint8 [ceil(n/16), K/256, FACTORED] (_factored);
+    quants uint8 [ceil(n/16), K/32, 64 bits]). Made and undone by the kernels (pack/unpack)."""
 
     kind: str
     scales: torch.Tensor
@@ -85,8 +85,8 @@ class Interleaved:
         (K-quants: as the file keeps them), else float16 where that holds them, else float32. A "q8"
         matrix whose two scales are equal in every block (Q8_0: the default model's LM head) becomes
         "q8_0", one scale a block: half the scale bytes, and its kernel converts and scales one sum a
-        block instead of two (linear_q8_0_vnni)."""
-        scales, quants = getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants)
+        block instead of two (linear_q8_0_tile)."""
+        scales, quants = getattr(ops, f"pack_{m.kind}_tile")(m.scales, m.quants)
         return cls._compact(m.kind, scales, quants, m.shape[0], m.factors)
 
     @classmethod
@@ -97,7 +97,7 @@ class Interleaved:
         scales = quants = factors = None
         group = row = 0
         for m in chunks:
-            s, q = getattr(ops, f"pack_{m.kind}_vnni")(m.scales, m.quants)
+            s, q = getattr(ops, f"pack_{m.kind}_tile")(m.scales, m.quants)
             if scales is None:
                 kind, groups = m.kind, -(-n // 16)
                 scales, quants = s.new_empty((groups, *s.shape[1:])), q.new_empty((groups, *q.shape[1:]))
@@ -140,10 +140,10 @@ class Interleaved:
 
     def unpack(self, ops) -> QuantMatrix:
         if self.kind == "q4":
-            unpack, quants = ops.unpack_q4_vnni, self.quants
+            unpack, quants = ops.unpack_q4_tile, self.quants
         else:
             unpack, quants = (
-                ops.unpack_q8_vnni,
+                ops.unpack_q8_tile,
                 _widen(self.quants, int(self.kind[1])) if self.kind[1] in "56" else self.quants,
             )
         scales, factors = self.scales, None
@@ -162,7 +162,7 @@ def _slices(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def _narrow(quants: torch.Tensor, bits: int) -> torch.Tensor:
     """Interleaved q8 bytes [groups, G, 512] (q + 128, every q in -2^(bits-1)..2^(bits-1) - 1; bits 5 or
-    6) -> [groups, G, 64 bits] (vnni_tile.h): v = q + 2^(bits-1) as q4's nibble registers, then
+    6) -> [groups, G, 64 bits] (tile.h): v = q + 2^(bits-1) as q4's nibble registers, then
     bits - 4 registers of v's high bits, register PER j + i's at bits (bits - 4) i of register j
     (PER = 8 / (bits - 4))."""
     h = bits - 4
@@ -197,10 +197,10 @@ def _widen(quants: torch.Tensor, bits: int) -> torch.Tensor:
     return out
 
 
-# vnni_tile.h's factored scales: per group of 16 rows and super-block of 8 blocks, the two factors
+# tile.h's factored scales: per group of 16 rows and super-block of 8 blocks, the two factors
 # [2, 16] float16, then per block the two multipliers [8, 2, 16] int8 (a block's scale = factor x multiplier)
 FACTOR_BYTES = 2 * 16 * 2
-FACTORED = FACTOR_BYTES + 8 * 2 * 16  # vnni::FACTORED
+FACTORED = FACTOR_BYTES + 8 * 2 * 16  # tile::FACTORED
 
 
 def _factored(scales: torch.Tensor, factors: torch.Tensor, n: int) -> torch.Tensor | None:
@@ -400,8 +400,8 @@ class QuantLinear:
     """y = x W^T for GGUF weights: one kernel call per run of matrices sharing a layout (fused
     q|k|v and gate|up become one call when their types agree), float32 rows for the rest. More
     than kernels.DENSE_ROWS rows of x: each matrix dequantized (to the kernels' exact values) into
-    torch's dense GEMM, the float32 model's route; except on the interleaved VNNI kernels, which
-    take calls of any size, so that every row gets the same bits in any call."""
+    torch's dense GEMM, the float32 model's route; except with 8-bit activations, whose interleaved
+    tile kernels take calls of any size, so that every row gets the same bits in any call."""
 
     def __init__(
         self,
@@ -410,25 +410,21 @@ class QuantLinear:
         int8_activations: bool = False,
         bias: torch.Tensor | None = None,
     ):
-        """int8_activations: each row of x quantized to 8 bits per block of 32 (kernels_i8.cpp)
-        instead of float32 x dequantized weights; bias [out_features] added to the outputs (Qwen2's
+        """int8_activations: each row of x quantized to 8 bits per block of 32 (tile.h) instead of
+        float32 x dequantized weights; bias [out_features] added to the outputs (Qwen2's
         q|k|v)."""
         self.ops, self.parts, self.int8_activations = ops, [], int8_activations
         self.bias = None if bias is None else bias.detach().float().clone()
         self.dequantizers = {"q4": ops.dequantize_q4, "q8": ops.dequantize_q8}
-        self.kernels = (
-            {"q4": ops.linear_q4_i8, "q8": ops.linear_q8_i8}
-            if int8_activations
-            else {"q4": ops.linear_q4, "q8": ops.linear_q8}
-        )
-        self.vnni = {
-            "q4": ops.linear_q4_vnni,
-            "q8": ops.linear_q8_vnni,
-            "q8_0": ops.linear_q8_0_vnni,
-            "q6": ops.linear_q6_vnni,
-            "q6_0": ops.linear_q6_0_vnni,
-            "q5": ops.linear_q5_vnni,
-            "q5_0": ops.linear_q5_0_vnni,
+        self.kernels = {"q4": ops.linear_q4, "q8": ops.linear_q8}  # float32 x, exact dequantization
+        self.tiles = {
+            "q4": ops.linear_q4_tile,
+            "q8": ops.linear_q8_tile,
+            "q8_0": ops.linear_q8_0_tile,
+            "q6": ops.linear_q6_tile,
+            "q6_0": ops.linear_q6_0_tile,
+            "q5": ops.linear_q5_tile,
+            "q5_0": ops.linear_q5_0_tile,
         }
         for m in matrices:
             if self.parts and isinstance(m, QuantMatrix) and isinstance(self.parts[-1], QuantMatrix):
@@ -437,16 +433,16 @@ class QuantLinear:
                     self.parts[-1] = joined
                     continue
             self.parts.append(m)
-        # 8-bit activations on AVX-512 VNNI: the interleaved layout (kernels_vnni.cpp), 2-4x faster, for
+        # 8-bit activations: the interleaved tile layout (kernels_tile.cpp, this CPU's microkernel) for
         # every call (a prefill too: its rows then get the bits of decoding steps, and no dense GEMM)
-        self.interleaved = int8_activations and ops.vnni_rows() > 0
+        self.interleaved = int8_activations
         if self.interleaved:
             self.parts = [Interleaved.pack(ops, p) if isinstance(p, QuantMatrix) else p for p in self.parts]
         self.out_features = sum(p.shape[0] for p in self.parts)
         one = self.parts[0] if len(self.parts) == 1 and isinstance(self.parts[0], Interleaved) else None
         # the decode path's call, [n, K] float32 in: straight to the kernel, no Python layers between
         self.direct = (
-            partial(self.vnni[one.kind], scales=one.scales, quants=one.quants, N=one.n)
+            partial(self.tiles[one.kind], scales=one.scales, quants=one.quants, N=one.n)
             if one and self.bias is None
             else None
         )
@@ -490,7 +486,7 @@ class QuantLinear:
         if isinstance(part, torch.Tensor):
             y = self.ops.linear(x, part)
         elif isinstance(part, Interleaved):
-            y = self.vnni[part.kind](x, part.scales, part.quants, part.n)
+            y = self.tiles[part.kind](x, part.scales, part.quants, part.n)
         else:
             y = self.kernels[part.kind](x, part.scales, part.quants)
         if bias is not None:

@@ -294,20 +294,19 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
                         torch::Tensor sin, std::optional<torch::Tensor> mask, torch::Tensor slots,
                         torch::Tensor starts, torch::Tensor counts, int64_t heads, int64_t kv_heads,
                         double qk_scale);  // attention.cpp
-torch::Tensor linear_q4_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);  // kernels_i8.cpp
-torch::Tensor linear_q8_i8(torch::Tensor x, torch::Tensor scales, torch::Tensor quants);
-int64_t vnni_rows();  // kernels_vnni.cpp
-torch::Tensor linear_q4_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
-torch::Tensor linear_q8_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
-torch::Tensor linear_q8_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
-torch::Tensor linear_q6_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
-torch::Tensor linear_q6_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
-torch::Tensor linear_q5_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
-torch::Tensor linear_q5_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
-std::vector<torch::Tensor> pack_q4_vnni(torch::Tensor scales, torch::Tensor quants);
-std::vector<torch::Tensor> pack_q8_vnni(torch::Tensor scales, torch::Tensor quants);
-std::vector<torch::Tensor> unpack_q4_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N);
-std::vector<torch::Tensor> unpack_q8_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N);
+int64_t tile_rows();  // kernels_tile.cpp
+std::string tile_isa();
+torch::Tensor linear_q4_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q8_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q8_0_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q6_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q6_0_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q5_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+torch::Tensor linear_q5_0_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
+std::vector<torch::Tensor> pack_q4_tile(torch::Tensor scales, torch::Tensor quants);
+std::vector<torch::Tensor> pack_q8_tile(torch::Tensor scales, torch::Tensor quants);
+std::vector<torch::Tensor> unpack_q4_tile(torch::Tensor ps, torch::Tensor pq, int64_t N);
+std::vector<torch::Tensor> unpack_q8_tile(torch::Tensor ps, torch::Tensor pq, int64_t N);
 void bind_stack(pybind11::module& m);  // stack.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -319,32 +318,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, release, "x W^T for a few rows of x, W float32 or bfloat16");
   m.def("linear_q4", &linear_q4, release, "x W^T, W 4-bit with a float32 scale and offset per 32 weights");
   m.def("linear_q8", &linear_q8, release, "x W^T, W 8-bit with a float32 scale per 16 weights");
-  m.def("linear_q4_i8", &linear_q4_i8, release, "x W^T, W 4-bit, x quantized to 8 bits per row and block of 32");
-  m.def("linear_q8_i8", &linear_q8_i8, release, "x W^T, W 8-bit, x quantized to 8 bits per row and block of 32");
   m.def("dequantize_q4", &dequantize_q4, "4-bit rows -> float32 [N, K], the kernels' values");
   m.def("dequantize_q8", &dequantize_q8, "8-bit rows -> float32 [N, K], the kernels' values");
-  m.def("vnni_rows", &vnni_rows, "weight rows interleaved by the VNNI kernels (16), or 0 without AVX-512 VNNI");
-  m.def("linear_q4_vnni", &linear_q4_vnni, release, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits",
+  m.def("tile_rows", &tile_rows, "weight rows interleaved by the tile kernels (16)");
+  m.def("tile_isa", &tile_isa, "the ISA of this build's tile microkernel: avx512vnni, avxvnni, avx2, neon or scalar");
+  m.def("linear_q4_tile", &linear_q4_tile, release, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
-  m.def("linear_q8_vnni", &linear_q8_vnni, release, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits",
+  m.def("linear_q8_tile", &linear_q8_tile, release, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
-  m.def("linear_q8_0_vnni", &linear_q8_0_vnni, release,
-        "linear_q8_vnni for rows with one scale per block of 32 (Q8_0): scales [groups, K / 32, 1, 16]",
+  m.def("linear_q8_0_tile", &linear_q8_0_tile, release,
+        "linear_q8_tile for rows with one scale per block of 32 (Q8_0): scales [groups, K / 32, 1, 16]",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
-  m.def("linear_q6_vnni", &linear_q6_vnni, release,
-        "linear_q8_vnni for rows whose weights lie in -32..31, kept in 6 bits: quants [groups, K / 32, 384]",
+  m.def("linear_q6_tile", &linear_q6_tile, release,
+        "linear_q8_tile for rows whose weights lie in -32..31, kept in 6 bits: quants [groups, K / 32, 384]",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
-  m.def("linear_q6_0_vnni", &linear_q6_0_vnni, release, "linear_q6_vnni with one scale per block of 32",
+  m.def("linear_q6_0_tile", &linear_q6_0_tile, release, "linear_q6_tile with one scale per block of 32",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
-  m.def("linear_q5_vnni", &linear_q5_vnni, release,
-        "linear_q8_vnni for rows whose weights lie in -16..15, kept in 5 bits: quants [groups, K / 32, 320]",
+  m.def("linear_q5_tile", &linear_q5_tile, release,
+        "linear_q8_tile for rows whose weights lie in -16..15, kept in 5 bits: quants [groups, K / 32, 320]",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
-  m.def("linear_q5_0_vnni", &linear_q5_0_vnni, release, "linear_q5_vnni with one scale per block of 32",
+  m.def("linear_q5_0_tile", &linear_q5_0_tile, release, "linear_q5_tile with one scale per block of 32",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
-  m.def("pack_q4_vnni", &pack_q4_vnni, "4-bit rows -> (scales, quants) interleaved for linear_q4_vnni");
-  m.def("pack_q8_vnni", &pack_q8_vnni, "8-bit rows -> (scales, quants) interleaved for linear_q8_vnni");
-  m.def("unpack_q4_vnni", &unpack_q4_vnni, "pack_q4_vnni's inverse");
-  m.def("unpack_q8_vnni", &unpack_q8_vnni, "pack_q8_vnni's inverse");
+  m.def("pack_q4_tile", &pack_q4_tile, "4-bit rows -> (scales, quants) interleaved for linear_q4_tile");
+  m.def("pack_q8_tile", &pack_q8_tile, "8-bit rows -> (scales, quants) interleaved for linear_q8_tile");
+  m.def("unpack_q4_tile", &unpack_q4_tile, "pack_q4_tile's inverse");
+  m.def("unpack_q8_tile", &unpack_q8_tile, "pack_q8_tile's inverse");
   bind_stack(m);
   m.def("attention", &attention, release, "rotary + KV-cache writes + attention for the rows of any sequences");
 }

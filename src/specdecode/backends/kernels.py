@@ -1,11 +1,14 @@
-"""Builds and loads kernels.cpp, kernels_i8.cpp, kernels_vnni.cpp and attention.cpp (with tiles.h),
-FastLlama's fused CPU ops, once per machine.
+"""Builds and loads kernels.cpp, kernels_tile.cpp, attention.cpp and stack.cpp (with their headers),
+FastLlama's fused CPU ops, once per machine and instruction set.
 
-The extension is compiled on first use with the system C++ compiler (about 45 s here) into the
-specdecode cache, under a name that covers the source, torch's version and the CPU's instruction
-set (it is built with -march=native). Without a compiler, or if the build fails, `load()` says
-why once on stderr and returns None: FastLlama then runs its eager PyTorch ops, which give the
-same tokens, only slower.
+The extension is compiled on first use with the system C++ compiler (1-7 minutes on 2 cores) into
+the specdecode cache, under a name that covers the source, torch's version, the CPU and the
+instruction set it is built for. That is the CPU's own (-march=native) unless SPECDECODE_ISA names
+another (ISAS): `SPECDECODE_ISA=avx2` on an AVX-512 machine builds and runs every kernel as an
+AVX2-only CPU would (tile.h's AVX2 microkernel, 256-bit attention), so one machine measures the
+paths of others; an ISA this CPU cannot run is refused, naming the flags it lacks. Without a
+compiler, or if the build fails, `load()` says why once on stderr and returns None: FastLlama then
+runs its eager PyTorch ops, which give the same tokens, only slower.
 """
 
 from __future__ import annotations
@@ -20,14 +23,18 @@ from pathlib import Path
 
 import torch
 
+from specdecode.errors import UserError
+
 SOURCES = [
-    Path(__file__).with_name(f"{name}.cpp")
-    for name in ("kernels", "kernels_i8", "kernels_vnni", "attention", "stack")
+    Path(__file__).with_name(f"{name}.cpp") for name in ("kernels", "kernels_tile", "attention", "stack")
 ]
 HEADERS = [
     Path(__file__).with_name(name)
-    for name in ("tiles.h", "vecmath.h", "rowops.h", "vnni_tile.h", "attention_row.h", "checks.h")
-]
+    for name in (
+        "tiles.h", "vecmath.h", "rowops.h", "tile.h", "tile_ref.h", "tile_avx2.h", "tile_avx512.h",
+        "tile_neon.h", "attention_row.h", "checks.h",
+    )
+]  # fmt: skip
 
 # Products of more rows than this (a long prefill, a big batch) go to torch's dense GEMM (oneDNN/MKL)
 # instead of the row-invariant kernels, which are slower at that size (docs/results/
@@ -37,14 +44,84 @@ HEADERS = [
 DENSE_ROWS = 64
 
 
+# SPECDECODE_ISA -> (compiler flags, /proc/cpuinfo flags the CPU needs to run the build). Every x86
+# choice keeps -mtune=native: the instructions are the ISA's, the scheduling this CPU's.
+ISAS = {
+    "native": (["-march=native"], set()),
+    "avx512vnni": (
+        ["-march=x86-64-v4", "-mavx512vnni", "-mtune=native"],
+        {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+    ),
+    "avxvnni": (["-march=x86-64-v3", "-mavxvnni", "-mtune=native"], {"avx2", "fma", "f16c", "avx_vnni"}),
+    "avx2": (["-march=x86-64-v3", "-mtune=native"], {"avx2", "fma", "f16c"}),
+    "neon": (["-march=armv8.2-a+dotprod"], {"asimddp"}),
+    "scalar": (
+        ["-march=x86-64", "-mtune=native"] if platform.machine() == "x86_64" else ["-march=armv8-a"],
+        set(),
+    ),
+}
+
+
 def _cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 return line
     except OSError:
         pass
     return platform.processor()
+
+
+def requested_isa() -> str:
+    """SPECDECODE_ISA (default native), checked against ISAS and this CPU's flags."""
+    import os
+
+    isa = os.environ.get("SPECDECODE_ISA", "native").strip().lower() or "native"
+    if isa not in ISAS:
+        raise UserError(f"SPECDECODE_ISA={isa}: unknown instruction set; one of {', '.join(ISAS)}")
+    have = set(_cpu_flags().partition(":")[2].split())
+    missing = sorted(ISAS[isa][1] - have)
+    if missing:
+        raise UserError(f"SPECDECODE_ISA={isa}: this CPU cannot run it (it lacks {', '.join(missing)})")
+    return isa
+
+
+def machine() -> dict:
+    """The CPU (name, family/model, the ISA extensions the kernels care about) and the ISA the kernels
+    are built for: what every result file records beside its figures."""
+    info, flags = {}, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if (
+                key in ("model name", "cpu family", "model", "cpu MHz", "CPU implementer", "CPU part")
+                and key not in info
+            ):
+                info[key] = value
+            if key in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    extensions = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "avx_vnni", "asimddp", "i8mm")
+    family, model = info.get("cpu family"), info.get("model")
+    zen = {
+        ("23", "1"): "Zen 1", ("23", "49"): "Zen 2", ("25", "1"): "Zen 3", ("25", "8"): "Zen 3",
+        ("25", "33"): "Zen 3", ("25", "17"): "Zen 4", ("25", "97"): "Zen 4", ("26", "2"): "Zen 5",
+    }  # fmt: skip
+    label = info.get("model name", platform.processor() or "unknown CPU")
+    if "AMD" in label and (family, model) in zen:
+        label += f" ({zen[family, model]})"
+    ops = load()
+    return {
+        "name": label,
+        "family": family,
+        "model": model,
+        "isa": [f for f in extensions if f in flags],
+        "mhz": float(info.get("cpu MHz", 0) or 0),
+        "kernel_isa": requested_isa(),
+        "tile_microkernel": ops.tile_isa() if ops is not None else None,
+    }
 
 
 def cache_root() -> Path:
@@ -58,11 +135,13 @@ def load():
     """The compiled module (linear, add_rms_norm, silu_mul, attention), or None when it cannot be built."""
     from torch.utils import cpp_extension
 
+    isa = requested_isa()
     key = hashlib.sha256(
         b"".join(s.read_bytes() for s in SOURCES + HEADERS)
         + str(SOURCES[0].parent).encode()  # torch writes the sources' paths into the build: one per checkout
         + torch.__version__.encode()
         + _cpu_flags().encode()
+        + isa.encode()
     ).hexdigest()[:12]
     build = cache_root() / key
     try:
@@ -72,7 +151,7 @@ def load():
                 name=f"specdecode_kernels_{key}",
                 sources=[str(s) for s in SOURCES],
                 build_directory=str(build),
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast"],
+                extra_cflags=["-O3", *ISAS[isa][0], "-fopenmp", "-fno-math-errno", "-ffp-contract=fast"],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
             )
@@ -95,7 +174,7 @@ def build_guard(build: Path):
 
 
 def rows_exact_int8() -> bool:
-    """Whether `--dtype gguf` gives a row the same bits in any call on this machine (the AVX-512 VNNI
-    kernels: every forward fused, no dense GEMM for long calls), so batched rows equal single ones."""
-    ops = load()
-    return ops is not None and ops.vnni_rows() > 0
+    """Whether `--dtype gguf` gives a row the same bits in any call on this machine (the tile kernels,
+    on every ISA: every forward fused, no dense GEMM for long calls), so batched rows equal single
+    ones; not without the compiled kernels."""
+    return load() is not None

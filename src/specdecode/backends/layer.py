@@ -77,12 +77,12 @@ class FusedLinear:
 
 def head_linear(weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None, int8: bool = False):
     """A drafter's linear at inference: beside a target whose linears take 8-bit activations (`int8`,
-    `--dtype gguf`) on AVX-512 VNNI, the target's own path: the weight quantized to 8 bits per 16
+    `--dtype gguf`), the target's own path: the weight quantized to 8 bits per 16
     (gguf_weights.quantize_q8) in the interleaved layout, a quarter of fp32's bytes; else with the
     target's fused kernels (`ops`, FastLlama.kernels) FusedLinear over the weight in bfloat16, which
     reads half of fp32's bytes and, for the one row of a draft step, beats oneDNN's fp32 product
     (docs/results/bf16_head_linears_heldout2_zen4_2threads.json); else Linear."""
-    if int8 and ops is not None and ops.vnni_rows() > 0 and weight.shape[1] % 32 == 0:
+    if int8 and ops is not None and weight.shape[1] % 32 == 0:
         return QuantLinear(ops, [quantize_q8(weight)], int8_activations=True, bias=bias)
     if ops is not None and weight.shape[1] % 16 == 0:
         return FusedLinear(ops, weight.bfloat16(), bias)

@@ -1,5 +1,5 @@
 // The whole layer stack of a pre-norm model (Llama's form; Qwen2's biases, Qwen3's and Gemma 3's q/k norms,
-// Gemma 3's sandwich norms and GELU) in one call (`--dtype gguf` on AVX-512 VNNI): every layer's norms,
+// Gemma 3's sandwich norms and GELU) in one call (`--dtype gguf`, on tile.h's microkernel for this CPU): every layer's norms,
 // matmuls, attention and residual adds for the rows of any sequences, inside one OpenMP team that works
 // through the stages together, nothing crossing into Python per layer.
 //
@@ -11,7 +11,7 @@
 // when all of it is done. A thread waiting for the rest of a stage prefetches its share of the next
 // matmul's weights into its L2 (Ahead): the waits (one row's norm on one thread, attention's 3 kv
 // heads over 2 threads, a matmul's last chunks) then stream weights too (docs/native_forward.md).
-// Invariant: the stages run the functions of the per-op kernels (vnni_tile.h, attention_row.h,
+// Invariant: the stages run the functions of the per-op kernels (tile.h, attention_row.h,
 // rowops.h) on the same inputs, and a row's result never depends on the other rows or on which
 // thread computed it: a stack row has the bits of the per-op path's row and of a one-token step. Where
 // the per-op path runs a torch op (the q/k norms, GELU-tanh), a stage calls the same ATen function on
@@ -37,7 +37,7 @@
 #include "attention_row.h"
 #include "checks.h"
 #include "rowops.h"
-#include "vnni_tile.h"
+#include "tile.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -47,8 +47,8 @@ namespace {
 
 // One interleaved matrix (gguf_weights.Interleaved): n rows in ceil(n / 16) groups.
 struct Part {
-  int bits;                   // 4, 5, 6 or 8 (vnni_tile.h)
-  bool half, one, factored;  // one: a single scale per block of 32 (q8_0, q6_0, q5_0); factored: vnni::FACTORED
+  int bits;                   // 4, 5, 6 or 8 (tile.h)
+  bool half, one, factored;  // one: a single scale per block of 32 (q8_0, q6_0, q5_0); factored: tile::FACTORED
   torch::Tensor scales, quants;
   int64_t n, groups;
 };
@@ -70,15 +70,15 @@ Linear make_linear(const std::vector<PartSpec>& specs, const char* name) {
     const int bits = kind[1] - '0';
     const bool half = scales.scalar_type() == torch::kHalf, one = kind.size() == 4;
     const bool factored = scales.scalar_type() == torch::kUInt8;
-    const int64_t groups = (n + vnni::R - 1) / vnni::R, G = quants.size(1);
+    const int64_t groups = (n + tile::R - 1) / tile::R, G = quants.size(1);
     TORCH_CHECK(quants.is_contiguous() && quants.scalar_type() == torch::kUInt8 && quants.dim() == 3 &&
                     quants.size(0) == groups && quants.size(2) == bits * 64,
                 name, ": quants are not an interleaved ", kind, " matrix of ", n, " rows");
     TORCH_CHECK(scales.is_contiguous() && scales.size(0) == groups &&
                     (factored ? !one && G % 8 == 0 && scales.dim() == 3 && scales.size(1) == G / 8 &&
-                                    scales.size(2) == vnni::FACTORED
+                                    scales.size(2) == tile::FACTORED
                               : (half || scales.scalar_type() == torch::kFloat32) && scales.dim() == 4 &&
-                                    scales.size(1) == G && scales.size(2) == (one ? 1 : 2) && scales.size(3) == vnni::R),
+                                    scales.size(1) == G && scales.size(2) == (one ? 1 : 2) && scales.size(3) == tile::R),
                 name, ": scales are not an interleaved matrix's");
     TORCH_CHECK(lin.parts.empty() || G * 32 == lin.K, name, ": parts with different input widths");
     lin.K = G * 32;
@@ -179,6 +179,8 @@ struct Ahead {
     for (; span < spans.size() && lines > 0; --lines) {
 #if defined(__x86_64__)
       _mm_prefetch(spans[span].first + off, _MM_HINT_T1);
+#else
+      __builtin_prefetch(spans[span].first + off, 0, 2);
 #endif
       any = true;
       if ((off += 64) >= spans[span].second) ++span, off = 0;
@@ -201,15 +203,14 @@ struct QuantBuffer {
   // the k values at src into row i of the buffer laid out for width k
   void put(const float* src, int64_t i, int64_t k) {
     const int64_t G = k / 32;
-    vnni::quantize(src, 1, k, q.data_ptr<int8_t>() + i * k, d.data_ptr<float>() + i * G, S.data_ptr<float>() + i * G,
+    tile::quantize(src, 1, k, q.data_ptr<int8_t>() + i * k, d.data_ptr<float>() + i * G, S.data_ptr<float>() + i * G,
                    h.data_ptr<int32_t>() + i * 2 * G);
   }
-  vnni::QuantRows rows() const {
+  tile::QuantRows rows() const {
     return {q.data_ptr<int8_t>(), d.data_ptr<float>(), S.data_ptr<float>(), h.data_ptr<int32_t>()};
   }
 };
 
-#if SPECDECODE_VNNI
 // f(part, g0, g1, col) for each part of lin that weight groups b..e-1 (counted over the parts) reach:
 // its groups g0..g1-1, its first output column col
 template <typename F>
@@ -224,31 +225,31 @@ void for_parts(const Linear& lin, int64_t b, int64_t e, F&& f) {
 }
 
 // Weight groups b..e-1 of lin, for all M quantized rows -> y [M, lin.N]
-void linear_range(const Linear& lin, const vnni::QuantRows& x, int64_t M, float* y, int64_t b, int64_t e) {
+void linear_range(const Linear& lin, const tile::QuantRows& x, int64_t M, float* y, int64_t b, int64_t e) {
   const int64_t G = lin.K / 32;
   for_parts(lin, b, e, [&](const Part& p, int64_t g0, int64_t g1, int64_t col) {
     const auto* wq = p.quants.data_ptr<uint8_t>();
     auto run = [&](auto* ws) {
-      using Scale = std::remove_pointer_t<decltype(ws)>;
+      using Scale = std::remove_cv_t<std::remove_pointer_t<decltype(ws)>>;
       if (p.bits == 4)
-        vnni::groups<4, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        tile::groups<4, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else if (p.bits == 6 && p.one)
-        vnni::groups<6, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        tile::groups<6, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else if (p.bits == 6)
-        vnni::groups<6, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        tile::groups<6, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else if (p.bits == 5 && p.one)
-        vnni::groups<5, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        tile::groups<5, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else if (p.bits == 5)
-        vnni::groups<5, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        tile::groups<5, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else if (p.one)
-        vnni::groups<8, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        tile::groups<8, Scale, true>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
       else
-        vnni::groups<8, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
+        tile::groups<8, Scale>(wq, ws, x, y + col, lin.N, M, G, p.n, g0, g1);
     };
     if (p.factored)
       run(p.scales.data_ptr<uint8_t>());
     else if (p.half)
-      run(p.scales.data_ptr<at::Half>());
+      run(reinterpret_cast<const tile::f16*>(p.scales.data_ptr<at::Half>()));
     else
       run(p.scales.data_ptr<float>());
   });
@@ -261,17 +262,16 @@ void plan_ahead(const Linear& lin, int t, int T, Ahead& ahead) {
   const int64_t G = lin.K / 32;
   for_parts(lin, b, e, [&](const Part& p, int64_t g0, int64_t g1, int64_t) {
     const int64_t qb = G * p.bits * 64,
-                  sb = p.factored ? vnni::scale_stride<uint8_t>(G) : G * (p.one ? 16 : 32) * (p.half ? 2 : 4);
+                  sb = p.factored ? tile::scale_stride<uint8_t>(G) : G * (p.one ? 16 : 32) * (p.half ? 2 : 4);
     ahead.add(static_cast<const char*>(p.scales.data_ptr()) + g0 * sb, (g1 - g0) * sb);
     ahead.add(p.quants.data_ptr<uint8_t>() + g0 * qb, (g1 - g0) * qb);
   });
 }
-#endif
 
 }  // namespace
 
 // The layers of a pre-norm model (SiLU- or GELU-tanh-gated MLP; optional q|k|v biases: Qwen2; q/k norms:
-// Qwen3, Gemma 3; norms after attention and MLP: Gemma 3) whose linears are all interleaved VNNI
+// Qwen3, Gemma 3; norms after attention and MLP: Gemma 3) whose linears are all interleaved tile
 // matrices, and its LM head when that is one too; made once at load (stack.build). The head in the same
 // call: no second call and fork of the thread pool, and its weight groups shared out like a layer's, so
 // a thread the OS preempted is not waited for.
@@ -440,7 +440,6 @@ class Stack {
                                      std::vector<std::optional<torch::Tensor>> masks, torch::Tensor slots,
                                      torch::Tensor starts, torch::Tensor counts, std::vector<int64_t> capture,
                                      std::vector<int64_t> logit_rows, std::optional<torch::Tensor> emb) {
-#if SPECDECODE_VNNI
     checks::tensor(x, "x");
     checks::tensor(k_cache, "k_cache");
     checks::tensor(v_cache, "v_cache");
@@ -490,7 +489,7 @@ class Stack {
     float *xp = x.data_ptr<float>(), *xn = out[0].data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
     float *attp = att.data_ptr<float>(), *dp = delta.data_ptr<float>(), *gup = gate_up.data_ptr<float>();
     float *actp = act.data_ptr<float>(), *logitp = out[1].data_ptr<float>();
-    const vnni::QuantRows qr = qb.rows();
+    const tile::QuantRows qr = qb.rows();
     const int limit = attn::group_limit(d_);
     const auto groups = attn::groups(layout, heads_, kv_heads_, limit);
     const int64_t stride = layout.longest + attn::L;
@@ -608,9 +607,6 @@ class Stack {
       }
     }
     return out;
-#else
-    TORCH_CHECK(false, "Stack: this build has no AVX-512 VNNI");
-#endif
   }
 
  private:
@@ -633,7 +629,7 @@ class Stack {
 };
 
 void bind_stack(pybind11::module& m) {
-  pybind11::class_<Stack>(m, "Stack", pybind11::module_local(), "A Llama-form model's layers on the interleaved VNNI kernels, one call a forward")
+  pybind11::class_<Stack>(m, "Stack", pybind11::module_local(), "A Llama-form model's layers on the interleaved tile kernels, one call a forward")
       .def(pybind11::init<const pybind11::object&>(), pybind11::arg("params"),
            "the stack of a stack.StackParams (its fields read by name)")
       .def_property_readonly("has_head", &Stack::has_head)

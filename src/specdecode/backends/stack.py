@@ -1,8 +1,8 @@
-"""The whole layer stack in one native call (stack.cpp) for `--dtype gguf` on AVX-512 VNNI.
+"""The whole layer stack in one native call (stack.cpp) for `--dtype gguf`, on every ISA's tiles.
 
 fast_llama.fused_layers runs a forward as ~9 kernel calls per layer; for a pre-norm model (Llama's form,
 with Qwen2's biases, Qwen3's q/k norms, Gemma 3's q/k and sandwich norms and GELU) whose linears are all
-interleaved VNNI matrices, `build` makes one kernels.Stack at load instead, and
+interleaved tile matrices, `build` makes one kernels.Stack at load instead, and
 fused_layers hands it the whole forward, the LM head included when that is interleaved too. Its rows
 carry the bits of the per-op path (tested), so every invariant of that path (a row never depends on
 the others) holds unchanged.
@@ -134,10 +134,10 @@ class NativeStack:
 
 def build(model) -> NativeStack | None:
     """A NativeStack for `model` (a FastLlama whose linears are gguf_weights.QuantLinear, from
-    gguf_model.FileWeights) when every linear is made of interleaved VNNI matrices and its layers are
+    gguf_model.FileWeights) when every linear is made of interleaved tile matrices and its layers are
     pre-norm with a SiLU- or GELU-tanh-gated MLP; q|k|v biases (Qwen2), q/k norms (Qwen3, Gemma 3) and
     norms after attention and MLP (Gemma 3) each in every layer or in none; else None (fused_layers keeps
-    its per-op path: machines without VNNI, matrices of other layouts)."""
+    its per-op path: float weights, matrices of other layouts)."""
     layers = model.layers
     for has in (
         lambda layer: layer.qkv.bias is not None,

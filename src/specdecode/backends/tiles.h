@@ -1,4 +1,4 @@
-// Which tiles of x rows meet which weight rows, for kernels.cpp's and kernels_i8.cpp's matmuls.
+// Which tiles of x rows meet which weight rows, for kernels.cpp's float and exact-dequantized matmuls.
 #pragma once
 
 #include <ATen/Parallel.h>

@@ -1,31 +1,33 @@
-// `--dtype gguf` matmuls on AVX-512 VNNI: weight rows interleaved 16 at a time, so that one
-// vpdpbusd yields partial sums for 16 weight rows and each unpacked block serves every row of x.
+// `--dtype gguf` matmuls on tile.h's interleaved layout: weight rows interleaved 16 at a time, so that
+// one multiply-add of bytes yields partial sums for 16 (AVX-512 VNNI), 8 (AVX2, AVX-VNNI) or 4 (NEON)
+// weight rows and each unpacked block serves every row of x; the microkernel is this build's ISA's
+// (tile.h).
 //
-// Why: kernels_i8.cpp forms one weight row's dot product with each x row in turn (a 256-bit dot,
-// a conversion and an FMA per 32 weights per row of x, a horizontal sum per output). Verifying k
-// drafts then pays almost a full pass per extra row (docs/native_forward.md). Here a block of 32
-// weights of 16 rows is 4 registers of nibbles, unpacked once into 8 registers; each row of x then
-// costs 8 vpdpbusd with its 4 activation bytes broadcast from memory, one conversion and two FMAs
-// for 16 outputs, and no horizontal sums (ggml's repacked Q4_0x8 and ik_llama.cpp's unpackers are
-// the idea; the layout and code are ours).
+// Why: a kernel that forms one weight row's dot product with each x row in turn (a dot, a conversion
+// and an FMA per 32 weights per row of x, a horizontal sum per output) makes verifying k drafts pay
+// almost a full pass per extra row (docs/native_forward.md). Here a block of 32 weights of 16 rows is
+// 4 x 64 bytes of nibbles, unpacked once; each row of x then costs a few byte multiply-adds with its
+// 4 activation bytes broadcast, one conversion and two FMAs per lane, and no horizontal sums (ggml's
+// repacked Q4_0x8 and ik_llama.cpp's unpackers are the idea; the layout and code are ours).
 //
 // Layout (pack_*): rows in groups of 16 (the last group zero-padded); per group and block of 32:
 //   q4: 4 x 64 bytes; register t holds, for row l, the 4 bytes t*4..t*4+3 of its block as the file
 //       stores them (weight j in byte j's low nibble, j + 16 in its high), so its low nibbles are
 //       weights 4t..4t+3 and its high nibbles weights 16+4t..16+4t+3: registers U_0..U_7 cover the
 //       block 4 weights at a time, in order.
-//   q8: 8 x 64 bytes, register t: weights 4t..4t+3 of row l, plus 128 (vpdpbusd multiplies unsigned
-//       by signed bytes; 128 * sum(x) is subtracted back exactly, in integers).
+//   q8: 8 x 64 bytes, register t: weights 4t..4t+3 of row l, plus 128 (byte multiply-adds take
+//       unsigned by signed bytes; 128 * sum(x) is subtracted back exactly, in integers).
+//   q6, q5: q8 matrices whose weights fit 6 or 5 bits, kept so (tile_ref.h says how).
 //   scales [groups, G, 2, 16]: q4 (s, o) of the 16 rows, q8 (s of weights 0..15, of 16..31); float16
 //       where that holds them exactly (the fp16 d and m of Q4_0/Q4_1/Q5_0/Q8_0: 14% fewer bytes per
-//       step), else float32. q8_0 (linear_q8_0_vnni): a q8 matrix whose two scales are equal in every
+//       step), else float32. q8_0 (linear_q8_0_tile): a q8 matrix whose two scales are equal in every
 //       block (Q8_0, Q5_0) keeps one, [groups, G, 1, 16]. K-quants' sub-block scales, products of a
 //       super-block's float16 factor and a small integer, are kept factored as the file keeps them
-//       (uint8 [groups, G / 8, vnni::FACTORED], vnni_tile.h): 40 bytes a block of 16 rows instead of
+//       (uint8 [groups, G / 8, tile::FACTORED], tile.h): 40 bytes a block of 16 rows instead of
 //       128, 23% fewer bytes per step on a Q4_K matrix, 14% on a Q6_K one.
-// Invariant, as in kernels_i8.cpp: each row of x is quantized on its own (the same bytes as there)
-// and its sums are formed in the same order whatever the other rows: verifying k drafts gives the
-// bits of k single-token steps, and a batch gives each request the bits it gets alone.
+// Invariant: each row of x is quantized on its own and its sums are formed in the same order whatever
+// the other rows: verifying k drafts gives the bits of k single-token steps, and a batch gives each
+// request the bits it gets alone, on every ISA (tests/native/tile_check.cpp).
 
 #include <torch/extension.h>
 
@@ -35,11 +37,11 @@
 #include <cstring>
 #include <type_traits>
 
-#include "vnni_tile.h"
+#include "tile.h"
 
 namespace {
 
-using namespace vnni;
+using namespace tile;
 
 template <int BITS, bool ONE = false>
 torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const torch::Tensor& quants, int64_t N) {
@@ -58,7 +60,6 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const 
                            scales.dim() == 4 && scales.size(0) == groups && scales.size(1) == G &&
                            scales.size(2) == (ONE ? 1 : 2) && scales.size(3) == R),
               "scales: expected a contiguous float32 or float16 [ceil(N / 16), K / 32, ", ONE ? 1 : 2, ", 16] tensor");
-#if SPECDECODE_VNNI
   auto xq = torch::empty({M, K}, x.options().dtype(torch::kInt8));
   auto xd = torch::empty({M, G}, x.options()), xS = torch::empty({M, G}, x.options());
   auto xh = torch::empty({M, G, 2}, x.options().dtype(torch::kInt32));
@@ -69,22 +70,19 @@ torch::Tensor matmul(const torch::Tensor& x, const torch::Tensor& scales, const 
   const QuantRows rows{xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xS.data_ptr<float>(), xh.data_ptr<int32_t>()};
   float* yp = y.data_ptr<float>();
   auto run = [&](auto* ws) {
-    using Scale = std::remove_pointer_t<decltype(ws)>;
+    using Scale = std::remove_cv_t<std::remove_pointer_t<decltype(ws)>>;
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-      vnni::groups<BITS, Scale, ONE>(wq, ws, rows, yp, N, M, G, N, g0, g1);
+      tile::groups<BITS, Scale, ONE>(wq, ws, rows, yp, N, M, G, N, g0, g1);
     });
   };
   if (factored) {
     if constexpr (!ONE) run(scales.data_ptr<uint8_t>());
   } else if (half) {
-    run(scales.data_ptr<at::Half>());
+    run(reinterpret_cast<const f16*>(scales.data_ptr<at::Half>()));
   } else {
     run(scales.data_ptr<float>());
   }
   return y;
-#else
-  TORCH_CHECK(false, "interleaved linear: this build has no AVX-512 VNNI");
-#endif
 }
 
 // Old layout (gguf_weights.QuantMatrix: scales [N, G, 2], quants [N, G * 16] uint8 or [N, G * 32]
@@ -143,53 +141,50 @@ std::vector<torch::Tensor> unpack(const torch::Tensor& ps, const torch::Tensor& 
 
 }  // namespace
 
-// 16 on a build with AVX-512 VNNI (the interleaved kernels run), else 0.
-int64_t vnni_rows() {
-#if SPECDECODE_VNNI
-  return R;
-#else
-  return 0;
-#endif
-}
+// Weight rows interleaved by the tile kernels (16), on every build.
+int64_t tile_rows() { return R; }
+
+// The ISA of this build's tile microkernel: avx512vnni, avxvnni, avx2, neon or scalar (tile.h).
+std::string tile_isa() { return SPECDECODE_TILE_ISA; }
 
 // x: [M, K] float32, each row quantized to 8 bits per block of 32; W: N interleaved 4-bit rows
-// (pack_q4_vnni) -> x W^T [M, N] float32
-torch::Tensor linear_q4_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+// (pack_q4_tile) -> x W^T [M, N] float32
+torch::Tensor linear_q4_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
   return matmul<4>(x, scales, quants, N);
 }
 
-// The same for 8-bit rows (pack_q8_vnni)
-torch::Tensor linear_q8_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+// The same for 8-bit rows (pack_q8_tile)
+torch::Tensor linear_q8_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
   return matmul<8>(x, scales, quants, N);
 }
 
-// The same for 8-bit rows with one scale per block of 32 (Q8_0; pack_q8_vnni's scales, one of each
+// The same for 8-bit rows with one scale per block of 32 (Q8_0; pack_q8_tile's scales, one of each
 // block's two equal halves kept: [ceil(N / 16), K / 32, 1, 16])
-torch::Tensor linear_q8_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+torch::Tensor linear_q8_0_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
   return matmul<8, true>(x, scales, quants, N);
 }
 
 // The same for 6-bit rows (gguf_weights.Interleaved.pack's "q6": quants [ceil(N / 16), K / 32, 384])
-torch::Tensor linear_q6_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+torch::Tensor linear_q6_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
   return matmul<6>(x, scales, quants, N);
 }
 
 // ... with one scale per block of 32 ("q6_0")
-torch::Tensor linear_q6_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+torch::Tensor linear_q6_0_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
   return matmul<6, true>(x, scales, quants, N);
 }
 
 // The same for 5-bit rows ("q5": weights in -16..15, quants [ceil(N / 16), K / 32, 320])
-torch::Tensor linear_q5_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+torch::Tensor linear_q5_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
   return matmul<5>(x, scales, quants, N);
 }
 
 // ... with one scale per block of 32 ("q5_0": Q5_0's blocks)
-torch::Tensor linear_q5_0_vnni(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
+torch::Tensor linear_q5_0_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N) {
   return matmul<5, true>(x, scales, quants, N);
 }
 
-std::vector<torch::Tensor> pack_q4_vnni(torch::Tensor scales, torch::Tensor quants) { return pack<true>(scales, quants); }
-std::vector<torch::Tensor> pack_q8_vnni(torch::Tensor scales, torch::Tensor quants) { return pack<false>(scales, quants); }
-std::vector<torch::Tensor> unpack_q4_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N) { return unpack<true>(ps, pq, N); }
-std::vector<torch::Tensor> unpack_q8_vnni(torch::Tensor ps, torch::Tensor pq, int64_t N) { return unpack<false>(ps, pq, N); }
+std::vector<torch::Tensor> pack_q4_tile(torch::Tensor scales, torch::Tensor quants) { return pack<true>(scales, quants); }
+std::vector<torch::Tensor> pack_q8_tile(torch::Tensor scales, torch::Tensor quants) { return pack<false>(scales, quants); }
+std::vector<torch::Tensor> unpack_q4_tile(torch::Tensor ps, torch::Tensor pq, int64_t N) { return unpack<true>(ps, pq, N); }
+std::vector<torch::Tensor> unpack_q8_tile(torch::Tensor ps, torch::Tensor pq, int64_t N) { return unpack<false>(ps, pq, N); }

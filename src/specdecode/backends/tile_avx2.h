@@ -1,0 +1,158 @@
+// tile.h's microkernel for 256-bit AVX2 (AMD Zen 1-3, Intel client chips), and for AVX-VNNI (Intel
+// Alder Lake on, Zen 5) where the build has it. A group's 16 rows are worked as two halves of 8, each
+// half of a register t's 64 bytes (rows 8h..8h+7) one ymm: a block of 32 weights of 8 rows is
+// unpacked once into 8 registers, then each row of x costs, per register, a broadcast of its 4
+// activation bytes and one multiply-add of bytes (AVX-VNNI: vpdpbusd; AVX2: vpmaddubsw, whose 16-bit
+// sums are added up as far as they cannot overflow, then widened by one vpmaddwd), and per block one
+// conversion and one or two FMAs for 8 outputs.
+//
+// The integer sums are exact on every path, so the floats that follow are those of tile_ref.h.
+// maddubs multiplies unsigned by signed bytes and adds pairs to a saturating int16: q4 (0..15),
+// q5 (0..31) and q6 (0..63) bytes fit, 8, 4 and 2 registers summed in int16 (|sum| <= 32,004); q8's
+// q + 128 does not, so its bytes go back to q and multiply as |q| by x with q's sign (|q| <= 128).
+#pragma once
+
+#include <immintrin.h>
+
+namespace tile::avx2 {
+
+#if defined(__AVXVNNI__)
+constexpr bool VNNI = true;
+#else
+constexpr bool VNNI = false;
+#endif
+
+inline __m256 scales8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 scales8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 int8s(const uint8_t* p) {  // 8 int8 -> 8 floats
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// block g's two scale vectors for rows 8h..8h+7 of a group's scales
+template <bool ONE, typename Scale>
+inline void block_scales(const Scale* ws, int64_t g, int h, __m256& s0, __m256& s1) {
+  if constexpr (std::is_same_v<Scale, uint8_t>) {
+    const uint8_t* sb = ws + (g >> 3) * FACTORED;
+    const auto* f = reinterpret_cast<const f16*>(sb);
+    const uint8_t* c = sb + 4 * R + (g & 7) * 2 * R;
+    s0 = _mm256_mul_ps(scales8(f + 8 * h), int8s(c + 8 * h));
+    s1 = _mm256_mul_ps(scales8(f + R + 8 * h), int8s(c + R + 8 * h));
+  } else {
+    constexpr int64_t per = ONE ? 16 : 32;  // scales a block
+    s0 = scales8(ws + g * per + 8 * h), s1 = ONE ? s0 : scales8(ws + g * per + 16 + 8 * h);
+  }
+}
+
+// init + the dot products of registers T0..T1-1 with x's 4 bytes each (xb[t]): 8 int32 lanes, 4
+// products each. SIGNED: u holds q (signed), else unsigned bytes; CHUNK registers summed in int16.
+template <int T0, int T1, int CHUNK, bool SIGNED>
+inline __m256i dots(const __m256i* u, const int32_t* xb, __m256i init) {
+  if constexpr (VNNI && !SIGNED) {
+#if defined(__AVXVNNI__)
+    for (int t = T0; t < T1; ++t) init = _mm256_dpbusd_avx_epi32(init, u[t], _mm256_set1_epi32(xb[t]));
+#endif
+    return init;
+  } else {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int c = T0; c < T1; c += CHUNK) {
+      __m256i s = _mm256_setzero_si256();
+      for (int t = c; t < c + CHUNK; ++t) {
+        const __m256i x = _mm256_set1_epi32(xb[t]);
+        const __m256i p = SIGNED ? _mm256_maddubs_epi16(_mm256_sign_epi8(u[t], u[t]), _mm256_sign_epi8(x, u[t]))
+                                 : _mm256_maddubs_epi16(u[t], x);
+        s = t == c ? p : _mm256_add_epi16(s, p);
+      }
+      init = _mm256_add_epi32(init, _mm256_madd_epi16(s, ones));
+    }
+    return init;
+  }
+}
+
+// Outputs of one group of 16 weight rows for MB rows of x from m0 (tile_ref.h's group_tile), in pass
+// `pass` of `passes`; next: the next group's weights or null.
+//
+// A group is swept 2 x passes times (a half of its rows each), and only the first sweep reads it from
+// memory: the others find it in cache. Each sweep therefore also prefetches its share of the next
+// group's lines (line i of block g in sweep i % sweeps), so that memory streams while any sweep
+// computes: with the first sweep alone prefetching, T(4) of the 1.5B was T(1) plus the other sweeps'
+// compute.
+template <int BITS, int MB, typename Scale, bool ONE = false>
+void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
+                const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0,
+                const uint8_t* next, int pass, int passes) {
+  constexpr bool Q4 = BITS == 4, SIGNED = BITS == 8 && !VNNI;
+  constexpr int CHUNK = BITS == 4 ? 8 : BITS == 5 ? 4 : BITS == 6 ? 2 : 1;
+  constexpr int64_t bytes = BITS * 64;
+  constexpr int bias = Q4 ? 0 : 8 - BITS;  // q6 bytes are q + 32, q5's q + 16 (q8: q + 128): 128 sum(x) >> 2, 3
+  const __m256i low = _mm256_set1_epi8(15);
+  const int sweeps = 2 * passes;
+  for (int h = 0; h < 2 && 8 * h < valid; ++h) {
+    const int sweep = 2 * pass + h;
+    __m256 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* p = wq + g * bytes + 32 * h;
+      if (h == 0 && pass == 0)  // the block PREFETCH bytes ahead (tile_avx512.h)
+        for (int i = 0; i < BITS; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH + 64 * i), _MM_HINT_T0);
+      if (next != nullptr)
+        for (int i = sweep; i < BITS; i += sweeps)
+          _mm_prefetch(reinterpret_cast<const char*>(next + g * bytes + 64 * i), _MM_HINT_T0);
+      __m256i u[8];
+      if constexpr (BITS == 8) {
+        for (int t = 0; t < 8; ++t) {
+          u[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t));
+          if (SIGNED) u[t] = _mm256_xor_si256(u[t], _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128 -> q
+        }
+      } else {
+        for (int t = 0; t < 4; ++t) {
+          const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t));
+          u[t] = _mm256_and_si256(b, low);
+          u[t + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+        }
+        if constexpr (BITS == 5 || BITS == 6) {  // each nibble's high bits put back above it
+          constexpr int H = BITS - 4, PER = 8 / H;
+          const __m256i hbits = _mm256_set1_epi8(static_cast<char>(((1 << H) - 1) << 4));
+          for (int t = 0; t < 8; ++t) {
+            const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 256 + 64 * (t / PER)));
+            const int at = H * (t % PER);  // its bits at `at` of hb's byte -> bits 4..4 + H - 1
+            const __m256i moved = at < 4 ? _mm256_slli_epi16(hb, 4 - at) : at == 4 ? hb : _mm256_srli_epi16(hb, at - 4);
+            u[t] = _mm256_or_si256(u[t], _mm256_and_si256(moved, hbits));
+          }
+        }
+      }
+      __m256 s0, s1;
+      block_scales<ONE>(ws, g, h, s0, s1);
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        const int64_t xi = (m0 + m) * G + g;
+        const auto* xb = reinterpret_cast<const int32_t*>(xq + xi * 32);
+        const __m256 d = _mm256_set1_ps(xd[xi]);
+        if constexpr (Q4) {
+          const __m256i dot = dots<0, 8, CHUNK, false>(u, xb, _mm256_setzero_si256());
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s0, d), acc[m]);
+          acc[m] = _mm256_fmadd_ps(s1, _mm256_set1_ps(xS[xi]), acc[m]);
+        } else if constexpr (ONE) {
+          const __m256i init = _mm256_set1_epi32(SIGNED ? 0 : -((xh[2 * xi] + xh[2 * xi + 1]) >> bias));
+          const __m256i dot = dots<0, 8, CHUNK, SIGNED>(u, xb, init);
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s0, d), acc[m]);
+        } else {
+          const __m256i lo = dots<0, 4, CHUNK, SIGNED>(u, xb, _mm256_set1_epi32(SIGNED ? 0 : -(xh[2 * xi] >> bias)));
+          const __m256i hi = dots<4, 8, CHUNK, SIGNED>(u, xb, _mm256_set1_epi32(SIGNED ? 0 : -(xh[2 * xi + 1] >> bias)));
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(s0, d), acc[m]);
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(s1, d), acc[m]);
+        }
+      }
+    }
+    const int64_t rows = std::min<int64_t>(8, valid - 8 * h);
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rows)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int m = 0; m < MB; ++m) {
+      float* out = y + (m0 + m) * N + r0 + 8 * h;
+      if (rows == 8)
+        _mm256_storeu_ps(out, acc[m]);
+      else
+        _mm256_maskstore_ps(out, keep, acc[m]);
+    }
+  }
+}
+
+}  // namespace tile::avx2

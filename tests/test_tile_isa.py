@@ -1,0 +1,81 @@
+"""Every ISA's tile microkernel against the portable reference, bit for bit (tests/native/tile_check.cpp,
+built without torch): for each x86 ISA this CPU can run (kernels.ISAS), and for ARM NEON (and ARM's
+scalar build) cross-compiled and run under qemu-aarch64. CI installs the cross compiler and qemu-user
+(.ci/run); elsewhere the ARM cases are skipped when they are missing. The ISA switch
+(SPECDECODE_ISA) refuses names it does not know and ISAs this CPU cannot run."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from specdecode.backends import kernels
+from specdecode.errors import UserError
+
+HERE = Path(__file__).parent
+SOURCE = HERE / "native" / "tile_check.cpp"
+INCLUDE = Path(kernels.__file__).parent
+X86 = platform.machine() == "x86_64"
+CPU_FLAGS = set(kernels._cpu_flags().partition(":")[2].split())
+
+
+def build_and_run(tmp_path: Path, compiler: str, flags: list[str], runner: list[str]) -> str:
+    exe = tmp_path / "tile_check"
+    subprocess.run([compiler, "-O2", *flags, f"-I{INCLUDE}", str(SOURCE), "-o", str(exe)], check=True)
+    done = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def runnable_x86_isas() -> list[str]:
+    if not X86 or shutil.which("g++") is None:
+        return []
+    return [isa for isa in ("scalar", "avx2", "avxvnni", "avx512vnni") if kernels.ISAS[isa][1] <= CPU_FLAGS]
+
+
+@pytest.mark.parametrize("isa", runnable_x86_isas())
+def test_the_microkernel_of_each_isa_this_cpu_runs_has_the_references_bits(isa, tmp_path):
+    out = build_and_run(tmp_path, "g++", [f for f in kernels.ISAS[isa][0] if f != "-mtune=native"], [])
+    assert out.splitlines()[0].startswith(f"tile ISA {isa},")  # the build ran the microkernel it names
+    assert "264 passed, 0 failed" in out
+
+
+def test_the_native_build_runs_the_microkernel_the_kernels_report(tmp_path):
+    ops = kernels.load()
+    if ops is None or shutil.which("g++") is None:
+        pytest.skip("no C++ compiler")
+    out = build_and_run(tmp_path, "g++", ["-march=native"], [])
+    assert out.splitlines()[0].startswith(f"tile ISA {ops.tile_isa()},")
+    if kernels.requested_isa() == "native" and X86:
+        assert ops.tile_isa() != "scalar"  # every x86-64 CPU we name has at least AVX2
+
+
+ARM = shutil.which("aarch64-linux-gnu-g++") and shutil.which("qemu-aarch64")
+
+
+@pytest.mark.skipif(not ARM and not os.environ.get("CI"), reason="no aarch64 cross compiler or qemu-aarch64")
+@pytest.mark.parametrize("isa, march", [("neon", "armv8.2-a+dotprod"), ("scalar", "armv8-a")])
+def test_arm_microkernels_under_emulation_have_the_references_bits(isa, march, tmp_path):
+    assert ARM, "CI installs g++-aarch64-linux-gnu and qemu-user (.ci/run)"
+    out = build_and_run(tmp_path, "aarch64-linux-gnu-g++", [f"-march={march}", "-static"], ["qemu-aarch64"])
+    assert out.splitlines()[0].startswith(f"tile ISA {isa},")
+    assert "264 passed, 0 failed" in out
+
+
+def test_the_isa_switch_refuses_unknown_names_and_isas_the_cpu_lacks(monkeypatch):
+    monkeypatch.setenv("SPECDECODE_ISA", "avx9000")
+    with pytest.raises(UserError, match="SPECDECODE_ISA=avx9000: unknown instruction set; one of native, "):
+        kernels.requested_isa()
+    monkeypatch.setenv("SPECDECODE_ISA", "avx512vnni")
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: "flags\t\t: fpu sse2 avx2 fma f16c")
+    with pytest.raises(UserError, match="cannot run it .it lacks avx512_vnni, avx512bw, avx512f, avx512vl"):
+        kernels.requested_isa()
+    monkeypatch.setenv("SPECDECODE_ISA", " AVX2 ")
+    assert kernels.requested_isa() == "avx2"
+    monkeypatch.delenv("SPECDECODE_ISA")
+    assert kernels.requested_isa() == "native"
