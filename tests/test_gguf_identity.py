@@ -127,23 +127,24 @@ def test_a_draft_chain_with_a_confidence_stop_stays_lossless(tiny_gguf):
             drafters.build(bad, ctx)
 
 
-def test_stop_auto_is_the_measured_cost_of_a_draft_pass_in_target_steps(tiny_gguf, monkeypatch):
-    """`draft:stop=auto:<model>` sets P% from pass_cost, timed on forks of both models: neither the
-    target's cache nor the draft's changes; a cost of a whole step or more still drafts one token."""
-    from specdecode.drafters.draft_model import pass_cost
+def test_stop_auto_is_the_measured_cost_of_a_draft_pass_and_a_verification_row(tiny_gguf, monkeypatch):
+    """`draft:stop=auto:<model>` sets P% to c + v from chain_costs (a draft pass and one more
+    verification row, in target steps), timed on forks of both models: neither the target's cache nor
+    the draft's changes; a cost of a whole step or more still drafts one token."""
+    from specdecode.drafters.draft_model import chain_costs
 
     target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
     ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
     target.model.extend(torch.tensor([1, 2, 3]))
-    cost = pass_cost(target.model, target.model)  # a model against itself
-    assert 0.5 < cost < 2.0 and target.model.length == 3
+    c, v = chain_costs(target.model, target.model)  # a model against itself
+    assert 0.5 < c < 2.0 and 0.0 <= v < 1.0 and target.model.length == 3
     drafter = drafters.build(f"draft:stop=auto:{tiny_gguf}", ctx)
     assert 0.0 < drafter.stop <= 0.95 and target.model.length == 3 and drafter.cached == []
     seen = []
-    monkeypatch.setattr(drafters, "pass_cost", lambda draft, tgt: seen.append((draft, tgt)) or 0.25)
-    assert drafters.build(f"draft:vocab=200:stop=auto:{tiny_gguf}", ctx).stop == 0.25
+    monkeypatch.setattr(drafters, "chain_costs", lambda draft, tgt: seen.append((draft, tgt)) or (0.25, 0.1))
+    assert drafters.build(f"draft:vocab=200:stop=auto:{tiny_gguf}", ctx).stop == 0.35  # c + v
     assert seen[0][1] is target.model and seen[0][0].vocab_size < target.model.vocab_size  # the cut head
-    monkeypatch.setattr(drafters, "pass_cost", lambda draft, tgt: 3.0)
+    monkeypatch.setattr(drafters, "chain_costs", lambda draft, tgt: (3.0, 0.2))
     assert drafters.build(f"draft:b=2:nodes=6:stop=auto:{tiny_gguf}", ctx).stop == 0.95
 
 

@@ -30,7 +30,7 @@ from specdecode.backends.models import LoadedModel
 from specdecode.backends.precision import FP32, Precision
 from specdecode.core.drafter import Drafter, Proposal
 from specdecode.drafters.cross_vocab import CrossVocabDrafter
-from specdecode.drafters.draft_model import DraftModelDrafter, pass_cost
+from specdecode.drafters.draft_model import DraftModelDrafter, chain_costs
 from specdecode.drafters.draft_tree import DraftTreeDrafter
 from specdecode.drafters.draft_vocab import frequent_tokens
 from specdecode.drafters.ensemble import EnsembleDrafter
@@ -172,10 +172,13 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         token_map = frequent_tokens(tokenizer, spec.option("vocab"), min(model.vocab_size, vocab))
         model = model.with_head_rows(token_map)
     stop = spec.option("stop", 0)
-    if stop == "auto":  # P = c, the measured cost of a draft pass in target steps (draft_model.py)
-        cost = 100 * pass_cost(model, ctx.target.model)
-        stop = min(95.0, round(cost, 1))  # a draft as dear as its target still drafts one token a step
-        note = f"{spec}: a draft pass costs {cost:.1f}% of a target pass; stop={stop:g}"
+    if stop == "auto":  # P = c + v, a draft pass and a verification row in target steps (draft_model.py)
+        c, v = chain_costs(model, ctx.target.model)
+        stop = min(95.0, round(100 * (c + v), 1))  # a draft as dear as its target still drafts one token
+        note = (
+            f"{spec}: a draft pass costs {100 * c:.1f}% of a target pass, a verification row "
+            f"{100 * v:.1f}%; stop={stop:g}"
+        )
         print(f"specdecode: {note}", file=sys.stderr)
     if spec.option("b") is not None:  # stop: parsed below 100, and only with nodes= (_parse_draft)
         return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"), token_map, stop / 100)

@@ -10,12 +10,14 @@ will likely reject. Which tokens are proposed changes, never what is emitted: gr
 keeps the target's argmax, and with sampling the stopping rule looks only at the draft's own
 distributions, so rejection sampling stays exact.
 
-`draft:stop=auto:<model>` sets P to c, the measured time of one draft pass over the time of one
-target pass (`pass_cost`, once when the drafter is built). One more draft token costs about c target
-steps and saves one step if the target accepts it, and the chain's draft probability stands in for
-that chance: drafting goes on while it is worth its cost. A draft a third the target's cost stops
-near 33% (the Qwen2.5-Coder 0.5B / 1.5B pair: 40 measured best of 20 and 40, docs/drafters.md); a
-draft far cheaper than its target hardly stops at all.
+`draft:stop=auto:<model>` sets P to c + v, measured once when the drafter is built (`chain_costs`):
+c the time of one draft pass and v the target's cost of one more verification row, each over the
+time of one target pass. One more draft token costs about c + v target steps and saves one step if
+the target accepts it, and the chain's draft probability stands in for that chance: drafting goes on
+while it is worth its cost. Where rows are nearly free (AVX-512 VNNI: v ~0.03) a draft a third the
+target's cost stops near 36% (the Qwen2.5-Coder 0.5B / 1.5B pair: 40 measured best of 20 and 40,
+docs/drafters.md); where a row costs 0.15 of a step (AVX2) the same pair stops near 50%; a draft far
+cheaper than a cheap row hardly stops at all.
 """
 
 from __future__ import annotations
@@ -62,17 +64,18 @@ class DraftModelDrafter(DraftLM):
         return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
 
 
-def pass_cost(draft: CausalLM, target: CausalLM, repeats: int = 5) -> float:
-    """c: the median time of a draft pass over one token / the target's (interleaved, after a warm-up),
+def chain_costs(draft: CausalLM, target: CausalLM, repeats: int = 5, rows: int = 5) -> tuple[float, float]:
+    """(c, v): the median time of a draft pass over one token / the target's, and the target's extra
+    time per verification row, (T(rows) - T(1)) / (rows - 1) / T(1): interleaved, after a warm-up,
     each on a fork with a cache of its own, so a model already serving requests is left untouched."""
-    models = draft.fork(), target.fork()
-    token = torch.tensor([0])
-    samples: list[list[float]] = [[], []]
+    runs = [(draft.fork(), 1), (target.fork(), 1), (target.fork(), rows)]
+    samples: list[list[float]] = [[] for _ in runs]
     for i in range(repeats + 1):
-        for model, times in zip(models, samples):
+        for (model, n), times in zip(runs, samples):
             model.reset()
             t0 = time.perf_counter()
-            model.extend(token, num_logits=1)
+            model.extend(torch.zeros(n, dtype=torch.long), num_logits=n)
             if i:  # the first pass of each is the warm-up
                 times.append(time.perf_counter() - t0)
-    return statistics.median(samples[0]) / statistics.median(samples[1])
+    draft_s, one, many = (statistics.median(times) for times in samples)
+    return draft_s / one, max(0.0, (many - one) / (rows - 1) / one)
