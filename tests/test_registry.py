@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -157,3 +158,39 @@ def test_derived_caches_follow_the_file_content_not_its_path(tmp_path, monkeypat
     second.write_bytes(data[:-1])
     seen.add(derived_dir(second, "models"))
     assert len(seen) == 5
+
+
+def test_a_target_speculates_with_its_measured_best_when_none_is_named(monkeypatch):
+    """registry.speculation: the named drafter and k as given; else a registry model's measured best
+    (by name or by its file's name) when the models it drafts with are installed, else n-gram at k 4,
+    saying why and how to fetch what is missing."""
+    from specdecode import drafters
+
+    best = registry.MODELS["qwen2.5-coder-1.5b"].speculation
+    assert best.needs == ("qwen2.5-coder-0.5b",) and drafters.parse(best.drafter).draft_models
+    assert (Path(__file__).parents[1] / best.evidence).is_file()  # the measurement it rests on
+    assert registry.speculation("qwen2.5-coder-1.5b", "none", 2) == ("none", 2, "")
+    assert registry.speculation(None) == ("ngram", 4, "")
+    assert registry.speculation("smollm2-135m") == ("ngram", 4, "")
+    monkeypatch.setattr(registry.Model, "present", lambda self: True)
+    drafter, k, why = registry.speculation("qwen2.5-coder-1.5b")
+    assert (drafter, k) == (best.drafter, best.k) and best.evidence in why
+    file = f"/elsewhere/{registry.MODELS['qwen2.5-coder-1.5b'].file}"
+    assert registry.speculation(file, k=3)[:2] == (best.drafter, 3)
+    assert registry.speculation("qwen2.5-coder-1.5b", "ngram")[:2] == ("ngram", 4)  # a named drafter: its k
+    monkeypatch.setattr(registry.Model, "present", lambda self: self.name != "qwen2.5-coder-0.5b")
+    drafter, k, why = registry.speculation("qwen2.5-coder-1.5b")
+    assert (drafter, k) == ("ngram", 4) and "specdecode models fetch qwen2.5-coder-0.5b" in why
+
+
+def test_generate_and_serve_leave_the_drafter_and_k_to_the_target(monkeypatch):
+    monkeypatch.setattr(registry.Model, "present", lambda self: True)
+    for command in ("generate", "serve"):
+        argv = [command, "x"] if command == "generate" else [command]
+        args = cli.parser().parse_args([*argv, "--target", "qwen2.5-coder-1.5b"])
+        assert args.drafter is None and args.k is None
+        cli.options.speculation(args)
+        assert (args.drafter, args.k) == (registry.SIBLING_DRAFT.drafter, registry.SIBLING_DRAFT.k)
+        args = cli.parser().parse_args([*argv, "--k", "2"])
+        cli.options.speculation(args)
+        assert (args.drafter, args.k) == ("ngram", 2)

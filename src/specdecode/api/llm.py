@@ -24,7 +24,7 @@ from specdecode import engine as eng
 from specdecode.api.outputs import CompletionOutput, RequestOutput, StreamDelta
 from specdecode.api.params import SamplingParams
 from specdecode.api.structured import Compiler
-from specdecode.backends import models
+from specdecode.backends import models, registry
 from specdecode.backends.precision import FP32, Precision
 from specdecode.core.tasks import TASKS, classify
 from specdecode.decoding.config import Route, load_config
@@ -39,16 +39,18 @@ Prompt = str | list[int]  # text, or token ids used as they are
 class LLM:
     """A target model with a drafter. model: None (the default SmolLM2-135M-Instruct GGUF), a Hugging
     Face directory, a .gguf file or a hub id; drafter: a spec ("ngram", "eagle", "draft:DIR", ...,
-    see `specdecode.drafters`) or a parsed Spec; k: draft tokens per step (the most, when adaptive);
+    see `specdecode.drafters`) or a parsed Spec, None for the target's measured best where the
+    registry names one (`qwen2.5-coder-1.5b`: its 0.5B sibling beside n-gram lookup at k 8), else
+    "ngram"; k: draft tokens per step (the most, when adaptive), None for the drafter's default (4);
     dtype: fp32, bf16, gguf, gguf-exact or auto (gguf for a GGUF file on CPU, else fp32), or a parsed
     Precision; `llm.precision` is the one it resolved to."""
 
     def __init__(
         self,
         model: str | None = None,
-        drafter: str | Spec = "ngram",
+        drafter: str | Spec | None = None,
         *,
-        k: int = 4,
+        k: int | None = None,
         adaptive: bool = False,
         dtype: str | Precision = "auto",
         device: str | None = None,
@@ -68,6 +70,11 @@ class LLM:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+        if drafter is None or k is None:
+            named, k, why = registry.speculation(model, None if drafter is None else str(drafter), k)
+            drafter = named if drafter is None else drafter
+            if why:
+                print(f"specdecode: {why}", file=sys.stderr)
         self.spec = drafters.parse(drafter)
         self.k, self.adaptive = check_k(k), adaptive
         if max_batch < 1:

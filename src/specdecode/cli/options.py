@@ -9,7 +9,6 @@ import sys
 
 from specdecode.errors import UserError
 
-DEFAULT_DRAFTER = "ngram"  # the best drafter that needs no training
 DRAFTERS_HELP = (  # every registered kind (drafters/__init__.py; tests/test_readme.py checks the list)
     "none, ngram[:N|:MIN-MAX][:b=B], suffix[:key=value...][:PATH], draft[:<model>], medusa[:DIR], "
     "eagle[:DIR], ensemble:A+B, fallback:A+B (docs/drafters.md)"
@@ -69,12 +68,20 @@ def check_quant(args, drafter_specs: list) -> None:
         )
 
 
-def decode_args(p: argparse.ArgumentParser, drafter_default: str, k_list: bool = False) -> None:
-    p.add_argument("--drafter", default=drafter_default, help=f"{DRAFTERS_HELP} (bench: comma list)")
+DEFAULT_SPECULATION = (
+    "default: the target's measured best where the registry names one (qwen2.5-coder-1.5b: its 0.5B "
+    "sibling beside n-gram lookup, k 8), else ngram at k 4"
+)
+
+
+def decode_args(p: argparse.ArgumentParser, drafter_default: str | None, k_list: bool = False) -> None:
+    """drafter_default None: the target's measured best (speculation())."""
+    more = f"; {DEFAULT_SPECULATION}" if drafter_default is None else ""
+    p.add_argument("--drafter", default=drafter_default, help=f"{DRAFTERS_HELP} (bench: comma list){more}")
     if k_list:
         p.add_argument("--k", default="4", help="draft tokens per step (comma list: one run per value)")
     else:
-        p.add_argument("--k", type=int, default=4, help="draft tokens per step")
+        p.add_argument("--k", type=int, default=None, help="draft tokens per step (default: as --drafter's)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -117,6 +124,15 @@ def free_cores() -> int:
     except OSError:  # no load average on this platform
         return os.cpu_count() or 1
     return max(1, (os.cpu_count() or 1) - round(busy))
+
+
+def speculation(args) -> None:
+    """args.drafter and args.k, where not given, from the target (registry.speculation), said once."""
+    from specdecode.backends import registry
+
+    args.drafter, args.k, why = registry.speculation(args.target, args.drafter, args.k)
+    if why:
+        print(f"specdecode: {why}", file=sys.stderr)
 
 
 def setup(args) -> None:

@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 from specdecode.cli.options import (
-    DEFAULT_DRAFTER,
+    DEFAULT_SPECULATION,
     DRAFTERS_HELP,
     check_quant,
     model_args,
     quant_args,
     routing_args,
     setup,
+    speculation,
 )
 from specdecode.errors import UserError
 
@@ -24,10 +25,13 @@ def add_parser(sub) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     model_args(s)
-    s.add_argument("--drafter", default=DEFAULT_DRAFTER, help=f"default drafter: {DRAFTERS_HELP}")
+    s.add_argument("--drafter", default=None, help=f"default drafter: {DRAFTERS_HELP}; {DEFAULT_SPECULATION}")
     quant_args(s)
     s.add_argument(
-        "--k", type=int, default=4, help="default draft tokens per step (the largest k when adaptive)"
+        "--k",
+        type=int,
+        default=None,
+        help="default draft tokens per step (the largest k when adaptive; default: as --drafter's)",
     )
     s.add_argument("--adaptive", action="store_true", help="choose k per step from live α and measured costs")
     routing_args(s)
@@ -164,6 +168,7 @@ def _check(args):
     from specdecode.decoding.generation import check_k
     from specdecode.drafters import parse
 
+    speculation(args)
     check_k(args.k)
     spec = parse(args.drafter)
     check_quant(args, [spec])
