@@ -17,7 +17,7 @@ from conftest import make_llama, make_tokenizer
 from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
 from helpers import assert_lossless, assert_stack_is_per_op
 from specdecode import drafters
-from specdecode.backends import gguf_weights, kernels, layer, models
+from specdecode.backends import gguf_file, gguf_repack, gguf_weights, kernels, layer, models
 from specdecode.backends.precision import FP32, GGUF, GGUF_EXACT, Precision
 from specdecode.core.sampling import Warp
 from specdecode.decoding.generation import generate
@@ -42,7 +42,7 @@ def raw_matrix(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarra
 def test_repacked_blocks_dequantize_to_the_gguf_reference(type_name):
     raw = raw_matrix(type_name, 7, 512)
     ref = torch.from_numpy(quants.dequantize(raw, T[type_name]))
-    got = gguf_weights.repack(type_name, raw).dequantize()
+    got = gguf_repack.repack(type_name, raw).dequantize()
     assert got.shape == ref.shape == (7, 512)
     assert torch.equal(got, ref)  # equal values (Q4_0's zeros may carry the other sign)
 
@@ -50,7 +50,7 @@ def test_repacked_blocks_dequantize_to_the_gguf_reference(type_name):
 @needs_kernels
 @pytest.mark.parametrize("type_name", TYPES)
 def test_quantized_matmul_is_the_dense_kernel_on_dequantized_weights(type_name):
-    m = gguf_weights.repack(type_name, raw_matrix(type_name, 300, 512, seed=1))
+    m = gguf_repack.repack(type_name, raw_matrix(type_name, 300, 512, seed=1))
     dense = m.dequantize().contiguous()
     f = ops.linear_q4 if m.kind == "q4" else ops.linear_q8
     x = torch.randn(64, 512, generator=torch.Generator().manual_seed(2))
@@ -70,7 +70,7 @@ def test_many_rows_take_the_dense_gemm_on_the_exact_dequantized_weights(type_nam
     """Over kernels.DENSE_ROWS rows (a long prefill) a quantized matrix is dequantized in C++ to the
     reference values and multiplied by torch's GEMM: the float32 model's route, bit for bit. With
     8-bit activations (the interleaved tile kernels), every row stays in the kernel (its bits as alone)."""
-    m = gguf_weights.repack(type_name, raw_matrix(type_name, 96, 512, seed=6))
+    m = gguf_repack.repack(type_name, raw_matrix(type_name, 96, 512, seed=6))
     dense = (ops.dequantize_q4 if m.kind == "q4" else ops.dequantize_q8)(m.scales, m.quants)
     assert torch.equal(dense, m.dequantize())
     x = torch.randn(kernels.DENSE_ROWS + 40, 512, generator=torch.Generator().manual_seed(7))
@@ -92,7 +92,7 @@ def test_interleaved_matmul_is_the_8bit_activations_times_the_files_weights_and_
     quantized to 8 bits per block of 32 (q = round(127 x / max|x|)) by the file's weights (equal to a
     float64 product of the same values up to float32 summation) and keeps a row's bits whatever rows
     share the call (tests/native/tile_check.cpp checks the microkernels' bits against tile_ref.h)."""
-    m = gguf_weights.repack(type_name, raw_matrix(type_name, rows, 512, seed=5))
+    m = gguf_repack.repack(type_name, raw_matrix(type_name, rows, 512, seed=5))
     packed = gguf_weights.Interleaved.pack(ops, m)
     back = packed.unpack(ops)
     assert torch.equal(back.scales, m.scales) and torch.equal(back.quants, m.quants)
@@ -130,9 +130,9 @@ def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name)
     keeps them (a third of float32's bytes) and the kernels form the very float32 scales: the same
     bits in every tile shape, in a lone call and in the native stack's layout. A scale that is no
     integer multiple of its factor keeps the float32 layout."""
-    m = gguf_weights.repack(type_name, raw_matrix(type_name, 40, 512, seed=7))
+    m = gguf_repack.repack(type_name, raw_matrix(type_name, 40, 512, seed=7))
     factored = gguf_weights.Interleaved.pack(ops, m)
-    plain = gguf_weights.Interleaved.pack(ops, gguf_weights.QuantMatrix(m.kind, m.scales, m.quants))
+    plain = gguf_weights.Interleaved.pack(ops, gguf_repack.QuantMatrix(m.kind, m.scales, m.quants))
     assert factored.scales.dtype == torch.uint8 and plain.scales.dtype == torch.float32
     assert factored.scales.nbytes * 3 < plain.scales.nbytes
     f = getattr(ops, f"linear_{factored.kind}_tile")
@@ -147,7 +147,7 @@ def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name)
     )
     odd = m.scales.clone()
     odd[3, 1, 0] += 0.5 * m.factors[3, 0, 0] if m.factors[3, 0, 0] != 0 else 1.0
-    kept = gguf_weights.Interleaved.pack(ops, gguf_weights.QuantMatrix(m.kind, odd, m.quants, m.factors))
+    kept = gguf_weights.Interleaved.pack(ops, gguf_repack.QuantMatrix(m.kind, odd, m.quants, m.factors))
     assert kept.scales.dtype == torch.float32
     with pytest.raises(RuntimeError, match="factored"):
         f(x, factored.scales[:, :1].contiguous(), factored.quants, 40)
@@ -160,7 +160,7 @@ def test_weights_that_fit_fewer_bits_are_kept_in_fewer_and_give_the_eight_bit_bi
     """An 8-bit matrix whose weights all lie in -16..15 (Q5_0) is stored in 5 bits a weight, in -32..31
     (Q6_K) in 6, and gives the 8-bit kernel's bits in every tile shape; one weight outside the range
     keeps the next wider layout."""
-    m = gguf_weights.repack(type_name, raw_matrix(type_name, rows, 512, seed=9))
+    m = gguf_repack.repack(type_name, raw_matrix(type_name, rows, 512, seed=9))
     packed = gguf_weights.Interleaved.pack(ops, m)
     assert packed.kind[1] == str(bits) and packed.quants.shape[2] == 64 * bits
     if bits == 8:
@@ -179,13 +179,13 @@ def test_weights_that_fit_fewer_bits_are_kept_in_fewer_and_give_the_eight_bit_bi
         )
     outside = m.quants.clone()
     outside[rows - 1, 5] = 1 << (bits - 1)  # one past the range
-    kind = gguf_weights.Interleaved.pack(ops, gguf_weights.QuantMatrix(m.kind, m.scales, outside)).kind
+    kind = gguf_weights.Interleaved.pack(ops, gguf_repack.QuantMatrix(m.kind, m.scales, outside)).kind
     assert kind[1] == {5: "6", 6: "8"}[bits]
 
 
 @needs_tiles
 def test_interleaved_shapes_are_checked():
-    m = gguf_weights.repack("Q4_1", raw_matrix("Q4_1", 20, 64))
+    m = gguf_repack.repack("Q4_1", raw_matrix("Q4_1", 20, 64))
     packed = gguf_weights.Interleaved.pack(ops, m)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         ops.linear_q4_tile(torch.randn(1, 48), packed.scales, packed.quants, 20)
@@ -193,7 +193,7 @@ def test_interleaved_shapes_are_checked():
         ops.linear_q4_tile(torch.randn(1, 64), packed.scales, packed.quants, 40)
     with pytest.raises(RuntimeError, match="quants"):
         ops.linear_q8_tile(torch.randn(1, 64), packed.scales, packed.quants, 20)
-    q8_0 = gguf_weights.Interleaved.pack(ops, gguf_weights.repack("Q8_0", raw_matrix("Q8_0", 20, 64)))
+    q8_0 = gguf_weights.Interleaved.pack(ops, gguf_repack.repack("Q8_0", raw_matrix("Q8_0", 20, 64)))
     with pytest.raises(RuntimeError, match=r"K / 32, 2, 16\]"):  # two scales a block expected
         ops.linear_q8_tile(torch.randn(1, 64), q8_0.scales, q8_0.quants, 20)
     with pytest.raises(RuntimeError, match=r"K / 32, 1, 16\]"):
@@ -202,7 +202,7 @@ def test_interleaved_shapes_are_checked():
 
 @needs_kernels
 def test_bad_quantized_shapes_are_errors():
-    m = gguf_weights.repack("Q4_1", raw_matrix("Q4_1", 4, 64))
+    m = gguf_repack.repack("Q4_1", raw_matrix("Q4_1", 4, 64))
     with pytest.raises(RuntimeError, match="multiple of 32"):
         ops.linear_q4(torch.randn(1, 48), m.scales, m.quants)
     with pytest.raises(RuntimeError, match="quants"):
@@ -212,14 +212,14 @@ def test_bad_quantized_shapes_are_errors():
 def test_types_without_a_kernel_fall_back_to_float32_or_name_the_type():
     w = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
     raw = quants.quantize(w, T.Q5_1)
-    got = gguf_weights.repack("Q5_1", raw)  # the gguf package reads it; the fp32 kernel runs it
+    got = gguf_repack.repack("Q5_1", raw)  # the gguf package reads it; the fp32 kernel runs it
     assert isinstance(got, torch.Tensor) and torch.equal(
         got, torch.from_numpy(quants.dequantize(raw, T.Q5_1))
     )
     with pytest.raises(UserError, match="blk.0.ffn_up.weight has type Q9_9"):
-        gguf_weights.repack("Q9_9", raw, "blk.0.ffn_up.weight")
+        gguf_repack.repack("Q9_9", raw, "blk.0.ffn_up.weight")
     with pytest.raises(UserError, match="not a whole number of Q4_1 blocks"):
-        gguf_weights.repack("Q4_1", np.zeros((2, 30), np.uint8), "x")
+        gguf_repack.repack("Q4_1", np.zeros((2, 30), np.uint8), "x")
 
 
 MIXED = {
@@ -577,7 +577,7 @@ def test_a_file_of_each_family_loads_quantized_with_the_fp32_bits(family, extra,
 def test_the_tensor_reader_agrees_with_gguf_and_names_damaged_files(tiny_gguf, tmp_path):
     from gguf import GGUFReader
 
-    arch, tensors = gguf_weights.read(tiny_gguf)
+    arch, tensors = gguf_file.read(tiny_gguf)
     reference = GGUFReader(tiny_gguf).tensors
     assert arch == "llama" and set(tensors) == {t.name for t in reference}
     for t in reference:
@@ -589,11 +589,11 @@ def test_the_tensor_reader_agrees_with_gguf_and_names_damaged_files(tiny_gguf, t
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGML" + bytes(64))
     with pytest.raises(UserError, match="cannot read GGUF file .*bad magic"):
-        gguf_weights.read(broken)
+        gguf_file.read(broken)
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(open(tiny_gguf, "rb").read()[:200])
     with pytest.raises(UserError, match="cannot read GGUF file"):
-        gguf_weights.read(truncated)
+        gguf_file.read(truncated)
 
 
 @needs_kernels
@@ -706,13 +706,13 @@ def test_a_distilled_draft_beside_an_int8_target_runs_on_its_int8_stack(tiny_ggu
 def test_quantize_q8_rounds_each_16_weights_to_their_scale():
     w = torch.randn(6, 64, generator=torch.Generator().manual_seed(5))
     w[0, :16] = 0.0  # an all-zero 16: scale 0, quants 0
-    m = gguf_weights.quantize_q8(w)
+    m = gguf_repack.quantize_q8(w)
     assert m.kind == "q8" and m.shape == (6, 64) and m.quants.dtype == torch.int8
     scale = w.view(6, 4, 16).abs().amax(-1, keepdim=True) / 127
     err = (m.dequantize() - w).view(6, 4, 16).abs()
     assert (err <= scale / 2 + 1e-6).all() and torch.equal(m.dequantize()[0, :16], torch.zeros(16))
     with pytest.raises(ValueError, match="multiple of 32"):
-        gguf_weights.quantize_q8(torch.randn(4, 48))
+        gguf_repack.quantize_q8(torch.randn(4, 48))
 
 
 @needs_tiles

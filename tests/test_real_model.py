@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import assert_stack_is_per_op
-from specdecode import drafters
+from specdecode import drafters, files
 from specdecode.backends import models
 from specdecode.backends.precision import FP32, GGUF
 from specdecode.decoding.generation import generate
@@ -36,7 +36,7 @@ def smollm2():
 def test_default_target_is_cached_and_chat(smollm2):
     assert smollm2.model.config.num_hidden_layers == 30 and smollm2.model.vocab_size == 49152
     assert smollm2.tokenizer.chat_template and 2 in smollm2.eos_ids
-    cached = list((models.cache_dir() / "models").glob("SmolLM2-135M-Instruct*/model.safetensors"))
+    cached = list((files.cache_dir() / "models").glob("SmolLM2-135M-Instruct*/model.safetensors"))
     assert cached, "dequantized weights are cached as safetensors"
 
 

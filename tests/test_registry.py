@@ -139,7 +139,7 @@ def test_derived_caches_follow_the_file_content_not_its_path(tmp_path, monkeypat
     """One GGUF installed into several virtual environments shares one dequantized / metadata entry
     (CI makes a fresh venv each run; keyed by path, every run left a copy behind), while a file whose
     bytes change (at its start, middle or end) gets a new entry."""
-    from specdecode.backends.lm import derived_dir
+    from specdecode.files import derived_dir
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     data = bytearray(hashlib.sha256(str(i).encode()).digest()[i % 32] for i in range(5 << 20))

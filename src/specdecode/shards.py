@@ -16,7 +16,6 @@ naming the file.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import zlib
 from array import array
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.errors import UserError
+from specdecode.files import write_atomic
 
 MAGIC = b"SDSHARD1"
 SUFFIX = ".sds"
@@ -79,12 +79,8 @@ def write(path: str | Path, seqs: list[Record], target: dict) -> None:
             "sequences": [[s.id, s.category, s.source, len(s.prompt_ids), len(s.response_ids)] for s in seqs],
         }
     ).encode()
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + len(header).to_bytes(4, "little") + header + body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    data = MAGIC + len(header).to_bytes(4, "little") + header + body
+    write_atomic(path, lambda tmp: Path(tmp).write_bytes(data), durable=True)
 
 
 def read(path: str | Path, target: dict | None = None) -> list[Record]:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from specdecode.errors import UserError
+from specdecode.files import write_atomic
 
 SHIPPED = Path(__file__).parent.parent / "shipped"
 
@@ -47,22 +46,6 @@ def check(trained_for: dict, loaded, what: str) -> None:
             f"{trained_for.get('fingerprint')}), not for {loaded.name!r} (fingerprint {mine}); "
             "train one for this target with `specdecode train`"
         )
-
-
-def write_atomic(path: Path, write) -> None:
-    """write(tmp_path) then rename over path: readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def save(directory: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> None:

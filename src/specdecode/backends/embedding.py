@@ -3,7 +3,7 @@ and dequantized row by row when looked up, as llama.cpp's loader keeps it (Qwen2
 1536 table: 0.93 GB as float32, 0.13 GB of Q4_K blocks, of which only the looked-up rows' pages are
 ever resident).
 
-A looked-up row is gguf_weights.repack of its blocks, dequantized: the very float32 values of the
+A looked-up row is gguf_repack.repack of its blocks, dequantized: the very float32 values of the
 `gguf` package's dequantization (gguf_model.repack_float goes through the same functions), so
 `--dtype gguf-exact` keeps its bits.
 """
@@ -16,12 +16,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdecode.backends.gguf_weights import dequantized
+from specdecode.backends.gguf_repack import dequantized
 
 
 @dataclass
 class FileBlocks:
-    """A GGUF tensor as read (gguf_weights.read): its type name and its rows of raw blocks [V, bytes]."""
+    """A GGUF tensor as read (gguf_file.read): its type name and its rows of raw blocks [V, bytes]."""
 
     kind: str
     raw: np.ndarray

@@ -26,19 +26,11 @@ import torch
 from specdecode.backends import kernels as fused_kernels
 from specdecode.backends.embedding import Embedding, FileBlocks
 from specdecode.backends.fast_llama import FastLlama
-from specdecode.backends.gguf_weights import (
-    FORMATS,
-    Interleaved,
-    QuantLinear,
-    QuantMatrix,
-    dequantized,
-    drop_pages,
-    read,
-    repack,
-    repack_chunks,
-)
-from specdecode.backends.lm import derived_dir, save_atomically
+from specdecode.backends.gguf_file import drop_pages, read
+from specdecode.backends.gguf_repack import FORMATS, QuantMatrix, dequantized, repack, repack_chunks
+from specdecode.backends.gguf_weights import Interleaved, QuantLinear
 from specdecode.errors import UserError
+from specdecode.files import derived_dir, save_atomically
 
 # our architectures (config.model_type) -> the gguf package's MODEL_ARCH member name
 _ARCHS = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "phi3": "PHI3", "gemma3_text": "GEMMA3"}
@@ -120,7 +112,7 @@ def repack_float(kind: str, raw: np.ndarray, name: str) -> np.ndarray:
     beside a 150k-row embedding."""
     from gguf import GGMLQuantizationType, quants
 
-    from specdecode.backends.gguf_weights import ROWS_AT_ONCE
+    from specdecode.backends.gguf_repack import ROWS_AT_ONCE
 
     if kind == "F32":
         return raw.view(np.float32).copy()  # off the file's read-only mapping

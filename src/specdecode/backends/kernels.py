@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from specdecode.errors import UserError
+from specdecode.files import cache_dir
 
 SOURCES = [
     Path(__file__).with_name(f"{name}.cpp") for name in ("kernels", "kernels_tile", "attention", "stack")
@@ -125,8 +126,6 @@ def machine() -> dict:
 
 
 def cache_root() -> Path:
-    from specdecode.backends.lm import cache_dir
-
     return cache_dir() / "kernels"
 
 

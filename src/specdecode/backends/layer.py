@@ -14,7 +14,8 @@ from torch import nn
 
 from specdecode.backends import kernels as fused_kernels
 from specdecode.backends import quant
-from specdecode.backends.gguf_weights import QuantLinear, quantize_q8
+from specdecode.backends.gguf_repack import quantize_q8
+from specdecode.backends.gguf_weights import QuantLinear
 
 # Families whose forward is Llama's up to named switches (Layer, FastLlama.__init__): q/k/v biases
 # (Qwen2), per-head q/k RMSNorm (Qwen3), fused qkv and gate_up matrices (Phi-3); Mistral is Llama.
@@ -78,7 +79,7 @@ class FusedLinear:
 def head_linear(weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None, int8: bool = False):
     """A drafter's linear at inference: beside a target whose linears take 8-bit activations (`int8`,
     `--dtype gguf`), the target's own path: the weight quantized to 8 bits per 16
-    (gguf_weights.quantize_q8) in the interleaved layout, a quarter of fp32's bytes; else with the
+    (gguf_repack.quantize_q8) in the interleaved layout, a quarter of fp32's bytes; else with the
     target's fused kernels (`ops`, FastLlama.kernels) FusedLinear over the weight in bfloat16, which
     reads half of fp32's bytes and, for the one row of a draft step, beats oneDNN's fp32 product
     (docs/results/bf16_head_linears_heldout2_zen4_2threads.json); else Linear."""

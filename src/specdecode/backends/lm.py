@@ -8,9 +8,7 @@ their users depend on it, not on each other.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -108,46 +106,3 @@ class CausalLM(Protocol):
         """Keep the first `length` cached tokens, then those at `indices` (ascending), moved up (a
         token tree's accepted path); a model whose cache cannot be compacted raises a UserError."""
         ...
-
-
-def cache_dir() -> Path:
-    """Where dequantized GGUF weights and built kernels are cached ($SPECDECODE_CACHE or the user
-    cache dir)."""
-    import platformdirs
-
-    return Path(os.environ.get("SPECDECODE_CACHE") or platformdirs.user_cache_dir("specdecode"))
-
-
-def derived_dir(source: Path, folder: str) -> Path:
-    """Where what is derived from the file `source` is cached: cache_dir()/folder/<stem>-<key>, the key
-    naming the file's content (size, and its first, middle and last MiB), not its path: one model
-    installed into many virtual environments is one entry, and a changed file gets a new one."""
-    import hashlib
-
-    size = source.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    chunk = 1 << 20
-    with open(source, "rb") as f:
-        for offset in (0, max(0, size // 2 - chunk // 2), max(0, size - chunk)):
-            f.seek(offset)
-            digest.update(f.read(chunk))
-    return cache_dir() / folder / f"{source.stem}-{digest.hexdigest()[:16]}"
-
-
-def save_atomically(target: Path, write) -> Path:
-    """write(tmp) fills a temporary directory beside `target`, which then becomes `target` in one rename:
-    readers see a complete directory or none (where another process got there first, its copy stays)."""
-    import shutil
-    import tempfile
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target

