@@ -611,6 +611,23 @@ def test_auto_is_exact_where_fp32_tokens_are_promised(tiny_gguf):
 
 
 @needs_kernels
+def test_train_data_takes_the_target_at_gguf_and_refuses_bf16(tiny_gguf):
+    """`train data --dtype gguf`: the precision users run, its batched rows a decoding step's bits."""
+    from specdecode import cli
+    from specdecode.train.cli import _load_target
+
+    def args(dtype):
+        argv = ["train", "data", "--out", "o", "--target", tiny_gguf, "--dtype", dtype]
+        parsed = cli.parser().parse_args(argv)
+        cli.options.parse_precision(parsed)
+        return parsed
+
+    assert _load_target(args("gguf"), generate_only=True).model.int8_activations
+    with pytest.raises(UserError, match=r"fp32, gguf-exact or gguf \(--dtype bf16 given\)"):
+        _load_target(args("bf16"), generate_only=True)
+
+
+@needs_kernels
 def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     tiny_gguf, pair, tmp_path, capsys
 ):

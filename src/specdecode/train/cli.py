@@ -175,12 +175,15 @@ def _trainer_args(p, name: str) -> None:
 
 
 def _load_target(args, generate_only: bool = False):
-    """fp32; for `train data` also gguf-exact (the same bits from the file's quantized blocks, faster).
+    """fp32; for `train data` also gguf-exact (the same bits from the file's quantized blocks, faster) or
+    gguf (the precision users run: its batched rows have a decoding step's bits on every ISA's tiles).
     A trainer's --dtype picks its feature source instead (_feature_source): its weights are fp32."""
     from specdecode.backends import models
 
-    if generate_only and not args.precision.exact:
-        raise UserError(f"train data uses the target in fp32 or gguf-exact (--dtype {args.precision} given)")
+    if generate_only and not (args.precision.exact or args.precision == GGUF):
+        raise UserError(
+            f"train data uses the target in fp32, gguf-exact or gguf (--dtype {args.precision} given)"
+        )
     return models.load(args.target, args.precision if generate_only else FP32, args.device, args.backend)
 
 
