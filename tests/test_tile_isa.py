@@ -21,7 +21,7 @@ HERE = Path(__file__).parent
 SOURCE = HERE / "native" / "tile_check.cpp"
 INCLUDE = Path(kernels.__file__).parent
 X86 = platform.machine() == "x86_64"
-CPU_FLAGS = set(kernels._cpu_flags().partition(":")[2].split())
+CPU_FLAGS = kernels.cpu_flags()
 
 
 def build_and_run(tmp_path: Path, compiler: str, flags: list[str], runner: list[str]) -> str:

@@ -73,6 +73,11 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def cpu_flags() -> set[str]:
+    """The ISA extensions /proc/cpuinfo lists for this CPU (x86 `flags`, ARM `Features`)."""
+    return set(_cpu_flags().partition(":")[2].split())
+
+
 def requested_isa() -> str:
     """SPECDECODE_ISA (default native), checked against ISAS and this CPU's flags."""
     import os
@@ -80,8 +85,7 @@ def requested_isa() -> str:
     isa = os.environ.get("SPECDECODE_ISA", "native").strip().lower() or "native"
     if isa not in ISAS:
         raise UserError(f"SPECDECODE_ISA={isa}: unknown instruction set; one of {', '.join(ISAS)}")
-    have = set(_cpu_flags().partition(":")[2].split())
-    missing = sorted(ISAS[isa][1] - have)
+    missing = sorted(ISAS[isa][1] - cpu_flags())
     if missing:
         raise UserError(f"SPECDECODE_ISA={isa}: this CPU cannot run it (it lacks {', '.join(missing)})")
     return isa
@@ -90,7 +94,7 @@ def requested_isa() -> str:
 def machine() -> dict:
     """The CPU (name, family/model, the ISA extensions the kernels care about) and the ISA the kernels
     are built for: what every result file records beside its figures."""
-    info, flags = {}, set()
+    info, flags = {}, cpu_flags()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
@@ -100,8 +104,6 @@ def machine() -> dict:
                 and key not in info
             ):
                 info[key] = value
-            if key in ("flags", "Features") and not flags:
-                flags = set(value.split())
     except OSError:
         pass
     extensions = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "avx_vnni", "asimddp", "i8mm")

@@ -141,9 +141,6 @@ std::vector<torch::Tensor> unpack(const torch::Tensor& ps, const torch::Tensor& 
 
 }  // namespace
 
-// Weight rows interleaved by the tile kernels (16), on every build.
-int64_t tile_rows() { return R; }
-
 // The ISA of this build's tile microkernel: avx512vnni, avxvnni, avx2, neon or scalar (tile.h).
 std::string tile_isa() { return SPECDECODE_TILE_ISA; }
 

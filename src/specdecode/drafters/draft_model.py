@@ -68,7 +68,8 @@ def chain_costs(draft: CausalLM, target: CausalLM, repeats: int = 5, rows: int =
     """(c, v): the median time of a draft pass over one token / the target's, and the target's extra
     time per verification row, (T(rows) - T(1)) / (rows - 1) / T(1): interleaved, after a warm-up,
     each on a fork with a cache of its own, so a model already serving requests is left untouched."""
-    runs = [(draft.fork(), 1), (target.fork(), 1), (target.fork(), rows)]
+    twin = target.fork()
+    runs = [(draft.fork(), 1), (twin, 1), (twin, rows)]
     samples: list[list[float]] = [[] for _ in runs]
     for i in range(repeats + 1):
         for (model, n), times in zip(runs, samples):
