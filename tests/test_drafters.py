@@ -58,6 +58,49 @@ def test_ngram_drafter_proposes_one_hot_tokens():
     assert NgramDrafter().propose([1, 2, 3], 3, Warp(), None).tokens.numel() == 0
 
 
+def test_ngram_stop_cuts_chains_by_this_requests_record():
+    """`ngram:stop=P`: a chain's odds are the product of (kept + 1) / (reached + 2) per position, from
+    this request's own verifications; rejected chains shorten the next ones, down to none, and a new
+    request (begin) starts from the prior again."""
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]  # the bigram [1, 2] was followed by 3..8
+    drafter = NgramDrafter(max_n=2, min_n=2, stop=0.2)
+    drafter.begin(context)
+    assert drafter.propose(context, 6, Warp(), None).tokens.tolist() == [3, 4]  # 0.5, 0.25, then 0.125
+    for _ in range(3):
+        drafter.observe(drafted=2, accepted=2)  # position 0: 3 of 3 kept; position 1: 3 of 3
+    assert drafter.propose(context, 6, Warp(), None).tokens.tolist() == [3, 4, 5]  # 0.8 * 0.8 * 0.5
+    for _ in range(8):
+        drafter.observe(drafted=3, accepted=0)  # position 0: 3 of 11 kept, odds 4/13 then 4/13 * 4/5
+    assert drafter.propose(context, 6, Warp(), None).tokens.tolist() == [3, 4]
+    for _ in range(12):
+        drafter.observe(drafted=2, accepted=0)  # position 0: 3 of 23 kept, 4/25 < 0.2
+    assert drafter.propose(context, 6, Warp(), None).tokens.numel() == 0
+    twin = drafter.fork()
+    twin.begin(context)
+    assert twin.propose(context, 6, Warp(), None).tokens.tolist() == [3, 4]
+    assert drafter.propose(context, 6, Warp(), None).tokens.numel() == 0  # the fork's record is its own
+    assert NgramDrafter(max_n=2, min_n=2).propose(context, 6, Warp(), None).tokens.numel() == 6  # no stop
+
+
+def test_ngram_stop_auto_is_one_verification_row(monkeypatch):
+    """`ngram:stop=auto` sets P% to v, the target's measured cost of one more verification row."""
+    seen = []
+    monkeypatch.setattr(drafters, "chain_costs", lambda draft, tgt: seen.append((draft, tgt)) or (0.0, 0.15))
+    target = type("Loaded", (), {"model": object()})()
+    drafter = drafters.build("ngram:stop=auto", DrafterContext(target))
+    assert drafter.stop == 0.15 and seen == [(None, target.model)]
+    assert drafters.build("ngram:stop=30", DrafterContext(target)).stop == 0.3 and len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    "text,error",
+    [("ngram:stop=100", "below 100"), ("ngram:b=2:stop=5", "needs a chain"), ("ngram:stop=x", "integer or auto")],
+)
+def test_ngram_stop_bad_values(text, error):
+    with pytest.raises(UserError, match=error):
+        drafters.parse(text)
+
+
 @pytest.mark.parametrize("max_n,min_n", [(1, 2), (3, 0), (0, 0), (2, -1)])
 def test_ngram_bad_range(max_n, min_n):
     with pytest.raises(UserError, match="min_n"):

@@ -1,7 +1,8 @@
 """Drafters by spec: one registered `Kind` per drafter kind (spec.py defines Spec and Kind).
 
     none                                   no drafting: plain decoding (k = 0)
-    ngram[:N|:MIN-MAX][:b=B]               prompt lookup; b > 1 proposes a tree of b continuations
+    ngram[:N|:MIN-MAX][:b=B][:stop=P|auto] prompt lookup; b > 1 proposes a tree of b continuations; stop:
+                                           a chain ends below P% odds, from this request's record (ngram.py)
     draft                                  the shipped distilled draft model (draft:DIR: a `train draft`
                                            checkpoint)
     draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
@@ -73,12 +74,17 @@ def _parse_none(arg: str | None) -> Spec:
 
 
 def _parse_ngram(arg: str | None) -> Spec:
-    """`ngram[:N|:MIN-MAX][:b=B]`."""
+    """`ngram[:N|:MIN-MAX][:b=B][:stop=P|auto]`."""
     segments = [s.strip() for s in arg.split(":")] if arg else []
     ranges = [s for s in segments if "=" not in s]
-    b = dict(int_options([s for s in segments if "=" in s], ("b",), "ngram")).get("b", 1)
+    given = dict(int_options([s for s in segments if "=" in s], ("b", "stop"), "ngram", auto=("stop",)))
+    b, stop = given.get("b", 1), given.get("stop")
     if len(ranges) > 1:
-        raise UserError(f"ngram argument must be N or MIN-MAX (and b=B), got {arg!r}")
+        raise UserError(f"ngram argument must be N or MIN-MAX (and b=B, stop=P), got {arg!r}")
+    if stop not in (None, "auto") and stop >= 100:
+        raise UserError(f"ngram option stop=P is a percentage below 100, got {stop}")
+    if stop is not None and b > 1:
+        raise UserError("ngram option stop=P needs a chain, not a tree of b > 1 branches")
     lo, hi = MIN_N, MAX_N
     if ranges:
         try:
@@ -88,16 +94,26 @@ def _parse_ngram(arg: str | None) -> Spec:
             raise UserError(f"ngram argument must be N or MIN-MAX, got {arg!r}") from None
     if not 1 <= lo <= hi:
         raise UserError(f"ngram needs 1 <= min_n <= max_n, got min_n={lo} max_n={hi}")
-    return Spec("ngram", (("min_n", lo), ("max_n", hi)) + ((("b", b),) if b > 1 else ()))
+    extra = ((("b", b),) if b > 1 else ()) + ((("stop", stop),) if stop is not None else ())
+    return Spec("ngram", (("min_n", lo), ("max_n", hi)) + extra)
 
 
 def _format_ngram(spec: Spec) -> str:
-    lo, hi, b = spec.option("min_n"), spec.option("max_n"), spec.option("b", 1)
-    return f"ngram:{lo}" + (f"-{hi}" if hi != lo else "") + (f":b={b}" if b > 1 else "")
+    lo, hi, b, stop = spec.option("min_n"), spec.option("max_n"), spec.option("b", 1), spec.option("stop")
+    text = f"ngram:{lo}" + (f"-{hi}" if hi != lo else "") + (f":b={b}" if b > 1 else "")
+    return text + (f":stop={stop}" if stop is not None else "")
 
 
 def _build_ngram(spec: Spec, ctx) -> Drafter:
-    return NgramDrafter(max_n=spec.option("max_n"), min_n=spec.option("min_n"), branches=spec.option("b", 1))
+    stop = spec.option("stop", 0)
+    if stop == "auto":  # P = v, one verification row in target steps (ngram.py; lookup costs ~nothing)
+        _, v = chain_costs(None, ctx.target.model)
+        stop = min(95.0, round(100 * v, 1))
+        print(
+            f"specdecode: {spec}: a verification row costs {100 * v:.1f}% of a target pass; stop={stop:g}",
+            file=sys.stderr,
+        )
+    return NgramDrafter(spec.option("max_n"), spec.option("min_n"), spec.option("b", 1), stop / 100)
 
 
 # -- draft -----------------------------------------------------------------------------------------

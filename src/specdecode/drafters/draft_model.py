@@ -64,12 +64,15 @@ class DraftModelDrafter(DraftLM):
         return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
 
 
-def chain_costs(draft: CausalLM, target: CausalLM, repeats: int = 5, rows: int = 5) -> tuple[float, float]:
-    """(c, v): the median time of a draft pass over one token / the target's, and the target's extra
-    time per verification row, (T(rows) - T(1)) / (rows - 1) / T(1): interleaved, after a warm-up,
-    each on a fork with a cache of its own, so a model already serving requests is left untouched."""
+def chain_costs(
+    draft: CausalLM | None, target: CausalLM, repeats: int = 5, rows: int = 5
+) -> tuple[float, float]:
+    """(c, v): the median time of a draft pass over one token / the target's (0 without a draft model),
+    and the target's extra time per verification row, (T(rows) - T(1)) / (rows - 1) / T(1):
+    interleaved, after a warm-up, each on a fork with a cache of its own, so a model already serving
+    requests is left untouched."""
     twin = target.fork()
-    runs = [(draft.fork(), 1), (twin, 1), (twin, rows)]
+    runs = [(twin, 1), (twin, rows)] + ([(draft.fork(), 1)] if draft is not None else [])
     samples: list[list[float]] = [[] for _ in runs]
     for i in range(repeats + 1):
         for (model, n), times in zip(runs, samples):
@@ -78,5 +81,5 @@ def chain_costs(draft: CausalLM, target: CausalLM, repeats: int = 5, rows: int =
             model.extend(torch.zeros(n, dtype=torch.long), num_logits=n)
             if i:  # the first pass of each is the warm-up
                 times.append(time.perf_counter() - t0)
-    draft_s, one, many = (statistics.median(times) for times in samples)
-    return draft_s / one, max(0.0, (many - one) / (rows - 1) / one)
+    one, many, *draft_s = (statistics.median(times) for times in samples)
+    return (draft_s[0] / one if draft_s else 0.0), max(0.0, (many - one) / (rows - 1) / one)

@@ -5,6 +5,16 @@ down to min_n) and propose what followed the most recent match. No weights, one-
 With `branches` b > 1 it proposes a token tree: up to b distinct continuations, the longest match
 first and, among equally long matches, the most recent first (a match whose continuation adds
 nothing to the tree does not count). The target checks them all in one forward.
+
+With `stop=P` (or `stop=auto`) a chain ends once its odds of surviving verification fall below P
+percent. Lookup has no probabilities of its own, so the odds are this request's own record: a_i, the
+share of chains that reached position i whose token i was accepted (with one accepted and one rejected
+try as a prior), multiplied along the chain. A token costs one verification row, v of a target step,
+and saves a step when the chain survives to it: drafting on is worth it while the product is above v,
+which `stop=auto` measures when the drafter is built (draft_model.chain_costs). Where rows are dear
+(AVX2: v ~0.15 of a 1.5B step) a request whose lookups keep failing proposes short chains or none,
+so `fallback:` hands its steps to the next member; where rows are nearly free the chain is hardly cut.
+Which tokens are proposed changes, never what is emitted.
 """
 
 from __future__ import annotations
@@ -53,16 +63,56 @@ MIN_N, MAX_N = 2, 4  # the n-gram lengths tried when the spec names none
 class NgramDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, max_n: int = MAX_N, min_n: int = MIN_N, branches: int = 1):
+    def __init__(self, max_n: int = MAX_N, min_n: int = MIN_N, branches: int = 1, stop: float = 0.0):
+        """stop: end a chain once its survival odds (this request's acceptance per position) are below
+        this (0: never)."""
         if not 1 <= min_n <= max_n:
             raise UserError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n} max_n={max_n}")
         if branches < 1:
             raise UserError(f"ngram needs b >= 1 branches, got {branches}")
-        self.max_n, self.min_n, self.branches = max_n, min_n, branches
+        self.max_n, self.min_n, self.branches, self.stop = max_n, min_n, branches, stop
+        self.record = Record()
+
+    def begin(self, prompt):
+        self.record = Record()  # a fork shares the parent's until then
+
+    def observe(self, drafted, accepted):
+        self.record.observe(drafted, accepted)
 
     def propose(self, context, k, params, generator):
         context = np.asarray(context, dtype=np.int64)
         if self.branches == 1:
-            return Proposal(torch.from_numpy(lookup(context, k, self.max_n, self.min_n).copy()))
+            chain = lookup(context, k, self.max_n, self.min_n)
+            if self.stop:
+                chain = chain[: self.record.worth(len(chain), self.stop)]
+            return Proposal(torch.from_numpy(chain.copy()))
         found = lookup_all(context, k, self.max_n, self.min_n, self.branches)
         return Proposal.of_tree(Tree.from_sequences(seq.tolist() for seq in found))
+
+
+class Record:
+    """A request's chains so far: reached[i] chains offered a token at position i after accepted ones
+    before it, kept[i] of those had it accepted."""
+
+    def __init__(self):
+        self.reached: list[int] = []
+        self.kept: list[int] = []
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        for i in range(min(drafted, accepted + 1)):  # positions past the first rejection were not tried
+            if i == len(self.reached):
+                self.reached.append(0)
+                self.kept.append(0)
+            self.reached[i] += 1
+            self.kept[i] += i < accepted
+
+    def worth(self, n: int, stop: float) -> int:
+        """How many of a chain's first n tokens to propose: while their survival odds, the product of
+        (kept + 1) / (reached + 2) along the chain, stay at or above `stop`."""
+        odds = 1.0
+        for i in range(n):
+            kept, reached = (self.kept[i], self.reached[i]) if i < len(self.reached) else (0, 0)
+            odds *= (kept + 1) / (reached + 2)
+            if odds < stop:
+                return i
+        return n
