@@ -116,8 +116,8 @@ def test_prefix_caching_reuses_blocks_and_keeps_greedy_output(target, cases, chu
 
     shared = [t for p, _ in cases[:4] for t in p]  # ~a few dozen tokens
     prompts = [shared + p for p, _ in cases[4:7]] + [shared[:40]]
-    cache = PrefixCache(block=8)
-    core = BatchDecoder(batched(target.model, 2), cache, PrefillBudget(16))
+    cache = PrefixCache()
+    core = BatchDecoder(batched(target.model, 2, block=8), cache, PrefillBudget(16))
     outputs = []
     for prompt in prompts:  # one after another: each finds the blocks the earlier ones stored
         seq = Sequence(prompt, DRAFTERS[0].fork(), FixedK(4), Warp(), None, MAX_NEW)
@@ -141,8 +141,8 @@ def test_a_repeated_prompt_prefills_nothing_and_keeps_greedy_output(target, case
     prompt = [t for p, _ in cases for t in p][:29]  # 3 blocks of 8, then 4 tokens, then the last
     variant = prompt[:26] + [prompt[26] + 1] + prompt[27:]  # differs inside the partial block
     assert len(prompt) == 29
-    cache = PrefixCache(block=8)
-    core = BatchDecoder(batched(target.model, 2), cache, PrefillBudget(16))
+    cache = PrefixCache()
+    core = BatchDecoder(batched(target.model, 2, block=8), cache, PrefillBudget(16))
     outputs, reused = [], []
     for p in (prompt, prompt, variant):
         seq = Sequence(p, DRAFTERS[0].fork(), FixedK(4), Warp(), None, MAX_NEW)
@@ -159,33 +159,45 @@ def test_a_repeated_prompt_prefills_nothing_and_keeps_greedy_output(target, case
     assert outputs[2] == generate(target, NoDrafter(), variant, max_new_tokens=MAX_NEW).token_ids
 
 
+class _Blocks:
+    """A stand-in for a batched model's block pool: blocks of 4 positions, 100 bytes each."""
+
+    block, block_bytes = 4, 100
+
+    def __init__(self):
+        self.refs = {}
+
+    def hold(self, blocks):
+        for b in blocks:
+            self.refs[b] = self.refs.get(b, 0) + 1
+
+    def unhold(self, blocks):
+        for b in blocks:
+            self.refs[b] -= 1
+
+
 def test_prefix_cache_evicts_least_recently_used_blocks_within_its_bound():
     from specdecode.decoding.prefix_cache import PrefixCache
 
-    block_bytes = 2 * 3 * 1 * 4 * 2 * 4  # k and v of [layers 3, kv 1, 4 tokens, d 2] float32
-    cache = PrefixCache(block=4, max_bytes=2 * block_bytes)
-    read = lambda a, b: (torch.zeros(3, 1, b - a, 2), torch.zeros(3, 1, b - a, 2))  # noqa: E731
-    cache.store(list(range(8)), read)  # blocks A, AB
-    assert len(cache.lookup(list(range(9)))) == 2
-    cache.store([9, 9, 9, 9], read)  # a third block evicts the least recently used
-    assert cache.bytes <= 2 * block_bytes and len(cache.blocks) == 2
-    assert len(cache.lookup([9, 9, 9, 9])) == 1
+    pool = _Blocks()
+    cache = PrefixCache(max_bytes=200).bind(pool)
+    cache.store(list(range(8)), [10, 11])  # blocks A, AB: held, not copied
+    assert pool.refs == {10: 1, 11: 1} and cache.lookup(list(range(9))) == [(10, 4), (11, 4)]
+    cache.store([9, 9, 9, 9], [12])  # a third block lets the least recently used go
+    assert cache.bytes == 200 and len(cache.blocks) == 2 and pool.refs[10] == 0
+    assert cache.lookup([9, 9, 9, 9]) == [(12, 4)]
+    assert cache.evict() and cache.evict() and not cache.evict() and sum(pool.refs.values()) == 0
 
 
 def test_a_partial_last_block_is_found_only_by_a_prompt_that_ends_where_it_did():
     from specdecode.decoding.prefix_cache import PrefixCache
 
-    cache = PrefixCache(block=4)
-    read = lambda a, b: (torch.full((3, 1, b - a, 2), float(a)), torch.zeros(3, 1, b - a, 2))  # noqa: E731
-    cache.store(list(range(10)), read)  # blocks 0-3, 4-7 and the partial 8-9
-    found = cache.lookup(list(range(10)))
-    assert [k.shape[2] for k, _ in found] == [4, 4, 2] and found[2][0][0, 0, 0, 0] == 8.0
-    assert [k.shape[2] for k, _ in cache.lookup(list(range(9)) + [99])] == [4, 4]  # its rest differs
-    assert [k.shape[2] for k, _ in cache.lookup(list(range(12)))] == [
-        4,
-        4,
-    ]  # 8-11 is a full block: not stored
-    assert [k.shape[2] for k, _ in cache.lookup(list(range(9)))] == [4, 4]  # a shorter rest: not stored
+    cache = PrefixCache().bind(_Blocks())
+    cache.store(list(range(10)), [1, 2, 3])  # blocks 0-3, 4-7 and the partial 8-9
+    assert cache.lookup(list(range(10))) == [(1, 4), (2, 4), (3, 2)]
+    assert cache.lookup(list(range(9)) + [99]) == [(1, 4), (2, 4)]  # its rest differs
+    assert cache.lookup(list(range(12))) == [(1, 4), (2, 4)]  # 8-11 is a full block: not stored
+    assert cache.lookup(list(range(9))) == [(1, 4), (2, 4)]  # a shorter rest: not stored
 
 
 def test_prefill_chunks_shrink_as_the_context_grows_so_a_steps_cost_stays_within_the_budget():
@@ -214,62 +226,60 @@ def test_the_batched_model_knows_its_attention_span(target):
     )
 
 
-def test_admission_reserves_the_cache_so_no_chunk_grows_it(target):
-    """The room for a request (prompt + max_new_tokens) is asked for when it is admitted, not found
-    missing between the chunks of its prompt (or under `serve --kv-reserve`, at start)."""
-    from specdecode.engine import build_engine, default_routes
+def test_admission_claims_cache_memory_and_a_request_waits_until_it_is_there(target, cases):
+    """A sequence is admitted when its prompt, max_new_tokens and a tree's slack fit the KV memory's
+    unclaimed blocks; the next one waits (nothing claimed for it) until the first leaves; one that
+    could never fit is refused by the engine with a clear error, never an out-of-memory kill."""
+    from specdecode.backends.batch_model import kv_bytes_per_token
+    from specdecode.decoding.batch_decoder import positions
+    from specdecode.engine import Request, TooLarge, build_engine, default_routes
 
-    lm = batched(target.model, 3)
+    per_block = 64 * kv_bytes_per_token(target.model)
+    lm = batched(target.model, 3, kv_memory=6 * per_block)  # 6 blocks of 64 positions
     core = BatchDecoder(lm)
-    prompt = list(range(5, 200))  # the tiny model holds 512 positions
-    seq = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, 250)
-    core.start([seq], chunked=True)
-    cache = lm.k_cache  # an empty cache has nothing to copy: allocated at once
-    assert cache.shape[3] >= len(prompt) + 250
-    while not seq.finished:
-        core.step([seq])
-    assert lm.k_cache is cache and len(seq.context) == len(prompt) + 250
+    prompt = list(range(5, 200))
+    first = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, 60)  # 195 + 60 + 64: 5 blocks
+    second = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, 60)
+    assert positions(first) == 319 and core.admit(first) and not core.admit(second)
+    assert second.slot is None and lm.pool.unclaimed() == 1
+    core.start([first], chunked=True)
+    while not first.finished:
+        core.step([first])
+    alone = first.context[len(prompt) :]
+    core.release(first)
+    assert lm.pool.in_use() == 0 and core.admit(second)  # the first's blocks and claim came back
+    core.start([second])
+    while not second.finished:
+        core.step([second])
+    assert second.context[len(prompt) :] == alone
+    assert core.room(len(prompt)) == 6 * 64 - 64 - len(prompt)
     engine = build_engine(
-        target,
-        default_routes(parse("none"), 1, False),
-        model_name="t",
-        max_batch=2,
-        load_control=False,
-        kv_reserve=480,
-    )
-    assert engine.core.model.room() >= 480
+        target, default_routes(parse("none"), 1, False), model_name="t", max_batch=2, load_control=False,
+        kv_memory=6 * per_block,
+    )  # fmt: skip
+    with pytest.raises(TooLarge, match="at most 125 new tokens after this prompt"):
+        engine.submit(Request(prompt, Warp(), 126), lambda event: None)
 
 
-def test_a_long_prompt_admitted_beside_a_running_row_grows_the_cache_without_pausing_it(
-    target, cases, monkeypatch
-):
-    """Admission beside a decoding row grows the cache ahead: nothing is copied then, each forward moves
-    one piece (a layer of a slot) into the larger tensors (step_bytes=1) while the running row decodes
-    on, the new prompt goes in only as far as the old capacity until the move is done, and every output
-    is still the one each request gets alone."""
+def test_a_long_prompt_admitted_beside_a_running_row_moves_nothing(target, cases):
+    """A long prompt admitted beside a decoding row takes blocks of its own: the running row's blocks
+    and the pool's tensors stay where they are (nothing is grown or copied), and every output is the
+    one each request gets alone."""
     from specdecode.decoding.generation import generate
 
     lm = batched(target.model, 3)
-    monkeypatch.setattr(lm.cache, "step_bytes", 1)
     core = BatchDecoder(lm, budget=PrefillBudget(64))
     short, short_ref = cases[0]
     running = Sequence(short, DRAFTERS[0].fork(), FixedK(3), Warp(), None, MAX_NEW)
     core.start([running], chunked=True)
     core.step([running])
-    small = lm.room()
-    prompt = (cases[1][0] * 64)[: small + 100]  # longer than the cache holds now
+    pool_k, first_block = lm.k_cache, lm.pool.owned[running.slot][0]
+    prompt = (cases[1][0] * 64)[:300]
     admitted = Sequence(prompt, NoDrafter().fork(), FixedK(1), Warp(), None, MAX_NEW)
     core.start([admitted], chunked=True)
-    assert lm.room() == small  # nothing grew at admission
-    moves = 0
-    while lm.cache.moving is not None:
-        before = len(running.context)
-        core.step([running, admitted])
-        assert len(running.context) > before and admitted.prefilled <= small
-        moves += 1
-    assert moves == lm.cache.pieces() and lm.room() >= len(prompt) + MAX_NEW
     while not (running.finished and admitted.finished):
         core.step([s for s in (running, admitted) if not s.finished])
+        assert lm.k_cache is pool_k and lm.pool.owned[running.slot][0] == first_block
     assert running.context[len(short) :] == short_ref
     alone = generate(target, NoDrafter(), prompt, max_new_tokens=MAX_NEW).token_ids
     assert admitted.context[len(prompt) :] == alone
@@ -316,3 +326,34 @@ def generate_alone(target, prompt, n):
     from specdecode.decoding.generation import generate
 
     return generate(target, NoDrafter(), prompt, max_new_tokens=n).token_ids
+
+
+def test_an_unchunked_start_prefills_in_forwards_of_bounded_rows(target, cases, monkeypatch):
+    """start(chunked=False) (the Python API) prefills before returning, in forwards of at most
+    PREFILL_ROWS prompt tokens (shortest rest first), so a long prompt's activations stay bounded;
+    the outputs are each prompt's alone."""
+    from specdecode.decoding import batch_decoder
+    from specdecode.decoding.generation import generate
+
+    monkeypatch.setattr(batch_decoder, "PREFILL_ROWS", 24)
+    lm = batched(target.model, 2)
+    sizes, forward = [], lm.forward
+    monkeypatch.setattr(
+        lm, "forward", lambda rows: sizes.append(sum(len(r.tokens) for r in rows)) or forward(rows)
+    )
+    core = BatchDecoder(lm)
+    prompts = [(cases[1][0] * 8)[:70], cases[0][0]]
+    seqs = [Sequence(p, NoDrafter().fork(), FixedK(1), Warp(), None, MAX_NEW) for p in prompts]
+    core.start(seqs)
+    assert (
+        not any(s.prefilling for s in seqs)
+        and max(sizes) <= 24
+        and sum(sizes) == sum(len(p) - 1 for p in prompts)
+    )
+    while not all(s.finished for s in seqs):
+        core.step([s for s in seqs if not s.finished])
+    for seq in seqs:
+        assert (
+            seq.context[len(seq.prompt) :]
+            == generate(target, NoDrafter(), seq.prompt, max_new_tokens=MAX_NEW).token_ids
+        )

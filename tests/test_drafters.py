@@ -94,7 +94,11 @@ def test_ngram_stop_auto_is_one_verification_row(monkeypatch):
 
 @pytest.mark.parametrize(
     "text,error",
-    [("ngram:stop=100", "below 100"), ("ngram:b=2:stop=5", "needs a chain"), ("ngram:stop=x", "integer or auto")],
+    [
+        ("ngram:stop=100", "below 100"),
+        ("ngram:b=2:stop=5", "needs a chain"),
+        ("ngram:stop=x", "integer or auto"),
+    ],
 )
 def test_ngram_stop_bad_values(text, error):
     with pytest.raises(UserError, match=error):

@@ -19,6 +19,7 @@ from helpers import assert_lossless, assert_stack_is_per_op
 from specdecode import drafters
 from specdecode.backends import gguf_file, gguf_repack, gguf_weights, kernels, layer, models
 from specdecode.backends.precision import FP32, GGUF, GGUF_EXACT, Precision
+from specdecode.backends.stack import ONE_BLOCK
 from specdecode.core.sampling import Warp
 from specdecode.decoding.generation import generate
 from specdecode.errors import UserError
@@ -448,10 +449,10 @@ def test_the_eagle_heads_native_step_follows_its_torch_step(tiny_gguf):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert results[0][2:] == results[1][2:]
     k, v = native.cache.reserve(40)
-    ids, table = native.embedding.gathered([1])
+    ids, embed = native.embedding.gathered([1])
     with pytest.raises(RuntimeError, match="feat: a stack with a pair norm needs the residual rows"):
         native.native.stack.forward_ids(
-            ids, [0], [0], [1], table, k, v, [native.cos], [native.sin], [], [], None
+            ids, [0], [0], [1], ONE_BLOCK, embed, k, v, [native.cos], [native.sin], [], [], None
         )
 
 

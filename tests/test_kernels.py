@@ -109,9 +109,10 @@ def _rope(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
 
-def _where(*seqs):
-    """(slot, start, count) per sequence -> the kernel's slots, starts, counts tensors."""
-    return [torch.tensor(col, dtype=torch.long) for col in zip(*seqs)]
+def _where(*seqs, slots: int = 1):
+    """(slot, start, count) per sequence -> the kernel's slots, starts, counts tensors and the block
+    table of a cache of `slots` slots, each one block of its capacity ([slots, kvh, cap, d])."""
+    return [torch.tensor(col, dtype=torch.long) for col in zip(*seqs)] + [torch.arange(slots)[:, None]]
 
 
 @pytest.mark.parametrize("tree", [False, True])
@@ -178,7 +179,7 @@ def test_attention_over_sequences_in_slots_is_each_alone(ops):
     cos, sin = torch.randn(8, d, generator=g), torch.randn(8, d, generator=g)
     k_cache, v_cache = torch.randn(3, kvh, cap, d, generator=g), torch.randn(3, kvh, cap, d, generator=g)
     k_alone, v_alone = k_cache.clone(), v_cache.clone()
-    out = ops.attention(qkv, k_cache, v_cache, cos, sin, None, *_where(*seqs), h, kvh, 0.0)
+    out = ops.attention(qkv, k_cache, v_cache, cos, sin, None, *_where(*seqs, slots=3), h, kvh, 0.0)
     row = 0
     for slot, start, count in seqs:
         rows = slice(row, row + count)
@@ -189,7 +190,7 @@ def test_attention_over_sequences_in_slots_is_each_alone(ops):
             cos[rows],
             sin[rows],
             None,
-            *_where((slot, start, count)),
+            *_where((slot, start, count), slots=3),
             h,
             kvh,
             0.0,
@@ -198,9 +199,45 @@ def test_attention_over_sequences_in_slots_is_each_alone(ops):
         row += count
     assert torch.equal(k_cache, k_alone) and torch.equal(v_cache, v_alone)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        ops.attention(qkv[:1], k_cache, v_cache, cos[:1], sin[:1], None, *_where((3, 0, 1)), h, kvh, 0.0)
+        ops.attention(
+            qkv[:1], k_cache, v_cache, cos[:1], sin[:1], None, *_where((3, 0, 1), slots=3), h, kvh, 0.0
+        )
     with pytest.raises(RuntimeError, match="rows in all"):
-        ops.attention(qkv, k_cache, v_cache, cos, sin, None, *_where((0, 0, 2)), h, kvh, 0.0)
+        ops.attention(qkv, k_cache, v_cache, cos, sin, None, *_where((0, 0, 2), slots=3), h, kvh, 0.0)
+    bad = _where((0, 0, 1), slots=3)
+    bad[3] = torch.tensor([[5], [0], [1]])  # slot 0's block is not one of the cache's 3
+    with pytest.raises(RuntimeError, match="not one of the cache's 3"):
+        ops.attention(qkv[:1], k_cache, v_cache, cos[:1], sin[:1], None, *bad, h, kvh, 0.0)
+
+
+@pytest.mark.parametrize("d", [64, 24])  # the register-blocked groups and the scalar query
+def test_attention_through_a_block_table_is_the_contiguous_cache_bit_for_bit(ops, d):
+    """A paged cache (kv_pool.py): each slot's positions in blocks of 8 scattered over a pool in any
+    order, the last one partial; every row's output equals the same cache laid out contiguously, and
+    the new keys and values land in the blocks the table names, nowhere else."""
+    h, kvh, block = 6, 2, 8
+    g = torch.Generator().manual_seed(5)
+    seqs = [(1, 29, 1), (0, 13, 4), (2, 0, 3)]  # a decode row past 3 blocks, a chain across a block edge
+    qkv = torch.randn(8, (h + 2 * kvh) * d, generator=g)
+    cos, sin = torch.randn(8, d, generator=g), torch.randn(8, d, generator=g)
+    cap = 32
+    k_flat, v_flat = torch.randn(3, kvh, cap, d, generator=g), torch.randn(3, kvh, cap, d, generator=g)
+    order = torch.randperm(12, generator=g) + 1  # 12 blocks of 3 slots, block 0 unused
+    table = order.view(3, 4)
+    k_pool, v_pool = torch.zeros(13, kvh, block, d), torch.zeros(13, kvh, block, d)
+    for s in range(3):
+        for t in range(4):
+            k_pool[table[s, t]] = k_flat[s, :, t * block : (t + 1) * block]
+            v_pool[table[s, t]] = v_flat[s, :, t * block : (t + 1) * block]
+    flat = ops.attention(qkv, k_flat, v_flat, cos, sin, None, *_where(*seqs, slots=3), h, kvh, 0.0)
+    where = _where(*seqs)[:3] + [table]
+    paged = ops.attention(qkv, k_pool, v_pool, cos, sin, None, *where, h, kvh, 0.0)
+    assert torch.equal(paged, flat)
+    for s in range(3):
+        for t in range(4):
+            assert torch.equal(k_pool[table[s, t]], k_flat[s, :, t * block : (t + 1) * block])
+            assert torch.equal(v_pool[table[s, t]], v_flat[s, :, t * block : (t + 1) * block])
+    assert not k_pool[0].any() and not v_pool[0].any()
 
 
 @pytest.fixture(scope="module")

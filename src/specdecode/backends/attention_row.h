@@ -36,15 +36,24 @@ inline vec in_register(vec v) {
   return v;
 }
 
+// One kv head's keys and values in a sequence's cache blocks: key j's row is
+// k + blocks[j / block] * block_stride + (j % block) * d (v the same), a block holding `block`
+// consecutive positions of every kv head ([blocks, kv_heads, block, d]; a contiguous cache is one block).
+struct Keys {
+  const float *k, *v;
+  const int64_t* blocks;
+  int64_t block_stride, block;
+};
+
 // Up to G queries that read the same keys (the heads of one kv head, the rows of one sequence):
-// q [G, d] (rotated and scaled) against keys j < ends[g] of one head's K, V [cap, d], key j visible
+// q [G, d] (rotated and scaled) against keys j < ends[g] of one head's keys and values, key j visible
 // to query g where seen[g] is null or seen[g][j] -> out[g] [d]; p: scratch [G, stride], stride >= the
 // largest end + L. d = NV * L: each key and value row is loaded into registers once for all G queries
 // (the loads, not the arithmetic, bounded the one-query loop). Query g's bits do not depend on the
 // others: a hidden or later key scores -inf, weighs an exact 0 and adds 0 to its sum.
 template <int NV, int G>
-void queries(const float* q, const float* K, const float* V, const int64_t* ends, const bool* const* seen,
-             float* p, int64_t stride, float* const* out) {
+void queries(const float* q, const Keys& kv, const int64_t* ends, const bool* const* seen, float* p,
+             int64_t stride, float* const* out) {
   constexpr int64_t d = NV * L;
   const float ninf = -std::numeric_limits<float>::infinity();
   int64_t end = 0;
@@ -55,16 +64,19 @@ void queries(const float* q, const float* K, const float* V, const int64_t* ends
     for (int v = 0; v < NV; ++v) qv[g][v] = load(q + g * d + v * L);
     top[g] = ninf;
   }
-  for (int64_t j = 0; j < end; ++j) {  // scores: p[g, j] = q_g . K[j]
-    vec k[NV];
-    for (int v = 0; v < NV; ++v) k[v] = in_register<G * NV <= 16>(load(K + j * d + v * L));
-    for (int g = 0; g < G; ++g) {
-      vec acc = fma(qv[g][0], k[0], vec{});
-      for (int v = 1; v < NV; ++v) acc = fma(qv[g][v], k[v], acc);
-      const bool shown = j < ends[g] && (!seen[g] || seen[g][j]);
-      const float s = shown ? reduce(acc) : ninf;
-      p[g * stride + j] = s;
-      top[g] = std::max(top[g], s);
+  for (int64_t j0 = 0; j0 < end; j0 += kv.block) {  // scores: p[g, j] = q_g . K[j], a block at a time
+    const float* K = kv.k + kv.blocks[j0 / kv.block] * kv.block_stride;
+    for (int64_t j = j0; j < std::min(end, j0 + kv.block); ++j) {
+      vec k[NV];
+      for (int v = 0; v < NV; ++v) k[v] = in_register<G * NV <= 16>(load(K + (j - j0) * d + v * L));
+      for (int g = 0; g < G; ++g) {
+        vec acc = fma(qv[g][0], k[0], vec{});
+        for (int v = 1; v < NV; ++v) acc = fma(qv[g][v], k[v], acc);
+        const bool shown = j < ends[g] && (!seen[g] || seen[g][j]);
+        const float s = shown ? reduce(acc) : ninf;
+        p[g * stride + j] = s;
+        top[g] = std::max(top[g], s);
+      }
     }
   }
   for (int g = 0; g < G; ++g) {  // p = exp(p - top), -inf past the end up to a whole vector
@@ -74,13 +86,16 @@ void queries(const float* q, const float* K, const float* V, const int64_t* ends
   }
   vec acc[G][NV] = {};
   float sum[G] = {};  // added key by key in order: the same bits wherever a tree puts its keys
-  for (int64_t j = 0; j < end; ++j) {
-    vec vr[NV];
-    for (int v = 0; v < NV; ++v) vr[v] = in_register<G * NV <= 16>(load(V + j * d + v * L));
-    for (int g = 0; g < G; ++g) {
-      const float w = p[g * stride + j];
-      sum[g] += w;
-      for (int v = 0; v < NV; ++v) acc[g][v] = fma(splat(w), vr[v], acc[g][v]);
+  for (int64_t j0 = 0; j0 < end; j0 += kv.block) {
+    const float* V = kv.v + kv.blocks[j0 / kv.block] * kv.block_stride;
+    for (int64_t j = j0; j < std::min(end, j0 + kv.block); ++j) {
+      vec vr[NV];
+      for (int v = 0; v < NV; ++v) vr[v] = in_register<G * NV <= 16>(load(V + (j - j0) * d + v * L));
+      for (int g = 0; g < G; ++g) {
+        const float w = p[g * stride + j];
+        sum[g] += w;
+        for (int v = 0; v < NV; ++v) acc[g][v] = fma(splat(w), vr[v], acc[g][v]);
+      }
     }
   }
   for (int g = 0; g < G; ++g)
@@ -88,13 +103,15 @@ void queries(const float* q, const float* K, const float* V, const int64_t* ends
 }
 
 // One query of any width d (no register blocking): the same passes, scalar.
-inline void query_any(const float* q, const float* K, const float* V, int64_t d, int64_t end, const bool* seen,
-                      float* p, float* out) {
+inline void query_any(const float* q, const Keys& kv, int64_t d, int64_t end, const bool* seen, float* p,
+                      float* out) {
   const float ninf = -std::numeric_limits<float>::infinity();
+  auto row = [&](const float* base, int64_t j) { return base + kv.blocks[j / kv.block] * kv.block_stride + j % kv.block * d; };
   float top = ninf;
   for (int64_t j = 0; j < end; ++j) {
+    const float* K = row(kv.k, j);
     float s = 0.f;
-    for (int64_t c = 0; c < d; ++c) s = std::fma(q[c], K[j * d + c], s);
+    for (int64_t c = 0; c < d; ++c) s = std::fma(q[c], K[c], s);
     p[j] = seen && !seen[j] ? ninf : s;
     top = std::max(top, p[j]);
   }
@@ -103,7 +120,8 @@ inline void query_any(const float* q, const float* K, const float* V, int64_t d,
   for (int64_t j = 0; j < end; ++j) {
     p[j] = p[j] == ninf ? 0.f : std::exp(p[j] - top);
     sum += p[j];
-    for (int64_t c = 0; c < d; ++c) out[c] = std::fma(p[j], V[j * d + c], out[c]);
+    const float* V = row(kv.v, j);
+    for (int64_t c = 0; c < d; ++c) out[c] = std::fma(p[j], V[c], out[c]);
   }
   for (int64_t c = 0; c < d; ++c) out[c] *= 1.f / sum;
 }
@@ -117,8 +135,8 @@ inline int group_limit(int64_t d) {
   return static_cast<int>(std::clamp<int64_t>((registers - 2 - nv) / nv, 1, MAX_GROUP));
 }
 
-using group_fn = void (*)(const float*, const float*, const float*, const int64_t*, const bool* const*, float*,
-                          int64_t, float* const*);
+using group_fn = void (*)(const float*, const Keys&, const int64_t*, const bool* const*, float*, int64_t,
+                          float* const*);
 
 // The kernel for G <= group_limit(d) queries of width d, or null where query_any serves.
 inline group_fn for_group(int64_t d, int G) {
@@ -131,13 +149,17 @@ inline group_fn for_group(int64_t d, int G) {
 }
 
 // Where a forward's rows sit: sequence b's counts[b] rows come next in the rows, at cache positions
-// starts[b].. of slot slots[b]; qkv rows [N, (h + 2 kvh) d]; caches [S, kvh, cap, d] of one layer.
+// starts[b].. of slot slots[b]; qkv rows [N, (h + 2 kvh) d]; a layer's cache [blocks, kvh, block, d],
+// position t of slot s in block table[s * per_slot + t / block] (paged; a contiguous cache of one
+// slot is one block of its capacity, table [0]).
 struct Layout {
-  const int64_t *slots, *starts, *counts;
+  const int64_t *slots, *starts, *counts, *table;
+  int64_t per_slot, block;
   std::vector<int64_t> seq_of, first;
   int64_t rows = 0, longest = 0;  // rows in all; the largest start + count
 
-  Layout(const int64_t* sl, const int64_t* st, const int64_t* ct, int64_t B) : slots(sl), starts(st), counts(ct), first(B) {
+  Layout(const int64_t* sl, const int64_t* st, const int64_t* ct, int64_t B, const int64_t* tb, int64_t per, int64_t blk)
+      : slots(sl), starts(st), counts(ct), table(tb), per_slot(per), block(blk), first(B) {
     for (int64_t b = 0; b < B; ++b) {
       first[b] = rows;
       for (int64_t t = 0; t < ct[b]; ++t) seq_of.push_back(b);
@@ -168,19 +190,20 @@ inline std::vector<Group> groups(const Layout& lay, int64_t heads, int64_t kv_he
   return out;
 }
 
-// One layer's attention for a forward's rows: heads h, kv heads kvh, width d, cache capacity cap;
+// One layer's attention for a forward's rows: heads h, kv heads kvh, width d; caches as Layout's;
 // mask [N, mask_cols] bool or null (causal); scale of q.k.
 struct Step {
   const Layout& lay;
   const float *qkv, *cos, *sin;
   float *k_cache, *v_cache, *out;
   const bool* mask;
-  int64_t mask_cols, heads, kv_heads, d, cap;
+  int64_t mask_cols, heads, kv_heads, d;
   float scale;
 
   int64_t cache_row(int64_t i, int64_t g) const {  // offset of row i's key/value of kv head g
-    const int64_t b = lay.seq_of[i];
-    return ((lay.slots[b] * kv_heads + g) * cap + lay.starts[b] + i - lay.first[b]) * d;
+    const int64_t b = lay.seq_of[i], pos = lay.starts[b] + i - lay.first[b];
+    const int64_t block = lay.table[lay.slots[b] * lay.per_slot + pos / lay.block];
+    return ((block * kv_heads + g) * lay.block + pos % lay.block) * d;
   }
   // task i * kv_heads + g: row i's key (rotated) and value of kv head g into the caches
   void write(int64_t task) const {
@@ -204,11 +227,13 @@ struct Step {
         seen[n] = mask ? mask + i * mask_cols : nullptr;
         outs[n] = out + (i * heads + hh) * d;
       }
-    const int64_t base = (lay.slots[b] * kv_heads + g) * cap * d;
+    const int64_t head = g * lay.block * d;
+    const Keys kv{k_cache + head, v_cache + head, lay.table + lay.slots[b] * lay.per_slot, kv_heads * lay.block * d,
+                  lay.block};
     if (const group_fn fn = for_group(d, n))
-      fn(q, k_cache + base, v_cache + base, ends, seen, p, stride, outs);
+      fn(q, kv, ends, seen, p, stride, outs);
     else
-      for (int m = 0; m < n; ++m) query_any(q + m * d, k_cache + base, v_cache + base, d, ends[m], seen[m], p, outs[m]);
+      for (int m = 0; m < n; ++m) query_any(q + m * d, kv, d, ends[m], seen[m], p, outs[m]);
   }
 };
 

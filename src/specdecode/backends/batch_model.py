@@ -1,9 +1,9 @@
 """Many sequences in one target forward: the batched model behind the server.
 
 `BatchedLlama` reuses a FastLlama's prepared layers (prepacked linears, cos/sin tables per rotary
-kind, sliding windows, every family FastLlama covers) with a
-static KV cache per *slot* ([layers, slots, kv_heads, cap, head_dim]) and one length per slot;
-rolling a slot back is, as in FastLlama, only a change of its length. A forward takes ragged rows
+kind, sliding windows, every family FastLlama covers) with a KV cache by the block (kv_pool.py: each
+*slot* holds the blocks of its own tokens) and one length per slot; rolling a slot back is, as in
+FastLlama, a change of its length (and the blocks past it go back to the pool). A forward takes ragged rows
 (slot, tokens): the linear layers run on the rows' tokens packed together ([N, hidden], no
 padding work), only attention scatters them into a right-padded [B, heads, S, head_dim] block
 with a per-row causal mask over the row's own slot, at per-row RoPE positions. A row may be a token
@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from specdecode.backends.fast_llama import FastLlama, fused_layers
+from specdecode.backends.kv_pool import BLOCK, KVPool
 from specdecode.backends.layer import rms_norm
 from specdecode.backends.lm import CausalLM, Output, layer_ids
 from specdecode.backends.models import HFModel
-from specdecode.backends.slot_cache import SlotCache
 
 
 @dataclass
@@ -45,29 +45,39 @@ class BatchLM(Protocol):
     max_length: int
     vocab_size: int
     attention_span: float | None  # context tokens whose attention costs a token's matmuls; None: unknown
-    copies_kv: bool  # read_kv / write_kv copy a slot's keys and values (prefix caching)
+    shares_kv: bool  # slots' cache blocks can be held and shared (prefix caching: blocks_of, share)
+    block: int  # positions a cache block holds
+    block_bytes: int  # memory of one block
+    capacity: int  # positions one slot could hold with the whole cache memory its own
     device: torch.device  # where its logits are (a request's generator lives there)
-
-    def read_kv(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def write_kv(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None: ...
 
     def length(self, slot: int) -> int: ...
 
-    def truncate(self, slot: int, length: int) -> None: ...
+    def truncate(self, slot: int, length: int) -> None:
+        """The slot keeps its first `length` positions (0: it is empty, its claim given back)."""
+        ...
 
     def keep(self, slot: int, length: int, indices: list[int]) -> None:
         """As CausalLM.keep, for one slot (a tree's accepted path)."""
         ...
 
-    def room(self) -> int:
-        """Positions every slot can hold without growing the cache."""
+    def claim(self, slot: int, positions: int) -> bool:
+        """Set cache memory aside for `slot` to hold `positions` -> whether there was enough."""
         ...
 
-    def reserve(self, positions: int, wait: bool = True) -> None:
-        """Room for `positions` in every slot: now, or (wait=False) grown over the next forwards
-        without pausing them (room() says when it is there)."""
+    def blocks_of(self, slot: int, end: int) -> list[int]:
+        """The cache blocks holding positions [0, end) of a slot (shares_kv)."""
         ...
+
+    def share(self, slot: int, blocks: list[int], length: int) -> None:
+        """An empty slot starts with these blocks, holding `length` positions (a cached prefix)."""
+        ...
+
+    def hold(self, blocks: list[int]) -> None:
+        """Someone beside the slots (the prefix cache) holds these blocks until unhold."""
+        ...
+
+    def unhold(self, blocks: list[int]) -> None: ...
 
     def forward(self, rows: list[Row]) -> list[Output]:
         """rows -> one Output per row (logits [n_i or num_logits, V] float32, features [n_i, F]
@@ -75,10 +85,11 @@ class BatchLM(Protocol):
         ...
 
 
-def batched(model: CausalLM, slots: int) -> BatchLM:
-    """The batched form of a loaded target: BatchedLlama for FastLlama, PerSlotLM otherwise."""
+def batched(model: CausalLM, slots: int, kv_memory: int | None = None, block: int = BLOCK) -> BatchLM:
+    """The batched form of a loaded target: BatchedLlama for FastLlama (its KV cache within
+    `kv_memory` bytes, default kv_budget()), PerSlotLM otherwise."""
     if isinstance(model, FastLlama):
-        return BatchedLlama(model, slots)
+        return BatchedLlama(model, slots, kv_memory, block)
     return PerSlotLM([HFModel(model.hf) for _ in range(slots)])
 
 
@@ -91,75 +102,89 @@ def attention_span(cfg, heads: int, kv_heads: int, head_dim: int) -> float:
     return weights / (2 * heads * head_dim)
 
 
-class BatchedLlama:
-    copies_kv = True
+def kv_bytes_per_token(fast: FastLlama) -> int:
+    """Keys and values of one position, every layer."""
+    return 2 * len(fast.layers) * fast.kv_heads * fast.head_dim * torch.finfo(fast.dtype).bits // 8
 
-    def __init__(self, fast: FastLlama, slots: int):
+
+def kv_budget(fast: FastLlama, slots: int) -> int:
+    """The default KV memory: every slot at the model's whole context, or half of the memory free
+    now, whichever is less (the pool's pages are only backed as blocks are written: kv_pool.py)."""
+    return min(slots * fast.max_length * kv_bytes_per_token(fast), available_memory() // 2)
+
+
+def available_memory() -> int:
+    """MemAvailable of /proc/meminfo in bytes (16 GiB where there is none)."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 16 << 30
+
+
+class BatchedLlama:
+    shares_kv = True
+
+    def __init__(self, fast: FastLlama, slots: int, kv_memory: int | None = None, block: int = BLOCK):
         self.fast, self.slots = fast, slots
         self.attention_span = attention_span(fast.config, fast.heads, fast.kv_heads, fast.head_dim)
         self.max_length, self.vocab_size = fast.max_length, fast.vocab_size
         self.device, self.dtype = fast.device, fast.dtype
         self.lengths = [0] * slots
-        dims = (len(fast.layers), slots, fast.kv_heads, fast.head_dim)
-        self.cache = SlotCache(dims, self.max_length, self.dtype, self.device)
+        self.kv_memory = kv_budget(fast, slots) if kv_memory is None else kv_memory
+        self.block = block
+        blocks = 1 + self.kv_memory // (block * kv_bytes_per_token(fast))  # block 0: the zero block
+        dims = (len(fast.layers), fast.kv_heads, fast.head_dim)
+        self.pool = KVPool(dims, slots, self.max_length, blocks, self.dtype, self.device, block)
+        self.block_bytes = self.pool.block_bytes
+        self.capacity = min(self.max_length, (blocks - 1) * block)
 
     @property
     def k_cache(self) -> torch.Tensor:
-        """[layers, slots, kv_heads, capacity, head_dim] (while the cache grows: the old tensors)."""
-        return self.cache.k
+        """[layers, blocks, kv_heads, block, head_dim]"""
+        return self.pool.k
 
     @property
     def v_cache(self) -> torch.Tensor:
-        return self.cache.v
+        return self.pool.v
 
     def length(self, slot: int) -> int:
         return self.lengths[slot]
 
     def truncate(self, slot: int, length: int) -> None:
         self.lengths[slot] = min(self.lengths[slot], length)
-        self.cache.wrote_from(slot, self.lengths[slot])
+        self.pool.trim(slot, self.lengths[slot])
 
     @torch.inference_mode()
     def keep(self, slot: int, length: int, indices: list[int]) -> None:
         m = len(indices)
-        self.cache.wrote_from(slot, length)
         if indices != list(range(length, length + m)):
-            idx = torch.tensor(indices, dtype=torch.long, device=self.device)
-            self.k_cache[:, slot, :, length : length + m] = self.k_cache[
-                :, slot, :, idx
-            ]  # gather copies first
-            self.v_cache[:, slot, :, length : length + m] = self.v_cache[:, slot, :, idx]
+            self.pool.writable(slot, length, length + m)
+            slots = torch.full((m,), slot, dtype=torch.long)
+            src = self.pool.where(slots, torch.tensor(indices, dtype=torch.long))
+            dst = self.pool.where(slots, torch.arange(length, length + m))
+            for cache in (self.k_cache, self.v_cache):
+                cache[:, dst[0], :, dst[1]] = cache[:, src[0], :, src[1]]  # gather copies first
         self.lengths[slot] = length + m
+        self.pool.trim(slot, length + m)
 
-    def read_kv(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of cache positions [start, end) of a slot: each [layers, kv_heads, n, d]
-        (copies)."""
-        return self.k_cache[:, slot, :, start:end].clone(), self.v_cache[:, slot, :, start:end].clone()
+    def claim(self, slot: int, positions: int) -> bool:
+        return self.pool.claim(slot, positions)
 
-    @torch.inference_mode()
-    def write_kv(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Put keys and values (as read_kv returns them) at positions start.. of a slot, which then holds
-        start + n positions (prefix caching: a prompt's cached prefix instead of its prefill)."""
-        end = start + k.shape[2]
-        self.cache.ensure(end, self.lengths)
-        self.cache.wrote_from(slot, start)
-        self.k_cache[:, slot, :, start:end] = k
-        self.v_cache[:, slot, :, start:end] = v
-        self.lengths[slot] = end
+    def blocks_of(self, slot: int, end: int) -> list[int]:
+        return self.pool.blocks_of(slot, end)
 
-    def room(self) -> int:
-        return self.cache.capacity
+    def share(self, slot: int, blocks: list[int], length: int) -> None:
+        self.pool.share(slot, blocks)
+        self.lengths[slot] = length
 
-    @torch.inference_mode()
-    def reserve(self, positions: int, wait: bool = True) -> None:
-        """Room for `positions` cached tokens in every slot (capped at max_length): now (growing copies
-        every slot's cache: at start-up, `serve --kv-reserve`), or ahead, moved into place a bounded
-        piece per forward while the running rows go on (slot_cache.py)."""
-        positions = min(positions, self.max_length)
-        if wait:
-            self.cache.ensure(positions, self.lengths)
-        else:
-            self.cache.grow_ahead(positions, self.lengths)
+    def hold(self, blocks: list[int]) -> None:
+        self.pool.hold(blocks)
+
+    def unhold(self, blocks: list[int]) -> None:
+        self.pool.unhold(blocks)
 
     @torch.inference_mode()
     def forward(self, rows: list[Row]) -> list[Output]:
@@ -167,7 +192,7 @@ class BatchedLlama:
         # chains as token ids: the native call gathers their rows, no torch ops (stack.cpp's forward_ids)
         if f.stack is not None and f.stack.by_ids and not at.trees:
             tokens = [t for r in rows for t in r.tokens.tolist()]
-            where = (at.slots, at.starts, at.counts)
+            where = (at.slots, at.starts, at.counts, self.pool.table)
             logits, captured = f.stack.chains(
                 f, self.k_cache, self.v_cache, tokens, where, at.wanted, at.picked
             )
@@ -198,7 +223,8 @@ class BatchedLlama:
         ends = [s + n for s, n in zip(starts, counts)]
         if max(ends) > self.max_length:
             raise ValueError(f"sequence of {max(ends)} tokens exceeds max_length {self.max_length}")
-        self.cache.ensure(max(ends), self.lengths)  # grown ahead at admission: normally there already
+        for r, start, end in zip(rows, starts, ends):  # blocks for the new tokens, claimed at admission
+            self.pool.writable(r.slot, start, end)
         offsets = list(accumulate([0] + counts[:-1]))  # row b's tokens start at offsets[b]
         keep = [r.num_logits or n for r, n in zip(rows, counts)]  # rows with logits: each row's last `keep`
         picked = [i for o, n, m in zip(offsets, counts, keep) for i in range(o + n - m, o + n)]
@@ -208,7 +234,7 @@ class BatchedLlama:
 
     def _fused(self, rows: list[Row], at: _Layout, x, ropes, masks) -> list[Output]:
         """ropes, masks: as fused_layers takes them."""
-        where = (torch.tensor(at.slots), torch.tensor(at.starts), torch.tensor(at.counts))
+        where = (torch.tensor(at.slots), torch.tensor(at.starts), torch.tensor(at.counts), self.pool.table)
         logits, captured = fused_layers(
             self.fast,
             x.float().contiguous(),
@@ -259,12 +285,12 @@ class BatchedLlama:
             (r,) = g.rows if len(g.rows) == 1 else (None,)
             if r is not None and at.counts[r] > SHORT_ROW and rows[r].tree_mask is None and dev.type == "cpu":
                 g.chunk = (at.slots[r], at.starts[r], at.ends[r])
-        slot_of = torch.tensor(at.slots, device=dev)[ix.row_of]  # [N]
+        block, offset = self.pool.where(torch.tensor(at.slots)[ix.row_of.cpu()], ix.pos)  # [N] each
         captured = {}
         for i, layer in enumerate(f.layers):
             q, k, v = layer.attention_inputs(x, *ropes[layer.rope_kind], h, kvh, f.eps)  # [N, h|kvh, d]
-            self.k_cache[i][slot_of, :, ix.pos] = k  # [N, kvh, d] into [slots, kvh, cap, d]
-            self.v_cache[i][slot_of, :, ix.pos] = v
+            self.k_cache[i][block, :, offset] = k  # [N, kvh, d] into [blocks, kvh, block, d]
+            self.v_cache[i][block, :, offset] = v
             out = q.new_empty(q.shape[0], h * d)
             for g in groups:
                 out[g.tokens] = self._group_attention(g, i, layer.window, q)
@@ -281,19 +307,18 @@ class BatchedLlama:
         """Layer i's attention for the group's tokens: q [N, h, d] -> [n_g, h * d]."""
         f = self.fast
         h, d = f.heads, f.head_dim
-        k_cache, v_cache = self.k_cache[i], self.v_cache[i]
         if g.chunk is not None and window is None:
             slot, start, end = g.chunk
-            attn = chunk_attention(
-                q[g.tokens].transpose(0, 1), k_cache[slot, :, :end], v_cache[slot, :, :end], start, f.qk_scale
-            )  # [h, n, d]
+            k, v = self.pool.gather(i, [slot], end)  # [1, kvh, end, d] each
+            attn = chunk_attention(q[g.tokens].transpose(0, 1), k[0], v[0], start, f.qk_scale)  # [h, n, d]
             return attn.transpose(0, 1).reshape(-1, h * d)
         q_pad = q.new_zeros(len(g.rows), g.s, h, d)
         q_pad[g.row_of, g.t_of] = q[g.tokens]
+        k, v = self.pool.gather(i, g.sel, g.l)  # [B_g, kvh, l, d] each
         attn = F.scaled_dot_product_attention(
             q_pad.transpose(1, 2),
-            k_cache[g.sel, :, : g.l],
-            v_cache[g.sel, :, : g.l],
+            k,
+            v,
             attn_mask=g.masks[window],
             enable_gqa=True,
             scale=f.qk_scale,
@@ -306,7 +331,6 @@ class BatchedLlama:
         f = self.fast
         for r, end in zip(rows, at.ends):
             self.lengths[r.slot] = end
-        self.cache.advance(self.lengths)  # a growing cache: this forward's share of the move
         # each row's logits as a slice: Tensor.split's Python wrapper, cold after a forward, took 10% of
         # the server's engine thread (py-spy, one streaming client)
         outputs = []
@@ -412,9 +436,7 @@ class _Group:
         local = local.to(dev)
         self.tokens = torch.nonzero(local[row_of] >= 0).flatten()  # [N_g] this group's tokens in the batch
         self.row_of, self.t_of = local[row_of[self.tokens]], t_of[self.tokens]
-        slots = [slot_ids[i] for i in rows]
-        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
-        self.sel = slice(slots[0], slots[0] + len(slots)) if contiguous else torch.tensor(slots, device=dev)
+        self.sel = [slot_ids[i] for i in rows]
         index = torch.tensor(rows, device=dev)
         self.masks = {w: m[index, :, : self.s, : self.l] for w, m in masks.items()}  # [B_g, 1, S_g, L_g]
 
@@ -424,12 +446,14 @@ class PerSlotLM:
     in turn."""
 
     attention_span = None
-    copies_kv = False
+    shares_kv = False
+    block = block_bytes = 0
 
     def __init__(self, seqs: list[CausalLM]):
         self.seqs = seqs
         self.slots = len(seqs)
         self.max_length, self.vocab_size = self.seqs[0].max_length, self.seqs[0].vocab_size
+        self.capacity = self.max_length  # each DynamicCache grows by itself
         self.device = self.seqs[0].device
 
     def length(self, slot: int) -> int:
@@ -445,17 +469,20 @@ class PerSlotLM:
     def keep(self, slot: int, length: int, indices: list[int]) -> None:
         self.seqs[slot].keep(length, indices)
 
-    def room(self) -> int:
-        return self.max_length  # each DynamicCache grows by itself
+    def claim(self, slot: int, positions: int) -> bool:
+        return True  # each DynamicCache grows by itself
 
-    def reserve(self, positions: int, wait: bool = True) -> None:
-        pass
+    def blocks_of(self, slot: int, end: int) -> list[int]:
+        raise NotImplementedError("PerSlotLM shares no cache blocks (shares_kv is False)")
 
-    def read_kv(self, slot: int, start: int, end: int):
-        raise NotImplementedError("PerSlotLM does not copy keys and values (copies_kv is False)")
+    def share(self, slot: int, blocks: list[int], length: int) -> None:
+        raise NotImplementedError("PerSlotLM shares no cache blocks (shares_kv is False)")
 
-    def write_kv(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        raise NotImplementedError("PerSlotLM does not copy keys and values (copies_kv is False)")
+    def hold(self, blocks: list[int]) -> None:
+        raise NotImplementedError("PerSlotLM shares no cache blocks (shares_kv is False)")
+
+    def unhold(self, blocks: list[int]) -> None:
+        raise NotImplementedError("PerSlotLM shares no cache blocks (shares_kv is False)")
 
     def forward(self, rows: list[Row]) -> list[Output]:
         return [

@@ -13,20 +13,26 @@ inline void tensor(const torch::Tensor& t, const char* name, torch::ScalarType t
               ": expected a contiguous CPU tensor of ", type);
 }
 
-// slots, starts, counts [B] long: sequence b's counts[b] rows at positions starts[b].. of slot slots[b]
-// of a cache of S slots and cap positions, N rows in all -> their Layout; an error names a sequence
-// outside the cache or a wrong row count.
+// slots, starts, counts [B] long: sequence b's counts[b] rows at positions starts[b].. of slot slots[b];
+// table [S, per_slot] long: slot s's position t in cache block table[s, t / block] of `blocks`; N rows
+// in all -> their Layout; an error names a sequence outside its slot's blocks or a wrong row count.
 inline attn::Layout layout(const torch::Tensor& slots, const torch::Tensor& starts, const torch::Tensor& counts,
-                           int64_t S, int64_t cap, int64_t N) {
-  for (auto& [t, name] : {std::pair{&slots, "slots"}, {&starts, "starts"}, {&counts, "counts"}})
+                           const torch::Tensor& table, int64_t blocks, int64_t block, int64_t N) {
+  for (auto& [t, name] : {std::pair{&slots, "slots"}, {&starts, "starts"}, {&counts, "counts"}, {&table, "table"}})
     tensor(*t, name, torch::kLong);
-  const int64_t B = slots.numel();
+  TORCH_CHECK(table.dim() == 2 && block > 0, "table: expected [slots, blocks per slot]");
+  const int64_t B = slots.numel(), S = table.size(0), per_slot = table.size(1);
   TORCH_CHECK(starts.numel() == B && counts.numel() == B, "slots, starts, counts: one entry per sequence");
   const int64_t *sl = slots.data_ptr<int64_t>(), *st = starts.data_ptr<int64_t>(), *ct = counts.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(sl[b] >= 0 && sl[b] < S && st[b] >= 0 && ct[b] >= 0 && st[b] + ct[b] <= cap, "sequence ", b,
-                " (slot ", sl[b], ", positions ", st[b], "..", st[b] + ct[b], ") outside the cache");
-  attn::Layout layout(sl, st, ct, B);
+  const int64_t* tb = table.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(sl[b] >= 0 && sl[b] < S && st[b] >= 0 && ct[b] >= 0 && st[b] + ct[b] <= per_slot * block, "sequence ",
+                b, " (slot ", sl[b], ", positions ", st[b], "..", st[b] + ct[b], ") outside the cache");
+    for (int64_t t = 0; t * block < st[b] + ct[b]; ++t)
+      TORCH_CHECK(tb[sl[b] * per_slot + t] >= 0 && tb[sl[b] * per_slot + t] < blocks, "table: slot ", sl[b],
+                  "'s block ", t, " is ", tb[sl[b] * per_slot + t], ", not one of the cache's ", blocks);
+  }
+  attn::Layout layout(sl, st, ct, B, tb, per_slot, block);
   TORCH_CHECK(layout.rows == N, "counts: expected ", N, " rows in all, got ", layout.rows);
   return layout;
 }

@@ -228,7 +228,7 @@ class FastLlama:
         self._check_room(start + n)
         ids = layer_ids(layers, len(self.layers))
         if tree_mask is None and self.stack is not None and self.stack.by_ids:  # no torch ops per step
-            where = ([0], [start], [n])
+            where = ([0], [start], [n], native_stack.ONE_BLOCK)
             logits, captured = self.stack.chains(
                 self, self.k_cache, self.v_cache, tokens.tolist(), where, set(ids), _last_rows(n, num_logits)
             )
@@ -320,7 +320,12 @@ class FastLlama:
         """_forward with kernels.cpp between the matmuls: one call per group of small ops."""
         n, start = tokens.shape[0], self.length
         x = self.embed_tokens(tokens).float().contiguous()  # [n, hidden]
-        where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([n]))  # slot 0
+        where = (
+            torch.zeros(1, dtype=torch.long),
+            torch.tensor([start]),
+            torch.tensor([n]),
+            native_stack.ONE_BLOCK,
+        )  # slot 0
         logits, captured = fused_layers(
             self, x, self.k_cache, self.v_cache, ropes, masks, where, capture, _last_rows(n, num_logits)
         )
@@ -338,9 +343,10 @@ def fused_layers(
 ):
     """The layers and the LM head through kernels.cpp for rows of any sequences (FastLlama's one
     sequence, or BatchedLlama's rows of many): x [N, hidden] float32, the residual stream (updated in
-    place); k_cache, v_cache [layers, slots, kv_heads, cap, d]; ropes: rotary kind -> (cos, sin) [N, d];
+    place); k_cache, v_cache [layers, blocks, kv_heads, block, d]; ropes: rotary kind -> (cos, sin) [N, d];
     masks: window (None: full) -> [N, L] bool (row i sees key j of its slot where true), or None for
-    causal rows; where: (slots, starts, counts) [B] long, sequence b's rows next in x; logit_rows: the
+    causal rows; where: (slots, starts, counts) [B] long, sequence b's rows next in x, and the block
+    table [slots, blocks a slot] long (attention_row.h's Layout); logit_rows: the
     rows whose logits are wanted -> (their logits [len(logit_rows), V] float32, {layer: its output
     [N, hidden]} for `capture`, the last one after the final norm)."""
     if m.stack is not None:

@@ -292,8 +292,8 @@ torch::Tensor dequantize_q8(torch::Tensor scales, torch::Tensor quants) {
 
 torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
                         torch::Tensor sin, std::optional<torch::Tensor> mask, torch::Tensor slots,
-                        torch::Tensor starts, torch::Tensor counts, int64_t heads, int64_t kv_heads,
-                        double qk_scale);  // attention.cpp
+                        torch::Tensor starts, torch::Tensor counts, torch::Tensor table, int64_t heads,
+                        int64_t kv_heads, double qk_scale);  // attention.cpp
 std::string tile_isa();  // kernels_tile.cpp
 torch::Tensor linear_q4_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 torch::Tensor linear_q8_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);

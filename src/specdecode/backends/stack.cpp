@@ -378,7 +378,7 @@ class Stack {
   // [positions, d] tables; feat: with a pair norm, the residual rows [N, H] (updated in place) beside the
   // tokens' embeddings (EAGLE's draft steps), else none; the rest as forward.
   std::vector<torch::Tensor> forward_ids(const std::vector<int64_t>& tokens, std::vector<int64_t> slots,
-                                         std::vector<int64_t> starts, std::vector<int64_t> counts,
+                                         std::vector<int64_t> starts, std::vector<int64_t> counts, torch::Tensor table,
                                          const torch::Tensor& embed, torch::Tensor k_cache, torch::Tensor v_cache,
                                          const std::vector<torch::Tensor>& cos, const std::vector<torch::Tensor>& sin,
                                          std::vector<int64_t> capture, std::vector<int64_t> logit_rows,
@@ -425,20 +425,21 @@ class Stack {
       x = *feat;
     }
     return forward(x, k_cache, v_cache, rows_cos, rows_sin, std::vector<std::optional<torch::Tensor>>(1),
-                   tensor(slots), tensor(starts), tensor(counts), std::move(capture), std::move(logit_rows), emb);
+                   tensor(slots), tensor(starts), tensor(counts), table, std::move(capture), std::move(logit_rows), emb);
   }
 
   // x [N, H] float32: the embedded rows (the residual stream, updated in place); k_cache, v_cache
-  // [layers, slots, kv_heads, cap, d]; cos, sin: per rotary kind [N, d]; masks: per window kind
+  // [layers, blocks, kv_heads, block, d]; cos, sin: per rotary kind [N, d]; masks: per window kind
   // [N, >= start + count] bool or none (causal); slots, starts, counts [B] long: sequence b's rows
-  // next in x; capture: layer ids whose output rows to return; logit_rows: the rows whose logits to
+  // next in x; table [S, per_slot] long: each slot's cache blocks (attention_row.h's Layout); capture: layer ids whose output rows to return; logit_rows: the rows whose logits to
   // return (needs a head); emb: with a pair norm, the rows [N, H] read beside x by the first q|k|v, else
   // none -> [the rows after the final norm [N, H], their logits [len(logit_rows), V], then each captured
   // layer's output [N, H] (the last layer's: after the final norm)]
   std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor k_cache, torch::Tensor v_cache,
                                      std::vector<torch::Tensor> cos, std::vector<torch::Tensor> sin,
                                      std::vector<std::optional<torch::Tensor>> masks, torch::Tensor slots,
-                                     torch::Tensor starts, torch::Tensor counts, std::vector<int64_t> capture,
+                                     torch::Tensor starts, torch::Tensor counts, torch::Tensor table,
+                                     std::vector<int64_t> capture,
                                      std::vector<int64_t> logit_rows, std::optional<torch::Tensor> emb) {
     checks::tensor(x, "x");
     checks::tensor(k_cache, "k_cache");
@@ -453,9 +454,9 @@ class Stack {
     }
     TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes() && k_cache.size(0) == layers &&
                     k_cache.size(2) == kv_heads_ && k_cache.size(4) == d_,
-                "k_cache, v_cache: expected [", layers, ", slots, ", kv_heads_, ", cap, ", d_, "]");
-    const int64_t S = k_cache.size(1), cap = k_cache.size(3);
-    const attn::Layout layout = checks::layout(slots, starts, counts, S, cap, N);
+                "k_cache, v_cache: expected [", layers, ", blocks, ", kv_heads_, ", block, ", d_, "]");
+    const int64_t layer_size = k_cache[0].numel();
+    const attn::Layout layout = checks::layout(slots, starts, counts, table, k_cache.size(1), k_cache.size(3), N);
     TORCH_CHECK(cos.size() == sin.size(), "cos, sin: one table each per rotary kind");
     for (size_t k = 0; k < cos.size(); ++k) {
       checks::tensor(cos[k], "cos");
@@ -559,15 +560,14 @@ class Stack {
                               qkvp,
                               cos[rope_kind_[l]].data_ptr<float>(),
                               sin[rope_kind_[l]].data_ptr<float>(),
-                              k_cache.data_ptr<float>() + l * S * kv_heads_ * cap * d_,
-                              v_cache.data_ptr<float>() + l * S * kv_heads_ * cap * d_,
+                              k_cache.data_ptr<float>() + l * layer_size,
+                              v_cache.data_ptr<float>() + l * layer_size,
                               attp,
                               mask ? mask->data_ptr<bool>() : nullptr,
                               mask ? mask->size(1) : 0,
                               heads_,
                               kv_heads_,
                               d_,
-                              cap,
                               scale_};
         each(N * kv_heads_, 1, [&](int64_t b, int64_t e) {
           for (int64_t task = b; task < e; ++task) step.write(task);
@@ -634,7 +634,8 @@ void bind_stack(pybind11::module& m) {
            "the stack of a stack.StackParams (its fields read by name)")
       .def_property_readonly("has_head", &Stack::has_head)
       .def("forward_ids", &Stack::forward_ids, pybind11::call_guard<pybind11::gil_scoped_release>(),
-           "forward for chains of token ids (sequence b's counts[b] at positions starts[b].. of slot slots[b]), "
+           "forward for chains of token ids (sequence b's counts[b] at positions starts[b].. of slot slots[b], "
+           "its blocks in table's row), "
            "causal, embedding and rotary rows gathered natively")
       .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "the layers (and head) for rows of any sequences -> [rows after the final norm, logits of logit_rows, "

@@ -18,6 +18,10 @@ import torch.nn.functional as F
 
 from specdecode.backends.layer import ACTIVATIONS
 
+# The block table of a one-sequence cache ([layers, 1, kv_heads, capacity, d]: one block of its
+# capacity): FastLlama's and the EAGLE head's, for the native calls that read caches by the block.
+ONE_BLOCK = torch.zeros(1, 1, dtype=torch.long)
+
 # a linear's interleaved matrices: QuantLinear.interleaved_parts
 Parts = Sequence[tuple[str, torch.Tensor, torch.Tensor, int]]
 
@@ -109,14 +113,14 @@ class NativeStack:
         return self._results(out, ids, logit_rows)
 
     def chains(self, m, k_cache, v_cache, tokens: list[int], where, capture: set[int], logit_rows: list[int]):
-        """As __call__ for chains of token ids, causal (needs by_ids): where = (slots, starts, counts),
-        lists of ints; m: the FastLlama whose embedding and rotary tables to use."""
+        """As __call__ for chains of token ids, causal (needs by_ids): where = (slots, starts, counts)
+        lists of ints and the block table; m: the FastLlama whose embedding and rotary tables to use."""
         ids = sorted(capture)
         cos = [m.rope[kind][0] for kind in self.kinds]
         sin = [m.rope[kind][1] for kind in self.kinds]
-        ids_in, table = m.embedding.gathered(tokens)
+        ids_in, embed = m.embedding.gathered(tokens)
         out = self.native.forward_ids(
-            ids_in, *where, table, k_cache, v_cache, cos, sin, ids, self._native_rows(logit_rows), None
+            ids_in, *where, embed, k_cache, v_cache, cos, sin, ids, self._native_rows(logit_rows), None
         )
         return self._results(out, ids, logit_rows)
 

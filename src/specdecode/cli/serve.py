@@ -76,12 +76,13 @@ def _step_args(s: argparse.ArgumentParser) -> None:
         "nothing decodes prefills 8x as much; default: 128, decoding/prefill.py's PREFILL_BUDGET)",
     )
     s.add_argument(
-        "--kv-reserve",
-        type=int,
-        default=0,
-        metavar="TOKENS",
-        help="allocate every slot's KV cache for this many positions at start (0: grow on demand; "
-        "growing copies every slot's cache, a pause of seconds for a long prompt beside many slots)",
+        "--kv-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="KV cache memory in GiB, shared by all requests by the block (a request is admitted when "
+        "its prompt and max_tokens fit, else it waits; one that could never fit is a 400); default: "
+        "every slot at the whole context or half the free memory, whichever is less (backed as written)",
     )
     s.add_argument(
         "--trace-steps",
@@ -183,8 +184,8 @@ def _check(args):
         raise UserError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
     if not args.timeout > 0:
         raise UserError(f"--timeout must be positive, got {args.timeout}")
-    if args.kv_reserve < 0:
-        raise UserError(f"--kv-reserve must be >= 0, got {args.kv_reserve}")
+    if args.kv_memory is not None and not args.kv_memory > 0:
+        raise UserError(f"--kv-memory must be a positive number of GiB, got {args.kv_memory}")
     if args.trace_steps < 0:
         raise UserError(f"--trace-steps must be >= 0, got {args.trace_steps}")
     return spec
@@ -209,7 +210,7 @@ def _engine(args, target, routes, name: str, caches):
         suffix_caches=caches,
         **({"prefill_budget": args.prefill_chunk} if args.prefill_chunk is not None else {}),
         prefix_cache_mb=args.prefix_cache_mb,
-        kv_reserve=args.kv_reserve,
+        kv_memory=None if args.kv_memory is None else int(args.kv_memory * (1 << 30)),
         trace_steps=args.trace_steps,
         learned_routing=args.routing == "auto",
         state=args.state,

@@ -11,8 +11,8 @@ last. One `step` is decoder.decode's step for every sequence given:
   3. per row: the same verification (step.check), rollback (truncate, or keep for a tree), drafter
      feedback and features, and commit (step.commit) as the single-sequence loop.
 
-Sequences join (`start`: prefill) and leave (`release`) between steps, so a sequence's greedy
-output is the one it gets alone.
+Sequences join (`admit`: a slot and its cache memory claimed; `start`: prefill) and leave
+(`release`) between steps, so a sequence's greedy output is the one it gets alone.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.backends.batch_model import BatchLM, Row
+from specdecode.backends.kv_pool import KVMemoryFull
 from specdecode.core.drafter import Drafter
 from specdecode.core.plan import plan
 from specdecode.core.sampling import Warp
@@ -62,33 +63,77 @@ class Sequence:
         return len(self.context) - len(self.prompt)
 
 
+TREE_SLACK = 64  # cache positions claimed past a sequence's last token: a token tree's nodes
+PREFILL_ROWS = 512  # prompt tokens in one forward of an unchunked start (start(chunked=False))
+
+
+def positions(seq: Sequence) -> int:
+    """Cache positions a sequence may need: its prompt, its new tokens and a tree's nodes past them."""
+    return len(seq.prompt) + seq.max_new_tokens + TREE_SLACK
+
+
 class BatchDecoder:
     def __init__(
         self, model: BatchLM, prefix_cache: PrefixCache | None = None, budget: PrefillBudget | None = None
     ):
-        """prefix_cache: reuse KV blocks of equal prompt prefixes (needs a model with read_kv/write_kv);
+        """prefix_cache: reuse KV blocks of equal prompt prefixes (needs a model that shares blocks);
         budget: how much prompt a step prefills beside the others' decoding (prefill.py)."""
         self.model = model
         self.budget = budget or PrefillBudget()
-        self.prefix_cache = prefix_cache if model.copies_kv else None
+        self.prefix_cache = prefix_cache.bind(model) if prefix_cache is not None and model.shares_kv else None
         self.free = list(range(model.slots - 1, -1, -1))  # pop() hands out the lowest slot first
 
+    def room(self, prompt: int) -> int:
+        """The most new tokens a sequence of this prompt could ever have room for: the context's, or,
+        where the cache memory holds less than a context, what it holds with nothing else in it (less
+        a tree's slack)."""
+        length, capacity = self.model.max_length, self.model.capacity
+        return (length if capacity >= length else capacity - TREE_SLACK) - prompt
+
+    def admit(self, seq: Sequence) -> bool:
+        """Give the sequence a free slot and claim the cache memory its prompt and output need ->
+        whether both were there (the prefix cache gives up blocks, least recently used first, when
+        that makes room); False leaves nothing claimed."""
+        if not self.free:
+            return False
+        slot = self.free[-1]
+        while not self.model.claim(slot, positions(seq)):
+            if self.prefix_cache is None or not self.prefix_cache.evict():
+                return False
+        seq.slot = self.free.pop()
+        return True
+
     def start(self, seqs: list[Sequence], chunked: bool = False) -> float:
-        """Give each sequence a free slot and begin its drafter; prefill every prompt but its last token
-        now in one batched forward (features to the drafters that read them), or, when `chunked`, in
-        chunks inside the next steps (as the budget allows: prefill.py) -> seconds taken."""
+        """Admit each sequence not admitted yet (an error if it does not fit now) and begin its drafter;
+        prefill every prompt but its last token now in batched forwards (features to the drafters
+        that read them; forwards of at most PREFILL_ROWS tokens), or, when `chunked`, in chunks inside
+        the next steps (as the budget allows: prefill.py) -> seconds taken."""
         t0 = time.perf_counter()
-        if seqs:  # room for the prompts and their outputs: chunked prompts wait for it, the others do not
-            self.model.reserve(max(len(seq.prompt) + seq.max_new_tokens for seq in seqs), wait=not chunked)
         for seq in seqs:
-            seq.slot = self.free.pop()
+            if seq.slot is None and not self.admit(seq):
+                raise KVMemoryFull(
+                    f"no free slot or cache memory for a sequence of {positions(seq)} positions"
+                )
             seq.context = list(seq.prompt)
             seq.prefilled = 0
             seq.drafter.begin(seq.prompt)
             self._reuse_prefix(seq)
-        if not chunked:
-            self._prefill([(seq, len(seq.prompt) - 1 - seq.prefilled) for seq in seqs if seq.prefilling])
+        while not chunked and any(seq.prefilling for seq in seqs):
+            self._prefill(self._pieces(seqs))
         return time.perf_counter() - t0
+
+    def _pieces(self, seqs: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """The next forward of an unchunked start: prompts' next tokens, at most PREFILL_ROWS in all,
+        shortest rest first (a 5k-token prompt in one forward held ~200 MB of activations on the 135M
+        for no gain: the tiles stream the weights once per 8 rows, so 512 rows are as fast a token)."""
+        chunks, room = [], PREFILL_ROWS
+        for seq in sorted((s for s in seqs if s.prefilling), key=lambda s: len(s.prompt) - s.prefilled):
+            n = min(len(seq.prompt) - 1 - seq.prefilled, room)
+            if n < 1:
+                break
+            chunks.append((seq, n))
+            room -= n
+        return chunks
 
     def _prefill(self, chunks: list[tuple[Sequence, int]], rows: list[Row] = ()) -> list:
         """One batched forward over the next `n` prompt tokens of each (seq, n), after `rows` -> the
@@ -108,21 +153,19 @@ class BatchDecoder:
             if out.features is not None:
                 seq.drafter.feed(out.features)
             if not seq.prefilling and self.prefix_cache is not None and not seq.drafter.layers:
-                self.prefix_cache.store(
-                    seq.prompt[: seq.prefilled], lambda a, b, slot=seq.slot: self.model.read_kv(slot, a, b)
-                )
+                done = seq.prompt[: seq.prefilled]
+                self.prefix_cache.store(done, self.model.blocks_of(seq.slot, len(done)))
         return outs[: len(rows)]
 
     def _reuse_prefix(self, seq: Sequence) -> None:
-        """Write the cached blocks that begin the prompt into the sequence's slot (not for drafters that
-        read the prompt's features: they need every row's), as far as the cache has room now (a cache
-        still growing is not waited for: the rest is prefilled)."""
+        """Start the sequence's slot with the cached blocks that begin its prompt, shared, not copied
+        (not for drafters that read the prompt's features: they need every row's)."""
         if self.prefix_cache is None or seq.drafter.layers:
             return
-        blocks = self.prefix_cache.lookup(seq.prompt[: min(len(seq.prompt) - 1, self.model.room())])
-        for k, v in blocks:
-            self.model.write_kv(seq.slot, seq.prefilled, k, v)
-            seq.prefilled += k.shape[2]
+        found = self.prefix_cache.lookup(seq.prompt[: len(seq.prompt) - 1])  # [(block, tokens in it)]
+        if found:
+            seq.prefilled = sum(n for _, n in found)
+            self.model.share(seq.slot, [block for block, _ in found], seq.prefilled)
 
     def release(self, seq: Sequence) -> None:
         """The sequence leaves: its slot is emptied and free again."""
@@ -174,7 +217,7 @@ class BatchDecoder:
         span = self.budget.span(self.model.attention_span)
         decode = [(len(row.tokens), bases[i]) for row, i in zip(rows, bases)]  # (tokens, cached before them)
         decode_work = sum(chunk_cost(n, start, span) for n, start in decode)
-        chunks = self._chunks(seqs, self.budget.work(decode_work), span, idle=not rows)
+        chunks = self._chunks(seqs, self.budget.work(decode_work), span)
         prompt = [(n, seq.prefilled) for seq, n in chunks]
         prompt_work = sum(chunk_cost(n, start, span) for n, start in prompt)
         t0 = time.perf_counter()
@@ -204,22 +247,15 @@ class BatchDecoder:
             steps.append(Step([], 0, 0, 0.0, forward_s, finished=True, error=failed[i]))
         return steps
 
-    def _chunks(
-        self, seqs: list[Sequence], budget: float, span: float | None, idle: bool
-    ) -> list[tuple[Sequence, int]]:
+    def _chunks(self, seqs: list[Sequence], budget: float, span: float | None) -> list[tuple[Sequence, int]]:
         """-> (sequence, tokens) of the prompts still going in, as far as `budget` (chunk_cost with this
-        `span`) and the cache's room allow: the shortest rest first, so that short prompts arriving while
+        `span`) allows: the shortest rest first, so that short prompts arriving while
         a long one goes in start decoding at once instead of waiting for all of it."""
         chunks = []
         for seq in sorted(seqs, key=lambda s: len(s.prompt) - s.prefilled):
             if not seq.prefilling or budget <= 0:
                 continue
-            if idle and self.model.room() < len(seq.prompt):
-                self.model.reserve(len(seq.prompt))  # nobody decodes: growing now pauses no one
-            fits = min(len(seq.prompt) - 1 - seq.prefilled, self.model.room() - seq.prefilled)
-            if fits < 1:  # the cache is still growing
-                continue
-            n = chunk_size(budget, seq.prefilled, fits, span)
+            n = chunk_size(budget, seq.prefilled, len(seq.prompt) - 1 - seq.prefilled, span)
             chunks.append((seq, n))
             budget -= chunk_cost(n, seq.prefilled, span)
         return chunks

@@ -36,7 +36,7 @@ from specdecode.backends.embedding import Embedding
 from specdecode.backends.gguf_weights import QuantLinear
 from specdecode.backends.layer import pack_linears, rope
 from specdecode.backends.lm import tree_attention
-from specdecode.backends.stack import StackParams
+from specdecode.backends.stack import ONE_BLOCK, StackParams
 from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.sampling import Warp, argmax_ids, sample, warp
 from specdecode.core.tree import Tree
@@ -222,9 +222,9 @@ class NativeHead:
         (updated in place into the head's outputs o) -> logits [len(logit_rows), Vd]; appends to the cache."""
         m, start = len(tokens), cache.length
         k, v = cache.reserve(start + m)
-        ids, table = self.embedding.gathered(tokens)
+        ids, embed = self.embedding.gathered(tokens)
         _, logits = self.stack.forward_ids(
-            ids, [0], [start], [m], table, k, v, [self.cos], [self.sin], [], logit_rows, feat
+            ids, [0], [start], [m], ONE_BLOCK, embed, k, v, [self.cos], [self.sin], [], logit_rows, feat
         )
         cache.length = start + m
         return logits
@@ -236,7 +236,7 @@ class NativeHead:
         k, v = cache.reserve(start + m)
         at = torch.tensor(positions)
         emb = self.embedding(torch.tensor(tokens)).float().contiguous()
-        where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([m]))
+        where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([m]), ONE_BLOCK)
         _, logits = self.stack.forward(
             feat,
             k,

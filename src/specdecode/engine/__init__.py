@@ -38,6 +38,7 @@ from specdecode.engine.request import (
     Request,
     RequestState,
     ShuttingDown,
+    TooLarge,
     Usage,
 )
 from specdecode.engine.suffix_cache import SuffixCaches
@@ -60,23 +61,21 @@ def build_engine(
     suffix_caches: SuffixCaches | None = None,
     prefill_budget: int = PREFILL_BUDGET,
     prefix_cache_mb: int = 256,
-    kv_reserve: int = 0,
+    kv_memory: int | None = None,
     trace_steps: int = 0,
     learned_routing: bool = False,
     state: str | None = None,
     any_drafter: bool = False,
     chunked_prefill: bool = True,
 ) -> Engine:
-    """Everything the engine runs on: batched target (its KV cache sized for `kv_reserve` positions
-    per slot now, else grown ahead of admitted requests without pausing the others), drafters (model
+    """Everything the engine runs on: batched target (its KV cache within `kv_memory` bytes, default
+    batch_model.kv_budget: blocks backed as they are written), drafters (model
     drafters loaded now; any_drafter: also those a request names later, as the Python API allows),
     the measured batch costs (when load_control) and the metrics (drafter labels from the configured
     routes); the router: `routes` per task, learned routing among their candidates, the per-task
     history in the `state` file; `trace_steps` > 0 keeps that many steps' timings (trace.py);
     chunked_prefill: prompts go in beside the others' steps (else each admission prefills at once)."""
-    model = batched(target.model, max_batch)
-    if kv_reserve:
-        model.reserve(kv_reserve)
+    model = batched(target.model, max_batch, kv_memory)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
     pool = DrafterPool(
         drafters.DrafterContext(target, precision, device, backend, drafter_quant),
@@ -118,6 +117,7 @@ __all__ = [
     "Request",
     "RequestState",
     "ShuttingDown",
+    "TooLarge",
     "Usage",
     "build_engine",
     "default_routes",

@@ -55,6 +55,7 @@ from specdecode.engine.request import (
     Request,
     RequestState,
     ShuttingDown,
+    TooLarge,
     Usage,
 )
 from specdecode.engine.trace import StepRecord, StepTrace
@@ -137,6 +138,13 @@ class Engine:
             time.perf_counter(),
             TextStream(self.tokenizer, request.stop, eos),
         )
+        room = self.core.room(len(request.prompt))
+        if request.max_tokens > room:
+            raise TooLarge(
+                f"prompt ({len(request.prompt)} tokens) + max_tokens ({request.max_tokens}) needs more KV "
+                f"cache than this engine has: at most {max(room, 0)} new tokens after this prompt "
+                f"({self.model.capacity} positions; serve --kv-memory)"
+            )
         with self.cv:
             if self.stopping:
                 raise ShuttingDown("the server is shutting down")
@@ -239,10 +247,10 @@ class Engine:
         with self.cv:
             self._sweep()
             admitted = []
-            while len(admitted) < len(self.free):
+            while self.free:
                 seq = next((s for s in self.waiting if self._ready(s)), None)
-                if seq is None:
-                    break
+                if seq is None or not self.core.admit(seq.dec):  # first come, first served: no cache
+                    break  # memory for the first waits for the running ones to end
                 self.waiting.remove(seq)
                 self.running.append(seq)
                 admitted.append(seq)

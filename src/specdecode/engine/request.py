@@ -14,6 +14,7 @@ from specdecode.decoding.logprobs import TokenLogprob
 from specdecode.decoding.penalties import Penalties
 from specdecode.decoding.text import TextStream
 from specdecode.drafters.spec import Spec, parse
+from specdecode.errors import UserError
 
 
 @dataclass
@@ -134,6 +135,10 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     pass
+
+
+class TooLarge(UserError):
+    """A request whose prompt and output the KV cache memory could never hold."""
 
 
 @dataclass(eq=False)

@@ -66,6 +66,10 @@ def _submit(engine: eng.Engine, template: eng.Request, n: int, queue: asyncio.Qu
     except eng.ShuttingDown as e:
         _cancel(engine, seqs)
         raise ApiError(503, str(e), "service_unavailable") from None
+    except eng.TooLarge as e:
+        _cancel(engine, seqs)
+        engine.metrics.rejected.labels(engine.metrics.model_name, "kv_memory").inc()
+        raise ApiError(400, str(e), param="max_tokens", code="kv_memory_exceeded") from None
     return seqs
 
 

@@ -85,14 +85,17 @@ class Intake:
 
     def _max_tokens(self, req: CompletionRequest | ChatRequest, ids: list[int]) -> int:
         """The tokens the request may generate: its max_(completion_)tokens, by default 16 for a
-        completion and the context's room for a chat; the prompt and they must fit the context."""
+        completion and the context's room for a chat (within the KV cache memory); the prompt and they
+        must fit the context."""
         if not ids:
             raise ApiError(400, "prompt is empty after tokenization", param="prompt")
         if any(not 0 <= t < self.vocab for t in ids):
             raise ApiError(400, f"token ids must be in [0, {self.vocab})", param="prompt")
         max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
         if max_tokens is None:
-            max_tokens = 16 if isinstance(req, CompletionRequest) else self.context - len(ids)
+            # a chat's default: the context's room, as far as the KV cache memory could hold it
+            room = max(1, self.engine.core.room(len(ids)))  # none at all: the engine's 400 says why
+            max_tokens = 16 if isinstance(req, CompletionRequest) else min(self.context - len(ids), room)
         if max_tokens < 1 or len(ids) + max_tokens > self.context:
             raise ApiError(
                 400,
