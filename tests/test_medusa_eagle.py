@@ -448,21 +448,20 @@ def test_server_serves_feature_drafters_with_single_request_output(target, train
     assert sum(r.usage.speculative["num_draft_tokens"] for r in results) > 0
 
 
-def test_bench_forks_a_composites_learning_member_and_shares_the_rest(target, trained):
-    """A learning composite (`fallback:suffix+eagle`) is copied per bench row and per rerun: its suffix
-    cache is its own, the head (prepacked weights, which cannot be deep-copied) is shared."""
-    from specdecode.bench.suite import fork
+def test_a_composites_learning_member_learns_into_its_requests_scope(target, trained):
+    """A learning composite (`fallback:suffix+eagle`) forked for a request of another scope (the
+    server's tenants, bench's rows): its suffix member learns into that scope's cache, the head
+    (prepacked weights, which cannot be copied) is shared."""
+    from specdecode.engine.suffix_cache import SuffixCaches
 
-    composite = drafters.build(
-        f"fallback:suffix+eagle:{trained['eagle']}:k=1", drafters.DrafterContext(target)
-    )
+    spec = f"fallback:suffix+eagle:{trained['eagle']}:k=1"
+    composite = drafters.build(spec, drafters.DrafterContext(target))
     composite.members[0].cache.extend(0, [5, 6, 7, 8])
-    copy = fork(composite)
+    caches = SuffixCaches()
+    copy = composite.fork(lambda cache: caches.cache(spec, "row", cache))
     assert copy.members[1].head is composite.members[1].head  # the prepacked head, shared
-    assert (
-        copy.members[0] is not composite.members[0]
-        and copy.members[0].cache is not composite.members[0].cache
-    )
+    assert copy.members[0] is not composite.members[0]
+    assert copy.members[0].cache is caches.cache(spec, "row", composite.members[0].cache)
     copy.members[0].cache.extend(1, [9, 9, 9])
-    assert copy.members[0].cache.responses() != composite.members[0].cache.responses()
+    assert caches.snapshot(spec, "row").responses() == [[9, 9, 9]]
     assert composite.members[0].cache.responses() == [[5, 6, 7, 8]]

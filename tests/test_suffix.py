@@ -298,14 +298,19 @@ def test_bench_refuses_repeats_that_would_replay_answers_to_a_learning_drafter(c
 
 
 def test_bench_variants_of_a_learning_drafter_learn_only_from_their_own_answers(target):
-    from specdecode.bench.suite import _runners, variants
-    from specdecode.core.sampling import Warp
+    """Bench's rows share one engine: each learning row learns into the suffix cache of its own scope,
+    and a run repeated under load starts again from what its row knew before it."""
+    from specdecode.bench.suite import Pass, variants
 
     runs = variants([drafters.parse("suffix"), drafters.parse("ngram")], [4], adaptive=True)
+    bench = Pass(target, runs, k_max=4)
     ids = target.tokenizer("def add(a, b):")["input_ids"]
-    fns, _, built = _runners(target, drafters.DrafterContext(target), runs, [], 4, ids, Warp(), 0)
-    before = built["suffix+adaptive"].cache.responses()
-    fns["suffix"](ids, "code", 12)
-    assert built["suffix"].cache.responses() != before  # the fixed-k row learned its answer ...
-    assert built["suffix+adaptive"].cache.responses() == before  # ... which its adaptive row must not read
-    assert built["ngram:2-4"] is built["ngram:2-4+adaptive"]  # stateless drafters are shared
+    before = bench.snapshot("suffix")
+    bench.run("suffix", ids, "code", 12)
+    learned = bench.snapshot("suffix")
+    assert learned.responses() and before is None  # the fixed-k row learned its answer ...
+    assert bench.snapshot("suffix+adaptive") is None  # ... which its adaptive row must not read
+    assert bench.snapshot("ngram:2-4") is None  # a drafter that learns nothing has nothing to keep
+    bench.run("suffix", ids, "code", 12)
+    bench.restore("suffix", learned)  # the second run is repeated: it must not see its own answer
+    assert bench.snapshot("suffix").responses() == learned.responses()
