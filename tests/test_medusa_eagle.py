@@ -229,19 +229,18 @@ def default_target():
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
-def test_cost_measurement_times_real_proposals(target, trained, kind):
-    """costs.measure runs the target at several sizes, then times the drafter on the context:
-    hidden-state drafters must see the context's features (not the last timing forward's), and
-    proposing again for the same context redrafts the same tokens instead of nothing."""
-    from specdecode.decoding.costs import measure
+def test_the_engine_times_real_proposals(target, trained, kind):
+    """The engine's cost of a drafter is its time per drafted token in the engine's steps: hidden-state
+    drafters see each step's features there, so they propose, and their time is measured."""
+    from specdecode import engine as eng
+    from specdecode.engine.client import alone, measuring_engine
 
-    drafter = drafters.build(f"{kind}:{trained[kind]}", drafters.DrafterContext(target))
+    spec = drafters.parse(f"{kind}:{trained[kind]}")
+    engine = measuring_engine(target, drafters.DrafterContext(target), [spec], 3)
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
-    cost = measure(target.model, drafter, 3, ids, repeats=2)
-    assert cost.draft_cost > 0 and set(cost.verify_ratio) == {1, 2, 3}
-    g = torch.Generator().manual_seed(0)
-    first = drafter.propose(ids, 3, Warp(), g).tokens.tolist()
-    assert len(first) == 3 and drafter.propose(ids, 3, Warp(), g).tokens.tolist() == first
+    done = alone(engine, eng.Request(ids, Warp(), 12, seed=0, drafter=spec, k=3, ignore_eos=True)).done
+    cost = engine.cost(spec, 3)
+    assert done.stats.drafted > 0 and cost.draft_cost > 0 and set(cost.verify_ratio) == {1, 2, 3}
 
 
 @pytest.mark.parametrize("cls", [FastLlama, HFModel])

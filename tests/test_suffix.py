@@ -173,7 +173,7 @@ def test_a_corpus_of_past_responses_is_proposed_from_and_shared_by_copies(target
     assert str(drafters.parse(f"suffix:tree=0:{data}")) == f"suffix:tree=0:{data}"
     drafter.begin([7, 8, 40, 41])
     assert drafter.propose([7, 8, 40, 41, 42], 4, Warp(), None).tokens.tolist() == [43, 44, 45]
-    twin = copy.deepcopy(drafter)
+    twin = drafter.fork(copy.deepcopy)  # a request's copy: its own cache, the corpus shared
     assert twin.corpus is drafter.corpus and twin.cache is not drafter.cache
     plain = drafters.build(
         "suffix:tree=0:max_tree_depth=8:min_token_prob=0.05", drafters.DrafterContext(target)
