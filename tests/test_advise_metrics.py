@@ -114,15 +114,15 @@ def test_config_refuses_bad_schedules(tmp_path, schedule, message):
 
 
 def _fixed_costs(monkeypatch):
-    """Costs as measured, without the timing: one sequence verifies 4 tokens for 1.15 forwards, B rows
-    of n tokens cost 1 + 0.1·B·(n - 1) forwards of B rows of one."""
-    from specdecode.decoding import costs
+    """The engine's forwards as measured, without the timing: B rows of n tokens cost
+    1 + 0.05·B²·(n - 1) forwards of B rows of one (one row verifies 4 tokens for 1.15 forwards, four
+    rows for 3.4), not refreshed by the probe request's real steps (only its drafting time is real)."""
+    from specdecode import engine
     from specdecode.engine import load
 
-    single = CostModel(0.01, {1: 1.05, 2: 1.1, 3: 1.15}, 0.01)
-    monkeypatch.setattr(costs, "measure", lambda *a, **k: single)
-    times = {(b, n): 0.01 * (1 + 0.1 * b * (n - 1)) for b in (1, 2, 4) for n in range(1, 5)}
-    monkeypatch.setattr(load, "measure", lambda *a, **k: load.BatchCosts(times))
+    times = {(b, n): 0.01 * (1 + 0.05 * b * b * (n - 1)) for b in (1, 2, 4) for n in range(1, 5)}
+    monkeypatch.setattr(engine, "measure", lambda *a, **k: load.BatchCosts(times))
+    monkeypatch.setattr(load.BatchCosts, "observe", lambda *a, **k: None)
 
 
 def test_cli_from_a_recorded_scrape_writes_a_config_export_and_serve_accept(
@@ -138,7 +138,7 @@ def test_cli_from_a_recorded_scrape_writes_a_config_export_and_serve_accept(
     config = load_config(out)
     rep = json.loads(report.read_text())
     assert config.default.drafter == parse("ngram") and config.k_by_batch_size[0] == (1, 1, 3)  # cheap alone
-    assert config.k_by_batch_size[-1][2] < 3  # B=4 rows of 4 tokens cost 2.2x: shorter drafts
+    assert config.k_by_batch_size[-1][2] < 3  # B=4 rows of 4 tokens cost 3.4x: shorter drafts
     assert config.k_by_batch_size[-1][1] == 4 and config.default.k == max(
         k for _, _, k in config.k_by_batch_size
     )

@@ -162,3 +162,103 @@ def test_itl_counts_each_prompts_own_time_to_first_token():
     row = _row("fp32", "none", "ALL", ["a", "b", "long"], cell, cell, peer=False)
     assert row["ttft_ms"] == pytest.approx(60.0)  # the median over prompts
     assert row["itl_ms"] == pytest.approx((2.0 - 1.01) / 30 * 1000)  # 30 tokens after the first ones
+
+
+ROW_FIELDS = {
+    "dtype",
+    "drafter",
+    "category",
+    "prompts",
+    "peer",
+    "speculates",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "acceptance_by_position",
+    "draft_positions",
+    "tokens",
+    "tokens_per_s",
+    "speedup_vs_none",
+    "ideal_speedup",
+    "measured_over_ideal",
+    "identical_to_none",
+    "ttft_ms",
+    "itl_ms",
+    "time_split_s",
+    "peak_rss_mb",
+    "reruns_under_load",
+}
+
+
+def _no_single_sequence_loop(monkeypatch):
+    """Running the one-sequence loop (decoding/decoder.py, the tests' oracle) fails the test."""
+    from specdecode.decoding import decoder, generation
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("bench ran the single-sequence loop, not the engine")
+
+    monkeypatch.setattr(decoder, "decode", refuse)
+    monkeypatch.setattr(generation, "decode", refuse)
+
+
+def test_every_bench_row_runs_in_the_engine_and_equals_the_oracles_greedy_tokens(target, monkeypatch):
+    """Each row is one request alone in the engine users run; at fp32 greedy every row's tokens (fixed
+    and adaptive k) are plain greedy decoding's from the single-sequence oracle, and its timings and
+    costs are the engine's."""
+    from specdecode import drafters
+    from specdecode.bench.suite import Pass, variants
+    from specdecode.decoding.generation import generate
+
+    runs = variants([drafters.parse("ngram:1-2")], [2, 4], adaptive=True)
+    prompts = [target.tokenizer(p)["input_ids"] for p in ("a b c a b c a b", "The dog. The dog. The")]
+    _no_single_sequence_loop(monkeypatch)
+    bench = Pass(target, runs, k_max=4)
+    results = {
+        (label, i): bench.run(label, ids, "code", 16)
+        for label in bench.labels
+        for i, ids in enumerate(prompts)
+    }
+    monkeypatch.undo()
+    oracle = drafters.build("none", drafters.DrafterContext(target))
+    plain = [generate(target, oracle, ids, k=1, max_new_tokens=16).token_ids for ids in prompts]
+    for (label, i), result in results.items():
+        assert result.token_ids == plain[i], label
+        assert result.stats.wall_s >= result.stats.ttft_s > 0 and result.stats.steps > 0
+    assert sum(r.stats.drafted for r in results.values()) > 0
+    cost = bench.cost("ngram:1-2@k4")
+    assert set(cost.verify_ratio) == {1, 2, 3, 4} and cost.step_s > 0
+    assert bench.cost("none") is None
+
+
+def test_the_bench_report_keeps_its_fields_through_the_engine(tiny_model_dir, monkeypatch):
+    from specdecode.backends.precision import FP32
+    from specdecode.bench import suite
+    from specdecode.core.sampling import Warp
+    from specdecode.corpora import Prompt
+    from specdecode.drafters import parse
+
+    _no_single_sequence_loop(monkeypatch)
+    prompts = [Prompt("a b c a b c a b", "0", "code"), Prompt("tell a tale", "1", "creative")]
+    report = suite.run(
+        prompts,
+        [parse("ngram:1-2")],
+        target=tiny_model_dir,
+        precisions=[FP32],
+        device=None,
+        ks=[3],
+        k_max=4,
+        adaptive=True,
+        params=Warp(),
+        max_new_tokens=10,
+        temperatures=[0.0],
+        log=lambda message: None,
+    )
+    assert set(report) == {"rows", "best_plain_tokens_per_s", "costs", "alpha_vs_temperature"}
+    labels = {"none", "ngram:1-2", "ngram:1-2+adaptive"}
+    assert {(r["drafter"], r["category"]) for r in report["rows"]} == {
+        (label, c) for label in labels for c in ("code", "creative", "ALL")
+    }
+    for row in report["rows"]:
+        assert ROW_FIELDS <= set(row), row["drafter"]
+        assert row["identical_to_none"] == 1.0 and row["tokens"] > 0  # greedy: lossless
+    assert set(report["costs"]["fp32"]) == {"ngram:1-2", "ngram:1-2+adaptive"}
+    assert set(report["alpha_vs_temperature"]["fp32"]) == {"ngram:1-2"}

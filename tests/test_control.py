@@ -10,8 +10,8 @@ from specdecode.decoding.control import (
     expected_tokens,
     predicted_speedup,
 )
-from specdecode.decoding.costs import measure, monotone
 from specdecode.decoding.decoder import Step
+from specdecode.engine.load import monotone
 
 FREE = CostModel(0.0, {})  # r(k) = 1 and c = 0: the speedup is E(k) itself
 
@@ -132,16 +132,20 @@ def test_monotone_smoothing_is_the_least_squares_non_decreasing_fit():
     assert monotone([2.0, 1.0, 1.0, 3.0]) == pytest.approx([4 / 3] * 3 + [3.0])
 
 
-def test_measured_costs_grow_with_k(target, draft):
-    from specdecode.drafters import DraftModelDrafter
+def test_the_engines_measured_costs_grow_with_k(target, tiny_draft_dir):
+    """The costs adaptive k, bench and advise price k with are the engine's: its target forwards at
+    1..k+1 tokens (monotone, at least one step) and the draft model's time per drafted token in the
+    engine's own steps."""
+    from specdecode import drafters
+    from specdecode import engine as eng
+    from specdecode.core.sampling import Warp
+    from specdecode.engine.client import alone, measuring_engine
 
-    cost = measure(
-        target.model,
-        DraftModelDrafter(draft.model, target.model.vocab_size),
-        6,
-        list(range(3, 40)),
-        repeats=3,
-    )
+    spec = drafters.parse(f"draft:{tiny_draft_dir}")
+    engine = measuring_engine(target, drafters.DrafterContext(target), [spec], 6)
+    assert engine.cost(spec, 6).draft_cost == 0.0  # nothing drafted yet: no drafting time known
+    alone(engine, eng.Request(list(range(3, 40)), Warp(), 12, seed=0, drafter=spec, k=6, ignore_eos=True))
+    cost = engine.cost(spec, 6)
     ratios = [cost.verify_ratio[k] for k in range(1, 7)]
     assert ratios == sorted(ratios) and ratios[0] >= 1.0
     assert cost.step_s > 0 and cost.draft_cost > 0

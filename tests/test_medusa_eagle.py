@@ -229,19 +229,18 @@ def default_target():
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "draft"])
-def test_cost_measurement_times_real_proposals(target, trained, kind):
-    """costs.measure runs the target at several sizes, then times the drafter on the context:
-    hidden-state drafters must see the context's features (not the last timing forward's), and
-    proposing again for the same context redrafts the same tokens instead of nothing."""
-    from specdecode.decoding.costs import measure
+def test_the_engine_times_real_proposals(target, trained, kind):
+    """The engine's cost of a drafter is its time per drafted token in the engine's steps: hidden-state
+    drafters see each step's features there, so they propose, and their time is measured."""
+    from specdecode import engine as eng
+    from specdecode.engine.client import alone, measuring_engine
 
-    drafter = drafters.build(f"{kind}:{trained[kind]}", drafters.DrafterContext(target))
+    spec = drafters.parse(f"{kind}:{trained[kind]}")
+    engine = measuring_engine(target, drafters.DrafterContext(target), [spec], 3)
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
-    cost = measure(target.model, drafter, 3, ids, repeats=2)
-    assert cost.draft_cost > 0 and set(cost.verify_ratio) == {1, 2, 3}
-    g = torch.Generator().manual_seed(0)
-    first = drafter.propose(ids, 3, Warp(), g).tokens.tolist()
-    assert len(first) == 3 and drafter.propose(ids, 3, Warp(), g).tokens.tolist() == first
+    done = alone(engine, eng.Request(ids, Warp(), 12, seed=0, drafter=spec, k=3, ignore_eos=True)).done
+    cost = engine.cost(spec, 3)
+    assert done.stats.drafted > 0 and cost.draft_cost > 0 and set(cost.verify_ratio) == {1, 2, 3}
 
 
 @pytest.mark.parametrize("cls", [FastLlama, HFModel])
@@ -448,21 +447,20 @@ def test_server_serves_feature_drafters_with_single_request_output(target, train
     assert sum(r.usage.speculative["num_draft_tokens"] for r in results) > 0
 
 
-def test_bench_forks_a_composites_learning_member_and_shares_the_rest(target, trained):
-    """A learning composite (`fallback:suffix+eagle`) is copied per bench row and per rerun: its suffix
-    cache is its own, the head (prepacked weights, which cannot be deep-copied) is shared."""
-    from specdecode.bench.suite import fork
+def test_a_composites_learning_member_learns_into_its_requests_scope(target, trained):
+    """A learning composite (`fallback:suffix+eagle`) forked for a request of another scope (the
+    server's tenants, bench's rows): its suffix member learns into that scope's cache, the head
+    (prepacked weights, which cannot be copied) is shared."""
+    from specdecode.engine.suffix_cache import SuffixCaches
 
-    composite = drafters.build(
-        f"fallback:suffix+eagle:{trained['eagle']}:k=1", drafters.DrafterContext(target)
-    )
+    spec = f"fallback:suffix+eagle:{trained['eagle']}:k=1"
+    composite = drafters.build(spec, drafters.DrafterContext(target))
     composite.members[0].cache.extend(0, [5, 6, 7, 8])
-    copy = fork(composite)
+    caches = SuffixCaches()
+    copy = composite.fork(lambda cache: caches.cache(spec, "row", cache))
     assert copy.members[1].head is composite.members[1].head  # the prepacked head, shared
-    assert (
-        copy.members[0] is not composite.members[0]
-        and copy.members[0].cache is not composite.members[0].cache
-    )
+    assert copy.members[0] is not composite.members[0]
+    assert copy.members[0].cache is caches.cache(spec, "row", composite.members[0].cache)
     copy.members[0].cache.extend(1, [9, 9, 9])
-    assert copy.members[0].cache.responses() != composite.members[0].cache.responses()
+    assert caches.snapshot(spec, "row").responses() == [[9, 9, 9]]
     assert composite.members[0].cache.responses() == [[5, 6, 7, 8]]

@@ -173,7 +173,7 @@ def test_a_corpus_of_past_responses_is_proposed_from_and_shared_by_copies(target
     assert str(drafters.parse(f"suffix:tree=0:{data}")) == f"suffix:tree=0:{data}"
     drafter.begin([7, 8, 40, 41])
     assert drafter.propose([7, 8, 40, 41, 42], 4, Warp(), None).tokens.tolist() == [43, 44, 45]
-    twin = copy.deepcopy(drafter)
+    twin = drafter.fork(copy.deepcopy)  # a request's copy: its own cache, the corpus shared
     assert twin.corpus is drafter.corpus and twin.cache is not drafter.cache
     plain = drafters.build(
         "suffix:tree=0:max_tree_depth=8:min_token_prob=0.05", drafters.DrafterContext(target)
@@ -298,14 +298,19 @@ def test_bench_refuses_repeats_that_would_replay_answers_to_a_learning_drafter(c
 
 
 def test_bench_variants_of_a_learning_drafter_learn_only_from_their_own_answers(target):
-    from specdecode.bench.suite import _runners, variants
-    from specdecode.core.sampling import Warp
+    """Bench's rows share one engine: each learning row learns into the suffix cache of its own scope,
+    and a run repeated under load starts again from what its row knew before it."""
+    from specdecode.bench.suite import Pass, variants
 
     runs = variants([drafters.parse("suffix"), drafters.parse("ngram")], [4], adaptive=True)
+    bench = Pass(target, runs, k_max=4)
     ids = target.tokenizer("def add(a, b):")["input_ids"]
-    fns, _, built = _runners(target, drafters.DrafterContext(target), runs, [], 4, ids, Warp(), 0)
-    before = built["suffix+adaptive"].cache.responses()
-    fns["suffix"](ids, "code", 12)
-    assert built["suffix"].cache.responses() != before  # the fixed-k row learned its answer ...
-    assert built["suffix+adaptive"].cache.responses() == before  # ... which its adaptive row must not read
-    assert built["ngram:2-4"] is built["ngram:2-4+adaptive"]  # stateless drafters are shared
+    before = bench.snapshot("suffix")
+    bench.run("suffix", ids, "code", 12)
+    learned = bench.snapshot("suffix")
+    assert learned.responses() and before is None  # the fixed-k row learned its answer ...
+    assert bench.snapshot("suffix+adaptive") is None  # ... which its adaptive row must not read
+    assert bench.snapshot("ngram:2-4") is None  # a drafter that learns nothing has nothing to keep
+    bench.run("suffix", ids, "code", 12)
+    bench.restore("suffix", learned)  # the second run is repeated: it must not see its own answer
+    assert bench.snapshot("suffix").responses() == learned.responses()

@@ -34,6 +34,37 @@ def test_data_holds_the_targets_greedy_responses(target, data_dir):
     assert plain.token_ids == seqs[0].response_ids  # the n-gram drafter changed nothing
 
 
+def test_data_is_decoded_by_the_engine_in_batches_and_equals_the_greedy_oracle(target, tmp_path, monkeypatch):
+    """`train data` runs the engine (its default batch: every prompt here at once), never the
+    single-sequence loop; at fp32 each greedy response is the oracle's (plain decoding, one
+    sequence at a time), token for token."""
+    from specdecode import drafters
+    from specdecode.corpora import Prompt
+    from specdecode.decoding import batch_decoder, decoder, generation
+    from specdecode.decoding.generation import generate
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("train data ran the single-sequence loop, not the engine")
+
+    widths, step = [], batch_decoder.BatchDecoder.step
+
+    def counted(self, seqs, limit=None):
+        widths.append(len(seqs))
+        return step(self, seqs, limit)
+
+    monkeypatch.setattr(decoder, "decode", refuse)
+    monkeypatch.setattr(generation, "decode", refuse)
+    monkeypatch.setattr(batch_decoder.BatchDecoder, "step", counted)
+    prompts = [(Prompt(text, str(i), "c"), None) for i, text in enumerate(PROMPTS)]
+    seqs = data.generate_data(target, prompts, tmp_path / "d", drafter="ngram", max_new_tokens=40)
+    monkeypatch.undo()
+    assert max(widths) == len(PROMPTS)  # the default batch (16) holds all eight
+    oracle = drafters.build("none", drafters.DrafterContext(target))
+    assert sorted(s.id for s in seqs) == sorted(p.id for p, _ in prompts)
+    for s in seqs:
+        assert s.response_ids == generate(target, oracle, s.prompt_ids, k=1, max_new_tokens=40).token_ids
+
+
 def test_data_generation_resumes_by_skipping_finished_prompts(target, data_dir, tmp_path):
     from specdecode import shards
 

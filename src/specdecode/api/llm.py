@@ -316,8 +316,7 @@ class _Pending(eng.Collected):
 
     def output(self, routed: bool) -> RequestOutput:
         done = self.done
-        text = "".join(d.text for d in self.deltas)
-        completion = CompletionOutput(0, text, done.tokens, done.finish_reason, done.from_draft)
+        completion = CompletionOutput(0, self.text, done.tokens, done.finish_reason, done.from_draft)
         return RequestOutput(
             self.id, self.prompt, self.ids, [completion], done.stats, route=done.route if routed else {}
         )

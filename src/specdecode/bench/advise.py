@@ -1,6 +1,10 @@
 """`specdecode advise`: measure the user's prompts per task and recommend a drafter and k per task
 (or no speculation), from measured acceptance and measured costs; write a config that generate
 and serve accept.
+
+Every measurement runs through the engine users run (specdecode/engine), one request alone in it at a
+time: acceptance, tokens/s and the costs (the engine's measured forwards, r(k), and each drafter's
+time per drafted token in its steps) are the engine's.
 """
 
 from __future__ import annotations
@@ -9,32 +13,20 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from specdecode import drafters
+from specdecode import engine as eng
 from specdecode.backends.models import LoadedModel
-from specdecode.core.drafter import Drafter
 from specdecode.core.metrics import Stats
 from specdecode.core.sampling import Warp
 from specdecode.core.tasks import classify
 from specdecode.corpora import Prompt
-from specdecode.decoding import control, costs
+from specdecode.decoding import control
 from specdecode.decoding.config import Route, SpecConfig
-from specdecode.decoding.control import CostModel, FixedK
-from specdecode.decoding.generation import encode_prompt, generate
+from specdecode.decoding.control import CostModel
+from specdecode.decoding.generation import encode_prompt
+from specdecode.engine.client import alone, measuring_engine
 
 MARGIN = 0.03  # a drafter must be predicted at least 3% faster than plain decoding to be recommended
 PLAIN = drafters.parse("none")  # plain decoding (its report label: str(PLAIN))
-
-
-def _measure(target, runs: dict, ids_list, params, max_new_tokens) -> dict[str, Stats]:
-    """runs: label -> (drafter, k). Each prompt runs every label back to back, order rotated per
-    prompt, so that slow phases of a shared machine hit all labels alike."""
-    labels = list(runs)
-    totals = {label: Stats() for label in labels}
-    for i, ids in enumerate(ids_list):
-        for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
-            drafter, k = runs[label]
-            r = generate(target, drafter, ids, k=FixedK(k), params=params, max_new_tokens=max_new_tokens)
-            totals[label] = totals[label].merge(r.stats)
-    return totals
 
 
 def predicted_speedup(stats: Stats, cost, k: int) -> float:
@@ -73,17 +65,17 @@ def advise(
     by_task: dict[str, list[list[int]]] = defaultdict(list)
     for p in prompts:
         by_task[p.task or classify(p.prompt)].append(encode_prompt(target.tokenizer, p.prompt, None))
-    built = {s: drafters.build(s, ctx) for s in specs}
+    engine = measuring_engine(target, ctx, specs, k_max, name="advise")
+    bench = _Bench(engine, specs, k_max, max_new_tokens)
     probe = next(iter(by_task.values()))[0]
-    cost = {s: costs.measure(target.model, built[s], k_max, probe) for s in specs}
-    bench = _Bench(target, drafters.build(PLAIN, ctx), specs, built, cost, k_max, max_new_tokens)
-    for d in [bench.plain, *built.values()]:  # warm-up: first calls pay one-off kernel set-up
-        generate(target, d, probe, k=k_max, params=Warp(), max_new_tokens=8)
-    report: dict = {"tasks": {}, "costs": {str(s): c.to_json() for s, c in cost.items()}}
+    bench.measure({s: k_max for s in [PLAIN, *specs]}, [probe], Warp(), "warm-up", 8)  # one-off set-up
+    report: dict = {"tasks": {}, "costs": {}}
     routing: dict[str, Route] = {}
     for task, ids_list in sorted(by_task.items()):
         log(f"advise: task {task} ({len(ids_list)} prompts)")
-        routing[task], report["tasks"][task] = _advise_task(bench, ids_list, temperatures)
+        routing[task], report["tasks"][task] = _advise_task(bench, task, ids_list, temperatures)
+    cost = {s: bench.cost(s) for s in specs}  # the engine's, refreshed by every run above
+    report["costs"] = {str(s): c.to_json() for s, c in cost.items()}
     default = Route(specs[0], k_max, True) if specs else Route(PLAIN, 1, False)
     config = SpecConfig(
         default=default,
@@ -98,33 +90,46 @@ def advise(
 
 @dataclass(frozen=True)
 class _Bench:
-    """What every measurement of one advise run shares: the target, plain decoding, the candidates
-    (built, with their measured costs), k_max and the tokens generated per prompt."""
+    """What every measurement of one advise run shares: the engine (the target with plain decoding
+    and every candidate loaded), the candidates, k_max and the tokens generated per prompt."""
 
-    target: LoadedModel
-    plain: Drafter
+    engine: eng.Engine
     specs: list[drafters.Spec]
-    built: dict[drafters.Spec, Drafter]
-    cost: dict[drafters.Spec, CostModel]
     k_max: int
     max_new_tokens: int
 
-    def against_plain(self, ks: dict[drafters.Spec, int], ids_list) -> dict[drafters.Spec, Stats]:
+    def measure(
+        self, runs: dict[drafters.Spec, int], ids_list, params: Warp, task: str, max_new_tokens: int = 0
+    ) -> dict[drafters.Spec, Stats]:
+        """runs: drafter -> its fixed k. Each prompt runs every drafter back to back, alone in the
+        engine, order rotated per prompt, so that slow phases of a shared machine hit them alike."""
+        order, n = list(runs), max_new_tokens or self.max_new_tokens
+        totals = {spec: Stats() for spec in order}
+        for i, ids in enumerate(ids_list):
+            for spec in order[i % len(order) :] + order[: i % len(order)]:
+                request = eng.Request(ids, params, n, seed=0, drafter=spec, k=runs[spec], task=task)
+                totals[spec] = totals[spec].merge(alone(self.engine, request).done.stats)
+        return totals
+
+    def against_plain(self, ks: dict[drafters.Spec, int], ids_list, task: str) -> dict[drafters.Spec, Stats]:
         """Each drafter at its k and plain decoding, greedy, in the same rounds."""
-        runs = {PLAIN: (self.plain, PLAIN.k(self.k_max)), **{s: (self.built[s], k) for s, k in ks.items()}}
-        return _measure(self.target, runs, ids_list, Warp(), self.max_new_tokens)
+        return self.measure({PLAIN: PLAIN.k(self.k_max), **ks}, ids_list, Warp(), task)
+
+    def cost(self, spec: drafters.Spec) -> CostModel:
+        """The drafter's costs as the engine measured them so far."""
+        return self.engine.cost(spec, self.k_max)
 
 
-def _advise_task(bench: _Bench, ids_list, temperatures: tuple[float, ...]) -> tuple[Route, dict]:
+def _advise_task(bench: _Bench, task: str, ids_list, temperatures: tuple[float, ...]) -> tuple[Route, dict]:
     """One task's prompts -> its route and its report (a row per candidate, the advice, and the
     chosen drafter's α at each temperature)."""
     k_max = bench.k_max
-    full = bench.against_plain({s: k_max for s in bench.specs}, ids_list)
+    full = bench.against_plain({s: k_max for s in bench.specs}, ids_list, task)
     plain_tps = full[PLAIN].tokens_per_s
-    rows = [_row(s, full[s], bench.cost[s], k_max, plain_tps) for s in bench.specs]
+    rows = [_row(s, full[s], bench.cost(s), k_max, plain_tps) for s in bench.specs]
     second = {s: row["best_k"] for s, row in zip(bench.specs, rows) if 0 < row["best_k"] < k_max}
     if second:  # measure the recommended k too, against plain decoding in the same rounds
-        again = bench.against_plain(second, ids_list)
+        again = bench.against_plain(second, ids_list, task)
         for s, row in zip(bench.specs, rows):
             if s in second:
                 row["measured_speedup_best_k"] = round(again[s].tokens_per_s / again[PLAIN].tokens_per_s, 3)
@@ -144,8 +149,7 @@ def _advise_task(bench: _Bench, ids_list, temperatures: tuple[float, ...]) -> tu
         route = Route(chosen, max(pick["best_k"], 1), True)
         advice = f"{pick['drafter']} k={pick['best_k']}"
         for t in temperatures:
-            runs = {chosen: (bench.built[chosen], route.k)}
-            stats = _measure(bench.target, runs, ids_list, Warp(temperature=t), bench.max_new_tokens)
+            stats = bench.measure({chosen: route.k}, ids_list, Warp(temperature=t), task)
             sweep[str(t)] = round(stats[chosen].acceptance_rate, 4)
     else:
         route, advice = Route(PLAIN, 1, False), "do not speculate"

@@ -1,4 +1,13 @@
-"""`specdecode bench`: every drafter and plain decoding on the same prompts, in one process.
+"""`specdecode bench`: every drafter and plain decoding on the same prompts, in one process, through
+the engine users run (specdecode/engine: the loop the server, the Python API and the CLI drive).
+
+Each dtype's pass builds one engine on the target with every drafter loaded; each run is one request
+alone in it (engine/client.py), so its wall time, TTFT and tokens/s are the engine's own accounting
+of that request, and the costs reported (c, r(k)) are the engine's: its measured forwards, refreshed
+by every step, and its drafters' time per drafted token in these runs. Rows share the engine but not
+what they learn: a learning drafter (suffix) learns into its row's suffix cache scope (the row's
+label), and a row's per-category acceptance history (adaptive k's prior) is kept under the task
+`<label>:<category>`. The prefix cache is off, so that every row prefills the prompts it runs.
 
 Per prompt the drafters run back to back (order rotated per prompt and repeat), so slow phases of a
 shared machine hit them alike. Each run's outside CPU load is measured (busy time in /proc/stat
@@ -8,15 +17,16 @@ of total tokens per second measured in this run.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 
 from specdecode import drafters as drafter_registry
+from specdecode import engine as eng
 from specdecode.backends import models
 from specdecode.backends.precision import Precision
 from specdecode.bench import peers
@@ -24,12 +34,15 @@ from specdecode.core.metrics import Stats
 from specdecode.core.sampling import Warp
 from specdecode.corpora import Prompt
 from specdecode.decoding import memory
-from specdecode.decoding.control import CostModel, FixedK, speedup
-from specdecode.decoding.generation import Result, encode_prompt, generate
+from specdecode.decoding.control import CostModel, speedup
+from specdecode.decoding.generation import Result, encode_prompt
 from specdecode.drafters import Spec
+from specdecode.engine.client import alone, measuring_engine
+from specdecode.engine.suffix_cache import SuffixCaches
 
 LOAD_LIMIT = 0.3  # cores busy with other work during a run before it is repeated
 PLAIN = drafter_registry.parse("none")  # plain decoding, the baseline of every speedup (row label: str)
+WARM_UP = "warm-up"  # the scope and category of the warm-up runs: no row learns from them
 
 
 def _busy_jiffies() -> int | None:
@@ -78,12 +91,6 @@ def variants(drafter_specs: list[Spec], ks: list[int], adaptive: bool) -> list[t
     return out
 
 
-def fork(drafter):
-    """A learning drafter with its own snapshot of what it learned (its suffix caches copied); weights
-    and prepacked heads shared (Drafter.fork)."""
-    return drafter.fork(copy.deepcopy)
-
-
 def passes(prompts: list[Prompt], n: int) -> list[Prompt]:
     """The prompt set n times in a row (n > 1: ids `<id>@<pass>`, categories `pass<pass>:<category>`), so
     a drafter that learns from earlier responses (suffix) shows what the second pass gains."""
@@ -94,6 +101,75 @@ def passes(prompts: list[Prompt], n: int) -> list[Prompt]:
         for i in range(1, n + 1)
         for p in prompts
     ]
+
+
+class Pass:
+    """One dtype's runs: every row (drafter variant) through one engine on the loaded target, each
+    request alone in it; Hugging Face peers (bench/peers.py) on the same token ids beside them."""
+
+    def __init__(
+        self,
+        loaded: models.LoadedModel,
+        runs: list[tuple[str, Spec, int | None]],
+        peer_specs=(),
+        *,
+        ctx: drafter_registry.DrafterContext | None = None,
+        k_max: int = 12,
+        params: Warp = Warp(),
+        seed: int = 0,
+    ):
+        """runs: variants(); k_max: the largest k of adaptive rows."""
+        ctx = ctx or drafter_registry.DrafterContext(loaded)
+        self.rows = {label: (spec, k) for label, spec, k in runs}
+        self.k_max, self.params, self.seed = k_max, params, seed
+        self.top = max(k_max if k is None else k for _, _, k in runs)  # the largest k any row asks for
+        self.caches = SuffixCaches()
+        specs = [spec for _, spec, _ in runs]
+        self.engine = measuring_engine(loaded, ctx, specs, self.top, suffix_caches=self.caches)
+        self.peers = {str(spec): peers.build(spec, loaded, ctx) for spec in peer_specs}
+
+    @property
+    def labels(self) -> list[str]:
+        return [*self.rows, *self.peers]
+
+    def run(
+        self, label: str, ids: list[int], category: str, n: int, params: Warp | None = None, scope=None
+    ) -> Result:
+        """One generation of a row (or a peer): up to n tokens after ids. scope: the suffix cache it
+        learns into (default: the row's own)."""
+        params = params or self.params
+        if label in self.peers:
+            return self.peers[label](ids, n, params, self.seed)
+        spec, k = self.rows[label]
+        request = eng.Request(
+            ids,
+            params,
+            n,
+            seed=None if k is None else self.seed,  # the engine keeps a seeded request at a fixed k
+            drafter=spec,
+            k=self.k_max if k is None else k,
+            adaptive=k is None,
+            task=f"{label}:{category}",  # the row's own per-category history
+            scope=label if scope is None else scope,
+        )
+        got = alone(self.engine, request)
+        done = got.done
+        return Result(got.text, done.tokens, done.stats, done.finish_reason, len(ids), done.from_draft)
+
+    def snapshot(self, label: str):
+        """What a learning row knows now (None for the others), for `restore`."""
+        spec, _ = self.rows.get(label, (PLAIN, 0))
+        return self.caches.snapshot(str(spec), label) if spec.learns else None
+
+    def restore(self, label: str, snapshot) -> None:
+        spec, _ = self.rows.get(label, (PLAIN, 0))
+        if spec.learns:
+            self.caches.restore(str(spec), label, snapshot)
+
+    def cost(self, label: str) -> CostModel | None:
+        """A speculating row's costs as the engine measured them (None: plain decoding, peers)."""
+        spec, _ = self.rows.get(label, (PLAIN, 0))
+        return self.engine.cost(spec, self.top) if spec.speculates else None
 
 
 def run(
@@ -118,12 +194,11 @@ def run(
     log=print,
 ) -> dict:
     """ks: the fixed k values to run each drafter with. adaptive: also run every drafter with
-    adaptive k (0..k_max), labelled `<drafter>+adaptive`, with its cost model measured once and
+    adaptive k (0..k_max), labelled `<drafter>+adaptive`, priced by the engine's measured costs, with
     per-category acceptance history carried across prompts. peer_specs: Hugging Face peers
     (specdecode.bench.peers) run on the same token ids, labelled by their spec. temperatures: afterwards,
     α of every fixed-k drafter run at each of these temperatures (one pass, no timing)."""
     runs = variants(drafter_specs, ks, adaptive)
-    own = [label for label, _, _ in runs]
     speculates = {label: spec.speculates for label, spec, _ in runs}
     cells: dict[tuple[str, str], Cell] = {}
     sweep: dict[str, dict] = {}
@@ -133,36 +208,31 @@ def run(
         ctx = drafter_registry.DrafterContext(loaded, precision, device, backend, drafter_quant)
         ids = {p.id: encode_prompt(loaded.tokenizer, p.prompt, None) for p in prompts}
         here = () if precision.quantized else peer_specs  # peers run the float model only
-        labels = own + [str(p) for p in here]
-        fns, costs, built = _runners(loaded, ctx, runs, here, k_max, ids[prompts[0].id], params, seed)
-        learners = {label for label, spec, _ in runs if spec.learns}
-        fresh = {label: fork(built[label]) for label in learners}
-        for label in labels:  # warm-up, excluded
-            fns[label](ids[prompts[0].id], prompts[0].category, 8, learn=False)
-        built.update(fresh)  # learning drafters forget the warm-up's answer
+        bench = Pass(loaded, runs, here, ctx=ctx, k_max=k_max, params=params, seed=seed)
+        labels = bench.labels
+        for label in labels:  # warm-up, excluded; no row learns from it (a scope of its own)
+            bench.run(label, ids[prompts[0].id], WARM_UP, 8, scope=WARM_UP)
         for r in range(repeats):
             for i, p in enumerate(prompts):
                 shift = (i + r) % len(labels)
                 for label in labels[shift:] + labels[:shift]:
                     cell = cells.setdefault((dtype, label), Cell(speculates=speculates.get(label, False)))
-                    go = lambda fn=fns[label], p=p, ids=ids: fn(ids[p.id], p.category, max_new_tokens)  # noqa: E731
-                    learns = label in learners
-                    before = fork(built[label]) if learns else None  # what it knew before this prompt
+                    go = partial(bench.run, label, ids[p.id], p.category, max_new_tokens)
+                    before = bench.snapshot(label)  # what a learning row knew before this prompt
                     res, load = measured(go)
                     if load is not None and load > LOAD_LIMIT:
                         cell.reruns += 1
-                        if learns:  # a learning drafter must not see its own answer to the prompt it reruns
-                            built[label] = fork(before)
+                        bench.restore(label, before)  # it must not see its own answer to the prompt it reruns
                         res, load = measured(go)
                     cell.walls[p.id].append(res.stats.wall_s)
                     cell.ttfts[p.id].append(res.stats.ttft_s)
                     res.id, res.category = p.id, p.category
                     cell.results.setdefault(p.id, res)
             log(f"[{dtype}] repeat {r + 1}/{repeats} done")
-        for label, spec, _ in runs:
-            cells[(dtype, label)].cost = costs.get(spec)
+        for label in bench.rows:
+            cells[(dtype, label)].cost = bench.cost(label)
         if temperatures:
-            sweep[dtype] = _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens)
+            sweep[dtype] = _temperature_sweep(bench, runs, prompts, ids, temperatures, max_new_tokens)
             log(f"[{dtype}] temperature sweep done")
         peak_rss = memory.peak_rss_bytes()
         for label in labels:
@@ -172,59 +242,7 @@ def run(
     return out
 
 
-def _runners(loaded, ctx, runs, peer_specs, k_max, probe_ids, params, seed) -> dict:
-    """label -> fn(ids, category, max_new_tokens, learn) -> Result, for every drafter variant and peer."""
-    by_spec = {spec: drafter_registry.build(spec, ctx) for _, spec, _ in runs}
-    costs = _costs(loaded, by_spec, max([k_max if k is None else k for _, _, k in runs]), probe_ids, params)
-    # label -> its drafter: a learning drafter (suffix) gets its own per variant, so that `suffix+adaptive`
-    # never proposes from `suffix`'s answer to the same prompt
-    built = {label: fork(by_spec[spec]) if spec.learns else by_spec[spec] for label, spec, _ in runs}
-    policy = {
-        spec: _AdaptiveFactory(copy.deepcopy(costs[spec]), k_max, label)
-        for label, spec, k in runs
-        if k is None
-    }
-    fns = {}
-    for label, spec, k in runs:
-
-        def fn(ids, category, n, learn=True, sampling=params, label=label, spec=spec, k=k):
-            res = generate(
-                loaded,
-                built[label],
-                ids,
-                k=FixedK(k) if k is not None else policy[spec](category),
-                params=sampling,
-                max_new_tokens=n,
-                seed=seed,
-            )
-            if k is None and learn:
-                policy[spec].state.observe(category, label, res.stats)
-            return res
-
-        fns[label] = fn
-    for spec in peer_specs:
-        peer = peers.build(spec, loaded, ctx)
-        fns[str(spec)] = lambda ids, category, n, learn=True, peer=peer: peer(ids, n, params, seed)
-    return fns, costs, built
-
-
-class _AdaptiveFactory:
-    """A fresh AdaptiveK per request, seeded with the category's acceptance history."""
-
-    def __init__(self, cost, k_max, label):
-        from specdecode.decoding.taskstate import TaskState
-
-        self.cost, self.k_max, self.label, self.state = cost, k_max, label, TaskState()
-
-    def __call__(self, category: str):
-        from specdecode.decoding.control import adaptive_k
-        from specdecode.decoding.costs import CostTracker
-
-        rec = self.state.get(category, self.label)
-        return adaptive_k(self.cost, self.k_max, rec.profile if rec else None, tracker=CostTracker(self.cost))
-
-
-def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) -> dict:
+def _temperature_sweep(bench: Pass, runs, prompts, ids, temperatures, max_new_tokens) -> dict:
     """label -> {temperature: {category: α, "ALL": α}} for every fixed-k drafter run."""
     out = {}
     for label, spec, k in runs:
@@ -234,20 +252,11 @@ def _temperature_sweep(fns, runs, prompts, ids, temperatures, max_new_tokens) ->
         for t in temperatures:
             per_cat: dict[str, Stats] = defaultdict(Stats)
             for p in prompts:
-                st = fns[label](
-                    ids[p.id], p.category, max_new_tokens, learn=False, sampling=Warp(temperature=t)
-                ).stats
+                st = bench.run(label, ids[p.id], p.category, max_new_tokens, Warp(temperature=t)).stats
                 per_cat[p.category] = per_cat[p.category].merge(st)
                 per_cat["ALL"] = per_cat["ALL"].merge(st)
             out[label][str(t)] = {c: round(st.acceptance_rate, 4) for c, st in per_cat.items()}
     return out
-
-
-def _costs(loaded, built, k_max, ids, params) -> dict:
-    """drafter spec -> its measured cost model (c, r(1..k_max)) on this target and dtype."""
-    from specdecode.decoding.costs import measure
-
-    return {s: measure(loaded.model, d, k_max, ids, params) for s, d in built.items() if s.speculates}
 
 
 def ideal_speedup(stats: Stats, cost) -> float | None:

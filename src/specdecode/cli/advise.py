@@ -196,24 +196,23 @@ def _fitted_costs(sources: list[str]) -> _Costs:
 
 
 def _engine_costs(args, spec, k_max: int) -> _Costs:
-    """Our engine's costs measured here: one sequence's CostModel, and the batched target's at each
-    batch size up to --max-batch."""
+    """Our engine's costs measured here: its forwards at each batch size up to --max-batch, and the
+    drafter's time per drafted token in its steps over one probe request."""
     from specdecode import drafters
+    from specdecode import engine as eng
     from specdecode.backends import models
-    from specdecode.backends.batch_model import batched
-    from specdecode.decoding import costs
+    from specdecode.core.sampling import Warp
     from specdecode.decoding.generation import encode_prompt
-    from specdecode.engine import load
+    from specdecode.engine import client, load
 
     setup(args)
     target = models.load(args.target, args.precision, args.device, args.backend)
-    built = drafters.build(spec, drafters.DrafterContext(target, args.precision, args.device, args.backend))
+    ctx = drafters.DrafterContext(target, args.precision, args.device, args.backend)
+    engine = client.measuring_engine(target, ctx, [spec], k_max, max_batch=args.max_batch, name="advise")
     probe = encode_prompt(target.tokenizer, "Write a Python function that reverses a list.", None)
-    single = costs.measure(target.model, built, k_max, probe)  # the drafter's cost per drafted token
-    batch = load.measure(batched(target.model, args.max_batch), args.max_batch, k_max)
-    draft_s = single.draft_cost * single.step_s
-    cost_at = lambda b: single if b == 1 else batch.cost(b, draft_s, k_max)  # noqa: E731
-    return _Costs(single, cost_at, load.batch_sizes(args.max_batch))
+    client.alone(engine, eng.Request(probe, Warp(), 32, seed=0, drafter=spec, k=k_max, ignore_eos=True))
+    cost_at = lambda b: engine.cost(spec, k_max, b)  # noqa: E731
+    return _Costs(cost_at(1), cost_at, load.batch_sizes(args.max_batch))
 
 
 def _served_drafter(source: str) -> str:

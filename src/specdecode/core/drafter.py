@@ -82,7 +82,7 @@ class Drafter(Protocol):
         benchmark's rows): weights, prepacked heads and read-only corpora shared; state that begin()
         does not reset (a draft model's KV cache) its own. learned: for a drafter that learns from
         earlier responses (Kind.learns), maps its store of them to the one the copy uses (the server:
-        the store of the request's scope; the benchmark: a snapshot, copy.deepcopy); None: shared."""
+        the store of the request's scope, bench's rows included); None: shared."""
         return copy.copy(self)
 
 

@@ -1,7 +1,8 @@
-"""Decoding: the loop for one sequence (decoder.py, generation.py) and for many (batch_decoder.py),
+"""Decoding: the loop for one sequence (decoder.py, generation.py: the tests' oracle and the loop to
+read first; no tool runs it) and for many (batch_decoder.py, which the engine runs),
 the step both share (step.py: check, settle; text.py: the public text stream), and the policy around
 it: what a request changes in the target's distribution (constraints.py with penalties.py and
-grammar.py; logprobs.py), adaptive k and cost models (control.py, costs.py, step_fit.py), prefill
+grammar.py; logprobs.py), adaptive k and cost models (control.py, step_fit.py), prefill
 budgets and the prefix cache, routing and task state, memory estimates.
 
 It sits above the drafters (it builds them from specs and drives them through core/drafter.py's

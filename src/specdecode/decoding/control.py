@@ -151,11 +151,11 @@ class FixedK:
 DEFAULT_PRIOR = (0.5,)  # acceptance assumed at every draft position before anything is measured
 
 
-def adaptive_k(cost: CostModel, k_max: int, history: list[float] | None = None, tracker=None) -> "AdaptiveK":
-    """The one way the decoder, router, bench and server make an AdaptiveK: its prior is the measured
-    per-position (conditional) acceptance `history` of this drafter and task when there is one, else
-    DEFAULT_PRIOR. tracker: a costs.CostTracker refreshing `cost` from step timings."""
-    return AdaptiveK(cost, k_max, prior=list(history or DEFAULT_PRIOR), tracker=tracker)
+def adaptive_k(cost: CostModel, k_max: int, history: list[float] | None = None) -> "AdaptiveK":
+    """The one way the engine makes an AdaptiveK: its prior is the measured per-position
+    (conditional) acceptance `history` of this drafter and task when there is one, else
+    DEFAULT_PRIOR."""
+    return AdaptiveK(cost, k_max, prior=list(history or DEFAULT_PRIOR))
 
 
 @dataclass
@@ -183,7 +183,6 @@ class AdaptiveK:
     min_backoff: int = 8
     max_backoff: int = 256
     probe_k: int = 2
-    tracker: object | None = None  # costs.CostTracker refreshing `cost` from step timings
     trials: list[float] = field(init=False)
     hits: list[float] = field(init=False)
     asked: list[float] = field(init=False)  # decayed counts for supply: position i was asked for ...
@@ -254,8 +253,6 @@ class AdaptiveK:
         return n
 
     def observe(self, step) -> None:
-        if self.tracker is not None:
-            self.tracker.observe(step.drafted, step.draft_s, step.verify_s)
         if self.pending is not None:
             self.tree_hits = self.tree_hits * self.decay + step.accepted
             self.tree_expected = self.tree_expected * self.decay + self.pending

@@ -76,8 +76,7 @@ class SuffixCache:
 
 
 class Corpus:
-    """A read-only suffix trie over a corpus of responses: shared, never copied (copy.deepcopy of a
-    drafter that holds one, as the benchmark does per prompt, keeps this one)."""
+    """A read-only suffix trie over a corpus of responses: shared by every fork of its drafter."""
 
     def __init__(self, responses: list[list[int]], depth: int):
         self.trie = SuffixTrie(depth)
@@ -85,9 +84,6 @@ class Corpus:
             self.trie.extend(i, tokens)
         self.trie.streams.clear()  # never removed from: the frontiers and stream copies only cost memory
         self.trie.frontier.clear()
-
-    def __deepcopy__(self, memo):
-        return self
 
 
 class SuffixDrafter(Drafter):

@@ -11,6 +11,7 @@ metrics.py       Prometheus counters/gauges/histograms, defined once; the /stats
 suffix_cache.py  suffix decoding's response caches: scopes, persistence, warming
 per_spec.py      state kept per drafter spec, bounded whatever specs clients send
 trace.py         per-step timings and rows, for finding where a gap comes from
+client.py        driving it from the caller's thread: requests in, their events out (bench, train)
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def build_engine(
     state: str | None = None,
     any_drafter: bool = False,
     chunked_prefill: bool = True,
+    cost_k: int | None = None,
 ) -> Engine:
     """Everything the engine runs on: batched target (its KV cache within `kv_memory` bytes, default
     batch_model.kv_budget: blocks backed as they are written), drafters (model
@@ -74,7 +76,9 @@ def build_engine(
     the measured batch costs (when load_control) and the metrics (drafter labels from the configured
     routes); the router: `routes` per task, learned routing among their candidates, the per-task
     history in the `state` file; `trace_steps` > 0 keeps that many steps' timings (trace.py);
-    chunked_prefill: prompts go in beside the others' steps (else each admission prefills at once)."""
+    chunked_prefill: prompts go in beside the others' steps (else each admission prefills at once);
+    cost_k: the largest k whose verify cost is measured (None: the routes' largest, at most 8; beyond
+    it the cost grows linearly)."""
     model = batched(target.model, max_batch, kv_memory)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
     pool = DrafterPool(
@@ -84,7 +88,7 @@ def build_engine(
         any_drafter=any_drafter,
     )
     k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
-    costs = measure(model, max_batch, min(k_max, 8)) if load_control else None
+    costs = measure(model, max_batch, cost_k or min(k_max, 8)) if load_control else None
     return Engine(
         model,
         target.tokenizer,

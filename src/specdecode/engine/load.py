@@ -39,8 +39,8 @@ class BatchCosts:
         t1 = self._at(b, 1)
         if not t1:
             return CostModel(0.0, {}, 0.0)
-        ratios = {k: self._at(b, k + 1) / t1 for k in range(1, k_max + 1)}
-        return CostModel(draft_s_per_token / t1, ratios, t1)
+        ratios = monotone([max(1.0, self._at(b, k + 1) / t1) for k in range(1, k_max + 1)])
+        return CostModel(draft_s_per_token / t1, dict(zip(range(1, k_max + 1), ratios)), t1)
 
     def cap(self, b: int, profile: list[float], k_max: int, draft_s_per_token: float = 0.0) -> int:
         """The best k at batch size b for a drafter with this conditional acceptance profile."""
@@ -84,3 +84,16 @@ def measure(model: BatchLM, max_batch: int, k_max: int, context: int = 32, repea
     for s in range(max_batch):
         model.truncate(s, 0)
     return BatchCosts(times)
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (least squares, pool-adjacent-violators). A forward over
+    more tokens never costs less; single timings on a shared machine often say otherwise, and an
+    unsmoothed dip at some k would make the controller prefer that k for no real reason."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(n)]

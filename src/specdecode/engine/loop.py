@@ -42,6 +42,7 @@ from specdecode.decoding.prefix_cache import PrefixCache
 from specdecode.decoding.router import Router
 from specdecode.decoding.step import Step
 from specdecode.decoding.text import TextStream
+from specdecode.drafters.spec import Spec
 from specdecode.engine.drafting import DrafterPool
 from specdecode.engine.load import BatchCosts
 from specdecode.engine.metrics import ServerMetrics
@@ -109,6 +110,14 @@ class Engine:
     def free(self) -> list[int]:
         """KV slots not in use."""
         return self.core.free
+
+    def cost(self, spec: Spec, k_max: int, batch: int = 1) -> CostModel:
+        """One request's costs with this drafter at this batch size, as adaptive k and load control
+        price k: the target's forwards measured at start-up and refreshed by every step (load.py), and
+        the drafter's time per drafted token in this engine's steps; empty without measured costs."""
+        if self.costs is None:
+            return CostModel(0.0, {})
+        return self.costs.cost(batch, self.draft_s_per_token.get(spec) or 0.0, k_max)
 
     def route(self, task: str) -> Route:
         """The drafter and k a request of this task takes unless it names its own (router.py)."""
@@ -215,11 +224,7 @@ class Engine:
             # a seeded request keeps a fixed k: adaptive k follows measured timings and other requests'
             # acceptance, and a different k consumes its generator differently (not reproducible)
             return FixedK(spec.k(request.k))
-        cost = (
-            self.costs.cost(1, self.draft_s_per_token.get(request.drafter) or 0.0, request.k)
-            if self.costs
-            else CostModel(0.0, {})
-        )
+        cost = self.cost(spec, request.k)
         known = self.spec_stats.get(request.drafter)
         prior = self.router.prior(request.task, request.drafter)
         if prior is None and known is not None and known.drafted >= 32:

@@ -123,6 +123,11 @@ class Collected:
     def finished(self) -> bool:
         return self.done is not None or self.failed is not None
 
+    @property
+    def text(self) -> str:
+        """The text delivered so far (the completion's, once finished)."""
+        return "".join(d.text for d in self.deltas)
+
     def check(self) -> None:
         """Raise what made the request fail: the engine's error itself, else its message."""
         if self.failed is not None:

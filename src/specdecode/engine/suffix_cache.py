@@ -15,6 +15,7 @@ directory, or a JSONL with `response_ids` (token ids) or `response` (text) per l
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from pathlib import Path
@@ -54,6 +55,19 @@ class SuffixCaches:
             for tokens in self.warm + self.saved.pop(key, []):
                 cache.extend(cache.new_key(), tokens)
         return self.caches[key]
+
+    def snapshot(self, spec: str, scope: str) -> SuffixCache | None:
+        """A copy of the cache of a canonical spec and scope as it is now (None: not made yet), for
+        `restore` (bench: a run repeated under outside load must not propose from its own first answer)."""
+        cache = self.caches.get((spec, scope))
+        return None if cache is None else copy.deepcopy(cache)
+
+    def restore(self, spec: str, scope: str, snapshot: SuffixCache | None) -> None:
+        """Put back what `snapshot` took; requests forked from now on learn into it."""
+        if snapshot is None:
+            self.caches.pop((spec, scope), None)
+        else:
+            self.caches[(spec, scope)] = copy.deepcopy(snapshot)
 
     def save(self) -> None:
         if self.path is None:

@@ -85,8 +85,8 @@ def _data_args(d) -> None:
     d.add_argument(
         "--batch",
         type=int,
-        default=1,
-        help="prompts decoded together (continuous batching); more tokens per CPU-second",
+        default=16,
+        help="prompts decoded together in the engine (continuous batching); more tokens per CPU-second",
     )
 
 

@@ -7,7 +7,8 @@ requests it was tuned on. For drafter training this gives what the packaged corp
 diverse, chat-like prompts on the target's own topics, without a dataset download.
 
 Each prompt i is sampled with its own seed (seed, i), so a run that stops part-way resumes by
-appending the prompts it does not have yet, and gives the file an uninterrupted run would.
+appending the prompts it does not have yet, and gives the file an uninterrupted run would. The
+samples come from the engine (specdecode/engine), a few attempts at a time, and are kept in order.
 A sample is kept when it ends the user turn by itself (not cut at max_tokens), has at least
 `min_words` words and is not a duplicate of one already kept.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from specdecode.errors import UserError
 
 SENTINEL = "\x00specdecode-user-message\x00"
+BATCH = 8  # attempts sampled together in the engine (each with its own seed: the same text as alone)
 
 
 def query_prefix(tokenizer) -> list[int]:
@@ -70,8 +72,9 @@ def write_prompts(
     from tqdm import tqdm
 
     from specdecode import drafters
+    from specdecode import engine as eng
     from specdecode.core.sampling import Warp
-    from specdecode.decoding.generation import generate
+    from specdecode.engine.client import complete
 
     if count < 1:
         raise UserError(f"count must be at least 1, got {count}")
@@ -84,31 +87,49 @@ def write_prompts(
     attempt = 1 + max((int(str(r["id"]).rpartition("-")[2]) for r in rows), default=-1)
     limit = attempt + (max_attempts or 20 * count)
     ids = query_prefix(loaded.tokenizer)
-    none = drafters.build("none", drafters.DrafterContext(loaded))
+    plain = drafters.parse("none")
+    engine = eng.build_engine(
+        loaded,
+        eng.default_routes(plain, 1, False),
+        model_name="train prompts",
+        max_batch=BATCH,
+        load_control=False,
+        chunked_prefill=False,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     with (
         out.open("a", encoding="utf-8") as f,
         tqdm(total=count, initial=min(len(rows), count), desc="train prompts", unit="prompt") as bar,
     ):
         while len(rows) < count and attempt < limit:
-            result = generate(
-                loaded,
-                none,
-                ids,
-                k=1,
-                params=params,
-                max_new_tokens=max_tokens,
-                seed=zlib.crc32(f"{seed}:{attempt}".encode()),
-            )
-            text = result.text.strip()
-            if result.finish_reason == "stop" and len(text.split()) >= min_words and text not in seen:
-                row = {"prompt": text, "id": f"{prefix}-{attempt}", "category": "self-instruct"}
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                f.flush()
-                rows.append(row)
-                seen.add(text)
-                bar.update()
-            attempt += 1
+            window = range(attempt, min(attempt + BATCH, limit))  # sampled together, kept in order
+            requests = [
+                eng.Request(
+                    ids,
+                    params,
+                    max_tokens,
+                    seed=zlib.crc32(f"{seed}:{a}".encode()),
+                    drafter=plain,
+                    request_id=str(a),
+                )
+                for a in window
+            ]
+            samples = {int(r.request_id): got for r, got in complete(engine, requests, window=BATCH)}
+            for a in window:
+                if len(rows) >= count:
+                    break
+                attempt, text = a + 1, samples[a].text.strip()
+                if (
+                    samples[a].done.finish_reason == "stop"
+                    and len(text.split()) >= min_words
+                    and text not in seen
+                ):
+                    row = {"prompt": text, "id": f"{prefix}-{a}", "category": "self-instruct"}
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    f.flush()
+                    rows.append(row)
+                    seen.add(text)
+                    bar.update()
     if len(rows) < count:
         print(f"stopped after {limit} samples with {len(rows)} prompts (most were cut or repeated)")
     return rows
