@@ -3,15 +3,16 @@ in a process of its own.
 
     python scripts/long_prompt_memory.py [--target smollm2-135m] [--tokens 874,2521,5384]
                                          [--max-new-tokens 64] [--threads 2] [--engines ours,llamacpp-bin]
-                                         [--repeats 1] [--out F.json]
+                                         [--repeats 1] [--kv-dtype auto|fp32|fp16] [--out F.json]
 
 The prompts are Python's own sources (the standard library's modules, joined in a fixed order), cut to
 each length in the target's tokens: text no held-out set contains. `ours` is the Python API as a user
 runs it (`specdecode.LLM`, `--dtype gguf`, plain decoding, streaming one request: TTFT is the first
 delta, decode the rest); `llamacpp-bin` is llama.cpp b11434's `llama-completion`
 (scripts/build_llamacpp.sh) on the same text with a context of prompt + new tokens, timed by its own
-counters. Each (engine, length) runs in a fresh process, so its peak RSS is that prompt's alone.
-Greedy, EOS ignored. The CPU and the kernels' ISA are recorded; run it with nothing else running.
+counters, its peak RSS by GNU time (/usr/bin/time). Each (engine, length) runs in a fresh process,
+so its peak RSS is that prompt's alone. Greedy, EOS ignored. The CPU and the kernels' ISA are
+recorded; run it with nothing else running.
 """
 
 from __future__ import annotations
@@ -46,14 +47,13 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
 
 
 def peak_rss_mb() -> float:
-    usage = (resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return max(usage) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def ours(a) -> dict:
     import specdecode
 
-    llm = specdecode.LLM(a.target, drafter="none", k=1, dtype="gguf", threads=a.threads)
+    llm = specdecode.LLM(a.target, drafter="none", k=1, dtype="gguf", threads=a.threads, kv_dtype=a.kv_dtype)
     ids = prompt_ids(llm.target.tokenizer, a.n)
     params = specdecode.SamplingParams(temperature=0, max_tokens=a.max_new_tokens, ignore_eos=True)
     t0 = time.perf_counter()
@@ -83,7 +83,16 @@ def llamacpp_bin(a) -> dict:
     tok = models.load_tokenizer(a.target)
     text = tok.decode(prompt_ids(tok, a.n))
     context = -(-(a.n + a.max_new_tokens + 16) // 256) * 256
-    cmd = [str(bins / "llama-completion"), "-m", str(models.resolve(a.target)), "-p", text, "-no-cnv"]
+    # its own peak, by GNU time: a child's ru_maxrss counts the forked worker's pages before its exec
+    cmd = [
+        "/usr/bin/time",
+        "-f",
+        "peak_rss_kb=%M",
+        str(bins / "llama-completion"),
+        "-m",
+        str(models.resolve(a.target)),
+    ]
+    cmd += ["-p", text, "-no-cnv"]
     cmd += [
         "--no-warmup",
         "-t",
@@ -103,6 +112,7 @@ def llamacpp_bin(a) -> dict:
     pe = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", log)
     ev = re.search(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", log)
     return {
+        "peak_rss_mb": int(re.search(r"peak_rss_kb=(\d+)", log).group(1)) / 1024,
         "ttft_s": float(pe.group(1)) / 1e3,
         "decode_tok_s": int(ev.group(2)) / (float(ev.group(1)) / 1e3),
         "prompt_tokens_llamacpp": int(pe.group(2)),
@@ -114,8 +124,8 @@ def worker(a) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    result = ours(a) if a.worker == "ours" else llamacpp_bin(a)
-    print(json.dumps(result | {"peak_rss_mb": peak_rss_mb()}), flush=True)
+    result = ours(a) | {"peak_rss_mb": peak_rss_mb()} if a.worker == "ours" else llamacpp_bin(a)
+    print(json.dumps(result), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--engines", default="ours,llamacpp-bin")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--kv-dtype", default="auto", help="ours: the KV cache's precision (auto, fp32, fp16)")
     p.add_argument("--out")
     p.add_argument("--worker")
     p.add_argument("--n", type=int)
@@ -138,7 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         for n in [int(t) for t in a.tokens.split(",")]:
             for engine in a.engines.split(","):  # each in a fresh process: its peak is this prompt's
                 cmd = [sys.executable, __file__, "--worker", engine, "--n", str(n), "--target", a.target]
-                cmd += ["--threads", str(a.threads), "--max-new-tokens", str(a.max_new_tokens)]
+                cmd += [
+                    "--threads",
+                    str(a.threads),
+                    "--max-new-tokens",
+                    str(a.max_new_tokens),
+                    "--kv-dtype",
+                    a.kv_dtype,
+                ]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if out.returncode:
                     raise SystemExit(f"{engine} at {n} tokens failed:\n{out.stderr[-2000:]}")
@@ -157,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         for engine, by_n in runs.items()
     }
     result = {"cpu": cpu_name(), "target": a.target, "threads": a.threads, "max_new_tokens": a.max_new_tokens}
+    result |= {"kv_dtype": a.kv_dtype}
     result |= {"command": "python scripts/long_prompt_memory.py " + " ".join(argv or sys.argv[1:])}
     result |= {
         "summary": summary,

@@ -12,12 +12,14 @@ engine (medians over repeats of the sums over prompts): decode tokens/s after th
 end-to-end tokens/s with the time to first token; ours also the share of outputs identical to our
 plain decoding; and the decode rate per group of prompts, code / SQL / API (categories code, coding,
 code-edit, sql, function-calling, json-extract) and general chat (the rest), also as a multiple of
-llama.cpp's (and in the JSON per category). Engines: a drafter spec of ours (`none` is plain
-decoding; `draft` means `draft:<--draft>`), `llamacpp` (llama-cpp-python), or llama.cpp's own
+llama.cpp's (and in the JSON per category). Engines: a drafter spec of ours run by the engine users
+run (the Python API, `specdecode.LLM`, one request at a time; `none` is plain decoding; `draft` means
+`draft:<--draft>`), `llamacpp` (llama-cpp-python), or llama.cpp's own
 binaries at b11434
 (scripts/build_llamacpp.sh): `llamacpp-bin` (llama-completion) and `llamacpp-spec`
 (llama-speculative-simple with the --draft model, at most 3 drafted), timed by their own counters.
-Each engine's peak RSS is its worker's. The CPU is named in the output; run it with nothing else running.
+Each engine's peak RSS is its worker's (llama.cpp's binaries': by GNU time). The CPU is named in the
+output; run it with nothing else running.
 """
 
 from __future__ import annotations
@@ -39,44 +41,48 @@ def worker(engine: str, a) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    from specdecode import drafters
     from specdecode.backends import models
     from specdecode.backends.precision import Precision
     from specdecode.core.sampling import Warp
     from specdecode.corpora import load_prompts
-    from specdecode.decoding.generation import encode_prompt, generate
+    from specdecode.decoding.generation import encode_prompt
 
     if engine.startswith("llamacpp-"):
-        llamacpp_bin(engine, a)
-        return print_peak_rss()
-    precision = Precision.parse(a.dtype)
-    target = models.load(a.target, precision)
-    items = [(p.id, encode_prompt(target.tokenizer, p.prompt, None)) for p in load_prompts(a.prompts)]
+        return llamacpp_bin(engine, a)
     if engine == "llamacpp":
         from specdecode.bench import llamacpp
 
+        target = models.load(a.target, Precision.parse(a.dtype))
         run = llamacpp.runner(models.resolve(a.target), None, target.eos_ids, target.tokenizer)
 
         def decode(ids, n):
-            return run(ids, n, Warp(), 0)
-    else:
+            r = run(ids, n, Warp(), 0)
+            return r.token_ids, r.stats
+
+    else:  # the engine users run (the Python API, specdecode.LLM), one request at a time
+        import specdecode
+
         spec = f"draft:{a.draft}" if engine == "draft" else engine
-        drafter = drafters.build(spec, drafters.DrafterContext(target, precision))
+        llm = specdecode.LLM(a.target, drafter=spec, k=a.k, dtype=a.dtype, threads=a.threads, max_batch=1)
+        target = llm.target
 
         def decode(ids, n):
-            return generate(target, drafter, ids, k=a.k, max_new_tokens=n, ignore_eos=a.ignore_eos)
+            params = specdecode.SamplingParams(temperature=0, max_tokens=n, ignore_eos=a.ignore_eos)
+            out = llm.generate([ids], params)[0]
+            return out.token_ids, out.metrics
 
+    items = [(p.id, encode_prompt(target.tokenizer, p.prompt, None)) for p in load_prompts(a.prompts)]
     decode(items[0][1], 16)  # warm-up: first calls pay one-off set-up
     for pid, ids in items:
-        r = decode(ids, a.max_new_tokens)
-        line = {"id": pid, "tokens": r.token_ids, "ttft_s": r.stats.ttft_s, "wall_s": r.stats.wall_s}
+        tokens, stats = decode(ids, a.max_new_tokens)
+        line = {"id": pid, "tokens": tokens, "ttft_s": stats.ttft_s, "wall_s": stats.wall_s}
         print(json.dumps(line), flush=True)
     print_peak_rss()
 
 
 def print_peak_rss() -> None:
-    """The worker's peak RSS, or its binaries' (llama.cpp runs as children), in MB."""
-    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    """The worker's peak RSS in MB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"peak_rss_mb": peak / 1024}), flush=True)
 
 
@@ -105,6 +111,7 @@ def llamacpp_bin(engine: str, a) -> None:
     if a.ignore_eos:
         common.append("--ignore-eos")
     target = str(models.resolve(a.target))
+    peak = 0.0
     for p in load_prompts(a.prompts):
         text = tok.decode(encode_prompt(tok, p.prompt, None))
         if engine == "llamacpp-spec":
@@ -133,8 +140,12 @@ def llamacpp_bin(engine: str, a) -> None:
                 "--no-warmup",
                 *common,
             ]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        # its own peak by GNU time: a child's ru_maxrss counts the forked worker's pages before its exec
+        out = subprocess.run(
+            ["/usr/bin/time", "-f", "peak_rss_kb=%M", *cmd], capture_output=True, text=True, check=False
+        )
         log = out.stdout + out.stderr
+        peak = max(peak, int(re.search(r"peak_rss_kb=(\d+)", log).group(1)) / 1024)
         if out.returncode:
             raise SystemExit(f"{cmd[0]} failed: {log[-1500:]}")
         pe = re.search(r"prompt eval time =\s*([\d.]+) ms", log)
@@ -149,6 +160,7 @@ def llamacpp_bin(engine: str, a) -> None:
         print(
             json.dumps({"id": p.id, "tokens": [0] * n, "ttft_s": ttft, "wall_s": ttft + decode_s}), flush=True
         )
+    print(json.dumps({"peak_rss_mb": peak}), flush=True)
 
 
 def run_engine(engine: str, a) -> tuple[list[dict], float]:

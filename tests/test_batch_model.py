@@ -167,3 +167,24 @@ def test_attention_groups_keep_chunks_alone_and_bucket_decode_rows_by_context():
     assert [2] in groups and [5] in groups  # prefill chunks alone
     assert [0, 1] in groups and [4] in groups and [3] in groups  # 4,000 keys do not pad the short ones
     assert _attention_groups([1] * 4, [10, 20, 30, 40]) == [[0, 1, 2, 3]]  # alike contexts share one call
+
+
+def test_a_float16_kv_cache_halves_the_blocks_and_keeps_rows_independent(fast):
+    """--kv-dtype fp16: the pool holds float16 blocks (half the bytes a token); ragged rows in one
+    forward get the bits each gets alone; the logits stay close to the float32 cache's."""
+    from specdecode.backends.batch_model import kv_bytes_per_token
+
+    assert kv_bytes_per_token(fast, "fp16") * 2 == kv_bytes_per_token(fast, "fp32")
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 384, (n,), generator=g) for n in (20, 9, 14)]
+    bm = BatchedLlama(fast, slots=3, kv_dtype="fp16")
+    assert bm.k_cache.dtype == torch.float16
+    together = [o.logits for o in bm.forward([Row(i, s) for i, s in enumerate(seqs)])]
+    steps = [o.logits for o in bm.forward([Row(i, s[:2]) for i, s in enumerate(seqs)])]
+    for i, s in enumerate(seqs):
+        alone = BatchedLlama(fast, slots=1, kv_dtype="fp16")
+        assert torch.equal(alone.forward([Row(0, s)])[0].logits, together[i])
+        assert torch.equal(alone.forward([Row(0, s[:2])])[0].logits, steps[i])
+        assert torch.allclose(together[i], _single(fast, s), rtol=1e-2, atol=5e-2)  # float16 rounding
+    with pytest.raises(Exception, match="unknown KV cache dtype"):
+        BatchedLlama(fast, slots=1, kv_dtype="int4")

@@ -343,3 +343,39 @@ def test_a_build_lock_left_by_a_killed_build_goes_and_a_live_builder_is_waited_f
         builder.wait()
     with build_guard(tmp_path):
         assert not lock.exists()
+
+
+@pytest.mark.parametrize("d", [64, 24])
+def test_a_float16_cache_stores_rounded_rows_and_reads_them_widened(ops, d):
+    """--kv-dtype fp16: new keys (rotated) and values are stored rounded to nearest, as torch's .half()
+    rounds (subnormals and overflow included); attention reads them widened exactly (SDPA over the
+    float32 copy of the cache agrees), and a row gets the same bits alone as among the others."""
+    h, kvh, n, start, cap = 4, 2, 3, 9, 16
+    g = torch.Generator().manual_seed(6)
+    qkv = torch.randn(n, (h + 2 * kvh) * d, generator=g)
+    edge = torch.tensor([1e-6, -3e-8, 7e4, 65519.0, 65520.0, 2.0**-24 * 1.5])
+    qkv[0, (h + kvh) * d : (h + kvh) * d + len(edge)] = edge  # values are stored as given: edge cases
+    angles = torch.randn(n, d // 2, generator=g).repeat(1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    k16 = torch.randn(1, kvh, cap, d, generator=g).half()
+    v16 = torch.randn(1, kvh, cap, d, generator=g).half()
+    out = ops.attention(qkv, k16, v16, cos, sin, None, *_where((0, start, n)), h, kvh, 0.0)
+    q, k, v = qkv.view(n, h + 2 * kvh, d).transpose(0, 1).split([h, kvh, kvh])
+    assert torch.equal(v16[0, :, start : start + n], v.half())
+    assert v16[0, 0, start, : len(edge)].tolist() == edge.half().tolist()
+    assert torch.allclose(
+        k16[0, :, start : start + n].float(), _rope(k, cos, sin).half().float(), rtol=1e-3, atol=1e-6
+    )
+    mask = torch.ones(n, start + n, dtype=torch.bool).tril(start)
+    ref = F.scaled_dot_product_attention(
+        _rope(q, cos, sin)[None],
+        k16[:, :, : start + n].float(),
+        v16[:, :, : start + n].float(),
+        attn_mask=mask,
+        enable_gqa=True,
+    )
+    assert torch.allclose(out, ref[0].transpose(0, 1).reshape(n, h * d), atol=1e-4)
+    for i in range(n):
+        row = (qkv[i : i + 1], k16, v16, cos[i : i + 1], sin[i : i + 1], None, *_where((0, start + i, 1)))
+        one = ops.attention(*row, h, kvh, 0.0)
+        assert torch.equal(one[0], out[i])

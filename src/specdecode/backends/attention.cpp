@@ -26,7 +26,8 @@
 #include "checks.h"
 
 // qkv: [N, (h + 2 kvh) d] projections of N new tokens, the rows of sequence b at offsets
-// sum(counts[:b]).. ; k_cache, v_cache: [blocks, kvh, block, d] one layer's cache blocks, table
+// sum(counts[:b]).. ; k_cache, v_cache: [blocks, kvh, block, d] one layer's cache blocks (float32 or
+// float16), table
 // [S, per_slot] long each slot's blocks (attention_row.h's Layout): sequence b's new keys (rotated)
 // and values are written into slot slots[b] at positions starts[b]..+counts[b]-1;
 // cos, sin: [N, d] each row's rotary position; mask: [N, L] bool, L >= every starts[b] + counts[b]
@@ -37,10 +38,10 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
                         torch::Tensor sin, std::optional<torch::Tensor> mask, torch::Tensor slots,
                         torch::Tensor starts, torch::Tensor counts, torch::Tensor table, int64_t heads,
                         int64_t kv_heads, double qk_scale) {
-  for (auto& [t, name] : {std::pair{qkv, "qkv"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {cos, "cos"}, {sin, "sin"}})
-    checks::tensor(t, name);
+  for (auto& [t, name] : {std::pair{qkv, "qkv"}, {cos, "cos"}, {sin, "sin"}}) checks::tensor(t, name);
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "k_cache, v_cache: expected [blocks, kv_heads, block, d]");
   const int64_t N = qkv.size(0), d = k_cache.size(3);
+  const bool half = checks::caches(k_cache, v_cache, d);
   TORCH_CHECK(k_cache.size(1) == kv_heads && heads % kv_heads == 0, "k_cache: expected ", kv_heads, " kv heads");
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * d, "qkv: expected (heads + 2 kv_heads) * head_dim columns");
   TORCH_CHECK(cos.size(0) == N && sin.size(0) == N && cos.size(1) == d && sin.size(1) == d, "cos/sin: expected [N, head_dim]");
@@ -56,8 +57,8 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
   auto out = torch::empty({N, heads * d}, qkv.options());
   const float scale = qk_scale > 0 ? static_cast<float>(qk_scale) : 1.f / std::sqrt(static_cast<float>(d));
   const attn::Step step{layout, qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                        k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), out.data_ptr<float>(), mp, mask_cols,
-                        heads, kv_heads, d, scale};
+                        k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr<float>(), mp, mask_cols,
+                        heads, kv_heads, d, scale, half};
   for (int64_t task = 0; task < N * kv_heads; ++task) step.write(task);
   const int limit = attn::group_limit(d);
   const auto groups = attn::groups(layout, heads, kv_heads, limit);

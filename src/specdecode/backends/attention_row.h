@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "vecmath.h"
@@ -39,8 +40,10 @@ inline vec in_register(vec v) {
 // One kv head's keys and values in a sequence's cache blocks: key j's row is
 // k + blocks[j / block] * block_stride + (j % block) * d (v the same), a block holding `block`
 // consecutive positions of every kv head ([blocks, kv_heads, block, d]; a contiguous cache is one block).
+// T: the cache's element, float or float16 bits (uint16_t: widened exactly as they are loaded).
+template <typename T>
 struct Keys {
-  const float *k, *v;
+  const T *k, *v;
   const int64_t* blocks;
   int64_t block_stride, block;
 };
@@ -51,8 +54,8 @@ struct Keys {
 // largest end + L. d = NV * L: each key and value row is loaded into registers once for all G queries
 // (the loads, not the arithmetic, bounded the one-query loop). Query g's bits do not depend on the
 // others: a hidden or later key scores -inf, weighs an exact 0 and adds 0 to its sum.
-template <int NV, int G>
-void queries(const float* q, const Keys& kv, const int64_t* ends, const bool* const* seen, float* p,
+template <int NV, int G, typename T>
+void queries(const float* q, const Keys<T>& kv, const int64_t* ends, const bool* const* seen, float* p,
              int64_t stride, float* const* out) {
   constexpr int64_t d = NV * L;
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -65,7 +68,7 @@ void queries(const float* q, const Keys& kv, const int64_t* ends, const bool* co
     top[g] = ninf;
   }
   for (int64_t j0 = 0; j0 < end; j0 += kv.block) {  // scores: p[g, j] = q_g . K[j], a block at a time
-    const float* K = kv.k + kv.blocks[j0 / kv.block] * kv.block_stride;
+    const T* K = kv.k + kv.blocks[j0 / kv.block] * kv.block_stride;
     for (int64_t j = j0; j < std::min(end, j0 + kv.block); ++j) {
       vec k[NV];
       for (int v = 0; v < NV; ++v) k[v] = in_register<G * NV <= 16>(load(K + (j - j0) * d + v * L));
@@ -87,7 +90,7 @@ void queries(const float* q, const Keys& kv, const int64_t* ends, const bool* co
   vec acc[G][NV] = {};
   float sum[G] = {};  // added key by key in order: the same bits wherever a tree puts its keys
   for (int64_t j0 = 0; j0 < end; j0 += kv.block) {
-    const float* V = kv.v + kv.blocks[j0 / kv.block] * kv.block_stride;
+    const T* V = kv.v + kv.blocks[j0 / kv.block] * kv.block_stride;
     for (int64_t j = j0; j < std::min(end, j0 + kv.block); ++j) {
       vec vr[NV];
       for (int v = 0; v < NV; ++v) vr[v] = in_register<G * NV <= 16>(load(V + (j - j0) * d + v * L));
@@ -103,15 +106,16 @@ void queries(const float* q, const Keys& kv, const int64_t* ends, const bool* co
 }
 
 // One query of any width d (no register blocking): the same passes, scalar.
-inline void query_any(const float* q, const Keys& kv, int64_t d, int64_t end, const bool* seen, float* p,
-                      float* out) {
+template <typename T>
+void query_any(const float* q, const Keys<T>& kv, int64_t d, int64_t end, const bool* seen, float* p, float* out) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  auto row = [&](const float* base, int64_t j) { return base + kv.blocks[j / kv.block] * kv.block_stride + j % kv.block * d; };
+  auto row = [&](const T* base, int64_t j) { return base + kv.blocks[j / kv.block] * kv.block_stride + j % kv.block * d; };
+  auto wide = [](T x) { if constexpr (std::is_same_v<T, float>) return x; else return half::to_float(x); };
   float top = ninf;
   for (int64_t j = 0; j < end; ++j) {
-    const float* K = row(kv.k, j);
+    const T* K = row(kv.k, j);
     float s = 0.f;
-    for (int64_t c = 0; c < d; ++c) s = std::fma(q[c], K[c], s);
+    for (int64_t c = 0; c < d; ++c) s = std::fma(q[c], wide(K[c]), s);
     p[j] = seen && !seen[j] ? ninf : s;
     top = std::max(top, p[j]);
   }
@@ -120,8 +124,8 @@ inline void query_any(const float* q, const Keys& kv, int64_t d, int64_t end, co
   for (int64_t j = 0; j < end; ++j) {
     p[j] = p[j] == ninf ? 0.f : std::exp(p[j] - top);
     sum += p[j];
-    const float* V = row(kv.v, j);
-    for (int64_t c = 0; c < d; ++c) out[c] = std::fma(p[j], V[c], out[c]);
+    const T* V = row(kv.v, j);
+    for (int64_t c = 0; c < d; ++c) out[c] = std::fma(p[j], wide(V[c]), out[c]);
   }
   for (int64_t c = 0; c < d; ++c) out[c] *= 1.f / sum;
 }
@@ -135,16 +139,18 @@ inline int group_limit(int64_t d) {
   return static_cast<int>(std::clamp<int64_t>((registers - 2 - nv) / nv, 1, MAX_GROUP));
 }
 
-using group_fn = void (*)(const float*, const Keys&, const int64_t*, const bool* const*, float*, int64_t,
+template <typename T>
+using group_fn = void (*)(const float*, const Keys<T>&, const int64_t*, const bool* const*, float*, int64_t,
                           float* const*);
 
 // The kernel for G <= group_limit(d) queries of width d, or null where query_any serves.
-inline group_fn for_group(int64_t d, int G) {
-  static constexpr group_fn four[MAX_GROUP] = {queries<4, 1>, queries<4, 2>, queries<4, 3>,
-                                                queries<4, 4>, queries<4, 5>, queries<4, 6>};
+template <typename T>
+group_fn<T> for_group(int64_t d, int G) {
+  static constexpr group_fn<T> four[MAX_GROUP] = {queries<4, 1, T>, queries<4, 2, T>, queries<4, 3, T>,
+                                                   queries<4, 4, T>, queries<4, 5, T>, queries<4, 6, T>};
   if (d == 4 * L) return four[std::clamp(G, 1, MAX_GROUP) - 1];
-  if (d == 8 * L) return G >= 2 ? queries<8, 2> : queries<8, 1>;
-  if (d == 16 * L) return queries<16, 1>;
+  if (d == 8 * L) return G >= 2 ? queries<8, 2, T> : queries<8, 1, T>;
+  if (d == 16 * L) return queries<16, 1, T>;
   return nullptr;
 }
 
@@ -190,27 +196,42 @@ inline std::vector<Group> groups(const Layout& lay, int64_t heads, int64_t kv_he
   return out;
 }
 
-// One layer's attention for a forward's rows: heads h, kv heads kvh, width d; caches as Layout's;
-// mask [N, mask_cols] bool or null (causal); scale of q.k.
+constexpr int64_t MAX_D = 512;  // the widest head a float16 cache's rows are rotated for (write)
+
+// One layer's attention for a forward's rows: heads h, kv heads kvh, width d; caches as Layout's, of
+// float or (half) float16 bits; mask [N, mask_cols] bool or null (causal); scale of q.k.
 struct Step {
   const Layout& lay;
   const float *qkv, *cos, *sin;
-  float *k_cache, *v_cache, *out;
+  void *k_cache, *v_cache;
+  float* out;
   const bool* mask;
   int64_t mask_cols, heads, kv_heads, d;
   float scale;
+  bool half;
 
   int64_t cache_row(int64_t i, int64_t g) const {  // offset of row i's key/value of kv head g
     const int64_t b = lay.seq_of[i], pos = lay.starts[b] + i - lay.first[b];
     const int64_t block = lay.table[lay.slots[b] * lay.per_slot + pos / lay.block];
     return ((block * kv_heads + g) * lay.block + pos % lay.block) * d;
   }
-  // task i * kv_heads + g: row i's key (rotated) and value of kv head g into the caches
+  // task i * kv_heads + g: row i's key (rotated) and value of kv head g into the caches (a float16
+  // cache: rounded to nearest, half.h)
   void write(int64_t task) const {
-    const int64_t i = task / kv_heads, g = task % kv_heads, row = (heads + 2 * kv_heads) * d;
+    const int64_t i = task / kv_heads, g = task % kv_heads, row = (heads + 2 * kv_heads) * d, at = cache_row(i, g);
     const float* k = qkv + i * row + (heads + g) * d;
-    rope(k, cos + i * d, sin + i * d, k_cache + cache_row(i, g), d);
-    std::copy(k + kv_heads * d, k + kv_heads * d + d, v_cache + cache_row(i, g));
+    if (!half) {
+      rope(k, cos + i * d, sin + i * d, static_cast<float*>(k_cache) + at, d);
+      std::copy(k + kv_heads * d, k + kv_heads * d + d, static_cast<float*>(v_cache) + at);
+      return;
+    }
+    float rotated[MAX_D];
+    rope(k, cos + i * d, sin + i * d, rotated, d);
+    uint16_t *kh = static_cast<uint16_t*>(k_cache) + at, *vh = static_cast<uint16_t*>(v_cache) + at;
+    for (int64_t c = 0; c < d; ++c) {
+      kh[c] = half::from_float(rotated[c]);
+      vh[c] = half::from_float(k[kv_heads * d + c]);
+    }
   }
   // heads h0.. of row r0.. of one sequence, at most group_limit(d) queries (Groups) -> their rows of
   // out [N, h d]; q [limit, d] and p [limit, stride] scratch, stride >= longest + L
@@ -227,10 +248,19 @@ struct Step {
         seen[n] = mask ? mask + i * mask_cols : nullptr;
         outs[n] = out + (i * heads + hh) * d;
       }
+    if (half)
+      read<uint16_t>(g, b, n, q, ends, seen, p, stride, outs);
+    else
+      read<float>(g, b, n, q, ends, seen, p, stride, outs);
+  }
+
+  template <typename T>
+  void read(int64_t g, int64_t b, int n, const float* q, const int64_t* ends, const bool* const* seen, float* p,
+            int64_t stride, float* const* outs) const {
     const int64_t head = g * lay.block * d;
-    const Keys kv{k_cache + head, v_cache + head, lay.table + lay.slots[b] * lay.per_slot, kv_heads * lay.block * d,
-                  lay.block};
-    if (const group_fn fn = for_group(d, n))
+    const Keys<T> kv{static_cast<const T*>(k_cache) + head, static_cast<const T*>(v_cache) + head,
+                     lay.table + lay.slots[b] * lay.per_slot, kv_heads * lay.block * d, lay.block};
+    if (const group_fn<T> fn = for_group<T>(d, n))
       fn(q, kv, ends, seen, p, stride, outs);
     else
       for (int m = 0; m < n; ++m) query_any(q + m * d, kv, d, ends[m], seen[m], p, outs[m]);

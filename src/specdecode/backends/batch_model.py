@@ -28,6 +28,7 @@ from specdecode.backends.kv_pool import BLOCK, KVPool
 from specdecode.backends.layer import rms_norm
 from specdecode.backends.lm import CausalLM, Output, layer_ids
 from specdecode.backends.models import HFModel
+from specdecode.errors import UserError
 
 
 @dataclass
@@ -85,11 +86,13 @@ class BatchLM(Protocol):
         ...
 
 
-def batched(model: CausalLM, slots: int, kv_memory: int | None = None, block: int = BLOCK) -> BatchLM:
+def batched(
+    model: CausalLM, slots: int, kv_memory: int | None = None, block: int = BLOCK, kv_dtype: str = "auto"
+) -> BatchLM:
     """The batched form of a loaded target: BatchedLlama for FastLlama (its KV cache within
-    `kv_memory` bytes, default kv_budget()), PerSlotLM otherwise."""
+    `kv_memory` bytes, default kv_budget(), at `kv_dtype`: KV_DTYPES), PerSlotLM otherwise."""
     if isinstance(model, FastLlama):
-        return BatchedLlama(model, slots, kv_memory, block)
+        return BatchedLlama(model, slots, kv_memory, block, kv_dtype)
     return PerSlotLM([HFModel(model.hf) for _ in range(slots)])
 
 
@@ -102,15 +105,28 @@ def attention_span(cfg, heads: int, kv_heads: int, head_dim: int) -> float:
     return weights / (2 * heads * head_dim)
 
 
-def kv_bytes_per_token(fast: FastLlama) -> int:
+# --kv-dtype: the KV cache's precision. auto: the model's own (float32 for gguf, as FastLlama's cache, so
+# a batched row is the single-sequence loop's); fp16: half the memory, keys and values rounded to
+# nearest (llama.cpp's default f16 cache), part of "the same target at the same precision".
+KV_DTYPES = {"auto": None, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def kv_dtype_of(fast: FastLlama, kv_dtype: str) -> torch.dtype:
+    if kv_dtype not in KV_DTYPES:
+        raise UserError(f"unknown KV cache dtype {kv_dtype!r}; one of {', '.join(KV_DTYPES)}")
+    return KV_DTYPES[kv_dtype] or fast.dtype
+
+
+def kv_bytes_per_token(fast: FastLlama, kv_dtype: str = "auto") -> int:
     """Keys and values of one position, every layer."""
-    return 2 * len(fast.layers) * fast.kv_heads * fast.head_dim * torch.finfo(fast.dtype).bits // 8
+    bits = torch.finfo(kv_dtype_of(fast, kv_dtype)).bits
+    return 2 * len(fast.layers) * fast.kv_heads * fast.head_dim * bits // 8
 
 
-def kv_budget(fast: FastLlama, slots: int) -> int:
+def kv_budget(fast: FastLlama, slots: int, kv_dtype: str = "auto") -> int:
     """The default KV memory: every slot at the model's whole context, or half of the memory free
     now, whichever is less (the pool's pages are only backed as blocks are written: kv_pool.py)."""
-    return min(slots * fast.max_length * kv_bytes_per_token(fast), available_memory() // 2)
+    return min(slots * fast.max_length * kv_bytes_per_token(fast, kv_dtype), available_memory() // 2)
 
 
 def available_memory() -> int:
@@ -127,17 +143,26 @@ def available_memory() -> int:
 class BatchedLlama:
     shares_kv = True
 
-    def __init__(self, fast: FastLlama, slots: int, kv_memory: int | None = None, block: int = BLOCK):
+    def __init__(
+        self,
+        fast: FastLlama,
+        slots: int,
+        kv_memory: int | None = None,
+        block: int = BLOCK,
+        kv_dtype: str = "auto",
+    ):
         self.fast, self.slots = fast, slots
         self.attention_span = attention_span(fast.config, fast.heads, fast.kv_heads, fast.head_dim)
         self.max_length, self.vocab_size = fast.max_length, fast.vocab_size
         self.device, self.dtype = fast.device, fast.dtype
         self.lengths = [0] * slots
-        self.kv_memory = kv_budget(fast, slots) if kv_memory is None else kv_memory
+        self.kv_memory = kv_budget(fast, slots, kv_dtype) if kv_memory is None else kv_memory
         self.block = block
-        blocks = 1 + self.kv_memory // (block * kv_bytes_per_token(fast))  # block 0: the zero block
+        blocks = 1 + self.kv_memory // (block * kv_bytes_per_token(fast, kv_dtype))  # block 0: the zero block
         dims = (len(fast.layers), fast.kv_heads, fast.head_dim)
-        self.pool = KVPool(dims, slots, self.max_length, blocks, self.dtype, self.device, block)
+        self.pool = KVPool(
+            dims, slots, self.max_length, blocks, kv_dtype_of(fast, kv_dtype), self.device, block
+        )
         self.block_bytes = self.pool.block_bytes
         self.capacity = min(self.max_length, (blocks - 1) * block)
 
@@ -309,12 +334,12 @@ class BatchedLlama:
         h, d = f.heads, f.head_dim
         if g.chunk is not None and window is None:
             slot, start, end = g.chunk
-            k, v = self.pool.gather(i, [slot], end)  # [1, kvh, end, d] each
+            k, v = (t.to(q.dtype) for t in self.pool.gather(i, [slot], end))  # [1, kvh, end, d] each
             attn = chunk_attention(q[g.tokens].transpose(0, 1), k[0], v[0], start, f.qk_scale)  # [h, n, d]
             return attn.transpose(0, 1).reshape(-1, h * d)
         q_pad = q.new_zeros(len(g.rows), g.s, h, d)
         q_pad[g.row_of, g.t_of] = q[g.tokens]
-        k, v = self.pool.gather(i, g.sel, g.l)  # [B_g, kvh, l, d] each
+        k, v = (t.to(q.dtype) for t in self.pool.gather(i, g.sel, g.l))  # [B_g, kvh, l, d] each
         attn = F.scaled_dot_product_attention(
             q_pad.transpose(1, 2),
             k,

@@ -13,6 +13,17 @@ inline void tensor(const torch::Tensor& t, const char* name, torch::ScalarType t
               ": expected a contiguous CPU tensor of ", type);
 }
 
+// A KV cache: a contiguous CPU tensor of float32 or float16 -> whether it is float16; keys and values
+// of one precision, width d (a float16 row is rotated in a buffer of attn::MAX_D).
+inline bool caches(const torch::Tensor& k, const torch::Tensor& v, int64_t d) {
+  const auto type = k.scalar_type();
+  TORCH_CHECK(type == torch::kFloat32 || type == torch::kFloat16, "k_cache: expected float32 or float16, got ", type);
+  tensor(k, "k_cache", type);
+  tensor(v, "v_cache", type);
+  TORCH_CHECK(type == torch::kFloat32 || d <= attn::MAX_D, "a float16 KV cache takes heads up to ", attn::MAX_D, " wide");
+  return type == torch::kFloat16;
+}
+
 // slots, starts, counts [B] long: sequence b's counts[b] rows at positions starts[b].. of slot slots[b];
 // table [S, per_slot] long: slot s's position t in cache block table[s, t / block] of `blocks`; N rows
 // in all -> their Layout; an error names a sequence outside its slot's blocks or a wrong row count.

@@ -32,7 +32,7 @@ SOURCES = [
 HEADERS = [
     Path(__file__).with_name(name)
     for name in (
-        "tiles.h", "vecmath.h", "rowops.h", "tile.h", "tile_ref.h", "tile_avx2.h", "tile_avx512.h",
+        "tiles.h", "half.h", "vecmath.h", "rowops.h", "tile.h", "tile_ref.h", "tile_avx2.h", "tile_avx512.h",
         "tile_neon.h", "attention_row.h", "checks.h",
     )
 ]  # fmt: skip

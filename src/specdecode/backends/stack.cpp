@@ -429,7 +429,7 @@ class Stack {
   }
 
   // x [N, H] float32: the embedded rows (the residual stream, updated in place); k_cache, v_cache
-  // [layers, blocks, kv_heads, block, d]; cos, sin: per rotary kind [N, d]; masks: per window kind
+  // [layers, blocks, kv_heads, block, d] float32 or float16; cos, sin: per rotary kind [N, d]; masks: per window kind
   // [N, >= start + count] bool or none (causal); slots, starts, counts [B] long: sequence b's rows
   // next in x; table [S, per_slot] long: each slot's cache blocks (attention_row.h's Layout); capture: layer ids whose output rows to return; logit_rows: the rows whose logits to
   // return (needs a head); emb: with a pair norm, the rows [N, H] read beside x by the first q|k|v, else
@@ -442,8 +442,7 @@ class Stack {
                                      std::vector<int64_t> capture,
                                      std::vector<int64_t> logit_rows, std::optional<torch::Tensor> emb) {
     checks::tensor(x, "x");
-    checks::tensor(k_cache, "k_cache");
-    checks::tensor(v_cache, "v_cache");
+    const bool half = checks::caches(k_cache, v_cache, d_);
     const int64_t N = x.size(0), layers = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(x.dim() == 2 && x.size(1) == H_, "x: expected [N, ", H_, "]");
     TORCH_CHECK(emb.has_value() == pair_, pair_ ? "emb: a stack with a pair norm needs the embedding rows"
@@ -455,7 +454,7 @@ class Stack {
     TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes() && k_cache.size(0) == layers &&
                     k_cache.size(2) == kv_heads_ && k_cache.size(4) == d_,
                 "k_cache, v_cache: expected [", layers, ", blocks, ", kv_heads_, ", block, ", d_, "]");
-    const int64_t layer_size = k_cache[0].numel();
+    const int64_t layer_size = k_cache[0].numel() * k_cache.element_size();  // bytes
     const attn::Layout layout = checks::layout(slots, starts, counts, table, k_cache.size(1), k_cache.size(3), N);
     TORCH_CHECK(cos.size() == sin.size(), "cos, sin: one table each per rotary kind");
     for (size_t k = 0; k < cos.size(); ++k) {
@@ -560,15 +559,16 @@ class Stack {
                               qkvp,
                               cos[rope_kind_[l]].data_ptr<float>(),
                               sin[rope_kind_[l]].data_ptr<float>(),
-                              k_cache.data_ptr<float>() + l * layer_size,
-                              v_cache.data_ptr<float>() + l * layer_size,
+                              static_cast<char*>(k_cache.data_ptr()) + l * layer_size,
+                              static_cast<char*>(v_cache.data_ptr()) + l * layer_size,
                               attp,
                               mask ? mask->data_ptr<bool>() : nullptr,
                               mask ? mask->size(1) : 0,
                               heads_,
                               kv_heads_,
                               d_,
-                              scale_};
+                              scale_,
+                              half};
         each(N * kv_heads_, 1, [&](int64_t b, int64_t e) {
           for (int64_t task = b; task < e; ++task) step.write(task);
         });

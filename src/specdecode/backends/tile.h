@@ -23,6 +23,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "half.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define SPECDECODE_TILE_AVX512 1
 #define SPECDECODE_TILE_ISA "avx512vnni"
@@ -55,25 +57,7 @@ struct f16 {
   uint16_t bits;
 };
 
-// f16 -> float, exactly (every float16 is a float32)
-inline float to_float(f16 h) {
-  const uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000) << 16, exp = (h.bits >> 10) & 31, man = h.bits & 1023;
-  uint32_t out;
-  if (exp == 31) {
-    out = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    out = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    out = sign;
-  } else {  // subnormal: man * 2^-24, exact in float32
-    const float v = static_cast<float>(man) * 5.9604644775390625e-8f;
-    std::memcpy(&out, &v, 4);
-    out |= sign;
-  }
-  float f;
-  std::memcpy(&f, &out, 4);
-  return f;
-}
+inline float to_float(f16 h) { return half::to_float(h.bits); }  // exactly
 inline float to_float(float x) { return x; }
 
 // x [M, K] float32 -> q [M, K] int8, d [M, G] (scale), S [M, G] (d * sum q), h [M, G, 2] (sums of

@@ -11,6 +11,8 @@
 #include <immintrin.h>
 #endif
 
+#include "half.h"
+
 namespace vecmath {
 
 #ifdef __AVX512F__
@@ -27,6 +29,20 @@ inline vec load(const float* p) {
   return v;
 }
 inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+// L float16 values (a KV cache at float16) widened, exactly: by the hardware where it converts
+inline vec load(const uint16_t* p) {
+  vec v;
+#if defined(__AVX512F__)
+  const __m512 r = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  std::memcpy(&v, &r, sizeof v);
+#elif defined(__F16C__)
+  const __m256 r = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  std::memcpy(&v, &r, sizeof v);
+#else
+  for (int i = 0; i < L; ++i) v[i] = half::to_float(p[i]);
+#endif
+  return v;
+}
 inline vec splat(float x) { return vec{} + x; }
 
 // a * b + c rounded once, written out: a compiler may contract `a * b + c` differently in each place

@@ -85,6 +85,13 @@ def _step_args(s: argparse.ArgumentParser) -> None:
         "every slot at the whole context or half the free memory, whichever is less (backed as written)",
     )
     s.add_argument(
+        "--kv-dtype",
+        default="auto",
+        choices=["auto", "fp32", "fp16"],
+        help="the KV cache's precision: auto, the model's (float32 for gguf: a batched row is the "
+        "single-sequence loop's); fp16: half the memory, keys and values rounded to nearest",
+    )
+    s.add_argument(
         "--trace-steps",
         type=int,
         default=0,
@@ -211,6 +218,7 @@ def _engine(args, target, routes, name: str, caches):
         **({"prefill_budget": args.prefill_chunk} if args.prefill_chunk is not None else {}),
         prefix_cache_mb=args.prefix_cache_mb,
         kv_memory=None if args.kv_memory is None else int(args.kv_memory * (1 << 30)),
+        kv_dtype=args.kv_dtype,
         trace_steps=args.trace_steps,
         learned_routing=args.routing == "auto",
         state=args.state,

@@ -63,6 +63,7 @@ def build_engine(
     prefill_budget: int = PREFILL_BUDGET,
     prefix_cache_mb: int = 256,
     kv_memory: int | None = None,
+    kv_dtype: str = "auto",
     trace_steps: int = 0,
     learned_routing: bool = False,
     state: str | None = None,
@@ -71,7 +72,7 @@ def build_engine(
     cost_k: int | None = None,
 ) -> Engine:
     """Everything the engine runs on: batched target (its KV cache within `kv_memory` bytes, default
-    batch_model.kv_budget: blocks backed as they are written), drafters (model
+    batch_model.kv_budget: blocks backed as they are written; at `kv_dtype`, batch_model.KV_DTYPES), drafters (model
     drafters loaded now; any_drafter: also those a request names later, as the Python API allows),
     the measured batch costs (when load_control) and the metrics (drafter labels from the configured
     routes); the router: `routes` per task, learned routing among their candidates, the per-task
@@ -79,7 +80,7 @@ def build_engine(
     chunked_prefill: prompts go in beside the others' steps (else each admission prefills at once);
     cost_k: the largest k whose verify cost is measured (None: the routes' largest, at most 8; beyond
     it the cost grows linearly)."""
-    model = batched(target.model, max_batch, kv_memory)
+    model = batched(target.model, max_batch, kv_memory, kv_dtype=kv_dtype)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
     pool = DrafterPool(
         drafters.DrafterContext(target, precision, device, backend, drafter_quant),
