@@ -91,14 +91,16 @@ def _parts(prefix: str, version: str, count: int, file: str) -> tuple[Part, ...]
     return tuple(Part(f"{prefix}{i}", version, file.format(i=i, i0=i - 1)) for i in range(1, count + 1))
 
 
-# Qwen2.5-Coder-1.5B drafts with its 0.5B sibling (one tokenizer): n-gram lookup first, else the
-# sibling's chain over its 32,768 most frequent tokens, ended where its confidence falls below the
-# measured cost of a draft pass and a verification row (stop=auto), k 8 its cap (docs/drafters.md).
+# Qwen2.5-Coder-1.5B drafts with its 0.5B sibling (one tokenizer): n-gram lookup first, its chains cut
+# where this request's record gives them odds below a verification row's measured cost (ngram's
+# stop=auto: wrong chains of 8 ran extraction at 0.90x plain where rows are dear), else the sibling's
+# chain over its 32,768 most frequent tokens, ended where its confidence falls below the measured cost
+# of a draft pass and a verification row (draft's stop=auto), k 8 its cap (docs/drafters.md).
 SIBLING_DRAFT = Speculation(
-    "fallback:ngram+draft:vocab=32768:stop=auto:qwen2.5-coder-0.5b",
+    "fallback:ngram:stop=auto+draft:vocab=32768:stop=auto:qwen2.5-coder-0.5b",
     8,
     ("qwen2.5-coder-0.5b",),
-    "docs/results/decode_vs_llamacpp_qwen2.5coder1.5b_draft0.5b_stopauto_k8_heldout1_48tokens_zen3_avx2_2threads_tiles.json",
+    "docs/results/decode_ngram_stopauto_fallback_qwen2.5coder1.5b_draft0.5b_k8_heldout1_48tokens_zen3_avx2_2threads_engine.json",
 )
 
 MODELS = {
