@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from anatomy import cpu_name  # noqa: E402
+from peers_apart import llamacpp_bins  # noqa: E402
 
 SOURCES = ["argparse", "collections/__init__", "json/decoder", "json/encoder", "inspect", "typing", "pathlib"]
 
@@ -70,16 +71,7 @@ def ours(a) -> dict:
 def llamacpp_bin(a) -> dict:
     from specdecode.backends import models
 
-    bins = Path(
-        subprocess.run(
-            ["bash", str(Path(__file__).parent / "build_llamacpp.sh")],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    bins = llamacpp_bins()
     tok = models.load_tokenizer(a.target)
     text = tok.decode(prompt_ids(tok, a.n))
     context = -(-(a.n + a.max_new_tokens + 16) // 256) * 256

@@ -86,26 +86,23 @@ def print_peak_rss() -> None:
     print(json.dumps({"peak_rss_mb": peak / 1024}), flush=True)
 
 
+def llamacpp_bins() -> Path:
+    """llama.cpp b11434's binaries (scripts/build_llamacpp.sh builds them once, then names them)."""
+    build = Path(__file__).parent / "build_llamacpp.sh"
+    out = subprocess.run(["bash", str(build)], capture_output=True, text=True, check=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
 def llamacpp_bin(engine: str, a) -> None:
     """llama.cpp b11434's own binary on each prompt (our chat template's text, greedy), timed by its
     counters: prompt eval = time to first token, eval = decoding (speculative-simple: its decode line)."""
     import re
-    import subprocess
 
     from specdecode.backends import models
     from specdecode.corpora import load_prompts
     from specdecode.decoding.generation import encode_prompt
 
-    bins = Path(
-        subprocess.run(
-            ["bash", str(Path(__file__).parent / "build_llamacpp.sh")],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    bins = llamacpp_bins()
     tok = models.load_tokenizer(a.target)
     common = ["-t", str(a.threads), "--temp", "0", "-n", str(a.max_new_tokens), "-c", "4096"]
     if a.ignore_eos:
