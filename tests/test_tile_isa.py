@@ -1,6 +1,7 @@
 """Every ISA's tile microkernel against the portable reference, bit for bit (tests/native/tile_check.cpp,
-built without torch): for each x86 ISA this CPU can run (kernels.ISAS), and for ARM NEON (and ARM's
-scalar build) cross-compiled and run under qemu-aarch64. CI installs the cross compiler and qemu-user
+built without torch), and the float16 KV cache's rounding and reads (tests/native/attention_check.cpp):
+for each x86 ISA this CPU can run (kernels.ISAS), and for ARM NEON (and ARM's scalar build)
+cross-compiled and run under qemu-aarch64. CI installs the cross compiler and qemu-user
 (.ci/run); elsewhere the ARM cases are skipped when they are missing. The ISA switch
 (SPECDECODE_ISA) refuses names it does not know and ISAs this CPU cannot run."""
 
@@ -24,10 +25,12 @@ X86 = platform.machine() == "x86_64"
 CPU_FLAGS = kernels.cpu_flags()
 
 
-def build_and_run(tmp_path: Path, compiler: str, flags: list[str], runner: list[str]) -> str:
-    exe = tmp_path / "tile_check"
-    subprocess.run([compiler, "-O2", *flags, f"-I{INCLUDE}", str(SOURCE), "-o", str(exe)], check=True)
-    done = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=600)
+def build_and_run(
+    tmp_path: Path, compiler: str, flags: list[str], runner: list[str], source: Path = SOURCE, args=()
+) -> str:
+    exe = tmp_path / source.stem
+    subprocess.run([compiler, "-O2", *flags, f"-I{INCLUDE}", str(source), "-o", str(exe)], check=True)
+    done = subprocess.run([*runner, str(exe), *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -55,6 +58,30 @@ def test_the_native_build_runs_the_microkernel_the_kernels_report(tmp_path):
         assert ops.tile_isa() != "scalar"  # every x86-64 CPU we name has at least AVX2
 
 
+# float -> float16 edge cases: subnormals, ties to even (2^-25, 1.5 * 2^-24, 1 + 2^-11), the largest
+# finite, the first value that rounds to infinity, negatives
+HALF_CASES = ["1e-6", "-3e-8", "2.9802322387695312e-08", "8.940696716308594e-08", "1.00048828125", "65504",
+              "65519", "65520", "-0.1", "3.14159", "1e-30", "-7e5"]  # fmt: skip
+
+
+def assert_attention_check(out: str) -> None:
+    """attention_check's float16 bits equal numpy's (round to nearest even), and its reads match."""
+    import numpy as np
+
+    lines = out.splitlines()
+    for case, line in zip(HALF_CASES, lines):
+        assert line == f"{case} {np.array(float(case), np.float32).astype(np.float16).view(np.uint16)}", line
+    assert lines[-1].startswith("attention ") and lines[-1].endswith(" passed, 0 failed"), out
+
+
+@pytest.mark.parametrize("isa", runnable_x86_isas())
+def test_a_float16_kv_cache_rounds_and_reads_alike_on_each_isa(isa, tmp_path):
+    flags = [f for f in kernels.ISAS[isa][0] if f != "-mtune=native"]
+    assert_attention_check(
+        build_and_run(tmp_path, "g++", flags, [], HERE / "native" / "attention_check.cpp", HALF_CASES)
+    )
+
+
 ARM = shutil.which("aarch64-linux-gnu-g++") and shutil.which("qemu-aarch64")
 
 
@@ -65,6 +92,22 @@ def test_arm_microkernels_under_emulation_have_the_references_bits(isa, march, t
     out = build_and_run(tmp_path, "aarch64-linux-gnu-g++", [f"-march={march}", "-static"], ["qemu-aarch64"])
     assert out.splitlines()[0].startswith(f"tile ISA {isa},")
     assert "264 passed, 0 failed" in out
+
+
+@pytest.mark.skipif(not ARM and not os.environ.get("CI"), reason="no aarch64 cross compiler or qemu-aarch64")
+@pytest.mark.parametrize("march", ["armv8.2-a+dotprod", "armv8-a"])
+def test_a_float16_kv_cache_rounds_and_reads_alike_on_arm(march, tmp_path):
+    assert ARM, "CI installs g++-aarch64-linux-gnu and qemu-user (.ci/run)"
+    source = HERE / "native" / "attention_check.cpp"
+    out = build_and_run(
+        tmp_path,
+        "aarch64-linux-gnu-g++",
+        [f"-march={march}", "-static"],
+        ["qemu-aarch64"],
+        source,
+        HALF_CASES,
+    )
+    assert_attention_check(out)
 
 
 def test_the_isa_switch_refuses_unknown_names_and_isas_the_cpu_lacks(monkeypatch):
