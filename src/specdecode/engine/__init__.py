@@ -72,10 +72,10 @@ def build_engine(
     cost_k: int | None = None,
 ) -> Engine:
     """Everything the engine runs on: batched target (its KV cache within `kv_memory` bytes, default
-    batch_model.kv_budget: blocks backed as they are written; at `kv_dtype`, batch_model.KV_DTYPES), drafters (model
-    drafters loaded now; any_drafter: also those a request names later, as the Python API allows),
-    the measured batch costs (when load_control) and the metrics (drafter labels from the configured
-    routes); the router: `routes` per task, learned routing among their candidates, the per-task
+    batch_model.kv_budget: blocks backed as they are written; at `kv_dtype`, batch_model.KV_DTYPES),
+    drafters (model drafters loaded now; any_drafter: also those a request names later, as the Python
+    API allows), the measured batch costs (when load_control) and the metrics (drafter labels from the
+    configured routes); the router: `routes` per task, learned routing among their candidates, the per-task
     history in the `state` file; `trace_steps` > 0 keeps that many steps' timings (trace.py);
     chunked_prefill: prompts go in beside the others' steps (else each admission prefills at once);
     cost_k: the largest k whose verify cost is measured (None: the routes' largest, at most 8; beyond
