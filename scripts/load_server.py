@@ -22,8 +22,9 @@ admitted (its arrival to its first token), and their ratio (goal <= 3); also the
 before it arrived (plain decode steps: a long admission weighs on the median over the run) and the
 p99 while admitted over that. Start a fresh server for each run: the first long prompt is the one
 whose KV blocks are first written (their pages first backed). With `serve --trace-steps N` the
-report puts the server's own step times beside them (GET /stats/steps: interval between step starts, each step's whole time, its forward
-and the rest, p50/p99, over the trace and while admitted, and the slowest steps while admitted).
+report puts the server's own step times beside them (GET /stats/steps: interval between step starts,
+each step's whole time, its forward and the rest, p50/p99, over the trace and while admitted, and the
+slowest steps while admitted).
 
   python3 scripts/load_server.py --url http://127.0.0.1:8000 --clients 16 --seconds 120 [--out r.json]
 """
