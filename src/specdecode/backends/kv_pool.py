@@ -65,7 +65,6 @@ class KVPool:
         self.free = list(range(1, blocks))  # a heap: the lowest block goes first, so memory in use stays low
         self.claims = [0] * slots  # blocks set aside for a slot beyond those it owns
         self.zeroed = 1  # blocks below this were zeroed once (handed out lowest first)
-        self.held = 0  # blocks held by others than slots (the prefix cache)
 
     @property
     def block_bytes(self) -> int:
@@ -91,14 +90,7 @@ class KVPool:
         """Blocks for positions [0, end) of `slot`: its claim first, then unclaimed ones."""
         owned = self.owned[slot]
         while len(owned) * self.block < end:
-            if self.claims[slot]:
-                self.claims[slot] -= 1
-            elif self.unclaimed() < 1:
-                raise KVMemoryFull(
-                    f"the KV cache's {self.blocks - 1} blocks of {self.block} positions are all in use "
-                    f"({self.block_bytes * (self.blocks - 1) >> 20} MiB, --kv-memory)"
-                )
-            self._own(slot, self._pop())
+            self._own(slot, self._take(slot))
 
     def writable(self, slot: int, start: int, end: int) -> None:
         """Positions [start, end) of `slot` may be written: its blocks there become its own (a shared
@@ -107,13 +99,7 @@ class KVPool:
         for i in range(start // self.block, self._blocks(end)):
             block = self.owned[slot][i]
             if self.refs[block] > 1:
-                if self.unclaimed() < 1 and not self.claims[slot]:
-                    raise KVMemoryFull(
-                        f"no free KV block to copy a shared one into ({self.blocks - 1} in all)"
-                    )
-                if self.claims[slot]:
-                    self.claims[slot] -= 1
-                fresh = self._pop()
+                fresh = self._take(slot)
                 self.k[:, fresh] = self.k[:, block]
                 self.v[:, fresh] = self.v[:, block]
                 self.refs[block] -= 1
@@ -143,12 +129,10 @@ class KVPool:
         """Someone other than a slot (the prefix cache) holds these blocks too."""
         for block in blocks:
             self.refs[block] += 1
-        self.held += len(blocks)
 
     def unhold(self, blocks: list[int]) -> None:
         for block in blocks:
             self._drop(block)
-        self.held -= len(blocks)
 
     def blocks_of(self, slot: int, end: int) -> list[int]:
         """The blocks holding positions [0, end) of `slot`."""
@@ -179,6 +163,17 @@ class KVPool:
 
     def _blocks(self, positions: int) -> int:
         return blocks_for(positions, self.block)
+
+    def _take(self, slot: int) -> int:
+        """A free block for `slot`: one of its claim, else an unclaimed one (KVMemoryFull: none)."""
+        if self.claims[slot]:
+            self.claims[slot] -= 1
+        elif self.unclaimed() < 1:
+            raise KVMemoryFull(
+                f"the KV cache's {self.blocks - 1} blocks of {self.block} positions are all in use "
+                f"({self.block_bytes * (self.blocks - 1) >> 20} MiB, --kv-memory)"
+            )
+        return self._pop()
 
     def _pop(self) -> int:
         """The lowest free block, zeroed if it was never handed out."""
