@@ -148,6 +148,28 @@ def test_stop_auto_is_the_measured_cost_of_a_draft_pass_and_a_verification_row(t
     assert drafters.build(f"draft:b=2:nodes=6:stop=auto:{tiny_gguf}", ctx).stop == 0.95
 
 
+def test_ngram_chains_cut_by_their_record_stay_lossless(tiny_gguf):
+    """`ngram:stop=P` and `fallback:ngram:stop=P+...`: greedy output is plain decoding's (fp32), and the
+    stop does cut chains (some proposals shorter than k though the lookup offered more)."""
+    target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
+    ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
+    plain = drafters.build("none", ctx)
+    drafter = drafters.build("ngram:1-3:stop=40", ctx)
+    proposals = record_proposals(drafter)
+    # this random model rejects the lookups, so their record soon cuts them to nothing: the accepting
+    # path is the fallback's below, whose draft (the target itself) is accepted
+    assert_lossless(target, plain, drafter, PROMPTS, k=6, max_new_tokens=24, min_accepted=0)
+    assert any(0 < p.tokens.numel() < 6 for p in proposals)
+    assert_lossless(
+        target,
+        plain,
+        drafters.build(f"fallback:ngram:1-3:stop=40+draft:{tiny_gguf}", ctx),
+        PROMPTS,
+        k=6,
+        max_new_tokens=24,
+    )
+
+
 def test_a_dynamic_draft_tree_with_a_confidence_stop_stays_lossless(tiny_gguf):
     """`draft:b=B:nodes=N:stop=P:<model>`: the tree stops growing where no path reaches P%; greedy
     output is plain decoding's (fp32)."""
