@@ -162,7 +162,9 @@ def attention_only(model, n: int, gen: torch.Generator) -> None:
     qkv = torch.randn(n, width, generator=gen)
     start = model.length
     cos, sin = model.cos[start : start + n].contiguous(), model.sin[start : start + n].contiguous()
-    where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([n]))
+    from specdecode.backends import stack as native_stack
+
+    where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([n]), native_stack.ONE_BLOCK)
     for i in range(len(model.layers)):
         ops.attention(
             qkv,
