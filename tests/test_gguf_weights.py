@@ -185,6 +185,38 @@ def test_weights_that_fit_fewer_bits_are_kept_in_fewer_and_give_the_eight_bit_bi
 
 
 @needs_tiles
+@pytest.mark.parametrize("type_name", TYPES)
+def test_a_matrix_packed_chunk_by_chunk_is_the_matrix_packed_whole(type_name, monkeypatch):
+    """pack_chunks (the LM head's load, a chunk at a time) compacts each chunk into its place and gives
+    the very layout, scales and bytes of packing the whole; a chunk that compacts to another format
+    than the first (here: a weight outside the narrow range, or an odd scale) sends the whole through
+    the widest format, as one matrix would go."""
+    monkeypatch.setattr(gguf_repack, "ROWS_AT_ONCE", 32)  # 3 chunks of 40 + 32 + 8 rows, the last short
+    raw = raw_matrix(type_name, 72, 512, seed=11)
+
+    def same(a, b):
+        assert a.kind == b.kind and a.n == b.n and a.scales.dtype == b.scales.dtype
+        assert torch.equal(a.scales, b.scales) and torch.equal(a.quants, b.quants)
+
+    def chunked(raw):
+        return gguf_weights.Interleaved.pack_chunks(
+            ops, lambda: gguf_repack.repack_chunks(type_name, raw, "w"), len(raw)
+        )
+
+    assert len(list(gguf_repack.repack_chunks(type_name, raw, "w"))) == 3
+    same(chunked(raw), gguf_weights.Interleaved.pack(ops, gguf_repack.repack(type_name, raw)))
+    whole = gguf_repack.repack(type_name, raw)
+    if whole.kind == "q8" and type_name != "Q8_0":  # Q5_0 / Q6_K: one weight past the narrow range
+        quants = whole.quants.clone()
+        quants[70, 3] = 127
+        m = gguf_repack.QuantMatrix(whole.kind, whole.scales, quants, whole.factors)
+        parts = [m.rows(torch.arange(i, min(i + 32, 72))) for i in range(0, 72, 32)]
+        got = gguf_weights.Interleaved.pack_chunks(ops, lambda: iter(parts), 72)
+        assert got.kind[1] == "8"  # the first chunks alone would have narrowed
+        same(got, gguf_weights.Interleaved.pack(ops, m))
+
+
+@needs_tiles
 def test_interleaved_shapes_are_checked():
     m = gguf_repack.repack("Q4_1", raw_matrix("Q4_1", 20, 64))
     packed = gguf_weights.Interleaved.pack(ops, m)

@@ -208,9 +208,13 @@ class FileWeights:
         name = "output.weight" if "output.weight" in self.tensors else "token_embd.weight"
         kind, raw = self.tensors[name]
         if self.int8_activations and kind in FORMATS:
-            return self.linear(
-                [Interleaved.pack_chunks(self.kernels, repack_chunks(kind, raw, name), len(raw))]
-            )
+
+            def chunks():  # each slice's file pages let go once it is packed
+                for m in repack_chunks(kind, raw, name):
+                    yield m
+                    drop_pages(self.tensors)
+
+            return self.linear([Interleaved.pack_chunks(self.kernels, chunks, len(raw))])
         return self.linear([self._weight(name)])
 
     def embedding(self) -> Embedding:

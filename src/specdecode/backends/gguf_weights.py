@@ -10,7 +10,7 @@ fp32. QuantLinear is the linear both run through.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -47,10 +47,32 @@ class Interleaved:
         return cls._compact(m.kind, scales, quants, m.shape[0], m.factors)
 
     @classmethod
-    def pack_chunks(cls, ops, chunks: Iterator[QuantMatrix], n: int) -> Interleaved:
-        """pack of the row-wise concatenation of `chunks` (n rows in all, each chunk a multiple of 16
-        rows but the last) without ever holding it: each chunk is packed into its place (a 150k-row LM
-        head costs its own size at load, not three times that)."""
+    def pack_chunks(cls, ops, chunks: Callable[[], Iterator[QuantMatrix]], n: int) -> Interleaved:
+        """pack of the row-wise concatenation of the matrices chunks() yields (n rows in all, each
+        chunk a multiple of 16 rows but the last) without ever holding it unpacked: each chunk is
+        packed and compacted (_compact: its scale and bit formats) into its place, so that a 150k-row
+        LM head costs its compact size at load plus one chunk's temporaries. Should a chunk compact to
+        another format than the first (its scales not float16-exact where the first's are, say), the
+        whole is packed again at the widest format, as one matrix would be."""
+        scales = quants = None
+        form = None
+        group = 0
+        for m in chunks():
+            s, q = getattr(ops, f"pack_{m.kind}_tile")(m.scales, m.quants)
+            c = cls._compact(m.kind, s, q, len(m.quants), m.factors)
+            if form is None:
+                form, groups = (c.kind, c.scales.dtype, c.scales.shape[1:]), -(-n // 16)
+                scales = c.scales.new_empty((groups, *c.scales.shape[1:]))
+                quants = c.quants.new_empty((groups, *c.quants.shape[1:]))
+            elif (c.kind, c.scales.dtype, c.scales.shape[1:]) != form:
+                return cls._pack_whole(ops, chunks(), n)
+            scales[group : group + len(c.scales)], quants[group : group + len(c.quants)] = c.scales, c.quants
+            group += len(c.scales)
+        return cls(form[0], scales, quants, n)
+
+    @classmethod
+    def _pack_whole(cls, ops, chunks: Iterator[QuantMatrix], n: int) -> Interleaved:
+        """pack_chunks holding the whole matrix at the chunks' own width before compacting it once."""
         scales = quants = factors = None
         group = row = 0
         for m in chunks:
