@@ -820,3 +820,31 @@ def test_bench_runs_hf_peers_in_the_float_pass_of_a_mixed_dtype_run(tiny_gguf, t
     assert set(gguf["speedup_vs_peers"]) == {"fp32 hf"}  # our quantized run against the float peer
     assert main(argv + ["--dtype", "gguf"]) == 2  # no float pass: refused before loading anything
     assert "keeps none" in capsys.readouterr().err
+
+
+@needs_tiles
+def test_the_memory_estimate_counts_the_loaded_tiles_bytes(tiny_gguf, capsys):
+    """`specdecode memory --dtype gguf`'s weights are the bytes the loaded model holds: every linear's
+    tiles (scales and quants, q|k|v and gate|up fused), the LM head's, the norms in float32; the token
+    embedding stays in the file's mapping."""
+    from specdecode.cli import main
+    from specdecode.decoding import memory
+
+    m = models.load(tiny_gguf, GGUF, "cpu").model
+
+    def held(lin) -> int:
+        parts = [p for p in lin.parts if isinstance(p, gguf_weights.Interleaved)]
+        assert len(parts) == len(lin.parts)  # every matrix of MIXED has a tile kernel
+        return sum(p.scales.nbytes + p.quants.nbytes for p in parts)
+
+    linears = [lin for layer in m.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    norms = [t for layer in m.layers for t in (layer.norm1, layer.norm2)] + [m.final_norm]
+    loaded = sum(map(held, linears + [m.lm_head])) + sum(t.nbytes for t in norms)
+    assert memory.gguf_weight_bytes(tiny_gguf) == loaded
+    main(["memory", "--target", str(tiny_gguf), "--dtype", "gguf", "--batch", "3", "--context", "300"])
+    out = capsys.readouterr().out
+    assert (
+        f"weights (tile layout; the token embedding stays in the file's mapping): {memory.fmt(loaded)}" in out
+    )
+    with pytest.raises(UserError, match="needs a GGUF file"):
+        main(["memory", "--target", str(tiny_gguf).rsplit("/", 1)[0], "--dtype", "gguf"])

@@ -70,3 +70,25 @@ def test_kv_cache_term_scales_with_context_and_batch():
     b = memory.estimate(cfg, context=512 - 5, batch=2)
     assert b.kv_cache == 4 * a.kv_cache
     assert memory.estimate(cfg, precision=BF16, context=251).kv_cache * 2 == a.kv_cache
+
+
+def test_a_servers_kv_estimate_counts_the_blocks_of_the_requests_that_run():
+    """serve_estimate's KV: blocks of 64 positions each running request writes; requests past the slots
+    or past the budget (each claims its positions and 64 of tree slack) wait and write none yet."""
+    from unittest import mock
+
+    cfg = make_llama(seed=0).config
+    per_position = (
+        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    )
+    with mock.patch.object(memory, "gguf_weight_bytes", return_value=0):
+        e = memory.serve_estimate(cfg, None, requests=3, tokens=100, slots=8)
+        assert e.kv_cache == 3 * 128 * per_position and e.waiting == 0
+        assert memory.serve_estimate(cfg, None, requests=3, tokens=100, slots=2).waiting == 1
+        half = memory.serve_estimate(cfg, None, requests=3, tokens=100, slots=8, kv_bytes=2)
+        assert 2 * half.kv_cache == e.kv_cache
+        tight = memory.serve_estimate(
+            cfg, None, requests=3, tokens=100, slots=8, kv_memory=2 * 192 * per_position
+        )
+        assert tight.waiting == 1 and tight.kv_cache == 2 * 128 * per_position
+        assert e.total == e.runtime + e.kv_cache + e.activations

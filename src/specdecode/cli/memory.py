@@ -1,5 +1,6 @@
 """`specdecode memory`: the memory of target + drafter + KV cache, estimated (decoding/memory.py) or
-measured."""
+measured; at --dtype gguf, what `serve` (or the Python API) holds with --batch requests of --context
+positions at once (decoding/memory.serve_estimate)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ def add_parser(sub) -> None:
     m.add_argument("--batch", type=int, default=1)
     m.add_argument("--k", type=int, default=4, help="draft tokens in flight per step (tree size - 1)")
     m.add_argument("--measure", action="store_true", help="load the models, fill the context, compare")
+    m.add_argument(
+        "--slots", type=int, default=8, help="gguf: serve's --max-batch (requests decoded together)"
+    )
+    m.add_argument(
+        "--kv-dtype", default="auto", choices=["auto", "fp32", "fp16"], help="gguf: serve's --kv-dtype"
+    )
+    m.add_argument("--kv-memory", type=float, default=None, help="gguf: serve's --kv-memory (GiB)")
+    m.add_argument("--api", action="store_true", help="gguf: the Python API's process instead of serve's")
     quant_args(m)
     m.set_defaults(run=cmd_memory)
 
@@ -25,6 +34,8 @@ def cmd_memory(args) -> None:
 
     if args.context < 1 or args.batch < 1 or args.k < 0:
         raise UserError("--context and --batch must be >= 1 and --k >= 0")
+    if args.precision.name == "gguf":
+        return _serving(args)
     memory.weight_bytes(args.precision)  # a float precision: GGUF blocks are not modelled
     spec = parse(args.drafter)
     check_quant(args, [spec] if args.drafter_quant != "none" else [])
@@ -42,3 +53,39 @@ def cmd_memory(args) -> None:
         drafter_quant=args.drafter_quant,
     )
     print(memory.render(report))
+
+
+def _serving(args) -> None:
+    """--dtype gguf: the resident memory of a process serving --batch requests of --context positions."""
+    from pathlib import Path
+
+    from specdecode.backends import models
+    from specdecode.decoding import memory
+
+    path = models.resolve(args.target)
+    if not (isinstance(path, Path) and path.suffix == ".gguf"):
+        raise UserError(f"--dtype gguf needs a GGUF file; {args.target or 'the default target'} is {path}")
+    if args.slots < 1:
+        raise UserError(f"--slots must be at least 1, got {args.slots}")
+    if args.kv_memory is not None and not args.kv_memory > 0:
+        raise UserError(f"--kv-memory must be a positive number of GiB, got {args.kv_memory}")
+    e = memory.serve_estimate(
+        models.load_config(args.target),
+        path,
+        requests=args.batch,
+        tokens=args.context,
+        slots=args.slots,
+        kv_bytes=2 if args.kv_dtype == "fp16" else 4,
+        kv_memory=None if args.kv_memory is None else int(args.kv_memory * (1 << 30)),
+        serve=not args.api,
+    )
+    fmt = memory.fmt
+    who, web = ("the Python API", "") if args.api else ("serve", ", web server")
+    print(f"memory estimate ({who}, gguf, {args.batch} x {args.context} positions, {args.slots} slots):")
+    print(f"  runtime (Python, torch, transformers, tokenizer{web}): {fmt(e.runtime)}")
+    print(f"  weights (tile layout; the token embedding stays in the file's mapping): {fmt(e.weights)}")
+    print(f"  KV cache ({args.kv_dtype}, blocks written; budget {fmt(e.kv_budget)}): {fmt(e.kv_cache)}")
+    print(f"  activations (the largest prefill forward and its logits): {fmt(e.activations)}")
+    print(f"  total estimate: {fmt(e.total)}")
+    if e.waiting:
+        print(f"  {e.waiting} of the {args.batch} requests wait: their blocks do not fit beside the others'")

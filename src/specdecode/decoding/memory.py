@@ -114,6 +114,109 @@ def estimate(
     return Estimate(round((total - int8) * b + int8 * INT8_WEIGHT_BYTES), packed, kv, act)
 
 
+# --dtype gguf (tile.h's layout) per 16 rows x 32 inputs of each file format: (quant bytes, scale bytes).
+# K-quants keep their factors (FACTORED bytes per 16 rows x 256 inputs); Q4_0/Q4_1 two float16 scales a
+# block, Q5_0/Q8_0 one (gguf_weights.Interleaved._compact). A format without a kernel runs as float32.
+TILE_BYTES = {
+    "Q4_0": (256, 64),
+    "Q4_1": (256, 64),
+    "Q5_0": (320, 32),
+    "Q8_0": (512, 32),
+    "Q4_K": (256, 40),
+    "Q6_K": (384, 40),
+}
+# what a gguf process holds besides weights, KV and activations, measured on Zen 3 with torch 2.13 and
+# transformers 5 (VmRSS): Python, torch, transformers and specdecode imported (364 MB), the modules and
+# tokenizer a GGUF load brings in; `serve` adds its web stack. SmolLM2-135M: 617 MB loaded, 253 MB
+# beside 364; Qwen2.5-Coder-1.5B 1,635 MB, 1,271 MB beside 364 (weights by TILE_BYTES: 120 and 1,140 MB)
+RUNTIME_BYTES = {"api": 490 << 20, "serve": 530 << 20}
+
+
+def gguf_weight_bytes(path) -> int:
+    """Resident bytes of a GGUF file's weights at --dtype gguf: its matrices in tile.h's layout (the LM
+    head too, tied or not), small tensors and formats without a tile kernel as float32; the token
+    embedding stays in the file's mapping (rows read on lookup: not counted)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from specdecode.backends.gguf_file import read
+
+    _, tensors = read(path)
+    total = 0
+    for name, (kind, raw) in tensors.items():
+        if name == "token_embd.weight" and "output.weight" in tensors:
+            continue  # untied: the head is a tensor of its own
+        rows = raw.shape[0]
+        if kind in ("F32", "F16", "BF16"):
+            total += raw.size * 4
+            continue
+        per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        cols = raw.shape[1] // block_bytes * per_block
+        if kind in TILE_BYTES:
+            quant, scale = TILE_BYTES[kind]
+            total += -(-rows // 16) * (cols // 32) * (quant + scale)
+        else:
+            total += rows * cols * 4
+    return total
+
+
+@dataclass
+class ServeEstimate:
+    """Resident memory of a gguf process serving `requests` at once (each `tokens` long: prompt and
+    answer), in bytes."""
+
+    runtime: int
+    weights: int
+    kv_cache: int
+    activations: int
+    kv_budget: int
+    waiting: int  # requests whose claim does not fit beside the others: they wait for blocks
+
+    @property
+    def total(self) -> int:
+        return self.runtime + self.weights + self.kv_cache + self.activations
+
+
+def serve_estimate(
+    cfg,
+    path,
+    *,
+    requests: int,
+    tokens: int,
+    slots: int,
+    kv_bytes: int = 4,
+    kv_memory: int | None = None,
+    prefill_rows: int = 1024,
+    serve: bool = True,
+) -> ServeEstimate:
+    """The resident memory of `specdecode serve` (or the Python API) at --dtype gguf with `requests`
+    concurrent requests of `tokens` positions each (prompt + max_tokens): the runtime, the weights
+    (gguf_weight_bytes), the KV pool's blocks those requests write (64 positions a block, the
+    admission's tree slack included; requests past the slots or the budget wait, and write nothing
+    yet), and one forward's activations at the largest prefill (a step in which nothing decodes:
+    8 x the prefill chunk) with its logits."""
+    from specdecode.backends.kv_pool import BLOCK
+    from specdecode.decoding.batch_decoder import TREE_SLACK
+
+    heads, kvh, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+    d = getattr(cfg, "head_dim", None) or h // heads
+    per_position = 2 * cfg.num_hidden_layers * kvh * d * kv_bytes
+    context = getattr(cfg, "max_position_embeddings", tokens)
+    budget = slots * context * per_position if kv_memory is None else kv_memory
+    claim = -(-(tokens + TREE_SLACK) // BLOCK) * BLOCK * per_position
+    running = min(requests, slots, budget // claim if claim else slots)
+    written = -(-tokens // BLOCK) * BLOCK * per_position
+    per_row = (4 * h + 2 * (heads + 2 * kvh) * d + 3 * cfg.intermediate_size) * 4
+    act = prefill_rows * per_row + cfg.vocab_size * 4 * min(prefill_rows, max(1, requests))
+    return ServeEstimate(
+        RUNTIME_BYTES["serve" if serve else "api"],
+        gguf_weight_bytes(path),
+        running * written,
+        act,
+        budget,
+        requests - running,
+    )
+
+
 def peak_rss_bytes() -> int:
     import resource
 
