@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdecode.backends import models
     from specdecode.decoding import memory
 
+    tokenizer_bytes = memory.tokenizer_resident(a.target)  # before anything else grows this process
     tokenizer = models.load_tokenizer(a.target)
     ids = tokenizer(python_source())["input_ids"]
     step = max(1, (len(ids) - a.prompt_tokens) // max(1, a.clients))
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         slots=a.slots,
         kv_bytes=2 if a.kv_dtype == "fp16" else 4,
         kv_memory=None if a.kv_memory is None else int(a.kv_memory * (1 << 30)),
+        tokenizer_bytes=tokenizer_bytes,
     )
     streams = results[: a.clients]
     report = {

@@ -78,6 +78,7 @@ def _serving(args) -> None:
         kv_bytes=2 if args.kv_dtype == "fp16" else 4,
         kv_memory=None if args.kv_memory is None else int(args.kv_memory * (1 << 30)),
         serve=not args.api,
+        tokenizer_bytes=memory.tokenizer_resident(args.target),
     )
     fmt = memory.fmt
     who, web = ("the Python API", "") if args.api else ("serve", ", web server")

@@ -125,11 +125,25 @@ TILE_BYTES = {
     "Q4_K": (256, 40),
     "Q6_K": (384, 40),
 }
-# what a gguf process holds besides weights, KV and activations, measured on Zen 3 with torch 2.13 and
-# transformers 5 (VmRSS): Python, torch, transformers and specdecode imported (364 MB), the modules and
-# tokenizer a GGUF load brings in; `serve` adds its web stack. SmolLM2-135M: 617 MB loaded, 253 MB
-# beside 364; Qwen2.5-Coder-1.5B 1,635 MB, 1,271 MB beside 364 (weights by TILE_BYTES: 120 and 1,140 MB)
-RUNTIME_BYTES = {"api": 490 << 20, "serve": 530 << 20}
+# what a gguf process holds besides its weights, KV, activations and tokenizer, measured on Zen 3 with
+# torch 2.13 and transformers 5 (VmRSS): Python, torch, transformers and specdecode imported (365 MB),
+# the modules a GGUF load imports (+54 MB); `serve` adds its web stack.
+RUNTIME_BYTES = {"api": 419 << 20, "serve": 460 << 20}
+
+
+# matrices one linear runs as one call (backends/gguf_model.FileWeights.layer): when their formats differ
+# yet share a kernel family, they are joined before packing, into the widest weights of the two, and
+# scales in float32 where a K-quant's factors are lost, else float16 (gguf_weights._compact)
+FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+FAMILY = {"Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q5_0": "q8", "Q8_0": "q8", "Q6_K": "q8"}
+
+
+def _joined(kinds: set[str]) -> tuple[int, int]:
+    """(quant, scale) bytes per 16 rows x 32 inputs of matrices of these formats joined in one call."""
+    quant = max(TILE_BYTES[k][0] for k in kinds)
+    if kinds & {"Q4_K", "Q6_K"}:
+        return quant, 128
+    return quant, 32 if kinds <= {"Q5_0", "Q8_0"} else 64
 
 
 def gguf_weight_bytes(path) -> int:
@@ -141,6 +155,17 @@ def gguf_weight_bytes(path) -> int:
     from specdecode.backends.gguf_file import read
 
     _, tensors = read(path)
+    joined = {}  # members of a fused group whose formats differ within a family -> their layout
+    for name in tensors:
+        for group in FUSED:
+            if name.endswith(f".{group[0]}.weight"):
+                layer = name[: -len(group[0]) - 7]
+                members = [f"{layer}{g}.weight" for g in group if f"{layer}{g}.weight" in tensors]
+                kinds = [tensors[m][0] for m in members]
+                for family in {FAMILY.get(k) for k in kinds} - {None}:
+                    same = [m for m, k in zip(members, kinds) if FAMILY.get(k) == family]
+                    if len({tensors[m][0] for m in same}) > 1:
+                        joined.update(dict.fromkeys(same, _joined({tensors[m][0] for m in same})))
     total = 0
     for name, (kind, raw) in tensors.items():
         if name == "token_embd.weight" and "output.weight" in tensors:
@@ -152,7 +177,7 @@ def gguf_weight_bytes(path) -> int:
         per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
         cols = raw.shape[1] // block_bytes * per_block
         if kind in TILE_BYTES:
-            quant, scale = TILE_BYTES[kind]
+            quant, scale = joined.get(name, TILE_BYTES[kind])
             total += -(-rows // 16) * (cols // 32) * (quant + scale)
         else:
             total += rows * cols * 4
@@ -187,13 +212,15 @@ def serve_estimate(
     kv_memory: int | None = None,
     prefill_rows: int = 1024,
     serve: bool = True,
+    tokenizer_bytes: int = 0,
 ) -> ServeEstimate:
     """The resident memory of `specdecode serve` (or the Python API) at --dtype gguf with `requests`
     concurrent requests of `tokens` positions each (prompt + max_tokens): the runtime, the weights
     (gguf_weight_bytes), the KV pool's blocks those requests write (64 positions a block, the
     admission's tree slack included; requests past the slots or the budget wait, and write nothing
     yet), and one forward's activations at the largest prefill (a step in which nothing decodes:
-    8 x the prefill chunk) with its logits."""
+    8 x the prefill chunk) with its logits. The runtime is RUNTIME_BYTES, the loaded tokenizer
+    (tokenizer_bytes: tokenizer_resident measures it) and the rotary tables."""
     from specdecode.backends.kv_pool import BLOCK
     from specdecode.decoding.batch_decoder import TREE_SLACK
 
@@ -207,14 +234,27 @@ def serve_estimate(
     written = -(-tokens // BLOCK) * BLOCK * per_position
     per_row = (4 * h + 2 * (heads + 2 * kvh) * d + 3 * cfg.intermediate_size) * 4
     act = prefill_rows * per_row + cfg.vocab_size * 4 * min(prefill_rows, max(1, requests))
+    rotary = 2 * context * d * 4  # cos and sin, every position
     return ServeEstimate(
-        RUNTIME_BYTES["serve" if serve else "api"],
+        RUNTIME_BYTES["serve" if serve else "api"] + tokenizer_bytes + rotary,
         gguf_weight_bytes(path),
         running * written,
         act,
         budget,
         requests - running,
     )
+
+
+def tokenizer_resident(spec) -> int:
+    """Resident bytes the model's tokenizer takes once loaded (a 152k-token vocabulary: about 190 MB),
+    measured by loading it here."""
+    from specdecode.backends import models
+
+    before = current_rss_bytes()
+    tokenizer = models.load_tokenizer(spec)
+    grown = current_rss_bytes() - before
+    del tokenizer
+    return max(0, grown)
 
 
 def peak_rss_bytes() -> int:
