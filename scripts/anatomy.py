@@ -164,7 +164,12 @@ def attention_only(model, n: int, gen: torch.Generator) -> None:
     cos, sin = model.cos[start : start + n].contiguous(), model.sin[start : start + n].contiguous()
     from specdecode.backends import stack as native_stack
 
-    where = (torch.zeros(1, dtype=torch.long), torch.tensor([start]), torch.tensor([n]), native_stack.ONE_BLOCK)
+    where = (
+        torch.zeros(1, dtype=torch.long),
+        torch.tensor([start]),
+        torch.tensor([n]),
+        native_stack.ONE_BLOCK,
+    )
     for i in range(len(model.layers)):
         ops.attention(
             qkv,

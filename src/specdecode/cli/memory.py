@@ -34,7 +34,7 @@ def cmd_memory(args) -> None:
 
     if args.context < 1 or args.batch < 1 or args.k < 0:
         raise UserError("--context and --batch must be >= 1 and --k >= 0")
-    if args.precision.name == "gguf":
+    if args.precision.int8_activations:  # gguf: the tiles serve runs on
         return _serving(args)
     memory.weight_bytes(args.precision)  # a float precision: GGUF blocks are not modelled
     spec = parse(args.drafter)
@@ -75,7 +75,7 @@ def _serving(args) -> None:
         requests=args.batch,
         tokens=args.context,
         slots=args.slots,
-        kv_bytes=2 if args.kv_dtype == "fp16" else 4,
+        kv_bytes={"auto": 4, "fp32": 4, "fp16": 2}[args.kv_dtype],  # gguf keeps float32 KV by default
         kv_memory=None if args.kv_memory is None else int(args.kv_memory * (1 << 30)),
         serve=not args.api,
         tokenizer_bytes=memory.tokenizer_resident(args.target),
