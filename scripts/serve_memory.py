@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         requests=a.clients,
         tokens=a.prompt_tokens + a.max_tokens,
         slots=a.slots,
-        kv_bytes={"auto": 4, "fp32": 4, "fp16": 2}[a.kv_dtype],
+        kv_dtype=a.kv_dtype,
         kv_memory=None if a.kv_memory is None else int(a.kv_memory * (1 << 30)),
         tokenizer_bytes=tokenizer_bytes,
     )

@@ -85,7 +85,7 @@ def test_a_servers_kv_estimate_counts_the_blocks_of_the_requests_that_run():
         e = memory.serve_estimate(cfg, None, requests=3, tokens=100, slots=8)
         assert e.kv_cache == 3 * 128 * per_position and e.waiting == 0
         assert memory.serve_estimate(cfg, None, requests=3, tokens=100, slots=2).waiting == 1
-        half = memory.serve_estimate(cfg, None, requests=3, tokens=100, slots=8, kv_bytes=2)
+        half = memory.serve_estimate(cfg, None, requests=3, tokens=100, slots=8, kv_dtype="fp16")
         assert 2 * half.kv_cache == e.kv_cache
         tight = memory.serve_estimate(
             cfg, None, requests=3, tokens=100, slots=8, kv_memory=2 * 192 * per_position

@@ -75,7 +75,7 @@ def _serving(args) -> None:
         requests=args.batch,
         tokens=args.context,
         slots=args.slots,
-        kv_bytes={"auto": 4, "fp32": 4, "fp16": 2}[args.kv_dtype],  # gguf keeps float32 KV by default
+        kv_dtype=args.kv_dtype,
         kv_memory=None if args.kv_memory is None else int(args.kv_memory * (1 << 30)),
         serve=not args.api,
         tokenizer_bytes=memory.tokenizer_resident(args.target),

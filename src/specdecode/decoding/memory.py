@@ -208,7 +208,7 @@ def serve_estimate(
     requests: int,
     tokens: int,
     slots: int,
-    kv_bytes: int = 4,
+    kv_dtype: str = "auto",
     kv_memory: int | None = None,
     prefill_rows: int = 1024,
     serve: bool = True,
@@ -221,14 +221,22 @@ def serve_estimate(
     yet), and one forward's activations at the largest prefill (a step in which nothing decodes:
     8 x the prefill chunk) with its logits. The runtime is RUNTIME_BYTES, the loaded tokenizer
     (tokenizer_bytes: tokenizer_resident measures it) and the rotary tables."""
+    import torch
+
+    from specdecode.backends.batch_model import KV_DTYPES, available_memory
     from specdecode.backends.kv_pool import BLOCK
     from specdecode.decoding.batch_decoder import TREE_SLACK
+
+    if kv_dtype not in KV_DTYPES:
+        raise UserError(f"unknown KV cache dtype {kv_dtype!r}; one of {', '.join(KV_DTYPES)}")
+    kv_bytes = torch.finfo(KV_DTYPES[kv_dtype] or torch.float32).bits // 8  # gguf: float32 by default
 
     heads, kvh, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
     d = getattr(cfg, "head_dim", None) or h // heads
     per_position = 2 * cfg.num_hidden_layers * kvh * d * kv_bytes
     context = getattr(cfg, "max_position_embeddings", tokens)
-    budget = slots * context * per_position if kv_memory is None else kv_memory
+    # serve's default: batch_model.kv_budget, every slot at the whole context or half the free memory
+    budget = min(slots * context * per_position, available_memory() // 2) if kv_memory is None else kv_memory
     claim = -(-(tokens + TREE_SLACK) // BLOCK) * BLOCK * per_position
     running = min(requests, slots, budget // claim if claim else slots)
     written = -(-tokens // BLOCK) * BLOCK * per_position
