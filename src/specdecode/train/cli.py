@@ -99,6 +99,11 @@ def _prompts_args(q) -> None:
     q.add_argument("--top-p", type=float, default=1.0)
     q.add_argument("--max-tokens", type=int, default=96, help="longer samples are dropped (cut mid-request)")
     q.add_argument("--min-words", type=int, default=4, help="shorter samples are dropped")
+    q.add_argument(
+        "--prefix",
+        default="self",
+        help="ids are PREFIX-ATTEMPT: give each target's file its own, so `train data` can read several",
+    )
 
 
 def _run_args(p) -> None:
@@ -214,6 +219,7 @@ def cmd_prompts(args) -> None:
         top_p=args.top_p,
         max_tokens=args.max_tokens,
         min_words=args.min_words,
+        prefix=args.prefix,
     )
     print(f"{len(rows)} prompts in {args.out}")
 
