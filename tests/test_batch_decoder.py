@@ -357,3 +357,42 @@ def test_an_unchunked_start_prefills_in_forwards_of_bounded_rows(target, cases, 
             seq.context[len(seq.prompt) :]
             == generate(target, NoDrafter(), seq.prompt, max_new_tokens=MAX_NEW).token_ids
         )
+
+
+def test_preempted_sequences_give_their_memory_up_and_recompute_to_the_same_output(target, cases):
+    """Admission claims a prompt and its next `grow` tokens only. Where the running sequences' next
+    steps need more blocks than the pool has, the last admitted is preempted (its slot and blocks given
+    back, its output kept) and, admitted again when memory frees, fills in its prompt and output again
+    and goes on to the output it gets alone: chains, trees and plain rows."""
+    from specdecode.backends.batch_model import kv_bytes_per_token
+    from specdecode.backends.kv_pool import blocks_for
+    from specdecode.decoding.batch_decoder import TREE_SLACK, positions
+
+    block, jobs = 8, [(p, ref, d) for (p, ref), d in zip(cases[:4], DRAFTERS)]
+    claimed = [
+        blocks_for(positions(Sequence(p, d, FixedK(3), Warp(), None, MAX_NEW), 0), block) for p, _, d in jobs
+    ]
+    alone = max(blocks_for(len(p) + MAX_NEW + TREE_SLACK, block) for p, _, _ in jobs)
+    usable = max(sum(claimed) + 1, alone)  # everyone admitted, not everyone's output fits
+    lm = batched(target.model, 4, kv_memory=usable * block * kv_bytes_per_token(target.model), block=block)
+    core = BatchDecoder(lm, grow=0)
+    seqs = [Sequence(p, d.fork(), FixedK(3), Warp(), None, MAX_NEW) for p, _, d in jobs]
+    waiting, running = list(seqs), []
+    while waiting or running:
+        for seq in core.reserve(running):  # the last admitted first: each goes to the queue's front
+            assert seq.slot is None and seq.generated > 0
+            running.remove(seq)
+            waiting.insert(0, seq)
+        fresh = []
+        while waiting and core.admit(waiting[0]):
+            fresh.append(waiting.pop(0))
+        assert running or fresh, "nothing runs and the first in line cannot be admitted"
+        core.start(fresh, chunked=True)
+        running += fresh
+        core.step(running)
+        for seq in [s for s in running if s.finished]:
+            core.release(seq)
+            running.remove(seq)
+    assert sum(seq.preempted for seq in seqs) >= 1
+    assert [s.context[len(s.prompt) :] for s in seqs] == [ref for _, ref, _ in jobs]
+    assert lm.pool.in_use() == 0 and sum(lm.pool.claims) == 0

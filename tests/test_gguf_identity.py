@@ -180,3 +180,38 @@ def test_a_dynamic_draft_tree_with_a_confidence_stop_stays_lossless(tiny_gguf):
     proposals = record_proposals(drafter)
     assert_lossless(target, drafters.build("none", ctx), drafter, PROMPTS, k=4, max_new_tokens=24)
     assert proposals and all(1 <= p.tokens.numel() <= 6 for p in proposals)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_requests_preempted_for_cache_memory_recompute_to_the_output_they_get_alone(tiny_gguf, dtype):
+    """Three requests of 400 new tokens in a KV cache of 13 blocks of 64 positions: two are admitted
+    (each claims its prompt and 256 new tokens), and when the first grows past its claim the second is
+    preempted, waits at the front of the queue and recomputes its output when the first is done. Every
+    request, greedy or seeded sampled, gets the tokens it gets alone in an engine with room to spare."""
+    from specdecode.backends.batch_model import kv_bytes_per_token
+    from specdecode.backends.kv_pool import BLOCK
+    from specdecode.core.sampling import Warp
+    from specdecode.engine import Request, build_engine, default_routes
+    from specdecode.engine.client import complete
+
+    target = models.load(tiny_gguf, Precision.parse(dtype), "cpu")
+    prompts = [target.tokenizer(p)["input_ids"] for p in PROMPTS]
+
+    def run(kv_blocks: int | None, window: int):
+        engine = build_engine(
+            target, default_routes(drafters.parse("ngram"), 4, False), model_name="t", max_batch=3,
+            load_control=False, prefix_cache_mb=0,
+            kv_memory=kv_blocks and kv_blocks * BLOCK * kv_bytes_per_token(target.model),
+        )  # fmt: skip
+        requests = [
+            Request(ids, Warp(0.8) if i == 1 else Warp(), 400, seed=7 if i == 1 else None, ignore_eos=True)
+            for i, ids in enumerate(prompts)
+        ]
+        done = {id(r): c.done.tokens for r, c in complete(engine, requests, window=window)}
+        preempted = engine.metrics.preemptions.labels("t")._value.get()
+        return [done[id(r)] for r in requests], preempted
+
+    alone, none = run(None, 1)
+    together, preempted = run(13, 3)
+    assert none == 0 and preempted >= 1
+    assert together == alone and all(len(t) == 400 for t in alone)

@@ -16,9 +16,11 @@ time it is handed out (what it holds later is keys and values, finite), as maske
 
 Blocks are counted by reference: the prefix cache holds the blocks of a stored prompt, and a later
 prompt that starts alike takes them into its table instead of copying (`share`). A block with more
-than one holder is copied to a fresh one before a write lands in it (`writable`). Admission claims
-blocks ahead (`claim`), so a running sequence never finds the pool empty: a request that cannot be
-claimed for waits, one that could never be is refused.
+than one holder is copied to a fresh one before a write lands in it (`writable`). Blocks are claimed
+ahead of the writes (`claim`): admission claims a prompt and its next tokens, and before each step the
+batched core tops the claims up, preempting the last admitted where the pool runs short
+(decoding/batch_decoder.py: reserve), so a write never finds the pool empty; a request that could
+never fit alone is refused.
 """
 
 from __future__ import annotations

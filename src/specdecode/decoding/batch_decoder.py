@@ -12,7 +12,11 @@ last. One `step` is decoder.decode's step for every sequence given:
      feedback and features, and commit (step.commit) as the single-sequence loop.
 
 Sequences join (`admit`: a slot and its cache memory claimed; `start`: prefill) and leave
-(`release`) between steps, so a sequence's greedy output is the one it gets alone.
+(`release`) between steps, so a sequence's greedy output is the one it gets alone. Admission claims a
+prompt and its next GROW tokens, not its whole max_new_tokens; before each step `reserve` tops the
+running sequences' claims up, and where the cache memory runs short it preempts the last admitted:
+their slots are emptied, they keep what they generated and prefill it again when they are admitted
+anew (vLLM's recompute preemption; Kwon et al. 2023, section 4.5), to the same output.
 """
 
 from __future__ import annotations
@@ -50,13 +54,16 @@ class Sequence:
     slot: int | None = None  # its KV slot while it runs
     context: list[int] = field(default_factory=list)  # every committed token, prompt included
     finished: bool = False
-    prefilled: int = 0  # prompt tokens in its slot; it decodes once all but the last are
+    prefilled: int = 0  # tokens of `filling` in its slot; it decodes once all but the last are
+    filling: list[int] = field(default_factory=list)  # what admission fills in: the prompt, or after a
+    # preemption everything committed (prompt and output, recomputed)
+    preempted: int = 0  # times it gave its slot up to make room for others
     constraints: Constraints | None = None  # penalties and a grammar on the target's distribution
     logprobs: int | None = None  # report each committed token's logprob and this many top ones (0: none)
 
     @property
     def prefilling(self) -> bool:
-        return self.prefilled < len(self.prompt) - 1
+        return self.prefilled < len(self.filling) - 1
 
     @property
     def generated(self) -> int:
@@ -64,21 +71,29 @@ class Sequence:
 
 
 TREE_SLACK = 64  # cache positions claimed past a sequence's last token: a token tree's nodes
+GROW = 256  # new tokens' positions claimed ahead at admission (later ones as the sequence gets there)
 PREFILL_ROWS = 512  # prompt tokens in one forward of an unchunked start (start(chunked=False))
 
 
-def positions(seq: Sequence) -> int:
-    """Cache positions a sequence may need: its prompt, its new tokens and a tree's nodes past them."""
-    return len(seq.prompt) + seq.max_new_tokens + TREE_SLACK
+def positions(seq: Sequence, grow: int = GROW) -> int:
+    """Cache positions admission claims for a sequence: what it fills in (its prompt; after a
+    preemption its context), its next `grow` new tokens at most, and a tree's nodes past them."""
+    held = max(len(seq.context), len(seq.prompt))
+    return held + min(seq.max_new_tokens - max(seq.generated, 0), grow) + TREE_SLACK
 
 
 class BatchDecoder:
     def __init__(
-        self, model: BatchLM, prefix_cache: PrefixCache | None = None, budget: PrefillBudget | None = None
+        self,
+        model: BatchLM,
+        prefix_cache: PrefixCache | None = None,
+        budget: PrefillBudget | None = None,
+        grow: int = GROW,
     ):
         """prefix_cache: reuse KV blocks of equal prompt prefixes (needs a model that shares blocks);
-        budget: how much prompt a step prefills beside the others' decoding (prefill.py)."""
-        self.model = model
+        budget: how much prompt a step prefills beside the others' decoding (prefill.py); grow: new
+        tokens' positions admission claims ahead (`positions`)."""
+        self.model, self.grow = model, grow
         self.budget = budget or PrefillBudget()
         self.prefix_cache = prefix_cache.bind(model) if prefix_cache is not None and model.shares_kv else None
         self.free = list(range(model.slots - 1, -1, -1))  # pop() hands out the lowest slot first
@@ -91,17 +106,46 @@ class BatchDecoder:
         return (length if capacity >= length else capacity - TREE_SLACK) - prompt
 
     def admit(self, seq: Sequence) -> bool:
-        """Give the sequence a free slot and claim the cache memory its prompt and output need ->
-        whether both were there (the prefix cache gives up blocks, least recently used first, when
-        that makes room); False leaves nothing claimed."""
+        """Give the sequence a free slot and claim the cache memory for what it fills in and its next
+        GROW tokens (`positions`) -> whether both were there (the prefix cache gives up blocks, least
+        recently used first, when that makes room); False leaves nothing claimed."""
         if not self.free:
             return False
         slot = self.free[-1]
-        while not self.model.claim(slot, positions(seq)):
+        while not self.model.claim(slot, positions(seq, self.grow)):
             if self.prefix_cache is None or not self.prefix_cache.evict():
                 return False
         seq.slot = self.free.pop()
+        seq.filling, seq.prefilled = list(seq.context or seq.prompt), 0
         return True
+
+    def reserve(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Claim cache memory for each started sequence's next step (its context and a tree's slack),
+        first come first: where the pool runs short, the prefix cache gives up blocks, then the last of
+        `seqs` are preempted (`preempt`) -> the preempted, the last first. Greedy output is unchanged:
+        the row kernels give a token's keys the same bits in a prefill as in the step that wrote them."""
+        kept, preempted = list(seqs), []
+        for seq in seqs:
+            if seq in preempted:
+                continue
+            while not self.model.claim(seq.slot, len(seq.context) + TREE_SLACK):
+                if self.prefix_cache is not None and self.prefix_cache.evict():
+                    continue
+                if len(kept) == 1:  # admission and room() make this unreachable: a bug if it is not
+                    raise KVMemoryFull(f"the KV cache cannot hold one sequence of {len(seq.context)} tokens")
+                victim = kept.pop()
+                self.preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+        return preempted
+
+    def preempt(self, seq: Sequence) -> None:
+        """The sequence gives its slot and cache memory up and keeps its context; admitted again, it
+        fills in its prompt and output (the prefix cache's blocks where it still has them)."""
+        self.release(seq)
+        seq.prefilled = 0
+        seq.preempted += 1
 
     def start(self, seqs: list[Sequence], chunked: bool = False) -> float:
         """Admit each sequence not admitted yet (an error if it does not fit now) and begin its drafter;
@@ -112,11 +156,10 @@ class BatchDecoder:
         for seq in seqs:
             if seq.slot is None and not self.admit(seq):
                 raise KVMemoryFull(
-                    f"no free slot or cache memory for a sequence of {positions(seq)} positions"
+                    f"no free slot or cache memory for a sequence of {positions(seq, self.grow)} positions"
                 )
-            seq.context = list(seq.prompt)
-            seq.prefilled = 0
-            seq.drafter.begin(seq.prompt)
+            seq.context = seq.context or list(seq.prompt)
+            seq.drafter.begin(seq.prompt)  # a resumed one catches up with its output as it always does
             self._reuse_prefix(seq)
         while not chunked and any(seq.prefilling for seq in seqs):
             self._prefill(self._pieces(seqs))
@@ -127,8 +170,8 @@ class BatchDecoder:
         shortest rest first (a 5k-token prompt in one forward held ~200 MB of activations on the 135M
         for no gain: the tiles stream the weights once per 8 rows, so 512 rows are as fast a token)."""
         chunks, room = [], PREFILL_ROWS
-        for seq in sorted((s for s in seqs if s.prefilling), key=lambda s: len(s.prompt) - s.prefilled):
-            n = min(len(seq.prompt) - 1 - seq.prefilled, room)
+        for seq in sorted((s for s in seqs if s.prefilling), key=lambda s: len(s.filling) - s.prefilled):
+            n = min(len(seq.filling) - 1 - seq.prefilled, room)
             if n < 1:
                 break
             chunks.append((seq, n))
@@ -141,7 +184,7 @@ class BatchDecoder:
         prompt_rows = [
             Row(
                 seq.slot,
-                torch.tensor(seq.prompt[seq.prefilled : seq.prefilled + n], dtype=torch.long),
+                torch.tensor(seq.filling[seq.prefilled : seq.prefilled + n], dtype=torch.long),
                 1,
                 seq.drafter.layers,
             )
@@ -153,7 +196,7 @@ class BatchDecoder:
             if out.features is not None:
                 seq.drafter.feed(out.features)
             if not seq.prefilling and self.prefix_cache is not None and not seq.drafter.layers:
-                done = seq.prompt[: seq.prefilled]
+                done = seq.filling[: seq.prefilled]
                 self.prefix_cache.store(done, self.model.blocks_of(seq.slot, len(done)))
         return outs[: len(rows)]
 
@@ -162,7 +205,7 @@ class BatchDecoder:
         (not for drafters that read the prompt's features: they need every row's)."""
         if self.prefix_cache is None or seq.drafter.layers:
             return
-        found = self.prefix_cache.lookup(seq.prompt[: len(seq.prompt) - 1])  # [(block, tokens in it)]
+        found = self.prefix_cache.lookup(seq.filling[: len(seq.filling) - 1])  # [(block, tokens in it)]
         if found:
             seq.prefilled = sum(n for _, n in found)
             self.model.share(seq.slot, [block for block, _ in found], seq.prefilled)
@@ -252,10 +295,10 @@ class BatchDecoder:
         `span`) allows: the shortest rest first, so that short prompts arriving while
         a long one goes in start decoding at once instead of waiting for all of it."""
         chunks = []
-        for seq in sorted(seqs, key=lambda s: len(s.prompt) - s.prefilled):
+        for seq in sorted(seqs, key=lambda s: len(s.filling) - s.prefilled):
             if not seq.prefilling or budget <= 0:
                 continue
-            n = chunk_size(budget, seq.prefilled, len(seq.prompt) - 1 - seq.prefilled, span)
+            n = chunk_size(budget, seq.prefilled, len(seq.filling) - 1 - seq.prefilled, span)
             chunks.append((seq, n))
             budget -= chunk_cost(n, seq.prefilled, span)
         return chunks

@@ -194,7 +194,8 @@ class ServeEstimate:
     kv_cache: int
     activations: int
     kv_budget: int
-    waiting: int  # requests whose claim does not fit beside the others: they wait for blocks
+    waiting: int  # requests that do not fit at full length beside the others: they wait (or are
+    # preempted and recompute their output when readmitted: batch_decoder.reserve)
 
     @property
     def total(self) -> int:

@@ -4,8 +4,10 @@ the caller's thread, one `iterate` at a time. Everything a request gets is decid
 
 Each iteration:
   1. drops cancelled and timed-out requests (their slots are free again);
-  2. admits waiting requests into free slots; the core prefills their prompts (in chunks beside the
-     others' steps: decoding/prefill.py);
+  2. claims cache memory for the running requests' next step, preempting the last admitted where it
+     runs short (they wait at the front of the queue and recompute their output when readmitted:
+     the same output), then admits waiting requests into free slots; the core prefills their
+     prompts (in chunks beside the others' steps: decoding/prefill.py);
   3. runs one step of the core (decoding/batch_decoder.py: decoder.decode's step for every running
      request, one batched target forward), each request's k from its policy (fixed, or adaptive
      from measured costs and its task's history) capped for the current batch size (load.py);
@@ -251,6 +253,7 @@ class Engine:
         The server's thread calls it; a client without that thread (LLM) calls it itself."""
         with self.cv:
             self._sweep()
+            self._preempt()
             admitted = []
             while self.free:
                 seq = next((s for s in self.waiting if self._ready(s)), None)
@@ -275,6 +278,19 @@ class Engine:
                 for seq in list(self.running):
                     self._finish(seq, "error", Failed(500, "internal_error", f"engine error: {e}", e))
         return True
+
+    def _preempt(self) -> None:
+        """Under the lock: the running requests' next step gets its cache memory; those the core
+        preempts for it go back to the front of the queue, first admitted first."""
+        of = {seq.dec: seq for seq in self.running}
+        for dec in self.core.reserve([seq.dec for seq in self.running]):
+            seq = of[dec]
+            self.running.remove(seq)
+            self.waiting.appendleft(seq)
+            self.metrics.preemptions.labels(self.metrics.model_name).inc()
+            log.info(
+                "request %s preempted after %d tokens (KV cache memory)", seq.request.request_id, len(seq.out)
+            )
 
     def _ready(self, seq: RequestState) -> bool:
         """Under the lock: a sibling of an n > 1 request starts once the first has its prompt's KV in
@@ -321,7 +337,8 @@ class Engine:
 
     def _prefill(self, admitted: list[RequestState]) -> None:
         for seq in admitted:
-            self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(len(seq.request.prompt))
+            if not seq.dec.preempted:  # a resumed one's recomputed tokens are not prompt tokens
+                self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(len(seq.request.prompt))
         cache = self.core.prefix_cache
         before = (cache.queries, cache.hits) if cache else (0, 0)
         prefill_s = self.core.start([seq.dec for seq in admitted], chunked=self.chunked_prefill)

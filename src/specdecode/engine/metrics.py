@@ -138,6 +138,12 @@ class ServerMetrics:
         self.prompt_tokens = Counter(
             PREFIX + "prompt_tokens", "Prefilled prompt tokens", ["model_name"], registry=r
         )
+        self.preemptions = Counter(
+            PREFIX + "num_preemptions",
+            "Requests preempted for KV cache memory (their output recomputed when readmitted)",
+            ["model_name"],
+            registry=r,
+        )
         self.generation_tokens = Counter(
             PREFIX + "generation_tokens", "Generated tokens", ["model_name"], registry=r
         )
