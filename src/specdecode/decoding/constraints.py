@@ -17,11 +17,15 @@ One sequence's `Constraints` takes part in each step at two points (batch_decode
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from specdecode.core.plan import Plan
-from specdecode.decoding.grammar import Grammar
 from specdecode.decoding.penalties import Penalties, penalize_rows
+
+if TYPE_CHECKING:  # llguidance (and through llguidance.torch, torch's compiler: ~130 MB) loads with the
+    from specdecode.decoding.grammar import Grammar  # first grammar a request brings (Engine.grammars)
 
 
 def row_prefixes(plan: Plan) -> list[list[int]]:
