@@ -135,6 +135,47 @@ def test_collect_prompts_excludes_and_interleaves(tmp_path):
         data.collect_prompts(str(ex), exclude=str(ex))
 
 
+def test_a_prompt_that_repeats_a_held_out_one_is_dropped_by_its_text(tmp_path):
+    """Self-instruct prompts have ids of their own: the held-out check compares text too (case and
+    runs of white space aside)."""
+    f = tmp_path / "self.jsonl"
+    rows = [
+        {"prompt": "Write a  POEM\nabout rain", "id": "self-0"},
+        {"prompt": "Write a poem", "id": "self-1"},
+    ]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    ex = tmp_path / "heldout.jsonl"
+    ex.write_text(json.dumps({"prompt": "write a poem about rain", "id": "h-7"}))
+    assert [p.id for p, _ in data.collect_prompts(str(f), exclude=str(ex))] == ["self-1"]
+
+
+def test_the_manifest_counts_sequences_and_tokens_per_prompt_set_and_category(target, tmp_path):
+    """`manifest.json` after a run: totals, per prompt set (a set no longer named: "other") and per
+    category, beside the run's settings."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(
+        "\n".join(json.dumps({"prompt": f"Tell me {w}", "id": f"a{w}", "category": "x"}) for w in "pq")
+    )
+    b.write_text(json.dumps({"prompt": "Count to three", "id": "b0", "category": "y"}))
+    out = tmp_path / "d"
+    specs = f"{a},{b}"
+    seqs = data.generate_data(
+        target, data.collect_prompts(specs), out, drafter="none", max_new_tokens=4,
+        meta={"exclude": "mtbench:1"}, sources=data.prompt_sources(specs),
+    )  # fmt: skip
+    got = json.loads((out / "manifest.json").read_text())
+    assert got["exclude"] == "mtbench:1" and got["all"]["sequences"] == 3
+    assert got["all"]["response_tokens"] == sum(len(s.response_ids) for s in seqs)
+    assert {k: v["sequences"] for k, v in got["by_source"].items()} == {str(a): 2, str(b): 1}
+    assert {k: v["sequences"] for k, v in got["by_category"].items()} == {"x": 2, "y": 1}
+    ids = {s.id: s for s in seqs}
+    assert got["by_source"][str(b)]["prompt_tokens"] == len(ids["b0"].prompt_ids)
+    data.generate_data(target, data.collect_prompts(str(b)), out, drafter="none", max_new_tokens=4,
+                       sources=data.prompt_sources(str(b)))  # fmt: skip
+    again = json.loads((out / "manifest.json").read_text())
+    assert {k: v["sequences"] for k, v in again["by_source"].items()} == {"other": 2, str(b): 1}
+
+
 def test_token_map_keeps_the_most_frequent_response_tokens():
     seqs = [data.Record("a", "c", [9, 9, 9], [5, 5, 7, 3]), data.Record("b", "c", [9], [5, 7])]
     assert data.token_map(seqs, 12, 3).tolist() == [3, 5, 7]

@@ -266,6 +266,7 @@ def cmd_data(args) -> None:
         flush_minutes=args.flush_minutes,
         max_prompt_tokens=args.max_prompt_tokens,
         tag=tag,
+        sources=data.prompt_sources(args.prompts),
     )
     print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
 

@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specdecode import shards
+from specdecode import files, shards
 from specdecode.corpora import Prompt, jsonl_rows, load_prompts
 from specdecode.errors import UserError
 
@@ -44,18 +44,25 @@ def _given_responses(spec: str) -> dict[str, str]:
     }
 
 
+def _text(prompt: str) -> str:
+    """A prompt's text as the held-out check compares it: case and runs of white space ignored."""
+    return " ".join(prompt.lower().split())
+
+
 def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | None]]:
     """'mtbench,humaneval,file.jsonl' minus the prompts of `exclude` (e.g. the benchmark's
-    'mtbench:1') -> (prompt, given response or None), categories interleaved round-robin so that a
-    run stopped early still covers every category."""
-    dropped = {p.id for s in exclude.split(",") if s for p in load_prompts(s)}
+    'mtbench:1'), by id and by text (a self-instruct prompt that repeats a held-out one is dropped
+    too) -> (prompt, given response or None), categories interleaved round-robin so that a run
+    stopped early still covers every category."""
+    held_out = [p for s in exclude.split(",") if s for p in load_prompts(s)]
+    dropped, dropped_text = {p.id for p in held_out}, {_text(p.prompt) for p in held_out}
     by_cat: dict[str, list[tuple[Prompt, str | None]]] = {}
     seen = set()
     for spec in (s for s in specs.split(",") if s):
         given = _given_responses(spec)
         for p in load_prompts(spec):
             key = f"{spec}/{p.id}" if given else p.id
-            if p.id not in dropped and key not in seen:
+            if p.id not in dropped and _text(p.prompt) not in dropped_text and key not in seen:
                 seen.add(key)
                 by_cat.setdefault(p.category, []).append(
                     (Prompt(p.prompt, key, p.category, p.task), given.get(p.id))
@@ -67,6 +74,48 @@ def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | N
     for i in range(max(map(len, queues))):
         order += [q[i] for q in queues if i < len(q)]
     return order
+
+
+def prompt_sources(specs: str) -> dict[str, str]:
+    """Prompt id -> the prompt set of `specs` it comes from (the first that has it)."""
+    out: dict[str, str] = {}
+    for spec in (s for s in specs.split(",") if s):
+        for p in load_prompts(spec):
+            out.setdefault(p.id, spec)
+    return out
+
+
+def manifest(seqs: list[Record], sources: dict[str, str], meta: dict | None = None) -> dict:
+    """What a data directory holds: sequences, prompt and response tokens in all, per prompt set
+    (`sources`: prompt_sources; sequences of sets no longer named count as "other") and per category,
+    with the run's settings (`meta`: target, held-out sets, temperature...)."""
+
+    def tally(groups: dict[str, list[Record]]) -> dict[str, dict[str, int]]:
+        return {
+            name: {
+                "sequences": len(group),
+                "prompt_tokens": sum(len(s.prompt_ids) for s in group),
+                "response_tokens": response_tokens(group),
+            }
+            for name, group in sorted(groups.items())
+        }
+
+    specs = set(sources.values())  # a file with given responses keys its prompts "FILE/ID"
+
+    def source(seq_id: str) -> str:
+        return sources.get(seq_id) or next((s for s in specs if seq_id.startswith(s + "/")), "other")
+
+    by_source: dict[str, list[Record]] = {}
+    by_category: dict[str, list[Record]] = {}
+    for seq in seqs:
+        by_source.setdefault(source(seq.id), []).append(seq)
+        by_category.setdefault(seq.category, []).append(seq)
+    return {
+        **(meta or {}),
+        **tally({"all": seqs}),
+        "by_source": tally(by_source),
+        "by_category": tally(by_category),
+    }
 
 
 def part(prompts: list[tuple[Prompt, str | None]], spec: str) -> tuple[list[tuple[Prompt, str | None]], str]:
@@ -196,13 +245,15 @@ def generate_data(
     flush_minutes: float = 10.0,
     max_prompt_tokens: int | None = None,
     tag: str = "",
+    sources: dict[str, str] | None = None,
 ) -> list[Record]:
     """Generate the target's responses for every prompt whose id is not yet in `out`, writing shards
     as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec, a Spec or its
     text (context: how to build it). The responses come from the engine (specdecode/engine), `batch`
     prompts decoding together (the same greedy output as one at a time, several times the tokens per
     CPU-second). Prompts longer than max_prompt_tokens are skipped. tag: this worker's shard-name
-    tag (see part()). Returns all sequences of `out`."""
+    tag (see part()). Writes `manifest.json` (manifest(): counts per prompt set of `sources` and per
+    category) at the end. Returns all sequences of `out`."""
     from specdecode.backends import checkpoint
     from specdecode.core.sampling import Warp
     from specdecode.drafters import DrafterContext, parse
@@ -252,7 +303,10 @@ def generate_data(
         signal.signal(signal.SIGTERM, previous)
     if skipped:
         print(f"skipped {skipped} prompts longer than {max_prompt_tokens} tokens")
-    return read(out)
+    seqs = read(out)
+    text = json.dumps(manifest(seqs, sources or {}, meta), indent=1)
+    files.write_atomic(out / "manifest.json", lambda tmp: Path(tmp).write_text(text))
+    return seqs
 
 
 def _stop(signum, frame):
