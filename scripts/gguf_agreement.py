@@ -1,7 +1,8 @@
 """Greedy outputs of the quantized dtypes against fp32 on the same GGUF file: how many are identical.
 
     python3 scripts/gguf_agreement.py [--target M] [--prompts heldout:1] [--max-new-tokens 96]
-                                      [--dtypes gguf-exact,gguf] [--threads 2] [--out F.json]
+                                      [--dtypes gguf-exact,gguf] [--reference fp32]
+                                      [--kv-dtypes auto,fp16,int8] [--threads 2] [--out F.json]
 
 For each dtype (and fp32, the reference) the target is loaded through the Python API
 (`specdecode.LLM(dtype=...)`, plain decoding: drafter `none`) and every prompt is completed greedily
@@ -31,11 +32,13 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def outputs(target: str | None, dtype: str, texts: list[str], max_new: int, threads: int) -> list[list[int]]:
+def outputs(
+    target: str | None, dtype: str, texts: list[str], max_new: int, threads: int, kv_dtype: str = "auto"
+) -> list[list[int]]:
     """Greedy token ids per prompt, one request at a time (a batch could round 8-bit rows differently)."""
     import specdecode
 
-    llm = specdecode.LLM(target, "none", dtype=dtype, threads=threads, max_batch=1)
+    llm = specdecode.LLM(target, "none", dtype=dtype, threads=threads, max_batch=1, kv_dtype=kv_dtype)
     params = specdecode.SamplingParams(temperature=0, max_tokens=max_new)
     return [llm.generate(text, params, chat=True)[0].token_ids for text in texts]
 
@@ -45,21 +48,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default=None, help="default: the default target (SmolLM2-135M Q4_1 GGUF)")
     p.add_argument("--prompts", default="heldout:1")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--dtypes", default="gguf-exact,gguf", help="compared against fp32")
+    p.add_argument("--dtypes", default="gguf-exact,gguf", help="compared against the reference")
+    p.add_argument("--reference", default="fp32", help="the dtype compared against (its KV cache: auto)")
+    p.add_argument(
+        "--kv-dtypes", default="auto", help="each dtype with each of these KV caches (auto, fp16, int8)"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
     from specdecode.corpora import load_prompts
 
     texts = [q.prompt for q in load_prompts(a.prompts)]
-    reference = outputs(a.target, "fp32", texts, a.max_new_tokens, a.threads)
+    reference = outputs(a.target, a.reference, texts, a.max_new_tokens, a.threads)
     report = {}
     for dtype in a.dtypes.split(","):
-        got = outputs(a.target, dtype, texts, a.max_new_tokens, a.threads)
-        where = [first_divergence(ref, out) for ref, out in zip(reference, got)]
-        same = sum(w is None for w in where)
-        report[dtype] = {"identical_to_fp32": f"{same}/{len(texts)}", "first_divergence": where}
-        print(f"{dtype}: {same}/{len(texts)} identical to fp32; first divergence {where}")
+        for kv in a.kv_dtypes.split(","):
+            got = outputs(a.target, dtype, texts, a.max_new_tokens, a.threads, kv)
+            where = [first_divergence(ref, out) for ref, out in zip(reference, got)]
+            same = sum(w is None for w in where)
+            name = dtype if kv == "auto" else f"{dtype} kv {kv}"
+            report[name] = {f"identical_to_{a.reference}": f"{same}/{len(texts)}", "first_divergence": where}
+            print(f"{name}: {same}/{len(texts)} identical to {a.reference}; first divergence {where}")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         command = "python3 scripts/gguf_agreement.py " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -3,7 +3,7 @@ in a process of its own.
 
     python scripts/long_prompt_memory.py [--target smollm2-135m] [--tokens 874,2521,5384]
                                          [--max-new-tokens 64] [--threads 2] [--engines ours,llamacpp-bin]
-                                         [--repeats 1] [--kv-dtype auto|fp32|fp16] [--out F.json]
+                                         [--repeats 1] [--kv-dtype auto|fp32|fp16|int8] [--out F.json]
 
 The prompts are Python's own sources (the standard library's modules, joined in a fixed order), cut to
 each length in the target's tokens: text no held-out set contains. `ours` is the Python API as a user
@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--engines", default="ours,llamacpp-bin")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--kv-dtype", default="auto", help="ours: the KV cache's precision (auto, fp32, fp16)")
+    p.add_argument(
+        "--kv-dtype", default="auto", help="ours: the KV cache's precision (auto, fp32, fp16, int8)"
+    )
     p.add_argument("--out")
     p.add_argument("--worker")
     p.add_argument("--n", type=int)

@@ -63,6 +63,20 @@ def test_api_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, tiny_draf
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_an_int8_kv_cache_keeps_batched_speculation_equal_to_plain_alone_at_int8(tiny_gguf, dtype):
+    """A KV precision is part of "the same target": at --kv-dtype int8, chains and trees of drafts in a
+    batch give what plain decoding alone gives at int8."""
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(tiny_gguf, "none", dtype=dtype, kv_dtype="int8")
+    alone = [o.token_ids for o in (plain.generate(p, greedy)[0] for p in PROMPTS)]
+    for drafter in ("ngram", f"draft:b=2:{tiny_gguf}"):
+        llm = LLM(tiny_gguf, drafter, k=4, max_batch=2, dtype=dtype, kv_dtype="int8")
+        batched = llm.generate(PROMPTS, greedy)
+        assert [o.token_ids for o in batched] == alone, drafter
+        assert sum(o.metrics.accepted for o in batched) > 0 or drafter == "ngram"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_server_batched_speculation_on_gguf_equals_plain_alone(tiny_gguf, dtype):
     """The server's batched core with the file drafting for itself: drafts proposed and accepted."""
     target = models.load(tiny_gguf, Precision.parse(dtype), "cpu")

@@ -345,6 +345,50 @@ def test_a_build_lock_left_by_a_killed_build_goes_and_a_live_builder_is_waited_f
         assert not lock.exists()
 
 
+# d 64 and 128: the register-blocked groups; 96: the scalar query
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_an_int8_cache_stores_q8_rows_and_attention_reads_their_values(ops, d):
+    """--kv-dtype int8: new keys (rotated) and values are stored as q8_rows (a scale a group of 32,
+    round to nearest even: the torch function and the kernel agree to the bit on values; keys within
+    one step of a rotation's rounding); attention over them equals SDPA over their values (q8_values),
+    and a row gets the same bits alone as among the others."""
+    from specdecode.backends.kv_pool import q8_rows, q8_values
+
+    h, kvh, n, start, cap = 4, 2, 3, 9, 16
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(n, (h + 2 * kvh) * d, generator=g)
+    qkv[0, (h + kvh) * d : (h + kvh) * d + 32] = 0.0  # a group of zeros: scale 0, bytes 0
+    angles = torch.randn(n, d // 2, generator=g).repeat(1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    k8 = q8_rows(torch.randn(1, kvh, cap, d, generator=g))
+    v8 = q8_rows(torch.randn(1, kvh, cap, d, generator=g))
+    assert k8.shape == (1, kvh, cap, d + d // 8) and k8.dtype == torch.int8
+    out = ops.attention(qkv, k8, v8, cos, sin, None, *_where((0, start, n)), h, kvh, 0.0)
+    q, k, v = qkv.view(n, h + 2 * kvh, d).transpose(0, 1).split([h, kvh, kvh])
+    assert torch.equal(v8[0, :, start : start + n], q8_rows(v))
+    assert not v8[0, 0, start, :32].any() and q8_values(v8, d)[0, 0, start, :32].eq(0).all()
+    keys = q8_values(k8[0, :, start : start + n], d)
+    assert torch.allclose(
+        keys, _rope(k, cos, sin), atol=q8_values(q8_rows(_rope(k, cos, sin)), d).abs().max() / 127
+    )
+    mask = torch.ones(n, start + n, dtype=torch.bool).tril(start)
+    ref = F.scaled_dot_product_attention(
+        _rope(q, cos, sin)[None],
+        q8_values(k8, d)[:, :, : start + n],
+        q8_values(v8, d)[:, :, : start + n],
+        attn_mask=mask,
+        enable_gqa=True,
+    )
+    assert torch.allclose(out, ref[0].transpose(0, 1).reshape(n, h * d), atol=1e-4)
+    for i in range(n):
+        row = (qkv[i : i + 1], k8, v8, cos[i : i + 1], sin[i : i + 1], None, *_where((0, start + i, 1)))
+        assert torch.equal(ops.attention(*row, h, kvh, 0.0)[0], out[i])
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        narrow = torch.zeros(1, kvh, cap, 24 + 3, dtype=torch.int8)
+        ops.attention(torch.randn(1, (h + 2 * kvh) * 24), narrow, narrow, cos[:1, :24], sin[:1, :24], None,
+                      *_where((0, 0, 1)), h, kvh, 0.0)  # fmt: skip
+
+
 @pytest.mark.parametrize("d", [64, 24])
 def test_a_float16_cache_stores_rounded_rows_and_reads_them_widened(ops, d):
     """--kv-dtype fp16: new keys (rotated) and values are stored rounded to nearest, as torch's .half()

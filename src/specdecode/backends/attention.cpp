@@ -27,7 +27,7 @@
 
 // qkv: [N, (h + 2 kvh) d] projections of N new tokens, the rows of sequence b at offsets
 // sum(counts[:b]).. ; k_cache, v_cache: [blocks, kvh, block, d] one layer's cache blocks (float32 or
-// float16), table
+// float16; int8: [blocks, kvh, block, d + d / 8], attention_row.h's Cache), table
 // [S, per_slot] long each slot's blocks (attention_row.h's Layout): sequence b's new keys (rotated)
 // and values are written into slot slots[b] at positions starts[b]..+counts[b]-1;
 // cos, sin: [N, d] each row's rotary position; mask: [N, L] bool, L >= every starts[b] + counts[b]
@@ -40,8 +40,11 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
                         int64_t kv_heads, double qk_scale) {
   for (auto& [t, name] : {std::pair{qkv, "qkv"}, {cos, "cos"}, {sin, "sin"}}) checks::tensor(t, name);
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "k_cache, v_cache: expected [blocks, kv_heads, block, d]");
-  const int64_t N = qkv.size(0), d = k_cache.size(3);
-  const bool half = checks::caches(k_cache, v_cache, d);
+  TORCH_CHECK(heads > 0 && kv_heads > 0, "heads, kv_heads: expected positive counts");
+  const int64_t N = qkv.size(0), d = qkv.size(1) / (heads + 2 * kv_heads);
+  const attn::Cache cache = checks::caches(k_cache, v_cache, d);
+  TORCH_CHECK(k_cache.size(3) == checks::row_width(k_cache, d), "k_cache: expected rows of ",
+              checks::row_width(k_cache, d), " for heads ", d, " wide");
   TORCH_CHECK(k_cache.size(1) == kv_heads && heads % kv_heads == 0, "k_cache: expected ", kv_heads, " kv heads");
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * d, "qkv: expected (heads + 2 kv_heads) * head_dim columns");
   TORCH_CHECK(cos.size(0) == N && sin.size(0) == N && cos.size(1) == d && sin.size(1) == d, "cos/sin: expected [N, head_dim]");
@@ -58,7 +61,7 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
   const float scale = qk_scale > 0 ? static_cast<float>(qk_scale) : 1.f / std::sqrt(static_cast<float>(d));
   const attn::Step step{layout, qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
                         k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr<float>(), mp, mask_cols,
-                        heads, kv_heads, d, scale, half};
+                        heads, kv_heads, d, scale, cache};
   for (int64_t task = 0; task < N * kv_heads; ++task) step.write(task);
   const int limit = attn::group_limit(d);
   const auto groups = attn::groups(layout, heads, kv_heads, limit);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -37,10 +38,57 @@ inline vec in_register(vec v) {
   return v;
 }
 
+// A KV cache's element: float, float16 bits (uint16_t: widened exactly as they are loaded), or int8
+// rows (int8_t: a row of d is d signed bytes, then d / 32 float scales, one a group of 32: value c is
+// q[c] * scale[c / 32], scale = max |x| / 127 over the group, q = x / scale rounded to nearest even;
+// llama.cpp's q8_0 numbers, kept per cache row so that a row is written and read on its own).
+enum class Cache { F32, F16, Q8 };
+constexpr int64_t Q8_GROUP = 32;
+
+// elements of T a cache row of width d takes
+template <typename T>
+constexpr int64_t row_len(int64_t d) {
+  return std::is_same_v<T, int8_t> ? d + d / Q8_GROUP * 4 : d;
+}
+inline float q8_scale(const int8_t* row, int64_t d, int64_t c) {
+  float s;
+  std::memcpy(&s, row + d + c / Q8_GROUP * 4, 4);
+  return s;
+}
+// vector v (elements v L..) of a cache row, as floats
+template <typename T>
+inline vec load_row(const T* row, int v, int64_t d) {
+  if constexpr (std::is_same_v<T, int8_t>)
+    return load(row + v * L) * splat(q8_scale(row, d, v * L));
+  else
+    return load(row + v * L);
+}
+// element c of a cache row, as a float
+template <typename T>
+inline float row_at(const T* row, int64_t c, int64_t d) {
+  if constexpr (std::is_same_v<T, float>)
+    return row[c];
+  else if constexpr (std::is_same_v<T, uint16_t>)
+    return half::to_float(row[c]);
+  else
+    return static_cast<float>(row[c]) * q8_scale(row, d, c);
+}
+// x [d] as an int8 cache row (Cache::Q8); d a multiple of Q8_GROUP
+inline void q8_row(const float* x, int8_t* row, int64_t d) {
+  for (int64_t c0 = 0; c0 < d; c0 += Q8_GROUP) {
+    float top = 0.f;
+    for (int64_t c = c0; c < c0 + Q8_GROUP; ++c) top = std::max(top, std::fabs(x[c]));
+    const float scale = top / 127.f;
+    for (int64_t c = c0; c < c0 + Q8_GROUP; ++c)
+      row[c] = static_cast<int8_t>(scale > 0.f ? std::nearbyint(x[c] / scale) : 0.f);
+    std::memcpy(row + d + c0 / Q8_GROUP * 4, &scale, 4);
+  }
+}
+
 // One kv head's keys and values in a sequence's cache blocks: key j's row is
-// k + blocks[j / block] * block_stride + (j % block) * d (v the same), a block holding `block`
-// consecutive positions of every kv head ([blocks, kv_heads, block, d]; a contiguous cache is one block).
-// T: the cache's element, float or float16 bits (uint16_t: widened exactly as they are loaded).
+// k + blocks[j / block] * block_stride + (j % block) * row_len<T>(d) (v the same), a block holding
+// `block` consecutive positions of every kv head ([blocks, kv_heads, block, row_len]; a contiguous
+// cache is one block).
 template <typename T>
 struct Keys {
   const T *k, *v;
@@ -57,7 +105,7 @@ struct Keys {
 template <int NV, int G, typename T>
 void queries(const float* q, const Keys<T>& kv, const int64_t* ends, const bool* const* seen, float* p,
              int64_t stride, float* const* out) {
-  constexpr int64_t d = NV * L;
+  constexpr int64_t d = NV * L, R = row_len<T>(d);
   const float ninf = -std::numeric_limits<float>::infinity();
   int64_t end = 0;
   for (int g = 0; g < G; ++g) end = std::max(end, ends[g]);
@@ -71,7 +119,7 @@ void queries(const float* q, const Keys<T>& kv, const int64_t* ends, const bool*
     const T* K = kv.k + kv.blocks[j0 / kv.block] * kv.block_stride;
     for (int64_t j = j0; j < std::min(end, j0 + kv.block); ++j) {
       vec k[NV];
-      for (int v = 0; v < NV; ++v) k[v] = in_register<G * NV <= 16>(load(K + (j - j0) * d + v * L));
+      for (int v = 0; v < NV; ++v) k[v] = in_register<G * NV <= 16>(load_row(K + (j - j0) * R, v, d));
       for (int g = 0; g < G; ++g) {
         vec acc = fma(qv[g][0], k[0], vec{});
         for (int v = 1; v < NV; ++v) acc = fma(qv[g][v], k[v], acc);
@@ -93,7 +141,7 @@ void queries(const float* q, const Keys<T>& kv, const int64_t* ends, const bool*
     const T* V = kv.v + kv.blocks[j0 / kv.block] * kv.block_stride;
     for (int64_t j = j0; j < std::min(end, j0 + kv.block); ++j) {
       vec vr[NV];
-      for (int v = 0; v < NV; ++v) vr[v] = in_register<G * NV <= 16>(load(V + (j - j0) * d + v * L));
+      for (int v = 0; v < NV; ++v) vr[v] = in_register<G * NV <= 16>(load_row(V + (j - j0) * R, v, d));
       for (int g = 0; g < G; ++g) {
         const float w = p[g * stride + j];
         sum[g] += w;
@@ -109,13 +157,13 @@ void queries(const float* q, const Keys<T>& kv, const int64_t* ends, const bool*
 template <typename T>
 void query_any(const float* q, const Keys<T>& kv, int64_t d, int64_t end, const bool* seen, float* p, float* out) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  auto row = [&](const T* base, int64_t j) { return base + kv.blocks[j / kv.block] * kv.block_stride + j % kv.block * d; };
-  auto wide = [](T x) { if constexpr (std::is_same_v<T, float>) return x; else return half::to_float(x); };
+  const int64_t R = row_len<T>(d);
+  auto row = [&](const T* base, int64_t j) { return base + kv.blocks[j / kv.block] * kv.block_stride + j % kv.block * R; };
   float top = ninf;
   for (int64_t j = 0; j < end; ++j) {
     const T* K = row(kv.k, j);
     float s = 0.f;
-    for (int64_t c = 0; c < d; ++c) s = std::fma(q[c], wide(K[c]), s);
+    for (int64_t c = 0; c < d; ++c) s = std::fma(q[c], row_at(K, c, d), s);
     p[j] = seen && !seen[j] ? ninf : s;
     top = std::max(top, p[j]);
   }
@@ -125,7 +173,7 @@ void query_any(const float* q, const Keys<T>& kv, int64_t d, int64_t end, const 
     p[j] = p[j] == ninf ? 0.f : std::exp(p[j] - top);
     sum += p[j];
     const T* V = row(kv.v, j);
-    for (int64_t c = 0; c < d; ++c) out[c] = std::fma(p[j], wide(V[c]), out[c]);
+    for (int64_t c = 0; c < d; ++c) out[c] = std::fma(p[j], row_at(V, c, d), out[c]);
   }
   for (int64_t c = 0; c < d; ++c) out[c] *= 1.f / sum;
 }
@@ -199,7 +247,7 @@ inline std::vector<Group> groups(const Layout& lay, int64_t heads, int64_t kv_he
 constexpr int64_t MAX_D = 512;  // the widest head a float16 cache's rows are rotated for (write)
 
 // One layer's attention for a forward's rows: heads h, kv heads kvh, width d; caches as Layout's, of
-// float or (half) float16 bits; mask [N, mask_cols] bool or null (causal); scale of q.k.
+// `cache`'s element (Cache); mask [N, mask_cols] bool or null (causal); scale of q.k.
 struct Step {
   const Layout& lay;
   const float *qkv, *cos, *sin;
@@ -208,25 +256,34 @@ struct Step {
   const bool* mask;
   int64_t mask_cols, heads, kv_heads, d;
   float scale;
-  bool half;
+  Cache cache;
 
-  int64_t cache_row(int64_t i, int64_t g) const {  // offset of row i's key/value of kv head g
+  // the element offset of row i's key/value of kv head g, rows of R elements
+  int64_t cache_row(int64_t i, int64_t g, int64_t R) const {
     const int64_t b = lay.seq_of[i], pos = lay.starts[b] + i - lay.first[b];
     const int64_t block = lay.table[lay.slots[b] * lay.per_slot + pos / lay.block];
-    return ((block * kv_heads + g) * lay.block + pos % lay.block) * d;
+    return ((block * kv_heads + g) * lay.block + pos % lay.block) * R;
   }
   // task i * kv_heads + g: row i's key (rotated) and value of kv head g into the caches (a float16
-  // cache: rounded to nearest, half.h)
+  // cache: rounded to nearest, half.h; an int8 one: q8_row)
   void write(int64_t task) const {
-    const int64_t i = task / kv_heads, g = task % kv_heads, row = (heads + 2 * kv_heads) * d, at = cache_row(i, g);
+    const int64_t i = task / kv_heads, g = task % kv_heads, row = (heads + 2 * kv_heads) * d;
     const float* k = qkv + i * row + (heads + g) * d;
-    if (!half) {
+    if (cache == Cache::F32) {
+      const int64_t at = cache_row(i, g, d);
       rope(k, cos + i * d, sin + i * d, static_cast<float*>(k_cache) + at, d);
       std::copy(k + kv_heads * d, k + kv_heads * d + d, static_cast<float*>(v_cache) + at);
       return;
     }
     float rotated[MAX_D];
     rope(k, cos + i * d, sin + i * d, rotated, d);
+    if (cache == Cache::Q8) {
+      const int64_t at = cache_row(i, g, row_len<int8_t>(d));
+      q8_row(rotated, static_cast<int8_t*>(k_cache) + at, d);
+      q8_row(k + kv_heads * d, static_cast<int8_t*>(v_cache) + at, d);
+      return;
+    }
+    const int64_t at = cache_row(i, g, d);
     uint16_t *kh = static_cast<uint16_t*>(k_cache) + at, *vh = static_cast<uint16_t*>(v_cache) + at;
     for (int64_t c = 0; c < d; ++c) {
       kh[c] = half::from_float(rotated[c]);
@@ -248,8 +305,10 @@ struct Step {
         seen[n] = mask ? mask + i * mask_cols : nullptr;
         outs[n] = out + (i * heads + hh) * d;
       }
-    if (half)
+    if (cache == Cache::F16)
       read<uint16_t>(g, b, n, q, ends, seen, p, stride, outs);
+    else if (cache == Cache::Q8)
+      read<int8_t>(g, b, n, q, ends, seen, p, stride, outs);
     else
       read<float>(g, b, n, q, ends, seen, p, stride, outs);
   }
@@ -257,9 +316,9 @@ struct Step {
   template <typename T>
   void read(int64_t g, int64_t b, int n, const float* q, const int64_t* ends, const bool* const* seen, float* p,
             int64_t stride, float* const* outs) const {
-    const int64_t head = g * lay.block * d;
+    const int64_t R = row_len<T>(d), head = g * lay.block * R;
     const Keys<T> kv{static_cast<const T*>(k_cache) + head, static_cast<const T*>(v_cache) + head,
-                     lay.table + lay.slots[b] * lay.per_slot, kv_heads * lay.block * d, lay.block};
+                     lay.table + lay.slots[b] * lay.per_slot, kv_heads * lay.block * R, lay.block};
     if (const group_fn<T> fn = for_group<T>(d, n))
       fn(q, kv, ends, seen, p, stride, outs);
     else

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specdecode.backends.fast_llama import FastLlama, fused_layers
-from specdecode.backends.kv_pool import BLOCK, KVPool
+from specdecode.backends.kv_pool import BLOCK, KVPool, row_bytes
 from specdecode.backends.layer import rms_norm
 from specdecode.backends.lm import CausalLM, Output, layer_ids
 from specdecode.backends.models import HFModel
@@ -107,8 +107,9 @@ def attention_span(cfg, heads: int, kv_heads: int, head_dim: int) -> float:
 
 # --kv-dtype: the KV cache's precision. auto: the model's own (float32 for gguf, as FastLlama's cache, so
 # a batched row is the single-sequence loop's); fp16: half the memory, keys and values rounded to
-# nearest (llama.cpp's default f16 cache), part of "the same target at the same precision".
-KV_DTYPES = {"auto": None, "fp32": torch.float32, "fp16": torch.float16}
+# nearest (llama.cpp's default f16 cache); int8: 1.125 bytes a value, llama.cpp's q8_0 numbers (a scale
+# a group of 32: kv_pool.q8_rows). Part of "the same target at the same precision".
+KV_DTYPES = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "int8": torch.int8}
 
 
 def kv_dtype_of(fast: FastLlama, kv_dtype: str) -> torch.dtype:
@@ -119,8 +120,7 @@ def kv_dtype_of(fast: FastLlama, kv_dtype: str) -> torch.dtype:
 
 def kv_bytes_per_token(fast: FastLlama, kv_dtype: str = "auto") -> int:
     """Keys and values of one position, every layer."""
-    bits = torch.finfo(kv_dtype_of(fast, kv_dtype)).bits
-    return 2 * len(fast.layers) * fast.kv_heads * fast.head_dim * bits // 8
+    return 2 * len(fast.layers) * fast.kv_heads * row_bytes(fast.head_dim, kv_dtype_of(fast, kv_dtype))
 
 
 def kv_budget(fast: FastLlama, slots: int, kv_dtype: str = "auto") -> int:
@@ -314,8 +314,7 @@ class BatchedLlama:
         captured = {}
         for i, layer in enumerate(f.layers):
             q, k, v = layer.attention_inputs(x, *ropes[layer.rope_kind], h, kvh, f.eps)  # [N, h|kvh, d]
-            self.k_cache[i][block, :, offset] = k  # [N, kvh, d] into [blocks, kvh, block, d]
-            self.v_cache[i][block, :, offset] = v
+            self.pool.put(i, block, offset, k, v)  # [N, kvh, d] each into [blocks, kvh, block, row]
             out = q.new_empty(q.shape[0], h * d)
             for g in groups:
                 out[g.tokens] = self._group_attention(g, i, layer.window, q)

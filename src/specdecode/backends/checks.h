@@ -13,15 +13,25 @@ inline void tensor(const torch::Tensor& t, const char* name, torch::ScalarType t
               ": expected a contiguous CPU tensor of ", type);
 }
 
-// A KV cache: a contiguous CPU tensor of float32 or float16 -> whether it is float16; keys and values
-// of one precision, width d (a float16 row is rotated in a buffer of attn::MAX_D).
-inline bool caches(const torch::Tensor& k, const torch::Tensor& v, int64_t d) {
+// A KV cache: a contiguous CPU tensor of float32, float16 or int8 rows (attention_row.h's Cache: its
+// last dimension d + d / 8, d a multiple of 32) -> which; keys and values of one precision, heads d
+// wide (a float16 or int8 row is rotated in a buffer of attn::MAX_D).
+inline attn::Cache caches(const torch::Tensor& k, const torch::Tensor& v, int64_t d) {
   const auto type = k.scalar_type();
-  TORCH_CHECK(type == torch::kFloat32 || type == torch::kFloat16, "k_cache: expected float32 or float16, got ", type);
+  TORCH_CHECK(type == torch::kFloat32 || type == torch::kFloat16 || type == torch::kChar,
+              "k_cache: expected float32, float16 or int8, got ", type);
   tensor(k, "k_cache", type);
   tensor(v, "v_cache", type);
-  TORCH_CHECK(type == torch::kFloat32 || d <= attn::MAX_D, "a float16 KV cache takes heads up to ", attn::MAX_D, " wide");
-  return type == torch::kFloat16;
+  TORCH_CHECK(type == torch::kFloat32 || d <= attn::MAX_D, "a float16 or int8 KV cache takes heads up to ", attn::MAX_D,
+              " wide");
+  if (type != torch::kChar) return type == torch::kFloat16 ? attn::Cache::F16 : attn::Cache::F32;
+  TORCH_CHECK(d % attn::Q8_GROUP == 0, "an int8 KV cache takes heads a multiple of ", attn::Q8_GROUP, " wide, not ", d);
+  return attn::Cache::Q8;
+}
+
+// the width of a cache tensor's rows for heads d wide
+inline int64_t row_width(const torch::Tensor& k, int64_t d) {
+  return k.scalar_type() == torch::kChar ? attn::row_len<int8_t>(d) : d;
 }
 
 // slots, starts, counts [B] long: sequence b's counts[b] rows at positions starts[b].. of slot slots[b];

@@ -1,6 +1,7 @@
 """The batched model's KV cache by the block: each slot holds the blocks of its own tokens.
 
-Keys and values live in one pool, [layers, blocks, kv_heads, block, head_dim] each; a slot's position t
+Keys and values live in one pool, [layers, blocks, kv_heads, block, row] each (row: head_dim values, or
+an int8 cache's head_dim bytes and their scales: row_width); a slot's position t
 is in block table[slot, t // block] at offset t % block (vLLM's PagedAttention layout, Kwon et al.
 2023, with the block's positions of one kv head contiguous, so attention reads a block's keys in a row).
 Why: one capacity for every slot made one long prompt cost every slot its length (issue 57: a
@@ -32,6 +33,7 @@ import torch
 from specdecode.errors import UserError
 
 BLOCK = 64  # positions a block holds: a 5k-token prompt wastes under 1.3% in its last block
+Q8_GROUP = 32  # an int8 cache row's values a scale (attention_row.h's Cache::Q8: llama.cpp's q8_0 numbers)
 
 
 class KVMemoryFull(UserError):
@@ -40,6 +42,31 @@ class KVMemoryFull(UserError):
 
 def blocks_for(positions: int, block: int = BLOCK) -> int:
     return -(-positions // block)
+
+
+def row_width(d: int, dtype: torch.dtype) -> int:
+    """Elements a cache row of a d-wide head takes: d, or for int8 d bytes and d / 32 float scales."""
+    return d + d // Q8_GROUP * 4 if dtype == torch.int8 else d
+
+
+def row_bytes(d: int, dtype: torch.dtype) -> int:
+    return row_width(d, dtype) * torch.empty((), dtype=dtype).element_size()
+
+
+def q8_rows(x: torch.Tensor) -> torch.Tensor:
+    """[..., d] floats -> int8 cache rows [..., d + d / 8]: per group of 32, scale = max |x| / 127 and
+    q = x / scale rounded to nearest even (0 where the group is 0), then the scales' bytes: the bits
+    attention_row.h's q8_row writes."""
+    g = x.float().unflatten(-1, (-1, Q8_GROUP))
+    scale = g.abs().amax(-1) / 127
+    q = torch.where(scale[..., None] > 0, torch.round(g / scale[..., None]), 0.0).to(torch.int8)
+    return torch.cat([q.flatten(-2), scale.contiguous().view(torch.int8)], -1)
+
+
+def q8_values(rows: torch.Tensor, d: int) -> torch.Tensor:
+    """int8 cache rows [..., d + d / 8] -> their values [..., d] float32, exactly as attention reads them."""
+    scale = rows[..., d:].contiguous().view(torch.float32)
+    return (rows[..., :d].float().unflatten(-1, (-1, Q8_GROUP)) * scale[..., None]).flatten(-2)
 
 
 class KVPool:
@@ -53,7 +80,12 @@ class KVPool:
                 f"the KV cache needs at least 2 blocks of {block} positions, got {blocks} (--kv-memory)"
             )
         layers, kv_heads, d = dims
-        shape = (layers, blocks, kv_heads, block, d)
+        if dtype == torch.int8 and d % Q8_GROUP:
+            raise UserError(
+                f"an int8 KV cache takes heads a multiple of {Q8_GROUP} wide; this model's are {d}"
+            )
+        self.d, self.quantized = d, dtype == torch.int8
+        shape = (layers, blocks, kv_heads, block, row_width(d, dtype))
         self.k = torch.empty(shape, dtype=dtype, device=device)  # untouched: no memory until written
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.k[:, 0].zero_()
@@ -148,15 +180,25 @@ class KVPool:
 
     def gather(self, layer: int, slots, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of positions [0, end) of `slots` (a list or slice of slot ids), as one
-        contiguous block: each [len(slots), kv_heads, end, d] (positions a slot has no block for: 0)."""
+        contiguous block: each [len(slots), kv_heads, end, d] (positions a slot has no block for: 0;
+        an int8 cache's rows as float32 values)."""
         n = self._blocks(end)
         rows = self.table[slots, :n].to(self.k.device)  # [B, n]
         out = []
         for cache in (self.k[layer], self.v[layer]):
-            kv = cache[rows]  # [B, n, kv_heads, block, d]
-            b, _, h, _, d = kv.shape
-            out.append(kv.permute(0, 2, 1, 3, 4).reshape(b, h, n * self.block, d)[:, :, :end])
+            kv = cache[rows]  # [B, n, kv_heads, block, row]
+            b, _, h, _, w = kv.shape
+            kv = kv.permute(0, 2, 1, 3, 4).reshape(b, h, n * self.block, w)[:, :, :end]
+            out.append(q8_values(kv, self.d) if self.quantized else kv)
         return out[0], out[1]
+
+    def put(
+        self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Keys and values [N, kv_heads, d] into positions (blocks, offsets) [N] of `layer` (stored at
+        the cache's precision: float16 rounded to nearest, int8 by q8_rows)."""
+        for cache, x in ((self.k[layer], k), (self.v[layer], v)):
+            cache[blocks, :, offsets] = q8_rows(x) if self.quantized else x.to(cache.dtype)
 
     def where(self, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """slots, positions [N] -> (block, offset) [N] of each position."""

@@ -442,7 +442,7 @@ class Stack {
                                      std::vector<int64_t> capture,
                                      std::vector<int64_t> logit_rows, std::optional<torch::Tensor> emb) {
     checks::tensor(x, "x");
-    const bool half = checks::caches(k_cache, v_cache, d_);
+    const attn::Cache cache = checks::caches(k_cache, v_cache, d_);
     const int64_t N = x.size(0), layers = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(x.dim() == 2 && x.size(1) == H_, "x: expected [N, ", H_, "]");
     TORCH_CHECK(emb.has_value() == pair_, pair_ ? "emb: a stack with a pair norm needs the embedding rows"
@@ -452,7 +452,7 @@ class Stack {
       TORCH_CHECK(emb->sizes() == x.sizes(), "emb: expected [N, ", H_, "] as x");
     }
     TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes() && k_cache.size(0) == layers &&
-                    k_cache.size(2) == kv_heads_ && k_cache.size(4) == d_,
+                    k_cache.size(2) == kv_heads_ && k_cache.size(4) == checks::row_width(k_cache, d_),
                 "k_cache, v_cache: expected [", layers, ", blocks, ", kv_heads_, ", block, ", d_, "]");
     const int64_t layer_size = k_cache[0].numel() * k_cache.element_size();  // bytes
     const attn::Layout layout = checks::layout(slots, starts, counts, table, k_cache.size(1), k_cache.size(3), N);
@@ -568,7 +568,7 @@ class Stack {
                               kv_heads_,
                               d_,
                               scale_,
-                              half};
+                              cache};
         each(N * kv_heads_, 1, [&](int64_t b, int64_t e) {
           for (int64_t task = b; task < e; ++task) step.write(task);
         });

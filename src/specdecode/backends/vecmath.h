@@ -44,6 +44,13 @@ inline vec load(const uint16_t* p) {
   return v;
 }
 inline vec splat(float x) { return vec{} + x; }
+// L int8 values widened to float, exactly (an int8 KV cache's row: attention_row.h)
+inline vec load(const int8_t* p) {
+  using vec8 = int8_t __attribute__((vector_size(L)));
+  vec8 b;
+  std::memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(b, vec);
+}
 
 // a * b + c rounded once, written out: a compiler may contract `a * b + c` differently in each place
 // it inlines it, and callers that must agree to the bit (attention_row.h) cannot leave that open.

@@ -20,7 +20,10 @@ def add_parser(sub) -> None:
         "--slots", type=int, default=8, help="gguf: serve's --max-batch (requests decoded together)"
     )
     m.add_argument(
-        "--kv-dtype", default="auto", choices=["auto", "fp32", "fp16"], help="gguf: serve's --kv-dtype"
+        "--kv-dtype",
+        default="auto",
+        choices=["auto", "fp32", "fp16", "int8"],
+        help="gguf: serve's --kv-dtype",
     )
     m.add_argument("--kv-memory", type=float, default=None, help="gguf: serve's --kv-memory (GiB)")
     m.add_argument("--api", action="store_true", help="gguf: the Python API's process instead of serve's")

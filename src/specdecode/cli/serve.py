@@ -87,9 +87,10 @@ def _step_args(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--kv-dtype",
         default="auto",
-        choices=["auto", "fp32", "fp16"],
+        choices=["auto", "fp32", "fp16", "int8"],
         help="the KV cache's precision: auto, the model's (float32 for gguf: a batched row is the "
-        "single-sequence loop's); fp16: half the memory, keys and values rounded to nearest",
+        "single-sequence loop's); fp16: half the memory, keys and values rounded to nearest; int8: "
+        "1.125 bytes a value, a scale a group of 32 (llama.cpp's q8_0)",
     )
     s.add_argument(
         "--trace-steps",

@@ -225,16 +225,14 @@ def serve_estimate(
     import torch
 
     from specdecode.backends.batch_model import KV_DTYPES, available_memory
-    from specdecode.backends.kv_pool import BLOCK
+    from specdecode.backends.kv_pool import BLOCK, row_bytes
     from specdecode.decoding.batch_decoder import TREE_SLACK
 
     if kv_dtype not in KV_DTYPES:
         raise UserError(f"unknown KV cache dtype {kv_dtype!r}; one of {', '.join(KV_DTYPES)}")
-    kv_bytes = torch.finfo(KV_DTYPES[kv_dtype] or torch.float32).bits // 8  # gguf: float32 by default
-
     heads, kvh, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
     d = getattr(cfg, "head_dim", None) or h // heads
-    per_position = 2 * cfg.num_hidden_layers * kvh * d * kv_bytes
+    per_position = 2 * cfg.num_hidden_layers * kvh * row_bytes(d, KV_DTYPES[kv_dtype] or torch.float32)
     context = getattr(cfg, "max_position_embeddings", tokens)
     # serve's default: batch_model.kv_budget, every slot at the whole context or half the free memory
     budget = min(slots * context * per_position, available_memory() // 2) if kv_memory is None else kv_memory
