@@ -9,6 +9,8 @@
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 #include "half.h"
@@ -44,12 +46,25 @@ inline vec load(const uint16_t* p) {
   return v;
 }
 inline vec splat(float x) { return vec{} + x; }
-// L int8 values widened to float, exactly (an int8 KV cache's row: attention_row.h)
+// L int8 values widened to float, exactly (an int8 KV cache's row: attention_row.h); GCC turns a
+// __builtin_convertvector of bytes into one scalar conversion a lane, so the widening is spelled out
 inline vec load(const int8_t* p) {
-  using vec8 = int8_t __attribute__((vector_size(L)));
-  vec8 b;
-  std::memcpy(&b, p, sizeof b);
-  return __builtin_convertvector(b, vec);
+  vec v;
+#if defined(__AVX512F__)
+  const __m512 r = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  std::memcpy(&v, &r, sizeof v);
+#elif defined(__AVX2__)
+  const __m256 r = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  std::memcpy(&v, &r, sizeof v);
+#elif defined(__ARM_NEON)
+  const int16x8_t w = vmovl_s8(vld1_s8(p));
+  const float32x4_t lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), hi = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w)));
+  std::memcpy(&v, &lo, sizeof lo);
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof lo, &hi, sizeof hi);
+#else
+  for (int i = 0; i < L; ++i) v[i] = static_cast<float>(p[i]);
+#endif
+  return v;
 }
 
 // a * b + c rounded once, written out: a compiler may contract `a * b + c` differently in each place
