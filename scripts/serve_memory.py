@@ -11,8 +11,9 @@ own sources at its own offset (no prefix shared: every request writes its own bl
 ignored, `--max-tokens` each. With `--huge-tokens N`, one more request of N prompt tokens arrives
 beside them: answered (its tokens) or refused with a 400 naming the memory, and the server must stay
 up. The server's resident memory (VmRSS of /proc) is sampled every 0.2 s; reported: its peak (VmHWM,
-load included) and its peak after loading, every stream's outcome, and the estimate for the same
-requests with its error. The CPU is named; run it with nothing else running.
+load included) and its peak after loading, every stream's outcome, the preemptions the server counted
+(`specdecode:num_preemptions_total`), and the estimate for the same requests with its error. The CPU
+is named; run it with nothing else running.
 """
 
 from __future__ import annotations
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         sampler.join()
         final = status_mb(pid)
         alive = httpx.get(url + "/v1/models").status_code == 200
+        metrics = httpx.get(url + "/metrics").text.splitlines()
+        preempted = sum(
+            float(m.split()[-1]) for m in metrics if m.startswith("specdecode:num_preemptions_total")
+        )
     e = memory.serve_estimate(
         models.load_config(a.target),
         models.resolve(a.target),
@@ -132,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "stream_errors": [r["error"] for r in streams if "error" in r],
         "huge": None if huge is None else results[-1].get("error", "answered"),
         "server_alive_after": alive,
+        "preemptions": int(preempted),
         "wall_s": round(wall, 1),
         "rss_loaded_mb": round(loaded["VmRSS"]),
         "rss_peak_after_load_mb": round(max(samples + [final["VmRSS"]])),
