@@ -169,6 +169,21 @@ def test_attention_groups_keep_chunks_alone_and_bucket_decode_rows_by_context():
     assert _attention_groups([1] * 4, [10, 20, 30, 40]) == [[0, 1, 2, 3]]  # alike contexts share one call
 
 
+def _rows_alone_and_together(fast, kv_dtype: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Ragged rows in one forward at this KV precision, each checked to get the bits it gets alone (a
+    prompt, then a step of 2 tokens) -> (its logits, the single-sequence float32 cache's) per row."""
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 384, (n,), generator=g) for n in (20, 9, 14)]
+    bm = BatchedLlama(fast, slots=3, kv_dtype=kv_dtype)
+    together = [o.logits for o in bm.forward([Row(i, s) for i, s in enumerate(seqs)])]
+    steps = [o.logits for o in bm.forward([Row(i, s[:2]) for i, s in enumerate(seqs)])]
+    for i, s in enumerate(seqs):
+        alone = BatchedLlama(fast, slots=1, kv_dtype=kv_dtype)
+        assert torch.equal(alone.forward([Row(0, s)])[0].logits, together[i])
+        assert torch.equal(alone.forward([Row(0, s[:2])])[0].logits, steps[i])
+    return [(t, _single(fast, s)) for t, s in zip(together, seqs)]
+
+
 def test_an_int8_kv_cache_takes_a_ninth_over_a_byte_a_value_and_keeps_rows_independent():
     """--kv-dtype int8: 1.125 bytes a value (32 int8 and a float scale a group); ragged rows in one
     forward get the bits each gets alone; the logits stay close to the float32 cache's (fp16's error
@@ -177,18 +192,10 @@ def test_an_int8_kv_cache_takes_a_ninth_over_a_byte_a_value_and_keeps_rows_indep
 
     fast = FastLlama(make_llama(seed=3, layers=2, hidden=128, heads=2, kv_heads=1))  # heads 64 wide
     assert kv_bytes_per_token(fast, "int8") * 32 == kv_bytes_per_token(fast, "fp32") * 9
-    g = torch.Generator().manual_seed(4)
-    seqs = [torch.randint(0, 384, (n,), generator=g) for n in (20, 9, 14)]
-    bm = BatchedLlama(fast, slots=3, kv_dtype="int8")
-    assert bm.k_cache.dtype == torch.int8 and bm.k_cache.shape[-1] == 64 + 8
-    together = [o.logits for o in bm.forward([Row(i, s) for i, s in enumerate(seqs)])]
-    steps = [o.logits for o in bm.forward([Row(i, s[:2]) for i, s in enumerate(seqs)])]
-    for i, s in enumerate(seqs):
-        alone = BatchedLlama(fast, slots=1, kv_dtype="int8")
-        assert torch.equal(alone.forward([Row(0, s)])[0].logits, together[i])
-        assert torch.equal(alone.forward([Row(0, s[:2])])[0].logits, steps[i])
-        ref = _single(fast, s)  # int8 rounding: on this sharp random model 1.1-1.6% of the logits' spread
-        assert (together[i] - ref).abs().mean() < 0.025 * ref.std()
+    assert BatchedLlama(fast, slots=1, kv_dtype="int8").k_cache.dtype == torch.int8
+    assert BatchedLlama(fast, slots=1, kv_dtype="int8").k_cache.shape[-1] == 64 + 8
+    for got, ref in _rows_alone_and_together(fast, "int8"):  # on this sharp random model 1.1-1.6% of the
+        assert (got - ref).abs().mean() < 0.025 * ref.std()  # logits' spread
     with pytest.raises(Exception, match="multiple of 32"):
         BatchedLlama(FastLlama(make_llama(seed=3, layers=1, hidden=64)), slots=1, kv_dtype="int8")
 
@@ -199,16 +206,8 @@ def test_a_float16_kv_cache_halves_the_blocks_and_keeps_rows_independent(fast):
     from specdecode.backends.batch_model import kv_bytes_per_token
 
     assert kv_bytes_per_token(fast, "fp16") * 2 == kv_bytes_per_token(fast, "fp32")
-    g = torch.Generator().manual_seed(4)
-    seqs = [torch.randint(0, 384, (n,), generator=g) for n in (20, 9, 14)]
-    bm = BatchedLlama(fast, slots=3, kv_dtype="fp16")
-    assert bm.k_cache.dtype == torch.float16
-    together = [o.logits for o in bm.forward([Row(i, s) for i, s in enumerate(seqs)])]
-    steps = [o.logits for o in bm.forward([Row(i, s[:2]) for i, s in enumerate(seqs)])]
-    for i, s in enumerate(seqs):
-        alone = BatchedLlama(fast, slots=1, kv_dtype="fp16")
-        assert torch.equal(alone.forward([Row(0, s)])[0].logits, together[i])
-        assert torch.equal(alone.forward([Row(0, s[:2])])[0].logits, steps[i])
-        assert torch.allclose(together[i], _single(fast, s), rtol=1e-2, atol=5e-2)  # float16 rounding
+    assert BatchedLlama(fast, slots=1, kv_dtype="fp16").k_cache.dtype == torch.float16
+    for got, ref in _rows_alone_and_together(fast, "fp16"):
+        assert torch.allclose(got, ref, rtol=1e-2, atol=5e-2)  # float16 rounding
     with pytest.raises(Exception, match="unknown KV cache dtype"):
         BatchedLlama(fast, slots=1, kv_dtype="int4")
