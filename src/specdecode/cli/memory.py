@@ -92,4 +92,6 @@ def _serving(args) -> None:
     print(f"  activations (the largest prefill forward and its logits): {fmt(e.activations)}")
     print(f"  total estimate: {fmt(e.total)}")
     if e.waiting:
-        print(f"  {e.waiting} of the {args.batch} requests wait: their blocks do not fit beside the others'")
+        slots_bound = args.batch - e.waiting == min(args.batch, args.slots)
+        why = "a slot" if slots_bound else "KV blocks, or are preempted (at full length they do not all fit)"
+        print(f"  {e.waiting} of the {args.batch} requests wait for {why}")
