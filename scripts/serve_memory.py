@@ -3,7 +3,8 @@ estimate of it (decoding/memory.serve_estimate).
 
     python scripts/serve_memory.py [--target qwen2.5-coder-1.5b] [--clients 16] [--prompt-tokens 1024]
                                    [--max-tokens 32] [--slots 16] [--kv-dtype auto] [--kv-memory GIB]
-                                   [--huge-tokens 32768] [--timeout 600] [--threads 2] [--port 8123] [--out F.json]
+                                   [--huge-tokens 32768] [--timeout 600] [--threads 2] [--port 8123]
+                                   [--out F.json]
 
 A fresh `serve --dtype gguf --drafter none` (one per run: a first write backs the KV pool's pages) gets
 `--clients` streaming completions at once, each a prompt of `--prompt-tokens` token ids cut from Python's
