@@ -158,10 +158,10 @@ def test_the_manifest_counts_sequences_and_tokens_per_prompt_set_and_category(ta
     )
     b.write_text(json.dumps({"prompt": "Count to three", "id": "b0", "category": "y"}))
     out = tmp_path / "d"
-    specs = f"{a},{b}"
+    sources = {}
     seqs = data.generate_data(
-        target, data.collect_prompts(specs), out, drafter="none", max_new_tokens=4,
-        meta={"exclude": "mtbench:1"}, sources=data.prompt_sources(specs),
+        target, data.collect_prompts(f"{a},{b}", sources=sources), out, drafter="none", max_new_tokens=4,
+        meta={"exclude": "mtbench:1"}, sources=sources,
     )  # fmt: skip
     got = json.loads((out / "manifest.json").read_text())
     assert got["exclude"] == "mtbench:1" and got["all"]["sequences"] == 3
@@ -170,8 +170,9 @@ def test_the_manifest_counts_sequences_and_tokens_per_prompt_set_and_category(ta
     assert {k: v["sequences"] for k, v in got["by_category"].items()} == {"x": 2, "y": 1}
     ids = {s.id: s for s in seqs}
     assert got["by_source"][str(b)]["prompt_tokens"] == len(ids["b0"].prompt_ids)
-    data.generate_data(target, data.collect_prompts(str(b)), out, drafter="none", max_new_tokens=4,
-                       sources=data.prompt_sources(str(b)))  # fmt: skip
+    sources = {}
+    data.generate_data(target, data.collect_prompts(str(b), sources=sources), out, drafter="none",
+                       max_new_tokens=4, sources=sources)  # fmt: skip
     again = json.loads((out / "manifest.json").read_text())
     assert {k: v["sequences"] for k, v in again["by_source"].items()} == {"other": 2, str(b): 1}
 

@@ -50,7 +50,7 @@ def row_width(d: int, dtype: torch.dtype) -> int:
 
 
 def row_bytes(d: int, dtype: torch.dtype) -> int:
-    return row_width(d, dtype) * torch.empty((), dtype=dtype).element_size()
+    return row_width(d, dtype) * dtype.itemsize
 
 
 def q8_rows(x: torch.Tensor) -> torch.Tensor:

@@ -78,8 +78,8 @@ PREFILL_ROWS = 512  # prompt tokens in one forward of an unchunked start (start(
 def positions(seq: Sequence, grow: int = GROW) -> int:
     """Cache positions admission claims for a sequence: what it fills in (its prompt; after a
     preemption its context), its next `grow` new tokens at most, and a tree's nodes past them."""
-    held = max(len(seq.context), len(seq.prompt))
-    return held + min(seq.max_new_tokens - max(seq.generated, 0), grow) + TREE_SLACK
+    held = len(seq.context or seq.prompt)
+    return held + min(seq.max_new_tokens - (held - len(seq.prompt)), grow) + TREE_SLACK
 
 
 class BatchDecoder:
@@ -144,8 +144,7 @@ class BatchDecoder:
         """The sequence gives its slot and cache memory up and keeps its context; admitted again, it
         fills in its prompt and output (the prefix cache's blocks where it still has them)."""
         self.release(seq)
-        seq.prefilled = 0
-        seq.preempted += 1
+        seq.preempted += 1  # admit() sets what it fills in anew
 
     def start(self, seqs: list[Sequence], chunked: bool = False) -> float:
         """Admit each sequence not admitted yet (an error if it does not fit now) and begin its drafter;

@@ -235,7 +235,8 @@ def cmd_data(args) -> None:
         print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
         return
 
-    prompts, tag = data.collect_prompts(args.prompts, args.exclude), ""
+    sources: dict[str, str] = {}
+    prompts, tag = data.collect_prompts(args.prompts, args.exclude, sources), ""
     if args.part:
         prompts, tag = data.part(prompts, args.part)
     spec = drafters.parse(args.drafter)  # before loading anything; generate_data builds it
@@ -266,7 +267,7 @@ def cmd_data(args) -> None:
         flush_minutes=args.flush_minutes,
         max_prompt_tokens=args.max_prompt_tokens,
         tag=tag,
-        sources=data.prompt_sources(args.prompts),
+        sources=sources,
     )
     print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
 

@@ -49,11 +49,14 @@ def _text(prompt: str) -> str:
     return " ".join(prompt.lower().split())
 
 
-def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | None]]:
+def collect_prompts(
+    specs: str, exclude: str = "", sources: dict[str, str] | None = None
+) -> list[tuple[Prompt, str | None]]:
     """'mtbench,humaneval,file.jsonl' minus the prompts of `exclude` (e.g. the benchmark's
     'mtbench:1'), by id and by text (a self-instruct prompt that repeats a held-out one is dropped
     too) -> (prompt, given response or None), categories interleaved round-robin so that a run
-    stopped early still covers every category."""
+    stopped early still covers every category. `sources`, where given, is filled with each kept
+    prompt's id -> the set of `specs` it came from (for manifest())."""
     held_out = [p for s in exclude.split(",") if s for p in load_prompts(s)]
     dropped, dropped_text = {p.id for p in held_out}, {_text(p.prompt) for p in held_out}
     by_cat: dict[str, list[tuple[Prompt, str | None]]] = {}
@@ -64,6 +67,8 @@ def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | N
             key = f"{spec}/{p.id}" if given else p.id
             if p.id not in dropped and _text(p.prompt) not in dropped_text and key not in seen:
                 seen.add(key)
+                if sources is not None:
+                    sources[key] = spec
                 by_cat.setdefault(p.category, []).append(
                     (Prompt(p.prompt, key, p.category, p.task), given.get(p.id))
                 )
@@ -76,19 +81,10 @@ def collect_prompts(specs: str, exclude: str = "") -> list[tuple[Prompt, str | N
     return order
 
 
-def prompt_sources(specs: str) -> dict[str, str]:
-    """Prompt id -> the prompt set of `specs` it comes from (the first that has it)."""
-    out: dict[str, str] = {}
-    for spec in (s for s in specs.split(",") if s):
-        for p in load_prompts(spec):
-            out.setdefault(p.id, spec)
-    return out
-
-
 def manifest(seqs: list[Record], sources: dict[str, str], meta: dict | None = None) -> dict:
     """What a data directory holds: sequences, prompt and response tokens in all, per prompt set
-    (`sources`: prompt_sources; sequences of sets no longer named count as "other") and per category,
-    with the run's settings (`meta`: target, held-out sets, temperature...)."""
+    (`sources`: as collect_prompts fills it; sequences of sets no longer named count as "other") and
+    per category, with the run's settings (`meta`: target, held-out sets, temperature...)."""
 
     def tally(groups: dict[str, list[Record]]) -> dict[str, dict[str, int]]:
         return {
@@ -100,15 +96,10 @@ def manifest(seqs: list[Record], sources: dict[str, str], meta: dict | None = No
             for name, group in sorted(groups.items())
         }
 
-    specs = set(sources.values())  # a file with given responses keys its prompts "FILE/ID"
-
-    def source(seq_id: str) -> str:
-        return sources.get(seq_id) or next((s for s in specs if seq_id.startswith(s + "/")), "other")
-
     by_source: dict[str, list[Record]] = {}
     by_category: dict[str, list[Record]] = {}
     for seq in seqs:
-        by_source.setdefault(source(seq.id), []).append(seq)
+        by_source.setdefault(sources.get(seq.id, "other"), []).append(seq)
         by_category.setdefault(seq.category, []).append(seq)
     return {
         **(meta or {}),
