@@ -2,7 +2,8 @@
 built without torch), and the float16 KV cache's rounding and reads (tests/native/attention_check.cpp):
 for each x86 ISA this CPU can run (kernels.ISAS), and for ARM NEON (and ARM's scalar build)
 cross-compiled and run under qemu-aarch64. CI installs the cross compiler and qemu-user
-(.ci/run); elsewhere the ARM cases are skipped when they are missing. The ISA switch
+(.ci/run); elsewhere the ARM cases are skipped when they are missing. The x86 ISAs this CPU lacks
+(AVX-512 VNNI, AVX-VNNI) are built against emulated intrinsics and run here (EMULATED_FLAGS). The ISA switch
 (SPECDECODE_ISA) refuses names it does not know and ISAs this CPU cannot run."""
 
 from __future__ import annotations
@@ -79,6 +80,55 @@ def test_a_float16_kv_cache_rounds_and_reads_alike_on_each_isa(isa, tmp_path):
     flags = [f for f in kernels.ISAS[isa][0] if f != "-mtune=native"]
     assert_attention_check(
         build_and_run(tmp_path, "g++", flags, [], HERE / "native" / "attention_check.cpp", HALF_CASES)
+    )
+
+
+# x86 microkernels this CPU cannot run, built against test-only stand-ins for their intrinsics
+# (tests/native/emulated/ISA/immintrin.h, first on the include path) and run here: AVX-512 VNNI's
+# through SIMDe's portable C++ (the simde-py package's headers; -U keeps SIMDe off the host's vector
+# paths while the compiler may still fuse its multiply-adds, as the hardware's are fused), AVX-VNNI's
+# with only vpdpbusd replaced by an exact AVX2 loop. The same bit tests as the native builds.
+EMULATED_FLAGS = {
+    "avx512vnni": [
+        "-march=x86-64-v3",
+        *(f"-U__{m}__" for m in ("FMA", "SSE3", "SSSE3", "SSE4_1", "SSE4_2", "AVX", "AVX2", "F16C")),
+        *(f"-D__{m}__" for m in ("AVX512F", "AVX512BW", "AVX512VL", "AVX512VNNI")),
+        "-DSIMDE_NO_NATIVE",
+        "-Wno-psabi",
+    ],
+    "avxvnni": ["-march=x86-64-v3", "-D__AVXVNNI__"],
+}
+
+
+def emulated_x86_isas() -> list[str]:
+    if not X86 or shutil.which("g++") is None or not kernels.ISAS["avx2"][1] <= CPU_FLAGS:
+        return []
+    return [isa for isa in EMULATED_FLAGS if not kernels.ISAS[isa][1] <= CPU_FLAGS]
+
+
+def emulated_flags(isa: str) -> list[str]:
+    flags = [*EMULATED_FLAGS[isa], f"-I{HERE / 'native' / 'emulated' / isa}"]
+    if isa == "avx512vnni":
+        simde = pytest.importorskip("simde_py", reason="simde-py (the test extra) carries SIMDe's headers")
+        flags.append(f"-I{simde.get_include()}")
+    return flags
+
+
+@pytest.mark.parametrize("isa", emulated_x86_isas())
+def test_the_microkernel_of_each_isa_this_cpu_lacks_has_the_references_bits_under_emulation(isa, tmp_path):
+    out = build_and_run(tmp_path, "g++", emulated_flags(isa), [])
+    assert out.splitlines()[0].startswith(f"tile ISA {isa},")
+    assert "264 passed, 0 failed" in out
+
+
+def test_a_float16_kv_cache_rounds_and_reads_alike_on_emulated_avx512(tmp_path):
+    if "avx512vnni" not in emulated_x86_isas():
+        pytest.skip(
+            "this CPU runs AVX-512 VNNI itself (test_a_float16_kv_cache_rounds_and_reads_alike_on_each_isa)"
+        )
+    source = HERE / "native" / "attention_check.cpp"
+    assert_attention_check(
+        build_and_run(tmp_path, "g++", emulated_flags("avx512vnni"), [], source, HALF_CASES)
     )
 
 

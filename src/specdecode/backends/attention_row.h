@@ -32,7 +32,7 @@ inline void rope(const float* x, const float* cos, const float* sin, float* out,
 // queries of 4 vectors the compiler keeps the rows in registers itself, and a pin costs spills.
 template <bool PIN>
 inline vec in_register(vec v) {
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if (defined(__AVX2__) || defined(__AVX512F__)) && !defined(SPECDECODE_EMULATED_ISA)  // (tests' emulation)
   if constexpr (PIN) asm("" : "+v"(v));
 #endif
   return v;
