@@ -169,6 +169,17 @@ inline void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, con
 // y[:, r] for the weight rows of groups g0..g1 of an interleaved matrix of N rows and K = 32 G inputs
 // (wq [groups, G, 64 BITS], ws [groups, G, 2 or (ONE) 1, 16], or factored [groups, G / 8, FACTORED])
 // and all M rows of x; y's rows are ldy apart.
+// The most rows of x one pass over a group takes: MAX_X, but on AVX2 4 for q4 and one-scale matrices
+// (tile_avx2.h's group_both, whose passes of 4 beat one sweep a half of 8 rows there; q5/q6's
+// per-register unpacking does not pay that often)
+template <int BITS, bool ONE>
+constexpr int64_t rows_a_pass() {
+#if defined(SPECDECODE_TILE_AVX2)
+  if constexpr (BITS == 4 || ONE) return avx2::BOTH;
+#endif
+  return MAX_X;
+}
+
 template <int BITS, typename Scale, bool ONE = false>
 void groups(const uint8_t* wq, const Scale* ws, const QuantRows& x, float* y, int64_t ldy, int64_t M, int64_t G,
             int64_t N, int64_t g0, int64_t g1) {
@@ -177,8 +188,9 @@ void groups(const uint8_t* wq, const Scale* ws, const QuantRows& x, float* y, in
     const Scale* gs = ws + grp * scale_stride<Scale, ONE>(G);
     const int64_t valid = std::min(R, N - grp * R);
     const uint8_t* next = grp + 1 < g1 ? gw + G * BITS * 64 : nullptr;
-    const int passes = static_cast<int>((M + MAX_X - 1) / MAX_X);
-    for (int64_t m0 = 0, pass = 0; m0 < M; ++pass) {  // passes of at most MAX_X rows, as even as they divide
+    constexpr int64_t most = rows_a_pass<BITS, ONE>();
+    const int passes = static_cast<int>((M + most - 1) / most);
+    for (int64_t m0 = 0, pass = 0; m0 < M; ++pass) {  // passes of at most `most` rows, as even as they divide
       const int64_t left = M - m0, more = passes - pass, mb = (left + more - 1) / more;
       switch (mb) {
 #define SPECDECODE_TILE(n)                                                                                     \

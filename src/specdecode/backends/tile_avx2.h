@@ -43,6 +43,13 @@ inline void block_scales(const Scale* ws, int64_t g, int h, __m256& s0, __m256& 
   }
 }
 
+// 16 int16 sums of two products each, of u's bytes (SIGNED: q, multiplied as |q| with x's sign
+// moved over) by x's
+template <bool SIGNED>
+[[gnu::always_inline]] inline __m256i product(__m256i u, __m256i x) {
+  return SIGNED ? _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(x, u)) : _mm256_maddubs_epi16(u, x);
+}
+
 // init + the dot products of registers T0..T1-1 with x's 4 bytes each (xb[t]): 8 int32 lanes, 4
 // products each. SIGNED: u holds q (signed), else unsigned bytes; CHUNK registers summed in int16.
 template <int T0, int T1, int CHUNK, bool SIGNED>
@@ -58,9 +65,9 @@ inline __m256i dots(const __m256i* u, const int32_t* xb, __m256i init) {
       __m256i s = _mm256_setzero_si256();
       for (int t = c; t < c + CHUNK; ++t) {
         const __m256i x = _mm256_set1_epi32(xb[t]);
-        const __m256i p = SIGNED ? _mm256_maddubs_epi16(_mm256_sign_epi8(u[t], u[t]), _mm256_sign_epi8(x, u[t]))
-                                 : _mm256_maddubs_epi16(u[t], x);
+        const __m256i p = product<SIGNED>(u[t], x);
         s = t == c ? p : _mm256_add_epi16(s, p);
+        asm("" : "+x"(s));  // add each product as it comes (group_tile)
       }
       init = _mm256_add_epi32(init, _mm256_madd_epi16(s, ones));
     }
@@ -141,60 +148,175 @@ template <int MB>
   }
 }
 
+// register t (0..7) of the 8 rows at p (a block's bytes + 32 h), unpacked as `unpack` does
+template <int BITS, bool SIGNED>
+[[gnu::always_inline]] inline __m256i unpack_one(const uint8_t* p, int t) {
+  const __m256i low = _mm256_set1_epi8(15);
+  if constexpr (BITS == 8) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t));
+    return SIGNED ? _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80))) : u;
+  } else {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * (t & 3)));
+    __m256i u = t < 4 ? _mm256_and_si256(b, low) : _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+    if constexpr (BITS == 5 || BITS == 6) {
+      constexpr int H = BITS - 4, PER = 8 / H;
+      const __m256i hbits = _mm256_set1_epi8(static_cast<char>(((1 << H) - 1) << 4));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 256 + 64 * (t / PER)));
+      const int at = H * (t % PER);
+      const __m256i moved = at < 4 ? _mm256_slli_epi16(hb, 4 - at) : at == 4 ? hb : _mm256_srli_epi16(hb, at - 4);
+      u = _mm256_or_si256(u, _mm256_and_si256(moved, hbits));
+    }
+    return u;
+  }
+}
+
+// s[m] (int32) += the products of registers T0..T1-1 of both halves (u at p and p + 32) with row m's
+// x bytes: each register unpacked once and each broadcast of x serving both halves
+template <int BITS, int MB, int T0, int T1>
+[[gnu::always_inline]] inline void both_dots(const uint8_t* p, const int32_t* const* xb, __m256i (*s)[MB]) {
+  constexpr bool SIGNED = BITS == 8 && !VNNI;
+  constexpr int CHUNK = BITS == 4 ? 8 : BITS == 5 ? 4 : BITS == 6 ? 2 : 1;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i w[2][MB];
+#pragma GCC unroll 8
+  for (int t = T0; t < T1; ++t) {
+    const __m256i u0 = unpack_one<BITS, SIGNED>(p, t), u1 = unpack_one<BITS, SIGNED>(p + 32, t);
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m256i x = _mm256_set1_epi32(xb[m][t]);
+      if constexpr (VNNI && !SIGNED) {
+#if defined(__AVXVNNI__)
+        s[0][m] = _mm256_dpbusd_avx_epi32(t == T0 ? _mm256_setzero_si256() : s[0][m], u0, x);
+        s[1][m] = _mm256_dpbusd_avx_epi32(t == T0 ? _mm256_setzero_si256() : s[1][m], u1, x);
+#endif
+      } else {
+        const __m256i p0 = product<SIGNED>(u0, x), p1 = product<SIGNED>(u1, x);
+        const bool first = (t - T0) % CHUNK == 0, last = (t - T0) % CHUNK == CHUNK - 1 || t == T1 - 1;
+        w[0][m] = first ? p0 : _mm256_add_epi16(w[0][m], p0);
+        w[1][m] = first ? p1 : _mm256_add_epi16(w[1][m], p1);
+        asm("" : "+x"(w[0][m]), "+x"(w[1][m]));  // add each product as it comes (group_tile)
+        if (last) {
+          const __m256i d0 = _mm256_madd_epi16(w[0][m], ones), d1 = _mm256_madd_epi16(w[1][m], ones);
+          s[0][m] = t - T0 < CHUNK ? d0 : _mm256_add_epi32(s[0][m], d0);
+          s[1][m] = t - T0 < CHUNK ? d1 : _mm256_add_epi32(s[1][m], d1);
+        }
+      }
+    }
+  }
+}
+
+// One sweep over a group's blocks for MB rows of x (group_tile's first way): both halves at once, a
+// register at a time, the bias of q5/q6/q8's bytes added after the products (the same int32 sums)
+template <int BITS, int MB, typename Scale, bool ONE>
+void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
+                const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0,
+                const uint8_t* next, int pass, int passes) {
+  constexpr bool Q4 = BITS == 4;
+  constexpr int bias = Q4 ? 0 : 8 - BITS;
+  constexpr int64_t bytes = BITS * 64;
+  __m256 acc[2][MB];
+  for (int h = 0; h < 2; ++h)
+    for (int m = 0; m < MB; ++m) acc[h][m] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* p = wq + g * bytes;
+    if (pass == 0)
+      for (int i = 0; i < BITS; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH + 64 * i), _MM_HINT_T0);
+    if (next != nullptr)
+      for (int i = pass; i < BITS; i += passes)
+        _mm_prefetch(reinterpret_cast<const char*>(next + g * bytes + 64 * i), _MM_HINT_T0);
+    const int32_t* xb[MB];
+    for (int m = 0; m < MB; ++m) xb[m] = reinterpret_cast<const int32_t*>(xq + ((m0 + m) * G + g) * 32);
+    if constexpr (Q4 || ONE) {
+      __m256i s[2][MB];
+      both_dots<BITS, MB, 0, 8>(p, xb, s);
+      if constexpr (!Q4 && !(BITS == 8 && !VNNI))
+        for (int m = 0; m < MB; ++m) {
+          const int64_t xi = (m0 + m) * G + g;
+          const __m256i b = _mm256_set1_epi32(-((xh[2 * xi] + xh[2 * xi + 1]) >> bias));
+          s[0][m] = _mm256_add_epi32(s[0][m], b), s[1][m] = _mm256_add_epi32(s[1][m], b);
+        }
+      for (int h = 0; h < 2; ++h) {
+        __m256 s0, s1;
+        block_scales<ONE>(ws, g, h, s0, s1);
+        for (int m = 0; m < MB; ++m) {
+          const int64_t xi = (m0 + m) * G + g;
+          const __m256 d = _mm256_set1_ps(xd[xi]);
+          acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][m]), _mm256_mul_ps(s0, d), acc[h][m]);
+          if constexpr (Q4) acc[h][m] = _mm256_fmadd_ps(s1, _mm256_set1_ps(xS[xi]), acc[h][m]);
+        }
+      }
+    } else {
+      __m256i lo[2][MB], hi[2][MB];
+      both_dots<BITS, MB, 0, 4>(p, xb, lo);
+      both_dots<BITS, MB, 4, 8>(p, xb, hi);
+      if constexpr (!(BITS == 8 && !VNNI))
+        for (int m = 0; m < MB; ++m) {
+          const int64_t xi = (m0 + m) * G + g;
+          const __m256i bl = _mm256_set1_epi32(-(xh[2 * xi] >> bias));
+          const __m256i bh = _mm256_set1_epi32(-(xh[2 * xi + 1] >> bias));
+          lo[0][m] = _mm256_add_epi32(lo[0][m], bl), lo[1][m] = _mm256_add_epi32(lo[1][m], bl);
+          hi[0][m] = _mm256_add_epi32(hi[0][m], bh), hi[1][m] = _mm256_add_epi32(hi[1][m], bh);
+        }
+      for (int h = 0; h < 2; ++h) {
+        __m256 s0, s1;
+        block_scales<ONE>(ws, g, h, s0, s1);
+        for (int m = 0; m < MB; ++m) {
+          const __m256 d = _mm256_set1_ps(xd[(m0 + m) * G + g]);
+          acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[h][m]), _mm256_mul_ps(s0, d), acc[h][m]);
+          acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[h][m]), _mm256_mul_ps(s1, d), acc[h][m]);
+        }
+      }
+    }
+  }
+  for (int h = 0; h < 2; ++h) store_rows<MB>(acc[h], y, N, r0, h, std::min<int64_t>(8, valid - 8 * h), m0);
+}
+
 // Outputs of one group of 16 weight rows for MB rows of x from m0 (tile_ref.h's group_tile), in pass
-// `pass` of `passes`; next: the next group's weights or null.
+// `pass` of `passes`; next: the next group's weights or null. Two ways, by the rows of x in a pass:
 //
-// With at most BOTH rows of x in one pass, one sweep over the group's blocks works both halves of its
-// rows: each block's lines are read once, each broadcast of x serves both halves, and two accumulator
-// chains run side by side. With more rows the accumulators of both halves no longer fit 16 registers,
-// so the group is swept 2 x passes times (a half of its rows each); only the first sweep reads it
-// from memory, the others find it in cache. Each such sweep also prefetches its share of the next
-// group's lines (line i of block g in sweep i % sweeps), so that memory streams while any sweep
-// computes: with the first sweep alone prefetching, T(4) of the 1.5B was T(1) plus the other sweeps'
-// compute. Measured on Zen 3 (2 threads, a stack of the 1.5B's matrices from DRAM, against halves
-// apart): Q4_K 1-3 rows 5-11% faster, Q6_K 15-30%; 6 and 8 rows at once 10-25% slower.
+// - At most BOTH rows (a decode step, a short chain): group_both, one sweep over the group's blocks
+//   that works both halves of its rows a register at a time. Each register of weights is unpacked
+//   once and each broadcast of x serves both halves; the live set (two registers of weights, 2 MB
+//   int16 sums, 2 MB accumulators) fits 16 registers, where a whole block's 8 registers of both
+//   halves did not (GCC spilled a third of the loop to the stack).
+// - More rows: the group is swept 2 x passes times, a half of its rows each, a block's 8 registers
+//   unpacked once per sweep and shared by up to 8 rows; only the first sweep reads the group from
+//   memory, the others find it in cache. Each sweep also prefetches its share of the next group's
+//   lines (line i of block g in sweep i % sweeps), so that memory streams while any sweep computes:
+//   with the first sweep alone prefetching, T(4) of the 1.5B was T(1) plus the other sweeps' compute.
+//
+// In both, each int16 sum takes its product as it comes (an empty asm keeps GCC from holding all of a
+// block's products in registers and on the stack first). Measured on Zen 3 (docs/native_forward.md):
+// llvm-mca, Q4_K with 4 rows of x 29 -> 19 cycles a row and block of 16 weight rows; one thread from
+// L2, Q4_K 4 rows ~11 -> 8 ns, Q6_K 1 row 24 -> 21 ns but 2 rows 17 -> 18; the 1.5B's T(4) 98 -> 86 ms.
 constexpr int BOTH = 4;
 template <int BITS, int MB, typename Scale, bool ONE = false>
 void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
                 const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0,
                 const uint8_t* next, int pass, int passes) {
-  constexpr bool SIGNED = BITS == 8 && !VNNI;
-  constexpr int64_t bytes = BITS * 64;
   if constexpr (MB <= BOTH) {
-    if (passes == 1) {
-      __m256 acc[2][MB];
-      for (int h = 0; h < 2; ++h)
-        for (int m = 0; m < MB; ++m) acc[h][m] = _mm256_setzero_ps();
+    group_both<BITS, MB, Scale, ONE>(wq, ws, xq, xd, xS, xh, y, G, N, r0, valid, m0, next, pass, passes);
+  } else {
+    constexpr bool SIGNED = BITS == 8 && !VNNI;
+    constexpr int64_t bytes = BITS * 64;
+    const int sweeps = 2 * passes;
+    for (int h = 0; h < 2 && 8 * h < valid; ++h) {
+      const int sweep = 2 * pass + h;
+      __m256 acc[MB];
+      for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
       for (int64_t g = 0; g < G; ++g) {
-        const uint8_t* p = wq + g * bytes;
-        for (int i = 0; i < BITS; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH + 64 * i), _MM_HINT_T0);
+        const uint8_t* p = wq + g * bytes + 32 * h;
+        if (h == 0 && pass == 0)  // the block PREFETCH bytes ahead (tile_avx512.h)
+          for (int i = 0; i < BITS; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH + 64 * i), _MM_HINT_T0);
+        if (next != nullptr)
+          for (int i = sweep; i < BITS; i += sweeps)
+            _mm_prefetch(reinterpret_cast<const char*>(next + g * bytes + 64 * i), _MM_HINT_T0);
         __m256i u[8];
         unpack<BITS, SIGNED>(p, u);
-        block_rows<BITS, MB, Scale, ONE>(u, ws, g, 0, xq, xd, xS, xh, G, m0, acc[0]);
-        unpack<BITS, SIGNED>(p + 32, u);
-        block_rows<BITS, MB, Scale, ONE>(u, ws, g, 1, xq, xd, xS, xh, G, m0, acc[1]);
+        block_rows<BITS, MB, Scale, ONE>(u, ws, g, h, xq, xd, xS, xh, G, m0, acc);
       }
-      for (int h = 0; h < 2; ++h) store_rows<MB>(acc[h], y, N, r0, h, std::min<int64_t>(8, valid - 8 * h), m0);
-      return;
+      store_rows<MB>(acc, y, N, r0, h, std::min<int64_t>(8, valid - 8 * h), m0);
     }
-  }
-  const int sweeps = 2 * passes;
-  for (int h = 0; h < 2 && 8 * h < valid; ++h) {
-    const int sweep = 2 * pass + h;
-    __m256 acc[MB];
-    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) {
-      const uint8_t* p = wq + g * bytes + 32 * h;
-      if (h == 0 && pass == 0)  // the block PREFETCH bytes ahead (tile_avx512.h)
-        for (int i = 0; i < BITS; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH + 64 * i), _MM_HINT_T0);
-      if (next != nullptr)
-        for (int i = sweep; i < BITS; i += sweeps)
-          _mm_prefetch(reinterpret_cast<const char*>(next + g * bytes + 64 * i), _MM_HINT_T0);
-      __m256i u[8];
-      unpack<BITS, SIGNED>(p, u);
-      block_rows<BITS, MB, Scale, ONE>(u, ws, g, h, xq, xd, xS, xh, G, m0, acc);
-    }
-    store_rows<MB>(acc, y, N, r0, h, std::min<int64_t>(8, valid - 8 * h), m0);
   }
 }
 
