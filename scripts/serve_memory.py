@@ -3,7 +3,7 @@ estimate of it (decoding/memory.serve_estimate).
 
     python scripts/serve_memory.py [--target qwen2.5-coder-1.5b] [--clients 16] [--prompt-tokens 1024]
                                    [--max-tokens 32] [--slots 16] [--kv-dtype auto] [--kv-memory GIB]
-                                   [--huge-tokens 32768] [--timeout 600] [--threads 2] [--port 8123]
+                                   [--huge-tokens 32768] [--timeout S] [--threads 2] [--port 8123]
                                    [--out F.json]
 
 A fresh `serve --dtype gguf --drafter none` (one per run: a first write backs the KV pool's pages) gets
@@ -68,12 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-dtype", default="auto")
     p.add_argument("--kv-memory", type=float, help="serve --kv-memory (GiB)")
     p.add_argument("--huge-tokens", type=int, help="one more request of this many prompt tokens")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        help="serve --timeout: 16 x 4k prompts outlast 600 s on 2 cores",
-    )
+    p.add_argument("--timeout", type=float, help="serve --timeout (default: serve's, no limit)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--out", type=Path)
@@ -94,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         huge = (ids * (a.huge_tokens // len(ids) + 1))[: a.huge_tokens]
     argv_serve = [sys.executable, "-m", "specdecode", "serve", "--target", a.target, "--dtype", "gguf"]
     argv_serve += ["--drafter", "none", "--port", str(a.port), "--max-batch", str(a.slots)]
-    argv_serve += ["--kv-dtype", a.kv_dtype, "--threads", str(a.threads), "--timeout", str(a.timeout)]
+    argv_serve += ["--kv-dtype", a.kv_dtype, "--threads", str(a.threads)]
+    if a.timeout is not None:
+        argv_serve += ["--timeout", str(a.timeout)]
     if a.kv_memory:
         argv_serve += ["--kv-memory", str(a.kv_memory)]
     samples: list[float] = []

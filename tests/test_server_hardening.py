@@ -312,6 +312,8 @@ def test_serve_rejects_bad_flags_before_loading(capsys):
     assert main(["serve", "--max-batch", "0"]) == 2
     assert main(["serve", "--drafter", "telepathy"]) == 2
     assert "unknown drafter" in capsys.readouterr().err
+    assert main(["serve", "--timeout", "0"]) == 2  # no limit is the default; a limit must be positive
+    assert "--timeout must be positive, got 0.0" in capsys.readouterr().err
     # medusa, eagle, trees and ensembles are served since the batched core verifies trees and returns
     # features per row (test_medusa_eagle.py::test_server_serves_feature_drafters_with_single_request_output)
 

@@ -31,7 +31,7 @@ from specdecode.server.schemas import ApiError, ChatRequest, CompletionRequest
 class AppOptions:
     model_name: str
     api_key: str | None = None
-    timeout_s: float | None = 600.0
+    timeout_s: float | None = None  # serve --timeout; None: no limit
     max_body_bytes: int = 1 << 20
 
 
