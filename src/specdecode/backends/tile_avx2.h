@@ -75,33 +75,34 @@ inline __m256i dots(const __m256i* u, const int32_t* xb, __m256i init) {
   }
 }
 
-// A block's 8 registers for rows 8h..8h+7 (p: the block's bytes + 32 h): q4's nibbles, q5/q6's
-// nibbles with their high bits put back above them, q8's bytes (as q where SIGNED)
+// Register t (0..7) of the 8 rows at p (a block's bytes + 32 h): q4's nibbles, q5/q6's nibbles with
+// their high bits put back above them, q8's bytes (as q where SIGNED)
 template <int BITS, bool SIGNED>
-[[gnu::always_inline]] inline void unpack(const uint8_t* p, __m256i* u) {
+[[gnu::always_inline]] inline __m256i unpack_one(const uint8_t* p, int t) {
   const __m256i low = _mm256_set1_epi8(15);
   if constexpr (BITS == 8) {
-    for (int t = 0; t < 8; ++t) {
-      u[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t));
-      if (SIGNED) u[t] = _mm256_xor_si256(u[t], _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128 -> q
-    }
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t));
+    return SIGNED ? _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80))) : u;
   } else {
-    for (int t = 0; t < 4; ++t) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t));
-      u[t] = _mm256_and_si256(b, low);
-      u[t + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-    }
-    if constexpr (BITS == 5 || BITS == 6) {  // each nibble's high bits put back above it
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * (t & 3)));
+    __m256i u = t < 4 ? _mm256_and_si256(b, low) : _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+    if constexpr (BITS == 5 || BITS == 6) {
       constexpr int H = BITS - 4, PER = 8 / H;
       const __m256i hbits = _mm256_set1_epi8(static_cast<char>(((1 << H) - 1) << 4));
-      for (int t = 0; t < 8; ++t) {
-        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 256 + 64 * (t / PER)));
-        const int at = H * (t % PER);  // its bits at `at` of hb's byte -> bits 4..4 + H - 1
-        const __m256i moved = at < 4 ? _mm256_slli_epi16(hb, 4 - at) : at == 4 ? hb : _mm256_srli_epi16(hb, at - 4);
-        u[t] = _mm256_or_si256(u[t], _mm256_and_si256(moved, hbits));
-      }
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 256 + 64 * (t / PER)));
+      const int at = H * (t % PER);  // its bits at `at` of hb's byte -> bits 4..4 + H - 1
+      const __m256i moved = at < 4 ? _mm256_slli_epi16(hb, 4 - at) : at == 4 ? hb : _mm256_srli_epi16(hb, at - 4);
+      u = _mm256_or_si256(u, _mm256_and_si256(moved, hbits));
     }
+    return u;
   }
+}
+
+// A block's 8 registers for rows 8h..8h+7 (p: the block's bytes + 32 h); the loads that registers t
+// and t + 4 share are one load once inlined
+template <int BITS, bool SIGNED>
+[[gnu::always_inline]] inline void unpack(const uint8_t* p, __m256i* u) {
+  for (int t = 0; t < 8; ++t) u[t] = unpack_one<BITS, SIGNED>(p, t);
 }
 
 // acc[m] += block g's contribution to 8 outputs (rows 8h..) for row m0 + m of x, m < MB
@@ -145,28 +146,6 @@ template <int MB>
       _mm256_storeu_ps(out, acc[m]);
     else if (rows > 0)
       _mm256_maskstore_ps(out, keep, acc[m]);
-  }
-}
-
-// register t (0..7) of the 8 rows at p (a block's bytes + 32 h), unpacked as `unpack` does
-template <int BITS, bool SIGNED>
-[[gnu::always_inline]] inline __m256i unpack_one(const uint8_t* p, int t) {
-  const __m256i low = _mm256_set1_epi8(15);
-  if constexpr (BITS == 8) {
-    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t));
-    return SIGNED ? _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80))) : u;
-  } else {
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * (t & 3)));
-    __m256i u = t < 4 ? _mm256_and_si256(b, low) : _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-    if constexpr (BITS == 5 || BITS == 6) {
-      constexpr int H = BITS - 4, PER = 8 / H;
-      const __m256i hbits = _mm256_set1_epi8(static_cast<char>(((1 << H) - 1) << 4));
-      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 256 + 64 * (t / PER)));
-      const int at = H * (t % PER);
-      const __m256i moved = at < 4 ? _mm256_slli_epi16(hb, 4 - at) : at == 4 ? hb : _mm256_srli_epi16(hb, at - 4);
-      u = _mm256_or_si256(u, _mm256_and_si256(moved, hbits));
-    }
-    return u;
   }
 }
 
