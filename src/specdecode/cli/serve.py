@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
     _limit_args(s)
     _step_args(s)
     _suffix_args(s)
-    # batched rows round like single requests under gguf only on the VNNI kernels (else gguf-exact)
+    # batched rows round like single requests under gguf wherever the tile kernels build (else gguf-exact)
     s.set_defaults(run=cmd_serve, exact_auto="unless-rows-exact")
 
 
