@@ -68,6 +68,10 @@ def test_ragged_rows_match_single_sequence_logits(fast):
     assert [len(bm.pool.owned[s]) for s in (4, 1, 2, 0)] == [1, 1, 5, 1]  # its own tokens' blocks of 64
     bm.truncate(2, 100)  # a slot rolled back gives the blocks past its length back
     assert len(bm.pool.owned[2]) == 2 and bm.pool.in_use() == 5
+    # /metrics' kv_cache gauges: the share in use falls with it, the memory backed keeps its high-water
+    # mark (8 blocks were handed out at most, block 0 besides)
+    usage, backed = bm.cache_use()
+    assert usage == 5 / (bm.pool.blocks - 1) and backed == 9 * bm.block_bytes
 
 
 def test_contiguous_slots_match_too(fast):

@@ -204,6 +204,9 @@ def test_sixteen_concurrent_streams_equal_their_single_request_outputs(target, s
     assert max(sizes) > 1, "concurrent requests should share target forwards"
     assert _gauge(server, "specdecode:num_requests_running") == 0
     assert _gauge(server, "specdecode:num_requests_waiting") == 0
+    # the prompts' blocks went back (the prefix cache may hold some); the memory they backed stays
+    assert 0 <= _gauge(server, "specdecode:kv_cache_usage_perc") < 1
+    assert _gauge(server, "specdecode:kv_cache_backed_bytes") >= 2 * server.engine.model.block_bytes
 
 
 def test_draft_model_drafter_per_request_caches(target, tiny_draft_dir):

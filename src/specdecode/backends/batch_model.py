@@ -80,6 +80,11 @@ class BatchLM(Protocol):
 
     def unhold(self, blocks: list[int]) -> None: ...
 
+    def cache_use(self) -> tuple[float, int]:
+        """(share of the cache's blocks in use now, bytes of cache memory backed so far: its high-water
+        mark); (0.0, 0) where the slots keep caches of their own."""
+        ...
+
     def forward(self, rows: list[Row]) -> list[Output]:
         """rows -> one Output per row (logits [n_i or num_logits, V] float32, features [n_i, F]
         when asked); appends the tokens to each slot."""
@@ -210,6 +215,9 @@ class BatchedLlama:
 
     def unhold(self, blocks: list[int]) -> None:
         self.pool.unhold(blocks)
+
+    def cache_use(self) -> tuple[float, int]:
+        return self.pool.in_use() / (self.pool.blocks - 1), self.pool.backed_bytes()
 
     @torch.inference_mode()
     def forward(self, rows: list[Row]) -> list[Output]:
@@ -507,6 +515,9 @@ class PerSlotLM:
 
     def unhold(self, blocks: list[int]) -> None:
         raise NotImplementedError("PerSlotLM shares no cache blocks (shares_kv is False)")
+
+    def cache_use(self) -> tuple[float, int]:
+        return 0.0, 0  # each DynamicCache grows by itself
 
     def forward(self, rows: list[Row]) -> list[Output]:
         return [

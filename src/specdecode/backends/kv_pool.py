@@ -176,6 +176,11 @@ class KVPool:
         """Blocks owned or held (not free)."""
         return self.blocks - 1 - len(self.free)
 
+    def backed_bytes(self) -> int:
+        """Memory of the blocks handed out at least once (block 0 included): their pages were written,
+        so they stay resident, whether their blocks are in use now or not."""
+        return self.zeroed * self.block_bytes
+
     # -- reads and writes for the torch paths (the native kernels read through `table` themselves) --
 
     def gather(self, layer: int, slots, end: int) -> tuple[torch.Tensor, torch.Tensor]:

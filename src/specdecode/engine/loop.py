@@ -235,6 +235,7 @@ class Engine:
 
     def _gauges(self) -> None:
         self.metrics.set_queue(len(self.running), len(self.waiting))
+        self.metrics.set_cache(*self.model.cache_use())
 
     def _loop(self) -> None:
         torch.set_num_threads(self.threads)

@@ -76,6 +76,7 @@ class ServerMetrics:
         self.rejected.labels(model_name, "queue_full")
         self.observe_prefix(0, 0)
         self.set_queue(0, 0)
+        self.set_cache(0.0, 0)
 
     def _speculation_metrics(self, r: CollectorRegistry) -> None:
         """vLLM's spec_decode counters (module docstring), labelled by task and drafter."""
@@ -134,6 +135,18 @@ class ServerMetrics:
         )
         self.waiting = Gauge(
             PREFIX + "num_requests_waiting", "Requests queued for a slot", ["model_name"], registry=r
+        )
+        self.cache_usage = Gauge(
+            PREFIX + "kv_cache_usage_perc",
+            "Fraction of the KV cache's blocks in use (1 = full)",
+            ["model_name"],
+            registry=r,
+        )
+        self.cache_backed = Gauge(
+            PREFIX + "kv_cache_backed_bytes",
+            "KV cache memory written so far (its pages stay resident): the cache's high-water mark",
+            ["model_name"],
+            registry=r,
         )
         self.prompt_tokens = Counter(
             PREFIX + "prompt_tokens", "Prefilled prompt tokens", ["model_name"], registry=r
@@ -236,6 +249,10 @@ class ServerMetrics:
     def set_queue(self, running: int, waiting: int) -> None:
         self.running.labels(self.model_name).set(running)
         self.waiting.labels(self.model_name).set(waiting)
+
+    def set_cache(self, usage: float, backed_bytes: int) -> None:
+        self.cache_usage.labels(self.model_name).set(usage)
+        self.cache_backed.labels(self.model_name).set(backed_bytes)
 
     # -- views --------------------------------------------------------------------------------
 
