@@ -44,6 +44,11 @@ def status_mb(pid: int) -> dict[str, float]:
     return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}
 
 
+def metric_sum(lines: list[str], name: str) -> float:
+    """The sum of the samples of metric `name` (over its labels) in /metrics' text lines."""
+    return sum(float(m.split()[-1]) for m in lines if m.startswith(name))
+
+
 def serve_pid(port: int) -> int:
     """The pid of the process listening on `port` (the server launched() started)."""
     import subprocess
@@ -120,12 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         final = status_mb(pid)
         alive = httpx.get(url + "/v1/models").status_code == 200
         metrics = httpx.get(url + "/metrics").text.splitlines()
-        preempted = sum(
-            float(m.split()[-1]) for m in metrics if m.startswith("specdecode:num_preemptions_total")
-        )
-        backed = sum(
-            float(m.split()[-1]) for m in metrics if m.startswith("specdecode:kv_cache_backed_bytes")
-        )
+        preempted = metric_sum(metrics, "specdecode:num_preemptions_total")
+        backed = metric_sum(metrics, "specdecode:kv_cache_backed_bytes")
     e = memory.serve_estimate(
         models.load_config(a.target),
         models.resolve(a.target),
