@@ -99,3 +99,24 @@ def test_a_damaged_store_file_is_a_user_error_naming_it(target, seqs, tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(UserError, match=path.name):
         features.cached(tmp_path, target.model, seqs, "fp")
+
+
+def test_features_captured_while_generating_fill_the_store_the_trainers_read(target, tmp_path, counted):
+    """`train data --capture`: the engine's own rows of every position but the last, stored under the
+    trainers' key, so their pass computes nothing; the rows are the teacher-forced forward's."""
+    from specdecode.corpora import Prompt
+    from train_fixtures import PROMPTS
+
+    prompts = [(Prompt(text, str(i), "c"), None) for i, text in enumerate(PROMPTS[:4])]
+    writer = features.Writer(tmp_path / "store", "fp", LAYERS)
+    seqs = data.generate_data(
+        target, prompts, tmp_path / "d", drafter="ngram", max_new_tokens=12, shard_size=3, features=writer
+    )
+    assert writer.written == 4 and len(list((tmp_path / "store").glob("chunk-*.layers-0_1.pt"))) == 2
+    stored = features.cached(tmp_path / "store", target.model, seqs, "fp", LAYERS)
+    assert counted == []  # nothing recomputed
+    fresh = features.compute(target.model, seqs, LAYERS)
+    for s, h, ls, fh, fl in zip(seqs, stored.hidden, stored.layers, fresh.hidden, fresh.layers, strict=True):
+        assert len(h) == len(ls) == len(s.tokens) - 1
+        torch.testing.assert_close(h, fh[:-1], rtol=1e-4, atol=1e-4)  # the engine's kernels, not HF's
+        torch.testing.assert_close(ls.float(), fl[:-1].float(), rtol=2**-7, atol=1e-3)  # bfloat16 both

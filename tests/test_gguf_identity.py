@@ -5,6 +5,7 @@ answers must equal each prompt decoded alone without speculation, and speculatio
 (drafts proposed and some accepted), or the identity would say nothing."""
 
 import threading
+from functools import partial
 
 import httpx
 import pytest
@@ -229,3 +230,63 @@ def test_requests_preempted_for_cache_memory_recompute_to_the_output_they_get_al
     together, preempted = run(13, 3)
     assert none == 0 and preempted >= 1
     assert together == alone and all(len(t) == 400 for t in alone)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_captured_features_are_the_teacher_forced_forwards_rows_through_drafts_and_preemption(
+    tiny_gguf, dtype
+):
+    """Request.capture (what `train data --features` stores): every position but the last of prompt and
+    completion, the final norm's rows and a layer's, the same bits as one teacher-forced forward over
+    the whole sequence, whether the request ran alone or was preempted and recomputed, with n-gram
+    drafts accepted and rejected on the way."""
+    from specdecode.backends.batch_model import kv_bytes_per_token
+    from specdecode.backends.kv_pool import BLOCK
+    from specdecode.core.sampling import Warp
+    from specdecode.engine import Request, build_engine, default_routes
+    from specdecode.engine.client import complete
+
+    target = models.load(tiny_gguf, Precision.parse(dtype), "cpu")
+    prompts = [target.tokenizer(p)["input_ids"] for p in PROMPTS]
+
+    def run(kv_blocks: int | None, window: int):
+        engine = build_engine(
+            target, default_routes(drafters.parse("ngram"), 4, False), model_name="t", max_batch=3,
+            load_control=False, prefix_cache_mb=0,
+            kv_memory=kv_blocks and kv_blocks * BLOCK * kv_bytes_per_token(target.model),
+        )  # fmt: skip
+        requests = [Request(ids, Warp(), 400, ignore_eos=True, capture=(-1, 1)) for ids in prompts]
+        done = {id(r): c.done for r, c in complete(engine, requests, window=window)}
+        assert engine.metrics.preemptions.labels("t")._value.get() >= (1 if kv_blocks else 0)
+        assert sum(d.stats.accepted for d in done.values()) > 0  # drafts were kept, and fed
+        return [done[id(r)] for r in requests]
+
+    alone, together = run(None, 1), run(13, 3)
+    hidden = target.model.config.hidden_size
+    # gguf's tiles give a row the same bits in any forward; gguf-exact's float GEMMs (a preempted
+    # request's recomputed prefill, a long forward) round in another order
+    same = torch.equal if dtype == "gguf" else partial(torch.allclose, rtol=1e-4, atol=1e-4)
+    for ids, a, b in zip(prompts, alone, together):
+        assert a.tokens == b.tokens
+        tokens = torch.tensor(ids + a.tokens[:-1])
+        assert a.features.shape == (len(tokens), 2 * hidden)
+        target.model.reset()
+        whole = target.model.forward(tokens, num_logits=1, layers=(-1, 1)).features.float()
+        assert same(a.features, b.features) and same(a.features, whole)
+    target.model.reset()
+
+
+def test_a_capture_of_a_layer_the_target_lacks_is_the_requests_error(tiny_gguf):
+    from specdecode.core.sampling import Warp
+    from specdecode.engine import Request, build_engine, default_routes
+
+    target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
+    engine = build_engine(
+        target,
+        default_routes(drafters.parse("none"), 4, False),
+        model_name="t",
+        max_batch=1,
+        load_control=False,
+    )
+    with pytest.raises(UserError, match="capture: layers \\[5\\] out of range for a target of 2 layers"):
+        engine.submit(Request([1, 2, 3], Warp(), 4, capture=(5,)), lambda event: None)

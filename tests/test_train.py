@@ -605,3 +605,38 @@ def test_a_bf16_feature_source_keeps_its_own_store_entries_and_serves_losslessly
     plain, head = drafters.build("none", ctx), drafters.build(f"medusa:{tmp_path / 'bf16'}", ctx)
     # three training steps: drafts proposed, none accepted on the random model (the rejection path)
     assert_lossless(target, plain, head, PROMPTS[:3], k=2, max_new_tokens=24, min_accepted=0)
+
+
+def test_train_cli_data_with_capture_then_eagle_computes_no_features(tiny_model_dir, tmp_path, capsys):
+    """`train data --capture eagle` stores the rows `train eagle` reads (the same layers by default), so
+    the trainer starts without a feature pass and learns from rows that stop one short of each sequence."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps({"prompt": p}) for p in ("The quick brown fox", "def f(n):", "1 2 3"))
+    )
+    args = ["--target", tiny_model_dir, "--device", "cpu"]
+    out = ["--out", str(tmp_path / "d"), "--max-new-tokens", "16"]
+    assert (
+        main(["train", "data", "--prompts", str(prompts), "--exclude", "", "--capture", "eagle", *out, *args])
+        == 0
+    )
+    assert "3 sequences" in capsys.readouterr().out
+    assert len(list((tmp_path / "d" / "features").glob("chunk-*.layers-0_1.pt"))) == 1
+    eagle_args = [
+        "--data",
+        str(tmp_path / "d"),
+        "--out",
+        str(tmp_path / "e"),
+        "--steps",
+        "2",
+        "--vocab",
+        "100",
+    ]
+    assert main(["train", "eagle", *eagle_args, *args]) == 0
+    assert "not in" not in capsys.readouterr().err  # features.cached found every sequence
+    assert (tmp_path / "e" / "config.json").exists()
+    assert (
+        main(["train", "data", "--prompts", str(prompts), "--exclude", "", "--capture", "top", *out, *args])
+        == 2
+    )
+    assert "--capture expects 'eagle' or layer ids like 2,14,25, got 'top'" in capsys.readouterr().err

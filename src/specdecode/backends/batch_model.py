@@ -45,6 +45,7 @@ class BatchLM(Protocol):
     slots: int
     max_length: int
     vocab_size: int
+    num_layers: int  # decoder layers (Row.layers' ids count them; -1 is the final norm's output)
     attention_span: float | None  # context tokens whose attention costs a token's matmuls; None: unknown
     shares_kv: bool  # slots' cache blocks can be held and shared (prefix caching: blocks_of, share)
     block: int  # positions a cache block holds
@@ -159,6 +160,7 @@ class BatchedLlama:
         self.fast, self.slots = fast, slots
         self.attention_span = attention_span(fast.config, fast.heads, fast.kv_heads, fast.head_dim)
         self.max_length, self.vocab_size = fast.max_length, fast.vocab_size
+        self.num_layers = len(fast.layers)
         self.device, self.dtype = fast.device, fast.dtype
         self.lengths = [0] * slots
         self.kv_memory = kv_budget(fast, slots, kv_dtype) if kv_memory is None else kv_memory
@@ -485,6 +487,7 @@ class PerSlotLM:
         self.seqs = seqs
         self.slots = len(seqs)
         self.max_length, self.vocab_size = self.seqs[0].max_length, self.seqs[0].vocab_size
+        self.num_layers = self.seqs[0].hf.config.num_hidden_layers
         self.capacity = self.max_length  # each DynamicCache grows by itself
         self.device = self.seqs[0].device
 

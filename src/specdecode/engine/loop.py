@@ -45,6 +45,7 @@ from specdecode.decoding.router import Router
 from specdecode.decoding.step import Step
 from specdecode.decoding.text import TextStream
 from specdecode.drafters.spec import Spec
+from specdecode.engine.capture import Capture
 from specdecode.engine.drafting import DrafterPool
 from specdecode.engine.load import BatchCosts
 from specdecode.engine.metrics import ServerMetrics
@@ -62,6 +63,7 @@ from specdecode.engine.request import (
     Usage,
 )
 from specdecode.engine.trace import StepRecord, StepTrace
+from specdecode.errors import UserError
 
 log = logging.getLogger("specdecode.engine")
 
@@ -130,9 +132,11 @@ class Engine:
         generator = torch.Generator(device=self.model.device).manual_seed(
             request.seed if request.seed is not None else secrets.randbits(63)
         )
+        drafter = self.pool.instance(request.drafter, request.scope)
+        capture = Capture(drafter, self._capture_layers(request)) if request.capture else None
         dec = batch_decoder.Sequence(
             request.prompt,
-            self.pool.instance(request.drafter, request.scope),
+            capture or drafter,
             self._policy(request),
             request.params,
             generator,
@@ -148,6 +152,7 @@ class Engine:
             dec,
             time.perf_counter(),
             TextStream(self.tokenizer, request.stop, eos),
+            capture=capture,
         )
         room = self.core.room(len(request.prompt))
         if request.max_tokens > room:
@@ -168,6 +173,16 @@ class Engine:
             self._gauges()
             self.cv.notify()
         return seq
+
+    def _capture_layers(self, request: Request) -> tuple[int, ...]:
+        """Request.capture checked against the target's layers (lm.Output's ids: -1 the final norm's);
+        a bad one is the request's error (UserError), not the batch's."""
+        n = self.model.num_layers
+        if not all(-n <= i < n for i in request.capture):
+            raise UserError(
+                f"capture: layers {list(request.capture)} out of range for a target of {n} layers"
+            )
+        return request.capture
 
     def grammars(self):
         """The structured-output compiler for this tokenizer (decoding/grammar.py), made on first use."""
@@ -460,4 +475,7 @@ class Engine:
             step_s = self.costs.cost(1).step_s if self.costs is not None else None
             route["realised_speedup"] = self.router.observe(r.task, r.drafter, stats, step_s)
         out = list(seq.out)
-        return Done(reason, self._usage(seq), seq.logprobs, out, seq.from_draft[: len(out)], stats, route)
+        features = None if seq.capture is None else seq.capture.rows(len(r.prompt) + len(out) - 1)
+        return Done(
+            reason, self._usage(seq), seq.logprobs, out, seq.from_draft[: len(out)], stats, route, features
+        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specdecode.core.metrics import Stats, acceptance_rate, mean_acceptance_length
 from specdecode.core.sampling import Warp
@@ -14,7 +15,11 @@ from specdecode.decoding.logprobs import TokenLogprob
 from specdecode.decoding.penalties import Penalties
 from specdecode.decoding.text import TextStream
 from specdecode.drafters.spec import Spec, parse
+from specdecode.engine.capture import Capture
 from specdecode.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -36,6 +41,7 @@ class Request:
     logprobs: int | None = None  # report the target's logprobs with this many top ones per token
     after: RequestState | None = None  # n > 1: a sibling whose prompt KV this one waits for (prefix cache)
     request_id: str = ""  # X-Request-Id: names the request in the log
+    capture: tuple[int, ...] = ()  # target layers whose rows Done.features returns (engine/capture.py)
 
 
 @dataclass
@@ -90,6 +96,9 @@ class Done:
     from_draft: list[bool] = field(default_factory=list)  # [len(tokens)]
     stats: Stats = field(default_factory=Stats)  # the request's speculation and timings
     route: dict = field(default_factory=dict)  # task, drafter, k, adaptive, realised_speedup
+    # Request.capture's rows at every position of prompt and completion but the last:
+    # [len(prompt) + len(tokens) - 1, len(capture) * H] float32 (None without capture)
+    features: torch.Tensor | None = None
 
 
 @dataclass
@@ -163,6 +172,7 @@ class RequestState:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet delivered
     from_draft: list[bool] = field(default_factory=list)  # per committed token: an accepted draft
     delivered: int = 0  # tokens handed out with a Delta
+    capture: Capture | None = None  # its drafter, where the request captures features (Request.capture)
 
     @property
     def out(self) -> list[int]:

@@ -83,6 +83,14 @@ def _data_args(d) -> None:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--drafter", default="ngram", help="speeds generation up; greedy output is unchanged")
     d.add_argument(
+        "--capture",
+        default=None,
+        metavar="LAYERS",
+        help="also store the target features the heads train on, taken from the forwards that generate "
+        "(no second pass): 'eagle' (EAGLE-3's low, mid and high layers of this target) or layer ids "
+        "'2,14,25', with the final hidden rows; in OUT/features, where `train eagle`/`medusa` look",
+    )
+    d.add_argument(
         "--batch",
         type=int,
         default=16,
@@ -205,6 +213,34 @@ def _feature_source(args, loaded):
     return features.Source(model, precision, kernels.DENSE_ROWS if precision.int8_activations else None)
 
 
+def _capture(args, loaded):
+    """--capture -> the features.Writer of the data directory's store (under the key _feature_source's
+    Source gives this target and --dtype), or None."""
+    if not args.capture:
+        return None
+    from pathlib import Path
+
+    from specdecode.backends import checkpoint, kernels
+    from specdecode.train import eagle, features
+
+    num_layers = loaded.model.hf.config.num_hidden_layers
+    if args.capture == "eagle":
+        layer_ids = eagle.default_layers(num_layers)
+    else:
+        try:
+            layer_ids = tuple(int(x) for x in args.capture.split(","))
+        except ValueError:
+            raise UserError(
+                f"--capture expects 'eagle' or layer ids like 2,14,25, got {args.capture!r}"
+            ) from None
+        if not all(0 <= i < num_layers for i in layer_ids):
+            raise UserError(f"--capture {args.capture}: this target has layers 0..{num_layers - 1}")
+    precision = args.precision
+    rows = kernels.DENSE_ROWS if precision.int8_activations else None  # as _feature_source's
+    key = features.Source(loaded.model, precision, rows).key(checkpoint.describe(loaded)["fingerprint"])
+    return features.Writer(Path(args.out) / "features", key, layer_ids)
+
+
 def cmd_prompts(args) -> None:
     from specdecode.train import prompts
 
@@ -268,6 +304,7 @@ def cmd_data(args) -> None:
         max_prompt_tokens=args.max_prompt_tokens,
         tag=tag,
         sources=sources,
+        features=_capture(args, loaded),
     )
     print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
 

@@ -29,6 +29,8 @@ from specdecode.errors import UserError
 
 if TYPE_CHECKING:
     import torch
+
+    from specdecode.train.features import Writer as FeatureWriter
 from specdecode.shards import Record
 
 
@@ -156,7 +158,15 @@ def read(data_dir: str | Path, target: dict | None = None) -> list[Record]:
 class ShardWriter:
     """Buffers finished sequences and writes them as a shard every `size` sequences or `minutes`."""
 
-    def __init__(self, directory: Path, target: dict, size: int = 256, minutes: float = 10.0, tag: str = ""):
+    def __init__(
+        self,
+        directory: Path,
+        target: dict,
+        size: int = 256,
+        minutes: float = 10.0,
+        tag: str = "",
+        features: FeatureWriter | None = None,
+    ):
         self.directory, self.target, self.size, self.seconds, self.tag = (
             directory,
             target,
@@ -164,17 +174,22 @@ class ShardWriter:
             60 * minutes,
             tag,
         )
+        self.features = features  # written before their shard: a shard never lacks them for a crash
         self.buffer: list[Record] = []
         self.last = time.monotonic()
         self.written = 0
 
-    def add(self, seq: Record) -> None:
+    def add(self, seq: Record, features: torch.Tensor | None = None) -> None:
         self.buffer.append(seq)
+        if self.features is not None and features is not None:
+            self.features.add(seq, features)
         if len(self.buffer) >= self.size or time.monotonic() - self.last >= self.seconds:
             self.flush()
 
     def flush(self) -> None:
         if self.buffer:
+            if self.features is not None:
+                self.features.flush()
             shards.write(shards.next_path(self.directory, self.tag), self.buffer, self.target)
             self.written += len(self.buffer)
             self.buffer = []
@@ -237,6 +252,7 @@ def generate_data(
     max_prompt_tokens: int | None = None,
     tag: str = "",
     sources: dict[str, str] | None = None,
+    features: FeatureWriter | None = None,
 ) -> list[Record]:
     """Generate the target's responses for every prompt whose id is not yet in `out`, writing shards
     as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec, a Spec or its
@@ -244,7 +260,9 @@ def generate_data(
     prompts decoding together (the same greedy output as one at a time, several times the tokens per
     CPU-second). Prompts longer than max_prompt_tokens are skipped. tag: this worker's shard-name
     tag (see part()). Writes `manifest.json` (manifest(): counts per prompt set of `sources` and per
-    category) at the end. Returns all sequences of `out`."""
+    category) at the end. features: also store each generated sequence's target features, taken
+    from the forwards that generated it (features.Writer: its layers, its store). Returns all
+    sequences of `out`."""
     from specdecode.backends import checkpoint
     from specdecode.core.sampling import Warp
     from specdecode.drafters import DrafterContext, parse
@@ -264,7 +282,7 @@ def generate_data(
     if not (out / "meta.json").exists():
         (out / "meta.json").write_text(json.dumps(meta or {}, indent=1))
     by_id = {p.id: p for p, _ in prompts}
-    writer = ShardWriter(out, target, shard_size, flush_minutes, tag)
+    writer = ShardWriter(out, target, shard_size, flush_minutes, tag, features)
     deadline = time.monotonic() + 60 * minutes if minutes else None
     options = dict(
         drafter=parse(drafter),  # the engine routes by Spec
@@ -275,6 +293,7 @@ def generate_data(
         seed=seed,
         deadline=deadline,
         batch=batch,
+        capture=features.layers if features is not None else (),
     )
     previous = signal.signal(signal.SIGTERM, _stop)
     skipped = 0
@@ -286,8 +305,8 @@ def generate_data(
             long = [e for e in encoded if max_prompt_tokens and len(e[1]) > max_prompt_tokens]
             skipped += len(long)
             encoded = [e for e in encoded if e not in long]
-            for seq in _responses(loaded, encoded, options):
-                writer.add(seq)
+            for seq, feats in _responses(loaded, encoded, options):
+                writer.add(seq, feats)
                 done[seq.id] = seq
     finally:
         writer.flush()
@@ -324,24 +343,25 @@ def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str,
 
 
 def _responses(loaded, encoded, options):
-    """(prompt, ids, given response or None) -> Sequences: given responses as they are, the rest generated."""
+    """(prompt, ids, given response or None) -> (Record, its captured features or None): given
+    responses as they are, the rest generated."""
     from tqdm import tqdm
 
     tok, eos = loaded.tokenizer, loaded.eos_ids
     generated = [(p, ids) for p, ids, given in encoded if given is None]
     given = (
-        (p, ids, tok(text, add_special_tokens=False)["input_ids"] + sorted(eos)[:1], "given")
+        (p, ids, tok(text, add_special_tokens=False)["input_ids"] + sorted(eos)[:1], "given", None)
         for p, ids, text in encoded
         if text is not None
     )
-    replies = ((p, ids, r, "target") for p, ids, r in _respond(loaded, generated, **options))
+    replies = ((p, ids, r, "target", f) for p, ids, r, f in _respond(loaded, generated, **options))
     new_tokens, t0 = 0, time.monotonic()
     with tqdm(total=len(encoded), desc="train data", unit="prompt") as bar:
-        for p, ids, response, source in itertools.chain(given, replies):
+        for p, ids, response, source, feats in itertools.chain(given, replies):
             new_tokens += len(response)
             bar.update()
             bar.set_postfix(tokens=new_tokens, tok_s=f"{new_tokens / (time.monotonic() - t0):.1f}")
-            yield Record(p.id, p.category, ids, response, source)
+            yield Record(p.id, p.category, ids, response, source), feats
         if bar.n < len(encoded):
             bar.write(f"time limit reached after {bar.n} of {len(encoded)} prompts")
 
@@ -350,10 +370,10 @@ def _seed(seed: int, prompt: Prompt) -> int:
     return seed + zlib.crc32(prompt.id.encode())
 
 
-def _respond(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch):
-    """(prompt, ids) -> yields (prompt, ids, response ids), `batch` at a time through the engine
-    (specdecode/engine, the loop the server runs), in order of completion; no new prompt starts after
-    the deadline."""
+def _respond(loaded, prompts, *, drafter, context, k, params, max_new_tokens, seed, deadline, batch, capture):
+    """(prompt, ids) -> yields (prompt, ids, response ids, the `capture` layers' rows or None), `batch`
+    at a time through the engine (specdecode/engine, the loop the server runs), in order of
+    completion; no new prompt starts after the deadline."""
     from specdecode import engine as eng
     from specdecode.engine.client import complete
 
@@ -376,11 +396,18 @@ def _respond(loaded, prompts, *, drafter, context, k, params, max_new_tokens, se
             if deadline and time.monotonic() > deadline:
                 return
             yield eng.Request(
-                ids, params, max_new_tokens, seed=_seed(seed, p), drafter=drafter, k=k, request_id=p.id
+                ids,
+                params,
+                max_new_tokens,
+                seed=_seed(seed, p),
+                drafter=drafter,
+                k=k,
+                request_id=p.id,
+                capture=capture,
             )
 
     for request, collected in complete(engine, requests(), window=batch):
-        yield *by_id[request.request_id], collected.done.tokens
+        yield *by_id[request.request_id], collected.done.tokens, collected.done.features
 
 
 def token_map(seqs: list[Record], vocab_size: int, size: int) -> "torch.Tensor":

@@ -172,10 +172,10 @@ class _Objective:
         """sequence indices -> emb [B, T, H], fused [B, T, F], the target's final hidden rows [B, T, H]
         (its next-token logits once projected), loss mask [B, T]."""
         feats = self.feats
-        t = min(self.window, max(len(feats.tokens[i]) - 1 for i in pick))
+        t = min(self.window, max(len(feats.hidden[i]) - 1 for i in pick))
         emb, fused, teacher, mask = [], [], [], []
-        for i in pick:
-            tokens, n = feats.tokens[i], len(feats.tokens[i])
+        for i in pick:  # n: positions with features (all, or all but the last: features.Writer)
+            tokens, n = feats.tokens[i], len(feats.hidden[i])
             lo = max(0, n - 1 - t)  # row j of the window is position lo + j; token j+1 must exist
             rows = torch.arange(lo, n - 1)
             m = len(rows)

@@ -6,7 +6,9 @@ Distributions are not stored: a trainer computes them from `hidden` over its dra
 The layers' outputs are kept in bfloat16 (an EAGLE input; 2,304 floats a token in float32 would
 hold 8 GB for 900k tokens), the final hidden states, which make the teacher's logits, in float32.
 The result is stored per sequence (cached()), so the trainers that follow, a resumed run and a
-larger data set skip the forward for what was computed before.
+larger data set skip the forward for what was computed before. `train data --features` fills the
+same store as it generates (Writer: the rows its own forwards computed, engine/capture.py), without
+the last token's row, which decoding never computes (it would predict past the end).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from specdecode.shards import Record
 class Features:
     tokens: list[torch.Tensor]  # per sequence [n] token ids
     start: list[int]  # per sequence: index of the first response token (= prompt length)
-    hidden: list[torch.Tensor]  # per sequence [n, H] final hidden (after the norm)
+    hidden: list[torch.Tensor]  # per sequence [n or n - 1 (Writer's), H] final hidden (after the norm)
     layers: list[
         torch.Tensor
     ]  # per sequence [n, len(layer ids) * H] bf16 captured layer outputs, concatenated
@@ -161,12 +163,49 @@ def cached(
     hidden = [have[k][0] for k in keys]
     layers = [have[k][1] if suffix else h.new_zeros(len(h), 0) for k, h in zip(keys, hidden)]
     for k, t, h in zip(keys, tokens, hidden):
-        if len(h) != len(t):
+        if len(h) not in (len(t), len(t) - 1):
             raise UserError(
                 f"feature store {store}: sequence {k} holds {len(h)} rows for {len(t)} tokens "
                 "(a corrupt file: delete the store and rerun)"
             )
     return Features(tokens, starts, hidden, layers)
+
+
+class Writer:
+    """The store of `cached()` filled while `train data` generates: each sequence's rows as the engine
+    captured them (Request.capture: the final norm's output, then `layer_ids`'), [n - 1, (1 + L) H],
+    saved as cached() saves a chunk when flush() is called (with the data's shard, before it)."""
+
+    def __init__(self, store: str | Path, key: str, layer_ids: tuple[int, ...]):
+        """key: the source's store fingerprint (Source.key): the one the trainers will ask for."""
+        self.store, self.key, self.layer_ids = Path(store), key, tuple(layer_ids)
+        self.layers = (-1, *self.layer_ids)  # what the engine is asked to capture
+        self.keys: list[str] = []
+        self.hidden: list[torch.Tensor] = []
+        self.fused: list[torch.Tensor] = []
+        self.written = 0
+
+    def add(self, seq: Record, features: torch.Tensor) -> None:
+        tokens = torch.tensor(seq.tokens, dtype=torch.long)
+        if len(features) != len(tokens) - 1:
+            raise RuntimeError(f"features for {len(features)} positions of a {len(tokens)}-token sequence")
+        width = features.shape[1] // len(self.layers)
+        self.keys.append(sequence_key(self.key, tokens, len(seq.prompt_ids)))
+        self.hidden.append(features[:, :width].float().clone())
+        self.fused.append(features[:, width:].to(torch.bfloat16))
+
+    def flush(self) -> None:
+        if not self.keys:
+            return
+        self.store.mkdir(parents=True, exist_ok=True)
+        name = "chunk-" + hashlib.sha1("".join(self.keys).encode()).hexdigest()[:16]
+        if self.layer_ids:  # the layers first: a chunk's hidden file is what marks it complete
+            _save_atomic(
+                self.fused, self.store / (name + ".layers-" + "_".join(map(str, self.layer_ids)) + ".pt")
+            )
+        _save_atomic({"keys": self.keys, "hidden": self.hidden}, self.store / (name + ".pt"))
+        self.written += len(self.keys)
+        self.keys, self.hidden, self.fused = [], [], []
 
 
 def _index(store: Path, suffix: str | None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
