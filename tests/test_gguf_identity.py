@@ -197,34 +197,42 @@ def test_a_dynamic_draft_tree_with_a_confidence_stop_stays_lossless(tiny_gguf):
     assert proposals and all(1 <= p.tokens.numel() <= 6 for p in proposals)
 
 
+def run_in_cache(target, requests, kv_blocks: int | None, window: int):
+    """The requests through an engine of 3 slots (ngram, k 4) whose KV cache holds `kv_blocks` blocks
+    (None: room to spare), `window` submitted at a time -> ({id(request): Done}, preemptions)."""
+    from specdecode.backends.batch_model import kv_bytes_per_token
+    from specdecode.backends.kv_pool import BLOCK
+    from specdecode.engine import build_engine, default_routes
+    from specdecode.engine.client import complete
+
+    engine = build_engine(
+        target, default_routes(drafters.parse("ngram"), 4, False), model_name="t", max_batch=3,
+        load_control=False, prefix_cache_mb=0,
+        kv_memory=kv_blocks and kv_blocks * BLOCK * kv_bytes_per_token(target.model),
+    )  # fmt: skip
+    done = {id(r): c.done for r, c in complete(engine, requests, window=window)}
+    return done, engine.metrics.preemptions.labels("t")._value.get()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_requests_preempted_for_cache_memory_recompute_to_the_output_they_get_alone(tiny_gguf, dtype):
     """Three requests of 400 new tokens in a KV cache of 13 blocks of 64 positions: two are admitted
     (each claims its prompt and 256 new tokens), and when the first grows past its claim the second is
     preempted, waits at the front of the queue and recomputes its output when the first is done. Every
     request, greedy or seeded sampled, gets the tokens it gets alone in an engine with room to spare."""
-    from specdecode.backends.batch_model import kv_bytes_per_token
-    from specdecode.backends.kv_pool import BLOCK
     from specdecode.core.sampling import Warp
-    from specdecode.engine import Request, build_engine, default_routes
-    from specdecode.engine.client import complete
+    from specdecode.engine import Request
 
     target = models.load(tiny_gguf, Precision.parse(dtype), "cpu")
     prompts = [target.tokenizer(p)["input_ids"] for p in PROMPTS]
 
     def run(kv_blocks: int | None, window: int):
-        engine = build_engine(
-            target, default_routes(drafters.parse("ngram"), 4, False), model_name="t", max_batch=3,
-            load_control=False, prefix_cache_mb=0,
-            kv_memory=kv_blocks and kv_blocks * BLOCK * kv_bytes_per_token(target.model),
-        )  # fmt: skip
         requests = [
             Request(ids, Warp(0.8) if i == 1 else Warp(), 400, seed=7 if i == 1 else None, ignore_eos=True)
             for i, ids in enumerate(prompts)
         ]
-        done = {id(r): c.done.tokens for r, c in complete(engine, requests, window=window)}
-        preempted = engine.metrics.preemptions.labels("t")._value.get()
-        return [done[id(r)] for r in requests], preempted
+        done, preempted = run_in_cache(target, requests, kv_blocks, window)
+        return [done[id(r)].tokens for r in requests], preempted
 
     alone, none = run(None, 1)
     together, preempted = run(13, 3)
@@ -236,28 +244,20 @@ def test_requests_preempted_for_cache_memory_recompute_to_the_output_they_get_al
 def test_captured_features_are_the_teacher_forced_forwards_rows_through_drafts_and_preemption(
     tiny_gguf, dtype
 ):
-    """Request.capture (what `train data --features` stores): every position but the last of prompt and
+    """Request.capture (what `train data --capture` stores): every position but the last of prompt and
     completion, the final norm's rows and a layer's, the same bits as one teacher-forced forward over
     the whole sequence, whether the request ran alone or was preempted and recomputed, with n-gram
     drafts accepted and rejected on the way."""
-    from specdecode.backends.batch_model import kv_bytes_per_token
-    from specdecode.backends.kv_pool import BLOCK
     from specdecode.core.sampling import Warp
-    from specdecode.engine import Request, build_engine, default_routes
-    from specdecode.engine.client import complete
+    from specdecode.engine import Request
 
     target = models.load(tiny_gguf, Precision.parse(dtype), "cpu")
     prompts = [target.tokenizer(p)["input_ids"] for p in PROMPTS]
 
     def run(kv_blocks: int | None, window: int):
-        engine = build_engine(
-            target, default_routes(drafters.parse("ngram"), 4, False), model_name="t", max_batch=3,
-            load_control=False, prefix_cache_mb=0,
-            kv_memory=kv_blocks and kv_blocks * BLOCK * kv_bytes_per_token(target.model),
-        )  # fmt: skip
         requests = [Request(ids, Warp(), 400, ignore_eos=True, capture=(-1, 1)) for ids in prompts]
-        done = {id(r): c.done for r, c in complete(engine, requests, window=window)}
-        assert engine.metrics.preemptions.labels("t")._value.get() >= (1 if kv_blocks else 0)
+        done, preempted = run_in_cache(target, requests, kv_blocks, window)
+        assert preempted >= (1 if kv_blocks else 0)
         assert sum(d.stats.accepted for d in done.values()) > 0  # drafts were kept, and fed
         return [done[id(r)] for r in requests]
 
