@@ -290,3 +290,26 @@ def test_a_capture_of_a_layer_the_target_lacks_is_the_requests_error(tiny_gguf):
     )
     with pytest.raises(UserError, match="capture: layers \\[5\\] out of range for a target of 2 layers"):
         engine.submit(Request([1, 2, 3], Warp(), 4, capture=(5,)), lambda event: None)
+
+
+def test_a_capturing_request_cancelled_before_its_prefill_ends_without_features(target):
+    """An aborted request has no complete rows to give: its Done carries none, and the engine goes on."""
+    from specdecode.core.sampling import Warp
+    from specdecode.engine import Request, build_engine, default_routes
+    from specdecode.engine.request import Collected
+
+    engine = build_engine(
+        target,
+        default_routes(drafters.parse("none"), 4, False),
+        model_name="t",
+        max_batch=2,
+        load_control=False,
+    )
+    ids = target.tokenizer(PROMPTS[0])["input_ids"]
+    cancelled, served = Collected(), Collected()
+    engine.cancel(engine.submit(Request(ids, Warp(), 8, capture=(-1,)), cancelled.add))
+    engine.submit(Request(ids, Warp(), 8, capture=(-1,)), served.add)
+    while not served.finished:
+        engine.iterate()
+    assert cancelled.done.finish_reason == "abort" and cancelled.done.features is None
+    assert served.done.features.shape == (len(ids) + 8 - 1, target.model.config.hidden_size)

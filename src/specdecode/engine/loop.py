@@ -475,7 +475,8 @@ class Engine:
             step_s = self.costs.cost(1).step_s if self.costs is not None else None
             route["realised_speedup"] = self.router.observe(r.task, r.drafter, stats, step_s)
         out = list(seq.out)
-        features = None if seq.capture is None else seq.capture.rows(len(r.prompt) + len(out) - 1)
+        complete = seq.capture is not None and reason in ("stop", "length")  # an abort may stop mid-prefill
+        features = seq.capture.rows(len(r.prompt) + len(out) - 1) if complete else None
         return Done(
             reason, self._usage(seq), seq.logprobs, out, seq.from_draft[: len(out)], stats, route, features
         )

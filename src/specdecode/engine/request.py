@@ -97,7 +97,7 @@ class Done:
     stats: Stats = field(default_factory=Stats)  # the request's speculation and timings
     route: dict = field(default_factory=dict)  # task, drafter, k, adaptive, realised_speedup
     # Request.capture's rows at every position of prompt and completion but the last:
-    # [len(prompt) + len(tokens) - 1, len(capture) * H] float32 (None without capture)
+    # [len(prompt) + len(tokens) - 1, len(capture) * H] float32 (None without capture, or aborted)
     features: torch.Tensor | None = None
 
 
