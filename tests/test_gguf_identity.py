@@ -214,6 +214,19 @@ def run_in_cache(target, requests, kv_blocks: int | None, window: int):
     return done, engine.metrics.preemptions.labels("t")._value.get()
 
 
+def plain_engine(target, max_batch: int):
+    """An engine decoding plainly (no drafter), `max_batch` slots, no measured costs."""
+    from specdecode.engine import build_engine, default_routes
+
+    return build_engine(
+        target,
+        default_routes(drafters.parse("none"), 4, False),
+        model_name="t",
+        max_batch=max_batch,
+        load_control=False,
+    )
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_requests_preempted_for_cache_memory_recompute_to_the_output_they_get_alone(tiny_gguf, dtype):
     """Three requests of 400 new tokens in a KV cache of 13 blocks of 64 positions: two are admitted
@@ -278,16 +291,9 @@ def test_captured_features_are_the_teacher_forced_forwards_rows_through_drafts_a
 
 def test_a_capture_of_a_layer_the_target_lacks_is_the_requests_error(tiny_gguf):
     from specdecode.core.sampling import Warp
-    from specdecode.engine import Request, build_engine, default_routes
+    from specdecode.engine import Request
 
-    target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
-    engine = build_engine(
-        target,
-        default_routes(drafters.parse("none"), 4, False),
-        model_name="t",
-        max_batch=1,
-        load_control=False,
-    )
+    engine = plain_engine(models.load(tiny_gguf, Precision.parse("fp32"), "cpu"), 1)
     with pytest.raises(UserError, match="capture: layers \\[5\\] out of range for a target of 2 layers"):
         engine.submit(Request([1, 2, 3], Warp(), 4, capture=(5,)), lambda event: None)
 
@@ -295,16 +301,10 @@ def test_a_capture_of_a_layer_the_target_lacks_is_the_requests_error(tiny_gguf):
 def test_a_capturing_request_cancelled_before_its_prefill_ends_without_features(target):
     """An aborted request has no complete rows to give: its Done carries none, and the engine goes on."""
     from specdecode.core.sampling import Warp
-    from specdecode.engine import Request, build_engine, default_routes
+    from specdecode.engine import Request
     from specdecode.engine.request import Collected
 
-    engine = build_engine(
-        target,
-        default_routes(drafters.parse("none"), 4, False),
-        model_name="t",
-        max_batch=2,
-        load_control=False,
-    )
+    engine = plain_engine(target, 2)
     ids = target.tokenizer(PROMPTS[0])["input_ids"]
     cancelled, served = Collected(), Collected()
     engine.cancel(engine.submit(Request(ids, Warp(), 8, capture=(-1,)), cancelled.add))

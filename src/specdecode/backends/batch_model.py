@@ -487,9 +487,12 @@ class PerSlotLM:
         self.seqs = seqs
         self.slots = len(seqs)
         self.max_length, self.vocab_size = self.seqs[0].max_length, self.seqs[0].vocab_size
-        self.num_layers = self.seqs[0].hf.config.num_hidden_layers
         self.capacity = self.max_length  # each DynamicCache grows by itself
         self.device = self.seqs[0].device
+
+    @property
+    def num_layers(self) -> int:  # asked only by a capturing request (a table model has no layers)
+        return self.seqs[0].hf.config.num_hidden_layers
 
     def length(self, slot: int) -> int:
         return self.seqs[slot].length
