@@ -203,14 +203,21 @@ def _load_target(args, generate_only: bool = False):
 def _feature_source(args, loaded):
     """The target a trainer learns features from, loaded as the drafter will serve it (--dtype): the fp32
     copy itself, or a second load in bf16 or gguf (the head then matches that target's hidden rows)."""
-    from specdecode.backends import kernels, models
+    from specdecode.backends import models
     from specdecode.train import features
 
     precision = args.precision
     if precision.exact:  # gguf-exact computes fp32's bits
         return features.Source(loaded.model, precision)
     model = models.load(args.target, precision, args.device, args.backend).model
-    return features.Source(model, precision, kernels.DENSE_ROWS if precision.int8_activations else None)
+    return features.Source(model, precision, _source_rows(precision))
+
+
+def _source_rows(precision):
+    """Source.rows for features of a target served at `precision` (8-bit activations: decoding's calls)."""
+    from specdecode.backends import kernels
+
+    return kernels.DENSE_ROWS if precision.int8_activations else None
 
 
 def _capture(args, loaded):
@@ -220,7 +227,7 @@ def _capture(args, loaded):
         return None
     from pathlib import Path
 
-    from specdecode.backends import checkpoint, kernels
+    from specdecode.backends import checkpoint
     from specdecode.train import eagle, features
 
     num_layers = loaded.model.hf.config.num_hidden_layers
@@ -235,9 +242,9 @@ def _capture(args, loaded):
             ) from None
         if not all(0 <= i < num_layers for i in layer_ids):
             raise UserError(f"--capture {args.capture}: this target has layers 0..{num_layers - 1}")
-    precision = args.precision
-    rows = kernels.DENSE_ROWS if precision.int8_activations else None  # as _feature_source's
-    key = features.Source(loaded.model, precision, rows).key(checkpoint.describe(loaded)["fingerprint"])
+    key = features.Source(loaded.model, args.precision, _source_rows(args.precision)).key(
+        checkpoint.describe(loaded)["fingerprint"]
+    )
     return features.Writer(Path(args.out) / "features", key, layer_ids)
 
 

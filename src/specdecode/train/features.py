@@ -6,7 +6,7 @@ Distributions are not stored: a trainer computes them from `hidden` over its dra
 The layers' outputs are kept in bfloat16 (an EAGLE input; 2,304 floats a token in float32 would
 hold 8 GB for 900k tokens), the final hidden states, which make the teacher's logits, in float32.
 The result is stored per sequence (cached()), so the trainers that follow, a resumed run and a
-larger data set skip the forward for what was computed before. `train data --features` fills the
+larger data set skip the forward for what was computed before. `train data --capture` fills the
 same store as it generates (Writer: the rows its own forwards computed, engine/capture.py), without
 the last token's row, which decoding never computes (it would predict past the end).
 """
@@ -139,7 +139,7 @@ def cached(
     loaded memory-mapped: a store larger than RAM trains from the page cache."""
     store = Path(store)
     store.mkdir(parents=True, exist_ok=True)
-    suffix = ".layers-" + "_".join(map(str, layer_ids)) + ".pt" if layer_ids else None
+    suffix = _layers_suffix(layer_ids)
     tokens = [torch.tensor(s.tokens, dtype=torch.long) for s in seqs]
     starts = [len(s.prompt_ids) for s in seqs]
     keys = [sequence_key(fingerprint, t, n) for t, n in zip(tokens, starts)]
@@ -155,11 +155,8 @@ def cached(
         part = [seqs[i] for i in missing[lo : lo + CHUNK]]
         part_keys = [keys[i] for i in missing[lo : lo + CHUNK]]
         feats = compute(model, part, layer_ids, rows)
-        name = "chunk-" + hashlib.sha1("".join(part_keys).encode()).hexdigest()[:16]
-        if suffix:  # the layers first: a chunk's hidden file is what marks it complete
-            _save_atomic(feats.layers, store / (name + suffix))
-        _save_atomic({"keys": part_keys, "hidden": feats.hidden}, store / (name + ".pt"))
-        have.update(_index_file(store / (name + ".pt"), suffix))  # memory-mapped, not the computed copies
+        path = _save_chunk(store, part_keys, feats.hidden, feats.layers, suffix)
+        have.update(_index_file(path, suffix))  # memory-mapped, not the computed copies
     hidden = [have[k][0] for k in keys]
     layers = [have[k][1] if suffix else h.new_zeros(len(h), 0) for k, h in zip(keys, hidden)]
     for k, t, h in zip(keys, tokens, hidden):
@@ -198,12 +195,7 @@ class Writer:
         if not self.keys:
             return
         self.store.mkdir(parents=True, exist_ok=True)
-        name = "chunk-" + hashlib.sha1("".join(self.keys).encode()).hexdigest()[:16]
-        if self.layer_ids:  # the layers first: a chunk's hidden file is what marks it complete
-            _save_atomic(
-                self.fused, self.store / (name + ".layers-" + "_".join(map(str, self.layer_ids)) + ".pt")
-            )
-        _save_atomic({"keys": self.keys, "hidden": self.hidden}, self.store / (name + ".pt"))
+        _save_chunk(self.store, self.keys, self.hidden, self.fused, _layers_suffix(self.layer_ids))
         self.written += len(self.keys)
         self.keys, self.hidden, self.fused = [], [], []
 
@@ -230,6 +222,20 @@ def _index_file(path: Path, suffix: str | None) -> dict:
             "delete it and rerun (its sequences are recomputed)"
         ) from None
     return {k: (h, ls) for k, h, ls in zip(stored["keys"], stored["hidden"], layers)}
+
+
+def _layers_suffix(layer_ids: tuple[int, ...]) -> str | None:
+    """The file suffix of a chunk's layer set (`.layers-2_15_27.pt`), or None without layers."""
+    return ".layers-" + "_".join(map(str, layer_ids)) + ".pt" if layer_ids else None
+
+
+def _save_chunk(store: Path, keys: list[str], hidden: list, layers: list, suffix: str | None) -> Path:
+    """One chunk file (and its layer file) of the sequences `keys` -> the hidden file's path."""
+    name = "chunk-" + hashlib.sha1("".join(keys).encode()).hexdigest()[:16]
+    if suffix:  # the layers first: a chunk's hidden file is what marks it complete
+        _save_atomic(layers, store / (name + suffix))
+    _save_atomic({"keys": keys, "hidden": hidden}, store / (name + ".pt"))
+    return store / (name + ".pt")
 
 
 def _save_atomic(obj, path: Path) -> None:
