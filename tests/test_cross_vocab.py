@@ -144,9 +144,11 @@ def test_a_draft_that_writes_the_targets_text_is_mostly_accepted(draft_family):
     assert len(steps) < len(target_script) / 2
 
 
-def test_trees_need_the_same_tokenizer(target, sentencepiece_draft_dir):
-    with pytest.raises(UserError, match="token trees .* need the same one"):
-        drafters.build(f"draft:b=2:{sentencepiece_draft_dir}", DrafterContext(target, device="cpu"))
+@pytest.mark.parametrize("option", ["b=2", "window=8"])
+def test_draft_options_need_the_same_tokenizer(target, sentencepiece_draft_dir, option):
+    key = option.split("=")[0]
+    with pytest.raises(UserError, match=rf"its options \({key}\) need the same one"):
+        drafters.build(f"draft:{option}:{sentencepiece_draft_dir}", DrafterContext(target, device="cpu"))
 
 
 # --- sampling (TLI): statistical losslessness through the real loop, on table models -----------------

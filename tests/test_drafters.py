@@ -254,6 +254,42 @@ def test_a_dynamic_tree_stops_growing_once_no_frontier_path_reaches_stop(stop, d
     assert max(confidence) == pytest.approx(0.6)
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "dynamic-tree"])
+def test_a_windowed_draft_reads_the_prompts_sink_and_tail_only(draft, tree):
+    from specdecode.drafters.draft_lm import SINK
+    from specdecode.drafters.draft_tree import DraftTreeDrafter
+
+    hf, vocab, window = draft.model.hf, draft.model.vocab_size, 5
+
+    def make(window):
+        model = FastLlama(hf)
+        if tree:
+            return DraftTreeDrafter(model, vocab, 2, 6, window=window)
+        return DraftModelDrafter(model, vocab, window=window)
+
+    def fresh(context):  # an unwindowed drafter given only the tokens the window keeps
+        whole = make(None)
+        whole.begin(context)
+        return whole.propose(context, 3, Warp(), None)
+
+    short = list(range(30, 30 + SINK + window))  # no longer than sink + window: read whole
+    windowed = make(window)
+    windowed.begin(short)
+    assert windowed.propose(short, 3, Warp(), None).tokens.tolist() == fresh(short).tokens.tolist()
+
+    prompt = list(range(40, 60))
+    windowed.begin(prompt)
+    kept = prompt[:SINK] + prompt[-window:]
+    first = windowed.propose(prompt, 3, Warp(), None)
+    assert first.tokens.tolist() == fresh(kept).tokens.tolist()
+    assert windowed.model.length <= len(kept) + 2  # the prefill read the window, not the prompt
+    # later steps: drafts accepted in part, a recovered token, a rollback within the answer
+    reply = first.tokens.tolist()[:1] + [7]
+    for answer in (reply, reply + [9, 11], reply[:1] + [13]):
+        got = windowed.propose(prompt + answer, 3, Warp(), None)
+        assert got.tokens.tolist() == fresh(kept + answer).tokens.tolist(), answer
+
+
 # --- drafters.build ---------------------------------------------------------------------------------
 
 
@@ -284,6 +320,8 @@ def test_build_known_drafters(target, tiny_draft_dir):
         ),  # the shipped one is for the default target
         ("draft:", "needs a model"),
         ("draft:/no/such/model/dir", "model path not found: /no/such/model/dir"),
+        ("draft:window=0:/some/model", "window must be >= 1"),
+        ("draft:window=x:/some/model", "window needs an integer"),
     ],
 )
 def test_build_errors(target, spec, message):

@@ -6,9 +6,11 @@
     draft                                  the shipped distilled draft model (draft:DIR: a `train draft`
                                            checkpoint)
     draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
-    draft:[vocab=V:][stop=P|auto:]<model>  vocab: the draft's head over its V most frequent tokens (chains
-                                           and trees); stop: a chain or dynamic tree ends once its draft
-                                           confidence is below P% (auto: P measured, draft_model.py)
+    draft:[vocab=V:][stop=P|auto:][window=W:]<model>  vocab: the draft's head over its V most frequent
+                                           tokens (chains and trees); stop: a chain or dynamic tree ends
+                                           once its draft confidence is below P% (auto: P measured,
+                                           draft_model.py); window: the draft reads a long prompt's first
+                                           tokens and last W only (draft_lm.py)
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
     suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
                                            corpus (suffix.py)
@@ -122,7 +124,7 @@ def _build_ngram(spec: Spec, ctx) -> Drafter:
 def _parse_draft(arg: str | None) -> Spec:
     if arg is None:
         return Spec("draft")  # the shipped distilled draft
-    options, path = tree_options(arg, "draft", ("vocab", "stop"), auto=("stop",))
+    options, path = tree_options(arg, "draft", ("vocab", "stop", "window"), auto=("stop",))
     if not path:
         raise UserError(
             "the draft drafter needs a model: --drafter draft:<path or hub id> "
@@ -169,8 +171,9 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         if not compare(ctx.target.tokenizer, draft.tokenizer).compatible:
             if spec.options:
                 raise UserError(
-                    f"draft model {spec.arg} has another tokenizer than the target; token trees (b=, "
-                    "nodes=) need the same one: cross-vocabulary drafting proposes chains"
+                    f"draft model {spec.arg} has another tokenizer than the target; its options "
+                    f"({', '.join(k for k, _ in spec.options)}) need the same one: cross-vocabulary "
+                    "drafting proposes plain chains (no trees, draft vocabulary, stop or window)"
                 )
             return CrossVocabDrafter(
                 draft.model,
@@ -187,7 +190,7 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         tokenizer = draft.tokenizer if draft is not None else ctx.target.tokenizer
         token_map = frequent_tokens(tokenizer, spec.option("vocab"), min(model.vocab_size, vocab))
         model = model.with_head_rows(token_map)
-    stop = spec.option("stop", 0)
+    stop, window = spec.option("stop", 0), spec.option("window")
     if stop == "auto":  # P = c + v, a draft pass and a verification row in target steps (draft_model.py)
         c, v = chain_costs(model, ctx.target.model)
         stop = min(95.0, round(100 * (c + v), 1))  # a draft as dear as its target still drafts one token
@@ -197,8 +200,10 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         )
         print(f"specdecode: {note}", file=sys.stderr)
     if spec.option("b") is not None:  # stop: parsed below 100, and only with nodes= (_parse_draft)
-        return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"), token_map, stop / 100)
-    return DraftModelDrafter(model, vocab, token_map, stop / 100)
+        return DraftTreeDrafter(
+            model, vocab, spec.option("b"), spec.option("nodes"), token_map, stop / 100, window
+        )
+    return DraftModelDrafter(model, vocab, token_map, stop / 100, window)
 
 
 # -- medusa, eagle ---------------------------------------------------------------------------------

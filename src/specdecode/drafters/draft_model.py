@@ -37,10 +37,16 @@ class DraftModelDrafter(DraftLM):
     name = "draft"
 
     def __init__(
-        self, model, target_vocab_size: int, token_map: torch.Tensor | None = None, stop: float = 0.0
+        self,
+        model,
+        target_vocab_size: int,
+        token_map: torch.Tensor | None = None,
+        stop: float = 0.0,
+        window: int | None = None,
     ):
-        """stop: end the chain once the product of its draft probabilities is below this (0: never)."""
-        super().__init__(model, target_vocab_size, token_map)
+        """stop: end the chain once the product of its draft probabilities is below this (0: never);
+        window: draft_lm.py's."""
+        super().__init__(model, target_vocab_size, token_map, window)
         self.stop = stop
 
     def propose(self, context, k, params: Warp, generator):

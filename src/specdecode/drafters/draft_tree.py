@@ -29,17 +29,26 @@ class DraftTreeDrafter(DraftLM):
     name = "draft-tree"
 
     def __init__(
-        self, model, target_vocab_size: int, branches: int, nodes: int | None = None, token_map=None, stop=0.0
+        self,
+        model,
+        target_vocab_size: int,
+        branches: int,
+        nodes: int | None = None,
+        token_map=None,
+        stop=0.0,
+        window: int | None = None,
     ):
         """token_map: [Vd] the target ids of a draft vocabulary's logits (`vocab=N`), else None; stop: a
-        dynamic tree stops growing once no frontier path's draft probability reaches it (0: never)."""
-        super().__init__(model, target_vocab_size, token_map)
+        dynamic tree stops growing once no frontier path's draft probability reaches it (0: never);
+        window: draft_lm.py's."""
+        super().__init__(model, target_vocab_size, token_map, window)
         if branches < 1 or (nodes is not None and nodes < 1):
             raise UserError(f"draft tree needs b >= 1 and nodes >= 1, got b={branches} nodes={nodes}")
         self.branches, self.nodes, self.stop = branches, nodes, stop
 
     def propose(self, context, k, params: Warp, generator):
         root = self.align(self.sync(context))  # [V]
+        context = self.view(context)  # the tokens the draft's cache holds
         grow = _Growth(self.model, self.align, len(context), params)
         try:
             if self.nodes is None:
