@@ -95,12 +95,14 @@ def _parts(prefix: str, version: str, count: int, file: str) -> tuple[Part, ...]
 # where this request's record gives them odds below a verification row's measured cost (ngram's
 # stop=auto: wrong chains of 8 ran extraction at 0.90x plain where rows are dear), else the sibling's
 # chain over its 32,768 most frequent tokens, ended where its confidence falls below the measured cost
-# of a draft pass and a verification row (draft's stop=auto), k 8 its cap (docs/drafters.md).
+# of a draft pass and a verification row (draft's stop=auto), reading a long prompt's first 4 and last
+# 64 tokens only (window=64: the draft's prefill of the whole prompt added 17% to the time to first
+# token), k 8 its cap (docs/drafters.md).
 SIBLING_DRAFT = Speculation(
-    "fallback:ngram:stop=auto+draft:vocab=32768:stop=auto:qwen2.5-coder-0.5b",
+    "fallback:ngram:stop=auto+draft:vocab=32768:stop=auto:window=64:qwen2.5-coder-0.5b",
     8,
     ("qwen2.5-coder-0.5b",),
-    "docs/results/decode_ngram_stopauto_fallback_qwen2.5coder1.5b_draft0.5b_k8_heldout1_48tokens_zen3_avx2_2threads_engine.json",
+    "docs/results/bench_default_drafter_draft_window64_vs_whole_prompt_per_category_interleaved_qwen2.5coder1.5b_heldout3_48tokens_zen3_avx2_2threads.json",
 )
 
 MODELS = {
