@@ -136,7 +136,9 @@ ARM = shutil.which("aarch64-linux-gnu-g++") and shutil.which("qemu-aarch64")
 
 
 @pytest.mark.skipif(not ARM and not os.environ.get("CI"), reason="no aarch64 cross compiler or qemu-aarch64")
-@pytest.mark.parametrize("isa, march", [("neon", "armv8.2-a+dotprod"), ("scalar", "armv8-a")])
+@pytest.mark.parametrize(
+    "isa, march", [("i8mm", "armv8.2-a+dotprod+i8mm"), ("neon", "armv8.2-a+dotprod"), ("scalar", "armv8-a")]
+)
 def test_arm_microkernels_under_emulation_have_the_references_bits(isa, march, tmp_path):
     assert ARM, "CI installs g++-aarch64-linux-gnu and qemu-user (.ci/run)"
     out = build_and_run(tmp_path, "aarch64-linux-gnu-g++", [f"-march={march}", "-static"], ["qemu-aarch64"])

@@ -319,7 +319,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q8", &linear_q8, release, "x W^T, W 8-bit with a float32 scale per 16 weights");
   m.def("dequantize_q4", &dequantize_q4, "4-bit rows -> float32 [N, K], the kernels' values");
   m.def("dequantize_q8", &dequantize_q8, "8-bit rows -> float32 [N, K], the kernels' values");
-  m.def("tile_isa", &tile_isa, "the ISA of this build's tile microkernel: avx512vnni, avxvnni, avx2, neon or scalar");
+  m.def("tile_isa", &tile_isa, "the ISA of this build's tile microkernel: avx512vnni, avxvnni, avx2, i8mm, neon or scalar");
   m.def("linear_q4_tile", &linear_q4_tile, release, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("linear_q8_tile", &linear_q8_tile, release, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits",

@@ -55,6 +55,7 @@ ISAS = {
     ),
     "avxvnni": (["-march=x86-64-v3", "-mavxvnni", "-mtune=native"], {"avx2", "fma", "f16c", "avx_vnni"}),
     "avx2": (["-march=x86-64-v3", "-mtune=native"], {"avx2", "fma", "f16c"}),
+    "i8mm": (["-march=armv8.2-a+dotprod+i8mm"], {"asimddp", "i8mm"}),
     "neon": (["-march=armv8.2-a+dotprod"], {"asimddp"}),
     "scalar": (
         ["-march=x86-64", "-mtune=native"] if platform.machine() == "x86_64" else ["-march=armv8-a"],

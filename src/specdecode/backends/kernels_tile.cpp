@@ -141,7 +141,7 @@ std::vector<torch::Tensor> unpack(const torch::Tensor& ps, const torch::Tensor& 
 
 }  // namespace
 
-// The ISA of this build's tile microkernel: avx512vnni, avxvnni, avx2, neon or scalar (tile.h).
+// The ISA of this build's tile microkernel: avx512vnni, avxvnni, avx2, i8mm, neon or scalar (tile.h).
 std::string tile_isa() { return SPECDECODE_TILE_ISA; }
 
 // x: [M, K] float32, each row quantized to 8 bits per block of 32; W: N interleaved 4-bit rows

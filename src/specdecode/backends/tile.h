@@ -6,7 +6,7 @@
 // One layout, a microkernel per ISA (chosen when the kernels are built, kernels.py's SPECDECODE_ISA):
 //   tile_avx512.h  AVX-512 VNNI (Zen 4/5, Xeon): one vpdpbusd serves 16 weight rows
 //   tile_avx2.h    AVX2 (Zen 1-3, Intel client chips) with maddubs, or AVX-VNNI's 256-bit vpdpbusd
-//   tile_neon.h    ARM with dot products (vdotq_s32)
+//   tile_neon.h    ARM with dot products (vdotq_s32), and int8 matrix multiplies (vmmlaq_s32) with i8mm
 //   tile_ref.h     portable C++: the reference every microkernel is tested against bit for bit, and
 //                  the kernel where none of the above is built
 // Every microkernel forms each output lane with the same float operations in the same order (an
@@ -38,7 +38,11 @@
 #endif
 #elif defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
 #define SPECDECODE_TILE_NEON 1
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+#define SPECDECODE_TILE_ISA "i8mm"
+#else
 #define SPECDECODE_TILE_ISA "neon"
+#endif
 #else
 #define SPECDECODE_TILE_ISA "scalar"
 #endif

@@ -5,6 +5,11 @@
 // conversion and one or two FMAs for 4 outputs. q4, q5 and q6 bytes (0..63) are valid signed bytes as
 // they are; q8's q + 128 goes back to q, whose dot product needs no bias. The integer sums are exact,
 // so the floats that follow are those of tile_ref.h.
+//
+// With the int8 matrix multiply (armv8.6-a i8mm: Graviton 3 on, Apple M2 on; SPECDECODE_ISA=i8mm), rows
+// of x go in pairs: register pairs (t, t + 1) are zipped once a block into 2 rows x 8 bytes, and one
+// vmmlaq_s32 forms 2 weight rows x 2 rows of x, so a pair of x rows costs 8 of them where dot products
+// cost 16. The same exact integer sums go into the same float operations.
 #pragma once
 
 #include <arm_neon.h>
@@ -87,22 +92,61 @@ void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
       }
       float32x4_t s0, s1;
       block_scales<ONE>(ws, g, q, s0, s1);
-      for (int m = 0; m < MB; ++m) {
+      // the bias a half (0, 1) or the whole block (2) of x row m's dot product starts from
+      const auto start = [&](int m, int half) -> int32_t {
         const int64_t xi = (m0 + m) * G + g;
-        const auto* xb = reinterpret_cast<const int32_t*>(xq + xi * 32);
+        if constexpr (SIGNED || Q4) return 0;
+        return half == 2 ? -((xh[2 * xi] + xh[2 * xi + 1]) >> bias) : -(xh[2 * xi + half] >> bias);
+      };
+      // x row m's float work on its integer dot products (lo: the whole block for q4 and one scale)
+      const auto finish = [&](int m, int32x4_t lo, int32x4_t hi) {
+        const int64_t xi = (m0 + m) * G + g;
         const float32x4_t d = vdupq_n_f32(xd[xi]);
+        acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(lo), vmulq_f32(s0, d));
         if constexpr (Q4) {
-          const int32x4_t dot = dots<0, 8>(u, xb, vdupq_n_s32(0));
-          acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(dot), vmulq_f32(s0, d));
           acc[m] = vfmaq_f32(acc[m], s1, vdupq_n_f32(xS[xi]));
-        } else if constexpr (ONE) {
-          const int32x4_t dot = dots<0, 8>(u, xb, vdupq_n_s32(SIGNED ? 0 : -((xh[2 * xi] + xh[2 * xi + 1]) >> bias)));
-          acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(dot), vmulq_f32(s0, d));
-        } else {
-          const int32x4_t lo = dots<0, 4>(u, xb, vdupq_n_s32(SIGNED ? 0 : -(xh[2 * xi] >> bias)));
-          const int32x4_t hi = dots<4, 8>(u, xb, vdupq_n_s32(SIGNED ? 0 : -(xh[2 * xi + 1] >> bias)));
-          acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(lo), vmulq_f32(s0, d));
+        } else if constexpr (!ONE) {
           acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(hi), vmulq_f32(s1, d));
+        }
+      };
+      int m = 0;
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+      int8x16_t w01[4], w23[4];  // zipped pairs (2p, 2p + 1): rows 0-1 and 2-3 of the quarter, 8 bytes each
+      for (int pr = 0; pr < 4; ++pr) {
+        const int32x4_t a = vreinterpretq_s32_s8(u[2 * pr]), b = vreinterpretq_s32_s8(u[2 * pr + 1]);
+        w01[pr] = vreinterpretq_s8_s32(vzip1q_s32(a, b));
+        w23[pr] = vreinterpretq_s8_s32(vzip2q_s32(a, b));
+      }
+      for (; m + 1 < MB; m += 2) {
+        const int8_t* xa = xq + ((m0 + m) * G + g) * 32;
+        const int8_t* xb = xa + G * 32;  // row m + 1's same block
+        const auto pairs = [&](int p0, int p1, int32_t ba, int32_t bb, int32x4_t& ra, int32x4_t& rb) {
+          const int32x4_t init = {ba, bb, ba, bb};  // the 2 x 2 products: [w0 xa, w0 xb, w1 xa, w1 xb]
+          int32x4_t a01 = init, a23 = init;
+          for (int pr = p0; pr < p1; ++pr) {
+            const int8x16_t x2 = vcombine_s8(vld1_s8(xa + 8 * pr), vld1_s8(xb + 8 * pr));
+            a01 = vmmlaq_s32(a01, w01[pr], x2);
+            a23 = vmmlaq_s32(a23, w23[pr], x2);
+          }
+          ra = vuzp1q_s32(a01, a23), rb = vuzp2q_s32(a01, a23);
+        };
+        int32x4_t lo_a, lo_b, hi_a = vdupq_n_s32(0), hi_b = vdupq_n_s32(0);
+        if constexpr (Q4 || ONE) {
+          pairs(0, 4, start(m, 2), start(m + 1, 2), lo_a, lo_b);
+        } else {
+          pairs(0, 2, start(m, 0), start(m + 1, 0), lo_a, lo_b);
+          pairs(2, 4, start(m, 1), start(m + 1, 1), hi_a, hi_b);
+        }
+        finish(m, lo_a, hi_a);
+        finish(m + 1, lo_b, hi_b);
+      }
+#endif
+      for (; m < MB; ++m) {
+        const auto* xb = reinterpret_cast<const int32_t*>(xq + ((m0 + m) * G + g) * 32);
+        if constexpr (Q4 || ONE) {
+          finish(m, dots<0, 8>(u, xb, vdupq_n_s32(start(m, 2))), vdupq_n_s32(0));
+        } else {
+          finish(m, dots<0, 4>(u, xb, vdupq_n_s32(start(m, 0))), dots<4, 8>(u, xb, vdupq_n_s32(start(m, 1))));
         }
       }
     }
