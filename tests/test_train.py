@@ -98,6 +98,48 @@ def test_an_interrupted_run_keeps_what_it_finished_and_resumes_to_the_same_data(
     assert resumed == {s.id: (s.prompt_ids, s.response_ids) for s in data.read(data_dir)}
 
 
+def test_a_sampled_pass_adds_a_second_answer_per_prompt_beside_the_greedy_ones(
+    target, data_dir, tmp_path, monkeypatch
+):
+    import shutil
+
+    from specdecode.core.sampling import Warp
+    from specdecode.corpora import Prompt
+    from train_fixtures import PROMPTS
+
+    out = tmp_path / "d"
+    shutil.copytree(data_dir, out)
+    greedy = {s.id: s.response_ids for s in data.read(out)}
+    prompts = [(Prompt(text, str(i), "c"), None) for i, text in enumerate(PROMPTS)]
+    real = data._responses
+
+    def killed_after_three(*args):
+        for i, seq in enumerate(real(*args)):
+            if i == 3:
+                raise KeyboardInterrupt  # as SIGTERM does (data._stop)
+            yield seq
+
+    sample = dict(drafter="none", params=Warp(temperature=0.9), seed=1, max_new_tokens=40)
+    monkeypatch.setattr(data, "_responses", killed_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        data.generate_data(target, prompts, out, **sample)
+    counts = json.loads((out / "manifest.json").read_text())["by_answer"]  # written though stopped
+    assert (counts["greedy"]["sequences"], counts["t0.9s1"]["sequences"]) == (len(PROMPTS), 3)
+    monkeypatch.setattr(data, "_responses", real)
+    seqs = data.generate_data(target, prompts, out, **sample)  # resumes the sampled pass only
+    by_id = {s.id: s for s in seqs}
+    assert len(seqs) == 2 * len(PROMPTS) and {i: by_id[i].response_ids for i in greedy} == greedy
+    sampled = [s for s in seqs if s.id.endswith("@t0.9s1")]
+    assert sorted(data.prompt_id(s.id) for s in sampled) == sorted(greedy)
+    assert any(s.response_ids != greedy[data.prompt_id(s.id)] for s in sampled)
+    train, val = data.split(seqs, 0.5)
+    assert train and val
+    sides: dict[str, set[bool]] = {}
+    for i in train + val:
+        sides.setdefault(data.prompt_id(seqs[i].id), set()).add(i in val)
+    assert all(len(side) == 1 for side in sides.values())  # a prompt's two answers on one side
+
+
 def test_batched_generation_gives_the_same_responses(target, data_dir, tmp_path):
     batched = make_data(target, tmp_path / "b", batch=3)  # 8 prompts through 3 slots: rows join and leave
     by_id = {s.id: s for s in data.read(batched)}

@@ -79,7 +79,12 @@ def _data_args(d) -> None:
     )
     d.add_argument("--max-new-tokens", type=int, default=256)
     d.add_argument("--minutes", type=float, default=None, help="stop starting new prompts after this long")
-    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses")
+    d.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 = greedy responses; above 0 sampled ones, kept as ID@tT beside the greedy answers in --out",
+    )
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--drafter", default="ngram", help="speeds generation up; greedy output is unchanged")
     d.add_argument(

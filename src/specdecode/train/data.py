@@ -11,12 +11,18 @@ Finished sequences are buffered and written as a shard every `shard_size` sequen
 `flush_minutes` and when the run ends or is stopped (SIGTERM, Ctrl-C): a rerun resumes by skipping the
 ids already in shards. A second turn (Prompt.parent, e.g. MT-bench's) is asked after its parent's
 response, which the same run (or an earlier one) generated first.
+
+Greedy answers carry their prompt's id; sampled ones (`temperature` > 0) the id and the settings,
+`<id>@t0.8` (`@t0.8s1` with seed 1), so a sampled pass over prompts answered greedily adds a second
+answer to each in the same directory and resumes on its own. Both answers of a prompt stay on one side
+of the held-out split (split()).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 import signal
 import time
 import zlib
@@ -83,10 +89,26 @@ def collect_prompts(
     return order
 
 
+SAMPLED = re.compile(r"@t[0-9.]+(?:s[0-9]+)?$")  # the tail of a sampled answer's id
+
+
+def answer_id(prompt_id: str, temperature: float, seed: int) -> str:
+    """The id of a prompt's answer at these settings: the prompt's own when greedy."""
+    if not temperature:
+        return prompt_id
+    return f"{prompt_id}@t{temperature:g}" + (f"s{seed}" if seed else "")
+
+
+def prompt_id(seq_id: str) -> str:
+    """The prompt a sequence answers (its id without a sampled answer's tail)."""
+    return SAMPLED.sub("", seq_id)
+
+
 def manifest(seqs: list[Record], sources: dict[str, str], meta: dict | None = None) -> dict:
     """What a data directory holds: sequences, prompt and response tokens in all, per prompt set
-    (`sources`: as collect_prompts fills it; sequences of sets no longer named count as "other") and
-    per category, with the run's settings (`meta`: target, held-out sets, temperature...)."""
+    (`sources`: as collect_prompts fills it; sequences of sets no longer named count as "other"), per
+    category and per kind of answer (greedy, or sampled at t0.8...), with the run's settings (`meta`:
+    target, held-out sets, temperature...)."""
 
     def tally(groups: dict[str, list[Record]]) -> dict[str, dict[str, int]]:
         return {
@@ -100,14 +122,18 @@ def manifest(seqs: list[Record], sources: dict[str, str], meta: dict | None = No
 
     by_source: dict[str, list[Record]] = {}
     by_category: dict[str, list[Record]] = {}
+    by_answer: dict[str, list[Record]] = {}
     for seq in seqs:
-        by_source.setdefault(sources.get(seq.id, "other"), []).append(seq)
+        by_source.setdefault(sources.get(prompt_id(seq.id), "other"), []).append(seq)
         by_category.setdefault(seq.category, []).append(seq)
+        tail = SAMPLED.search(seq.id)
+        by_answer.setdefault(tail.group()[1:] if tail else "greedy", []).append(seq)
     return {
         **(meta or {}),
         **tally({"all": seqs}),
         "by_source": tally(by_source),
         "by_category": tally(by_category),
+        "by_answer": tally(by_answer),
     }
 
 
@@ -128,12 +154,13 @@ def response_tokens(seqs: list[Record]) -> int:
 
 
 def split(seqs: list[Record], fraction: float) -> tuple[list[int], list[int]]:
-    """Indices of the training and held-out sequences: a sequence is held out when the hash of its id
-    falls in the first `fraction` of the range, so a sequence stays on its side as the data grows
-    (every point of a data-scaling curve is scored on the same held-out prompts it has)."""
+    """Indices of the training and held-out sequences: a sequence is held out when the hash of its
+    prompt's id falls in the first `fraction` of the range, so a sequence stays on its side as the data
+    grows (every point of a data-scaling curve is scored on the same held-out prompts it has), and a
+    prompt's greedy and sampled answers on the same side."""
     if not 0 <= fraction < 1:
         raise UserError(f"--val: expected a fraction in [0, 1), got {fraction}")
-    held = [zlib.crc32(s.id.encode()) < fraction * 2**32 for s in seqs]
+    held = [zlib.crc32(prompt_id(s.id).encode()) < fraction * 2**32 for s in seqs]
     train, val = [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h]
     if fraction and (not val or not train):
         raise UserError(
@@ -282,13 +309,15 @@ def generate_data(
     if not (out / "meta.json").exists():
         (out / "meta.json").write_text(json.dumps(meta or {}, indent=1))
     by_id = {p.id: p for p, _ in prompts}
+    params = params or Warp()
+    answer = lambda pid: answer_id(pid, params.temperature, seed)  # noqa: E731 (this run's answer ids)
     writer = ShardWriter(out, target, shard_size, flush_minutes, tag, features)
     deadline = time.monotonic() + 60 * minutes if minutes else None
     options = dict(
         drafter=parse(drafter),  # the engine routes by Spec
         context=context or DrafterContext(loaded),
         k=k,
-        params=params or Warp(),
+        params=params,
         max_new_tokens=max_new_tokens,
         seed=seed,
         deadline=deadline,
@@ -299,23 +328,30 @@ def generate_data(
     skipped = 0
     try:
         # first the prompts that can be asked now, then second turns whose parent got its answer
-        for ready in (lambda p: p.parent is None or p.parent in done, lambda p: p.parent in done):
-            todo = [(p, given) for p, given in prompts if p.id not in done and ready(p)]
-            encoded = [(p, _encode(loaded.tokenizer, p, by_id, done), given) for p, given in todo]
+        for ready in (
+            lambda p: p.parent is None or answer(p.parent) in done,
+            lambda p: answer(p.parent) in done,
+        ):
+            todo = [
+                (p, given)
+                for p, given in prompts
+                if answer(p.id) not in done and ready(p) and (given is None or params.greedy)
+            ]  # a sampled pass answers what the target answers, not the responses given with prompts
+            encoded = [(p, _encode(loaded.tokenizer, p, by_id, done, answer), given) for p, given in todo]
             long = [e for e in encoded if max_prompt_tokens and len(e[1]) > max_prompt_tokens]
             skipped += len(long)
             encoded = [e for e in encoded if e not in long]
-            for seq, feats in _responses(loaded, encoded, options):
+            for seq, feats in _responses(loaded, encoded, options, answer):
                 writer.add(seq, feats)
                 done[seq.id] = seq
-    finally:
+    finally:  # stopped or not: what was finished is written, and the manifest counts it
         writer.flush()
         signal.signal(signal.SIGTERM, previous)
+        seqs = read(out)
+        text = json.dumps(manifest(seqs, sources or {}, meta), indent=1)
+        files.write_atomic(out / "manifest.json", lambda tmp: Path(tmp).write_text(text))
     if skipped:
         print(f"skipped {skipped} prompts longer than {max_prompt_tokens} tokens")
-    seqs = read(out)
-    text = json.dumps(manifest(seqs, sources or {}, meta), indent=1)
-    files.write_atomic(out / "manifest.json", lambda tmp: Path(tmp).write_text(text))
     return seqs
 
 
@@ -325,14 +361,16 @@ def _stop(signum, frame):
     )  # unwinds through generate_data's finally: the buffer is written
 
 
-def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str, Record]) -> list[int]:
+def _encode(
+    tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str, Record], answer
+) -> list[int]:
     """Chat-formatted ids of a prompt; a second turn follows its parent's question and the target's own
-    answer."""
+    answer to it at this run's settings (answer: prompt id -> that answer's id)."""
     from specdecode.decoding.generation import encode_prompt
 
     if prompt.parent is None:
         return encode_prompt(tokenizer, prompt.prompt, None)
-    answer = tokenizer.decode(done[prompt.parent].response_ids, skip_special_tokens=True)
+    answer = tokenizer.decode(done[answer(prompt.parent)].response_ids, skip_special_tokens=True)
     messages = [
         {"role": "user", "content": by_id[prompt.parent].prompt},
         {"role": "assistant", "content": answer},
@@ -342,9 +380,9 @@ def _encode(tokenizer, prompt: Prompt, by_id: dict[str, Prompt], done: dict[str,
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _responses(loaded, encoded, options):
+def _responses(loaded, encoded, options, answer=lambda pid: pid):
     """(prompt, ids, given response or None) -> (Record, its captured features or None): given
-    responses as they are, the rest generated."""
+    responses as they are, the rest generated; answer: prompt id -> the record's id."""
     from tqdm import tqdm
 
     tok, eos = loaded.tokenizer, loaded.eos_ids
@@ -361,7 +399,7 @@ def _responses(loaded, encoded, options):
             new_tokens += len(response)
             bar.update()
             bar.set_postfix(tokens=new_tokens, tok_s=f"{new_tokens / (time.monotonic() - t0):.1f}")
-            yield Record(p.id, p.category, ids, response, source), feats
+            yield Record(answer(p.id), p.category, ids, response, source), feats
         if bar.n < len(encoded):
             bar.write(f"time limit reached after {bar.n} of {len(encoded)} prompts")
 
