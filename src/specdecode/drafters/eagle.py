@@ -18,10 +18,11 @@ target's, frozen and not stored; the LM head is restricted to a draft vocabulary
 which cuts its cost (it dominates a 135M model's draft step). The head keeps its own KV cache;
 rolling back is a change of length (as in fast_llama.py).
 
-Beside a `--dtype gguf` target on AVX-512 VNNI the head's linears are the target's interleaved 8-bit
-matrices, and a draft step (its layer and the draft vocabulary's logits) is one call of the target's
-native stack (`NativeHead`, stack.cpp with a pair norm): in torch it was ~30 ops, each starting cold
-after the target's forward has streamed its weights through the caches.
+Beside a `--dtype gguf` target (any ISA: tile.h has a microkernel for each) the head's linears are
+the target's interleaved 8-bit matrices, and a draft step (its layer and the draft vocabulary's
+logits) is one call of the target's native stack (`NativeHead`, stack.cpp with a pair norm): in torch
+it was ~30 ops, each starting cold after the target's forward has streamed its weights through the
+caches.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ class NativeHead:
     def build(head: EagleHead, project, ops, embedding: Embedding, cos, sin) -> "NativeHead | None":
         linears = [head.qkv.linear, head.o.linear, head.gate_up.linear, head.down.linear, project]
         if not all(isinstance(lin, QuantLinear) and lin.interleaved_parts() for lin in linears):
-            return None  # float linears (an fp32 target, or no VNNI): the torch path
+            return None  # float linears (a float target): the torch path
         return NativeHead(head, project, ops, embedding, cos, sin)
 
     def chain(self, tokens: list[int], feat: torch.Tensor, cache: KVCache, logit_rows: list[int]):
