@@ -320,6 +320,32 @@ def test_eagle_trains_further_from_a_checkpoint(target, data_dir, tmp_path):
         eagle.train(target, data_dir, tmp_path / "c", one, layers="1", **kw)
 
 
+def test_a_narrower_eagle_head_starts_from_the_first_units_of_the_targets_last_mlp(
+    target, data_dir, tmp_path
+):
+    from specdecode.drafters import DrafterContext, build
+
+    kw = dict(batch_tokens=128, vocab=300, window=64, layers="0,1")
+    eagle.train(target, data_dir, tmp_path / "n", Schedule(steps=1, lr=0.0, save_every=1), width=0.5, **kw)
+    config = json.loads((tmp_path / "n" / "config.json").read_text())
+    full = target.model.hf.config.intermediate_size
+    assert config["intermediate"] == eagle.mlp_width(full, 0.5) < full
+    tensors = load_file(tmp_path / "n" / "model.safetensors")
+    mlp = target.model.hf.model.layers[-1].mlp
+    units = config["intermediate"]
+    gate_up = torch.cat([mlp.gate_proj.weight[:units], mlp.up_proj.weight[:units]])
+    assert torch.equal(tensors["gate_up.weight"], gate_up.to(torch.bfloat16))  # lr 0: the start, exported
+    assert torch.equal(tensors["down.weight"], mlp.down_proj.weight[:, :units].to(torch.bfloat16))
+    build(f"eagle:{tmp_path / 'n'}", DrafterContext(target))  # its checkpoint loads at that width
+    assert eagle.mlp_width(full, 0.9) != units
+    with pytest.raises(UserError, match="keeps its checkpoint's MLP width"):
+        eagle.train(
+            target, data_dir, tmp_path / "m", Schedule(steps=1), width=0.9, init=str(tmp_path / "n"), **kw
+        )
+    with pytest.raises(UserError, match="fraction of the target's"):
+        eagle.train(target, data_dir, tmp_path / "m", Schedule(steps=1), width=1.5, **kw)
+
+
 @pytest.mark.parametrize("kind", TRAINERS)
 def test_resume_after_a_kill_reaches_the_same_state(target, data_dir, tmp_path, kind):
     whole = TRAINERS[kind](target, data_dir, tmp_path / "whole", steps=12, save_every=4, seed=3)

@@ -29,21 +29,31 @@ def default_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(sorted({min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)}))
 
 
+def mlp_width(intermediate: int, width: float) -> int:
+    """The head's MLP width: `width` x the target's intermediate size, in multiples of 64."""
+    if not 0 < width <= 1:
+        raise UserError(f"--set width={width}: the head's MLP width is a fraction of the target's, in (0, 1]")
+    return min(intermediate, max(64, round(intermediate * width / 64) * 64))
+
+
 def _init_from_target(head: EagleHead, hf_model) -> None:
     """Start the attention output, MLP and norms from the target's last layer (Phi-3: its fused
-    gate|up; Gemma 3: its pre-MLP norm and (1 + w) multipliers; the head's MLP stays SiLU)."""
+    gate|up; Gemma 3: its pre-MLP norm and (1 + w) multipliers; the head's MLP stays SiLU). A narrower
+    MLP starts from the first of the layer's units."""
     last = hf_model.model.layers[-1]
     mlp = last.mlp
     offset = norm_offset(hf_model.config)
     pre_mlp = getattr(last, "pre_feedforward_layernorm", None) or last.post_attention_layernorm
+    units = head.down.in_features
     with torch.no_grad():
         head.o.weight.copy_(last.self_attn.o_proj.weight)
-        head.gate_up.weight.copy_(
-            mlp.gate_up_proj.weight
+        gate, up = (
+            mlp.gate_up_proj.weight.chunk(2)
             if hasattr(mlp, "gate_up_proj")
-            else torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            else (mlp.gate_proj.weight, mlp.up_proj.weight)
         )
-        head.down.weight.copy_(mlp.down_proj.weight)
+        head.gate_up.weight.copy_(torch.cat([gate[:units], up[:units]]))
+        head.down.weight.copy_(mlp.down_proj.weight[:, :units])
         head.norm_mlp.copy_(norm_weight(pre_mlp, offset, torch.float32))
         head.norm_out.copy_(norm_weight(hf_model.model.norm, offset, torch.float32))
 
@@ -64,13 +74,16 @@ def train(
     topk: int = 0,
     topk_weight: float = 1.0,
     init: str = "",
+    width: float = 1.0,
 ) -> loop.TrainResult:
     """schedule: steps (default 200), lr (default 1e-3), precision, checkpoints and held-out scoring
-    (loop.Schedule). init: start from this EAGLE checkpoint (a directory, or "shipped") instead of the
-    target's last layer, e.g. to train a head further on more data; the head's weights do not depend on
-    the draft vocabulary (its LM head is the target's), so the new data's token map is used. With
-    schedule.val, the head's teacher-forced top-1 agreement with the target is scored on the held-out
-    sequences (data.split) per unrolled step (top1_0 is position 1's acceptance under greedy decoding)."""
+    (loop.Schedule). width: the head's MLP width over the target's (EAGLE-3's is 1; a narrower one
+    reads fewer weights a draft step, scripts/eagle_head_cost.py). init: start from this EAGLE
+    checkpoint (a directory, or "shipped") instead of the target's last layer, e.g. to train a head
+    further on more data; the head's weights do not depend on the draft vocabulary (its LM head is the
+    target's), so the new data's token map is used. With schedule.val, the head's teacher-forced top-1
+    agreement with the target is scored on the held-out sequences (data.split) per unrolled step
+    (top1_0 is position 1's acceptance under greedy decoding)."""
     schedule = schedule.filled(steps=200, lr=1e-3)
     seed, val = schedule.seed, schedule.val
     torch.manual_seed(seed)
@@ -79,6 +92,14 @@ def train(
         checkpoint.load(None if init == "shipped" else init, "eagle", loaded) if init else ({}, {})
     )
     layer_ids = _layer_ids(layers, init, init_config, hf.config.num_hidden_layers)
+    intermediate = mlp_width(hf.config.intermediate_size, width)
+    if init and intermediate != init_config["intermediate"]:
+        if width != 1.0:
+            raise UserError(
+                f"--set width={width}: a head trained further keeps its checkpoint's MLP width "
+                f"({init_config['intermediate']})"
+            )
+        intermediate = init_config["intermediate"]
     corpus = load(
         loaded, data_dir, vocab=vocab, features_dir=features_dir, source=source, val=val, layer_ids=layer_ids
     )
@@ -86,7 +107,7 @@ def train(
     settings |= {"features": str(corpus.source.precision)}
     settings |= {"batch_tokens": batch_tokens, "window": window, "ttt_steps": ttt_steps, "topk": topk}
     settings |= {"topk_weight": topk_weight, "seed": seed, "init": init or None}
-    config = _config(hf.config, layer_ids, corpus, settings, val)
+    config = _config(hf.config, layer_ids, intermediate, corpus, settings, val)
     head = head_from_config(config)
     if init:
         head.load_state_dict({k: v.float() for k, v in init_tensors.items() if k != "token_map"})
@@ -136,8 +157,11 @@ def _layer_ids(layers: str, init: str, init_config: dict, num_layers: int) -> tu
     return layer_ids
 
 
-def _config(cfg, layer_ids: tuple[int, ...], corpus: TrainingSet, settings: dict, val: float) -> dict:
-    """The checkpoint's config.json: the head's shape (the target's numbers) and how it was trained."""
+def _config(
+    cfg, layer_ids: tuple[int, ...], intermediate: int, corpus: TrainingSet, settings: dict, val: float
+) -> dict:
+    """The checkpoint's config.json: the head's shape (the target's numbers, its own MLP width) and how
+    it was trained."""
     train = {**settings, "sequences": len(corpus.train_ids), "response_tokens": corpus.response_tokens}
     return {
         "kind": "eagle",
@@ -147,7 +171,7 @@ def _config(cfg, layer_ids: tuple[int, ...], corpus: TrainingSet, settings: dict
         "heads": cfg.num_attention_heads,
         "kv_heads": cfg.num_key_value_heads,
         "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-        "intermediate": cfg.intermediate_size,
+        "intermediate": intermediate,
         "eps": cfg.rms_norm_eps,
         "vocab": len(corpus.token_map),
         "train": {**train, "val": val, "val_sequences": len(corpus.val_ids)},
