@@ -89,7 +89,7 @@ def collect_prompts(
     return order
 
 
-SAMPLED = re.compile(r"@t[0-9.]+(?:s[0-9]+)?$")  # the tail of a sampled answer's id
+SAMPLED = re.compile(r"@t[0-9.e+-]+(?:s[0-9]+)?$")  # the tail of a sampled answer's id
 
 
 def answer_id(prompt_id: str, temperature: float, seed: int) -> str:
