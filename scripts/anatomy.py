@@ -38,6 +38,15 @@ def cpu_name() -> dict:
     return kernels.machine()
 
 
+def write_report(out, report: dict, script: str, argv: list[str] | None, threads: int) -> None:
+    """A script's report as JSON at `out`, with its provenance: the command that made it (script's
+    name and its arguments, argv None: the process's), the CPU and the threads."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = f"python3 scripts/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+    report["provenance"] = {"command": command.strip(), "cpu": cpu_name(), "threads": threads}
+    out.write_text(json.dumps(report, indent=1) + "\n")
+
+
 def median_ms(fn, repeats: int) -> float:
     fn()
     samples = []

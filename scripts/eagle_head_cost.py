@@ -17,7 +17,6 @@ running; the CPU and the kernels' ISA go into the output.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from anatomy import cpu_name  # noqa: E402
+from anatomy import write_report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,10 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"vocab {vocab:>6} width {width:g} k {k}: {ms:6.2f} ms = {ms / 1e3 / t1:.3f} T(1)")
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        command = "python3 scripts/eagle_head_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        report["provenance"] = {"command": command.strip(), "cpu": cpu_name(), "threads": a.threads}
-        a.out.write_text(json.dumps(report, indent=1) + "\n")
+        write_report(a.out, report, "eagle_head_cost.py", argv, a.threads)
     return 0
 
 

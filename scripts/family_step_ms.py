@@ -16,7 +16,6 @@ the ratio to Llama's. The CPU is named in the output; run it with nothing else r
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from anatomy import cpu_name  # noqa: E402
+from anatomy import write_report  # noqa: E402
 
 SIZE = {
     "vocab_size": 49152,
@@ -103,10 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     for f, row in report.items():
         print(f"{f:>12}: {row['ms_per_step']:.2f} ms per step, {row['vs_llama']} x llama")
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        command = "python3 scripts/family_step_ms.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        report["provenance"] = {"command": command.strip(), "cpu": cpu_name(), "threads": a.threads}
-        a.out.write_text(json.dumps(report, indent=1) + "\n")
+        write_report(a.out, report, "family_step_ms.py", argv, a.threads)
     return 0
 
 

@@ -17,12 +17,11 @@ kernels differ between AVX2 and AVX-512 VNNI machines, and so may `gguf`'s first
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from anatomy import cpu_name  # noqa: E402
+from anatomy import write_report  # noqa: E402
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -70,10 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             report[name] = {f"identical_to_{a.reference}": f"{same}/{len(texts)}", "first_divergence": where}
             print(f"{name}: {same}/{len(texts)} identical to {a.reference}; first divergence {where}")
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        command = "python3 scripts/gguf_agreement.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        report["provenance"] = {"command": command.strip(), "cpu": cpu_name(), "threads": a.threads}
-        a.out.write_text(json.dumps(report, indent=1) + "\n")
+        write_report(a.out, report, "gguf_agreement.py", argv, a.threads)
     return 0
 
 

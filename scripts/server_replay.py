@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from anatomy import cpu_name  # noqa: E402
+from anatomy import write_report  # noqa: E402
 from load_server import launched, stream  # noqa: E402
 
 
@@ -121,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"{a.drafter} / off: {report['ratio']}")
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        command = "python3 scripts/server_replay.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        report["provenance"] = {"command": command.strip(), "cpu": cpu_name(), "threads": a.threads}
-        a.out.write_text(json.dumps(report, indent=1) + "\n")
+        write_report(a.out, report, "server_replay.py", argv, a.threads)
     return 0
 
 

@@ -15,7 +15,6 @@ the output; run it with nothing else running.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from anatomy import cpu_name  # noqa: E402
+from anatomy import write_report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,10 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         report[dtype] = {"T1_ms": round(1e3 * t[1], 2), "r": [round(t[n] / t[1], 2) for n in sizes]}
         print(f"{dtype:>10}: T(1) {report[dtype]['T1_ms']:.2f} ms, r(n) {report[dtype]['r']}")
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        command = "python3 scripts/verify_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        report["provenance"] = {"command": command.strip(), "cpu": cpu_name(), "threads": a.threads}
-        a.out.write_text(json.dumps(report, indent=1) + "\n")
+        write_report(a.out, report, "verify_cost.py", argv, a.threads)
     return 0
 
 

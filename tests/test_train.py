@@ -77,18 +77,24 @@ def test_data_generation_resumes_by_skipping_finished_prompts(target, data_dir, 
     assert [s.response_ids for s in data.read(copy)] == [s.response_ids for s in data.read(data_dir)]
 
 
+def killed_after(n: int, responses):
+    """data._responses stopped after n sequences, as SIGTERM stops it (data._stop)."""
+
+    def killed(*args):
+        for i, seq in enumerate(responses(*args)):
+            if i == n:
+                raise KeyboardInterrupt
+            yield seq
+
+    return killed
+
+
 def test_an_interrupted_run_keeps_what_it_finished_and_resumes_to_the_same_data(
     target, data_dir, tmp_path, monkeypatch
 ):
     real = data._responses
 
-    def killed_after_three(*args):
-        for i, seq in enumerate(real(*args)):
-            if i == 3:
-                raise KeyboardInterrupt  # as SIGTERM does (data._stop)
-            yield seq
-
-    monkeypatch.setattr(data, "_responses", killed_after_three)
+    monkeypatch.setattr(data, "_responses", killed_after(3, real))
     with pytest.raises(KeyboardInterrupt):
         make_data(target, tmp_path / "d")  # shard size 256: only the final flush writes the three
     assert len(data.read(tmp_path / "d")) == 3
@@ -113,14 +119,8 @@ def test_a_sampled_pass_adds_a_second_answer_per_prompt_beside_the_greedy_ones(
     prompts = [(Prompt(text, str(i), "c"), None) for i, text in enumerate(PROMPTS)]
     real = data._responses
 
-    def killed_after_three(*args):
-        for i, seq in enumerate(real(*args)):
-            if i == 3:
-                raise KeyboardInterrupt  # as SIGTERM does (data._stop)
-            yield seq
-
     sample = dict(drafter="none", params=Warp(temperature=0.9), seed=1, max_new_tokens=40)
-    monkeypatch.setattr(data, "_responses", killed_after_three)
+    monkeypatch.setattr(data, "_responses", killed_after(3, real))
     with pytest.raises(KeyboardInterrupt):
         data.generate_data(target, prompts, out, **sample)
     counts = json.loads((out / "manifest.json").read_text())["by_answer"]  # written though stopped
