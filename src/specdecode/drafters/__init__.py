@@ -173,7 +173,7 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
                 raise UserError(
                     f"draft model {spec.arg} has another tokenizer than the target; its options "
                     f"({', '.join(k for k, _ in spec.options)}) need the same one: cross-vocabulary "
-                    "drafting proposes plain chains (no trees, draft vocabulary, stop or window)"
+                    "drafting proposes plain chains (no token trees, draft vocabulary, stop or window)"
                 )
             return CrossVocabDrafter(
                 draft.model,
