@@ -111,6 +111,8 @@ def drafters(target, draft):
         "draft": DraftModelDrafter(draft.model, target.model.vocab_size),
         "self": DraftModelDrafter(FastLlama(hf), target.model.vocab_size),
         "noisy": DraftModelDrafter(FastLlama(perturbed_copy(hf)), target.model.vocab_size),
+        # reads prompts longer than 4 + 5 tokens through their ends only (draft_lm.py's window)
+        "windowed": DraftModelDrafter(FastLlama(perturbed_copy(hf)), target.model.vocab_size, window=5),
     }
 
 
@@ -148,7 +150,7 @@ def test_batched_extend_matches_one_token_extends(target, target_hf):
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
-@pytest.mark.parametrize("name", ["ngram", "draft", "self", "noisy"])
+@pytest.mark.parametrize("name", ["ngram", "draft", "self", "noisy", "windowed"])
 def test_greedy_speculation_is_token_identical_to_plain(target, drafters, cases, name, k):
     drafter = drafters[name]
     drafted = accepted = 0

@@ -370,17 +370,17 @@ def _encode(
 
     if prompt.parent is None:
         return encode_prompt(tokenizer, prompt.prompt, None)
-    answer = tokenizer.decode(done[answer(prompt.parent)].response_ids, skip_special_tokens=True)
+    reply = tokenizer.decode(done[answer(prompt.parent)].response_ids, skip_special_tokens=True)
     messages = [
         {"role": "user", "content": by_id[prompt.parent].prompt},
-        {"role": "assistant", "content": answer},
+        {"role": "assistant", "content": reply},
         {"role": "user", "content": prompt.prompt},
     ]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _responses(loaded, encoded, options, answer=lambda pid: pid):
+def _responses(loaded, encoded, options, answer):
     """(prompt, ids, given response or None) -> (Record, its captured features or None): given
     responses as they are, the rest generated; answer: prompt id -> the record's id."""
     from tqdm import tqdm
