@@ -46,7 +46,7 @@ def runnable_x86_isas() -> list[str]:
 def test_the_microkernel_of_each_isa_this_cpu_runs_has_the_references_bits(isa, tmp_path):
     out = build_and_run(tmp_path, "g++", [f for f in kernels.ISAS[isa][0] if f != "-mtune=native"], [])
     assert out.splitlines()[0].startswith(f"tile ISA {isa},")  # the build ran the microkernel it names
-    assert "264 passed, 0 failed" in out
+    assert "418 passed, 0 failed" in out
 
 
 def test_the_native_build_runs_the_microkernel_the_kernels_report(tmp_path):
@@ -118,7 +118,7 @@ def emulated_flags(isa: str) -> list[str]:
 def test_the_microkernel_of_each_isa_this_cpu_lacks_has_the_references_bits_under_emulation(isa, tmp_path):
     out = build_and_run(tmp_path, "g++", emulated_flags(isa), [])
     assert out.splitlines()[0].startswith(f"tile ISA {isa},")
-    assert "264 passed, 0 failed" in out
+    assert "418 passed, 0 failed" in out
 
 
 def test_a_float16_kv_cache_rounds_and_reads_alike_on_emulated_avx512(tmp_path):
@@ -143,7 +143,7 @@ def test_arm_microkernels_under_emulation_have_the_references_bits(isa, march, t
     assert ARM, "CI installs g++-aarch64-linux-gnu and qemu-user (.ci/run)"
     out = build_and_run(tmp_path, "aarch64-linux-gnu-g++", [f"-march={march}", "-static"], ["qemu-aarch64"])
     assert out.splitlines()[0].startswith(f"tile ISA {isa},")
-    assert "264 passed, 0 failed" in out
+    assert "418 passed, 0 failed" in out
 
 
 @pytest.mark.skipif(not ARM and not os.environ.get("CI"), reason="no aarch64 cross compiler or qemu-aarch64")

@@ -1,7 +1,8 @@
 // Bit test of this build's tile microkernel (tile.h) against the portable reference (tile_ref.h), with
 // no torch: built by tests/test_tile_isa.py for this CPU, for each ISA the CPU can run, and for ARM
 // (run under qemu-aarch64). For every kind of matrix (4, 5, 6, 8 bits; float32, float16 or factored
-// scales; one scale a block or two), every rows-of-x count 1..12 and partial last groups, it checks:
+// scales; one scale a block or two), every rows-of-x count 1..17, 24 and 33 (one, two and three passes of
+// AVX-512's 16 rows, more of the others' 8) and partial last groups, it checks:
 //   - every output has the reference's bits;
 //   - each row of x has the same bits computed alone as in the batch.
 // Prints the ISA, one line per failure, and "N passed, N failed"; exits 1 on any failure.
@@ -58,7 +59,7 @@ int check(const char* name, int& passed) {
     std::vector<uint8_t> wq(groups * G * BITS * 64);
     for (auto& b : wq) b = static_cast<uint8_t>(rng());
     const auto ws = random_scales<Scale>(groups * tile::scale_stride<Scale, ONE>(G));
-    for (int64_t M = 1; M <= 12; ++M) {
+    for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 33}) {
       std::vector<float> x(M * K);
       std::normal_distribution<float> normal(0.f, 1.f);
       for (auto& v : x) v = normal(rng) * (rng() % 7 == 0 ? 30.f : 1.f);

@@ -53,8 +53,15 @@ constexpr int64_t R = 16;           // weight rows per group (one int32 lane eac
 constexpr int64_t PREFETCH = 4096;  // bytes ahead of the block being read (measured on Zen 5: 1-16 KiB)
 // rows of x per pass over a group's blocks. On AVX2 (16 registers) 8 accumulators and a block's 8
 // unpacked registers spill some to L1, yet 8 rows a pass beat 4 (a 1.5B-sized stack of Q4_K/Q6_K
-// matrices from DRAM on Zen 3, 2 threads: 8 rows 34-38 ms against 38-44, 5 rows 24-27 against 28-30)
+// matrices from DRAM on Zen 3, 2 threads: 8 rows 34-38 ms against 38-44, 5 rows 24-27 against 28-30).
+// AVX-512 has 32 registers: 16 accumulators beside the 8 unpacked ones, so k 8's 9 rows take one pass
+// (a second pass works from cache while the weight stream idles: the 1.5B on Zen 5, 2 threads,
+// r(9) was 1.62 against r(8) 1.27 with passes of 8)
+#if defined(SPECDECODE_TILE_AVX512)
+constexpr int64_t MAX_X = 16;
+#else
 constexpr int64_t MAX_X = 8;
+#endif
 
 // A float16 as the file stores it (torch's at::Half has this layout)
 struct f16 {
@@ -196,13 +203,16 @@ void groups(const uint8_t* wq, const Scale* ws, const QuantRows& x, float* y, in
     const int passes = static_cast<int>((M + most - 1) / most);
     for (int64_t m0 = 0, pass = 0; m0 < M; ++pass) {  // passes of at most `most` rows, as even as they divide
       const int64_t left = M - m0, more = passes - pass, mb = (left + more - 1) / more;
-      switch (mb) {
-#define SPECDECODE_TILE(n)                                                                                     \
-  case n:                                                                                                      \
-    group_tile<BITS, n, Scale, ONE>(gw, gs, x.q, x.d, x.S, x.h, y, G, ldy, grp * R, valid, m0, next, pass, passes); \
+      switch (mb) {  // only the counts this ISA's passes take are built
+#define SPECDECODE_TILE(n)                                                                                       \
+  case n:                                                                                                        \
+    if constexpr (n <= most)                                                                                     \
+      group_tile<BITS, n, Scale, ONE>(gw, gs, x.q, x.d, x.S, x.h, y, G, ldy, grp * R, valid, m0, next, pass, passes); \
     break;
         SPECDECODE_TILE(1) SPECDECODE_TILE(2) SPECDECODE_TILE(3) SPECDECODE_TILE(4)
         SPECDECODE_TILE(5) SPECDECODE_TILE(6) SPECDECODE_TILE(7) SPECDECODE_TILE(8)
+        SPECDECODE_TILE(9) SPECDECODE_TILE(10) SPECDECODE_TILE(11) SPECDECODE_TILE(12)
+        SPECDECODE_TILE(13) SPECDECODE_TILE(14) SPECDECODE_TILE(15) SPECDECODE_TILE(16)
 #undef SPECDECODE_TILE
       }
       m0 += mb;

@@ -75,7 +75,7 @@ void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
     constexpr int bias = Q4 ? 0 : 8 - BITS;  // q6 bytes are q + 32, q5's q + 16 (q8: q + 128): 128 sum(x) >> 2, 3
     __m512 s0, s1;
     block_scales<ONE>(ws, g, s0, s1);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int m = 0; m < MB; ++m) {
       const int64_t xi = (m0 + m) * G + g;
       const int32_t* xb = reinterpret_cast<const int32_t*>(xq + xi * 32);
