@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from specdecode.core.sampling import Warp, argmax, next_token, sample, warp
+from specdecode.core.sampling import BLOCK, Warp, argmax, next_token, sample, warp
 from specdecode.errors import UserError
 
 
@@ -125,6 +125,39 @@ def test_sample_never_draws_zero_probability_tokens():
     draws = {sample(probs, g) for _ in range(300)}
     assert draws == {1, 3}
     assert sample(torch.tensor([0.0, 0.0, 1.0]), g) == 2
+
+
+def test_sample_draws_each_token_in_proportion_across_blocks():
+    # 2.5 blocks of the two-level inverse CDF; weights unnormalised, zeros inside and at both ends
+    # of blocks, mass concentrated on a few tokens in different blocks and spread thin over others.
+    n = 2 * BLOCK + BLOCK // 2
+    w = torch.zeros(n)
+    heavy = [3, BLOCK - 1, BLOCK, 2 * BLOCK + 7, n - 1]
+    w[heavy] = torch.tensor([5.0, 3.0, 2.0, 4.0, 1.0])
+    w[100:140] = 0.05  # 2.0 in all, 40 light tokens
+    g = torch.Generator().manual_seed(3)
+    draws = torch.tensor([sample(w, g) for _ in range(20000)])
+    counts = torch.bincount(draws, minlength=n).double()
+    assert counts[w == 0].sum() == 0
+    expected = w.double() / w.sum() * len(draws)
+    for t in heavy:  # within 5 standard deviations
+        assert abs(counts[t] - expected[t]) < 5 * expected[t].sqrt(), (t, counts[t], expected[t])
+    light = counts[100:140].sum()
+    assert abs(light - expected[100:140].sum()) < 5 * expected[100:140].sum().sqrt()
+    # the same generator state draws the same tokens
+    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert [sample(w, a) for _ in range(50)] == [sample(w, b) for _ in range(50)]
+
+
+def test_sample_keeps_to_positive_weight_when_rounding_reaches_a_blocks_end():
+    # a block whose only weight sits first, then zeros to the end: a uniform at the very top of the
+    # block's range must still land on the positive token, never on a trailing zero.
+    w = torch.zeros(2 * BLOCK)
+    w[BLOCK] = 1e-30
+    w[0] = 1.0
+    g = torch.Generator().manual_seed(0)
+    assert {sample(w, g) for _ in range(200)} <= {0, BLOCK}
+    assert sample(torch.cat([torch.zeros(BLOCK + 5), torch.ones(1)]), g) == BLOCK + 5
 
 
 @pytest.mark.parametrize(

