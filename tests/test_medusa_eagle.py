@@ -192,6 +192,27 @@ def test_missing_or_mismatched_checkpoint_is_a_user_error(target, trained, tmp_p
         drafters.build(f"medusa:{trained['eagle']}", drafters.DrafterContext(target))
 
 
+def test_a_head_shipped_for_another_target_is_found_by_its_fingerprint(target, draft, trained, tmp_path, monkeypatch):
+    import shutil
+
+    from specdecode.backends import checkpoint
+
+    # the package's shipped/: the default target's eagle/ (here one trained for `draft`, another target)
+    # beside eagle-tiny/, the head trained for `target`
+    monkeypatch.setattr(checkpoint, "SHIPPED", tmp_path)
+    (tmp_path / "eagle").mkdir()
+    shutil.copytree(trained["eagle"], tmp_path / "eagle-tiny")
+    assert checkpoint.checkpoint_dir(None, "eagle", checkpoint.fingerprint(target.model)) == tmp_path / "eagle-tiny"
+    assert checkpoint.checkpoint_dir(None, "eagle", checkpoint.fingerprint(draft.model)) == tmp_path / "eagle"
+    shipped = drafters.build("eagle", drafters.DrafterContext(target))
+    named = drafters.build(f"eagle:{trained['eagle']}", drafters.DrafterContext(target))
+    a = generate(target, shipped, PROMPTS[0], k=2, max_new_tokens=16)
+    b = generate(target, named, PROMPTS[0], k=2, max_new_tokens=16)
+    assert a.token_ids == b.token_ids and a.stats.accepted == b.stats.accepted
+    with pytest.raises(UserError, match="no eagle checkpoint"):  # none shipped for `draft`
+        drafters.build("eagle", drafters.DrafterContext(draft))
+
+
 def test_distilled_draft_is_also_written_as_a_hf_model_directory(target, trained):
     from specdecode.drafters import DraftModelDrafter
 

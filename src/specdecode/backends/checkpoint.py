@@ -1,7 +1,8 @@
 """Drafter checkpoints: a directory with `model.safetensors` and a small `config.json` that names the
 target it was trained for (name + fingerprint of its architecture and embedding). Loading a
 checkpoint for any other target is a clear error. Files are written atomically (temp + rename).
-Shipped checkpoints for the default target live in the package under `shipped/<kind>/`.
+Shipped checkpoints live in the package: the default target's under `shipped/<kind>/`, another target's
+under `shipped/<kind>-<its name>/`.
 """
 
 from __future__ import annotations
@@ -59,9 +60,17 @@ def save(directory: str | Path, tensors: dict[str, torch.Tensor], config: dict) 
     write_atomic(directory / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=1)))
 
 
-def checkpoint_dir(spec: str | None, kind: str) -> Path:
-    """Where a `kind` checkpoint lives: the directory spec names, or None: the shipped one."""
-    return Path(spec).expanduser() if spec else SHIPPED / kind
+def checkpoint_dir(spec: str | None, kind: str, target: str | None = None) -> Path:
+    """Where a `kind` checkpoint lives: the directory spec names, or None: the shipped one for the target
+    of fingerprint `target` (`shipped/<kind>-<name>/`, its config naming that fingerprint), else the
+    default target's (`shipped/<kind>/`)."""
+    if spec:
+        return Path(spec).expanduser()
+    for directory in sorted(SHIPPED.glob(f"{kind}-*")) if target else ():
+        config = directory / "config.json"
+        if config.is_file() and json.loads(config.read_text()).get("target", {}).get("fingerprint") == target:
+            return directory
+    return SHIPPED / kind
 
 
 def load(spec: str | None, kind: str, loaded) -> tuple[dict[str, torch.Tensor], dict]:
@@ -69,7 +78,7 @@ def load(spec: str | None, kind: str, loaded) -> tuple[dict[str, torch.Tensor], 
     that it is a `kind` checkpoint trained for the loaded target."""
     from safetensors.torch import load_file
 
-    directory = checkpoint_dir(spec, kind)
+    directory = checkpoint_dir(spec, kind, None if spec else fingerprint(loaded.model))
     if not (directory / "config.json").is_file():
         where = spec or f"the shipped {kind} drafter ({directory})"
         raise UserError(f"no {kind} checkpoint at {where}: train one with `specdecode train {kind}`")
