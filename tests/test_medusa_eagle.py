@@ -192,7 +192,9 @@ def test_missing_or_mismatched_checkpoint_is_a_user_error(target, trained, tmp_p
         drafters.build(f"medusa:{trained['eagle']}", drafters.DrafterContext(target))
 
 
-def test_a_head_shipped_for_another_target_is_found_by_its_fingerprint(target, draft, trained, tmp_path, monkeypatch):
+def test_a_head_shipped_for_another_target_is_found_by_its_fingerprint(
+    target, draft, trained, tmp_path, monkeypatch
+):
     import shutil
 
     from specdecode.backends import checkpoint
@@ -202,7 +204,10 @@ def test_a_head_shipped_for_another_target_is_found_by_its_fingerprint(target, d
     monkeypatch.setattr(checkpoint, "SHIPPED", tmp_path)
     (tmp_path / "eagle").mkdir()
     shutil.copytree(trained["eagle"], tmp_path / "eagle-tiny")
-    assert checkpoint.checkpoint_dir(None, "eagle", checkpoint.fingerprint(target.model)) == tmp_path / "eagle-tiny"
+    assert (
+        checkpoint.checkpoint_dir(None, "eagle", checkpoint.fingerprint(target.model))
+        == tmp_path / "eagle-tiny"
+    )
     assert checkpoint.checkpoint_dir(None, "eagle", checkpoint.fingerprint(draft.model)) == tmp_path / "eagle"
     shipped = drafters.build("eagle", drafters.DrafterContext(target))
     named = drafters.build(f"eagle:{trained['eagle']}", drafters.DrafterContext(target))
