@@ -56,7 +56,7 @@ constexpr int64_t PREFETCH = 4096;  // bytes ahead of the block being read (meas
 // matrices from DRAM on Zen 3, 2 threads: 8 rows 34-38 ms against 38-44, 5 rows 24-27 against 28-30).
 // AVX-512 has 32 registers: 16 accumulators beside the 8 unpacked ones, so k 8's 9 rows take one pass
 // (a second pass works from cache while the weight stream idles: the 1.5B on Zen 5, 2 threads,
-// r(9) was 1.62 against r(8) 1.27 with passes of 8)
+// r(9) was 1.55 against r(8) 1.23 with passes of 8, 1.33 with 16: docs/native_forward.md)
 #if defined(SPECDECODE_TILE_AVX512)
 constexpr int64_t MAX_X = 16;
 #else
