@@ -38,9 +38,8 @@ def describe(loaded) -> dict:
     return {"name": loaded.name, "fingerprint": fingerprint(loaded.model)}
 
 
-def check(trained_for: dict, loaded, what: str) -> None:
-    """Raise UserError unless the checkpoint `what` was trained for this target."""
-    mine = fingerprint(loaded.model)
+def check(trained_for: dict, loaded, what: str, mine: str) -> None:
+    """Raise UserError unless the checkpoint `what` was trained for this target (of fingerprint `mine`)."""
     if trained_for.get("fingerprint") != mine:
         raise UserError(
             f"{what} was trained for target {trained_for.get('name')!r} (fingerprint "
@@ -78,12 +77,13 @@ def load(spec: str | None, kind: str, loaded) -> tuple[dict[str, torch.Tensor], 
     that it is a `kind` checkpoint trained for the loaded target."""
     from safetensors.torch import load_file
 
-    directory = checkpoint_dir(spec, kind, None if spec else fingerprint(loaded.model))
+    mine = fingerprint(loaded.model)
+    directory = checkpoint_dir(spec, kind, None if spec else mine)
     if not (directory / "config.json").is_file():
         where = spec or f"the shipped {kind} drafter ({directory})"
         raise UserError(f"no {kind} checkpoint at {where}: train one with `specdecode train {kind}`")
     config = json.loads((directory / "config.json").read_text())
     if config.get("kind") != kind:
         raise UserError(f"{directory} holds a {config.get('kind')!r} checkpoint, not {kind!r}")
-    check(config.get("target", {}), loaded, f"the {kind} drafter in {directory}")
+    check(config.get("target", {}), loaded, f"the {kind} drafter in {directory}", mine)
     return load_file(directory / "model.safetensors"), config
