@@ -197,16 +197,17 @@ def test_a_dynamic_draft_tree_with_a_confidence_stop_stays_lossless(tiny_gguf):
     assert proposals and all(1 <= p.tokens.numel() <= 6 for p in proposals)
 
 
-def run_in_cache(target, requests, kv_blocks: int | None, window: int):
-    """The requests through an engine of 3 slots (ngram, k 4) whose KV cache holds `kv_blocks` blocks
-    (None: room to spare), `window` submitted at a time -> ({id(request): Done}, preemptions)."""
+def run_in_cache(target, requests, kv_blocks: int | None, window: int, drafter: str = "ngram"):
+    """The requests through an engine of 3 slots (serving `drafter` and none, k 4) whose KV cache holds
+    `kv_blocks` blocks (None: room to spare), `window` submitted at a time -> ({id(request): Done},
+    preemptions). A request drafts with its own `drafter` (ngram by default)."""
     from specdecode.backends.batch_model import kv_bytes_per_token
     from specdecode.backends.kv_pool import BLOCK
     from specdecode.engine import build_engine, default_routes
     from specdecode.engine.client import complete
 
     engine = build_engine(
-        target, default_routes(drafters.parse("ngram"), 4, False), model_name="t", max_batch=3,
+        target, default_routes(drafters.parse(drafter), 4, False), model_name="t", max_batch=3,
         load_control=False, prefix_cache_mb=0,
         kv_memory=kv_blocks and kv_blocks * BLOCK * kv_bytes_per_token(target.model),
     )  # fmt: skip
@@ -255,24 +256,39 @@ def test_requests_preempted_for_cache_memory_recompute_to_the_output_they_get_al
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_captured_features_are_the_teacher_forced_forwards_rows_through_drafts_and_preemption(
-    tiny_gguf, dtype
+    tiny_gguf, dtype, tmp_path
 ):
     """Request.capture (what `train data --capture` stores): every position but the last of prompt and
     completion, the final norm's rows and a layer's, the same bits as one teacher-forced forward over
-    the whole sequence, whether the request ran alone or was preempted and recomputed, with n-gram
-    drafts verified on the way (rejected always; accepted where the tiny model's text repeats itself,
-    which depends on the ISA's float rounding outside the tiles: none are on Zen 5's AVX-512)."""
+    the whole sequence, whether the request ran alone or was preempted and recomputed, with drafts
+    accepted and rejected on the way. The drafts come from a corpus of this machine's own plain answers
+    with every fifth token changed (`suffix:PATH`): a random tiny model's text need not repeat itself for
+    n-gram lookup, and which text it writes depends on the ISA's rounding outside the tiles."""
+    import json
+
     from specdecode.core.sampling import Warp
     from specdecode.engine import Request
 
     target = models.load(tiny_gguf, Precision.parse(dtype), "cpu")
     prompts = [target.tokenizer(p)["input_ids"] for p in PROMPTS]
+    none = drafters.parse("none")
+    plain, _ = run_in_cache(
+        target, [Request(ids, Warp(), 400, drafter=none, ignore_eos=True) for ids in prompts], None, 3
+    )
+    corpus, vocab = tmp_path / "answers.jsonl", target.model.config.vocab_size
+    changed = [[(t + 1) % vocab if i % 5 == 4 else t for i, t in enumerate(d.tokens)] for d in plain.values()]
+    corpus.write_text("".join(json.dumps({"response_ids": answer}) + "\n" for answer in changed))
+    suffix = drafters.parse(f"suffix:{corpus}")
 
     def run(kv_blocks: int | None, window: int):
-        requests = [Request(ids, Warp(), 400, ignore_eos=True, capture=(-1, 1)) for ids in prompts]
-        done, preempted = run_in_cache(target, requests, kv_blocks, window)
+        requests = [
+            Request(ids, Warp(), 400, drafter=suffix, ignore_eos=True, capture=(-1, 1)) for ids in prompts
+        ]
+        done, preempted = run_in_cache(target, requests, kv_blocks, window, str(suffix))
         assert preempted >= (1 if kv_blocks else 0)
-        assert sum(d.stats.drafted for d in done.values()) > 0  # drafts were verified, and rolled back
+        stats = [d.stats for d in done.values()]
+        assert sum(s.accepted for s in stats) > 0  # drafts were kept, and fed
+        assert sum(s.drafted - s.accepted for s in stats) > 0  # and rejected, and rolled back
         return [done[id(r)] for r in requests]
 
     alone, together = run(None, 1), run(13, 3)
