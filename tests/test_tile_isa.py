@@ -53,9 +53,11 @@ def test_the_native_build_runs_the_microkernel_the_kernels_report(tmp_path):
     ops = kernels.load()
     if ops is None or shutil.which("g++") is None:
         pytest.skip("no C++ compiler")
+    if kernels.requested_isa() != "native":
+        pytest.skip("SPECDECODE_ISA names another ISA than this CPU's own")
     out = build_and_run(tmp_path, "g++", ["-march=native"], [])
     assert out.splitlines()[0].startswith(f"tile ISA {ops.tile_isa()},")
-    if kernels.requested_isa() == "native" and X86:
+    if X86:
         assert ops.tile_isa() != "scalar"  # every x86-64 CPU we name has at least AVX2
 
 
