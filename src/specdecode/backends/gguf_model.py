@@ -1,5 +1,6 @@
 """A GGUF file loaded as GGUF (`--dtype gguf`, `gguf-exact`): `load` is the one constructor. The
-model's skeleton is built without weights, only the small float tensors the forward reads as floats
+model's skeleton (gguf_skeleton.py, or transformers' class for the families it does not cover) is
+built without weights, only the small float tensors the forward reads as floats
 (norms, biases) are dequantized from the file, the linears and the LM head stay the file's blocks,
 repacked once into the kernels' layouts (gguf_weights.py), and the token embedding stays in the file's
 mapping, its rows dequantized when looked up (embedding.py). No float copy of the weights exists on
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdecode.backends import gguf_skeleton
 from specdecode.backends import kernels as fused_kernels
 from specdecode.backends.embedding import Embedding, FileBlocks
 from specdecode.backends.fast_llama import FastLlama
@@ -71,19 +73,24 @@ def load(path: Path, int8_activations: bool) -> FastLlama:
 
 
 def skeleton(path: Path, tensors: dict[str, tuple[str, np.ndarray]]):
-    """-> the transformers model of `path` whose decoder linears, LM head and token embedding stay on
-    the meta device (no memory) and whose other parameters hold the file's values, dequantized to
-    float32."""
-    from accelerate import init_empty_weights
+    """-> the model of `path` (gguf_skeleton.SkeletonLM where it stands in, else the transformers
+    class) whose decoder linears, LM head and token embedding stay on the meta device (no memory) and
+    whose other parameters hold the file's values, dequantized to float32."""
     from gguf import MODEL_ARCH, get_tensor_name_map
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(metadata_dir(path))
     if config.model_type not in _ARCHS:
         raise ValueError(f"no direct GGUF loader for model type {config.model_type}")
     names = get_tensor_name_map(MODEL_ARCH[_ARCHS[config.model_type]], config.num_hidden_layers)
-    with init_empty_weights(include_buffers=False):  # rotary tables (buffers) are computed for real
-        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if gguf_skeleton.supported(config):
+        hf = gguf_skeleton.SkeletonLM(config)
+    else:
+        from accelerate import init_empty_weights
+        from transformers import AutoModelForCausalLM
+
+        with init_empty_weights(include_buffers=False):  # rotary tables (buffers) are computed for real
+            hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     quantized = {id(m.weight) for m in hf.model.layers.modules() if isinstance(m, torch.nn.Linear)}
     quantized.add(id(hf.get_output_embeddings().weight))
     quantized.add(id(hf.get_input_embeddings().weight))  # FileWeights: kept as blocks (embedding.py)

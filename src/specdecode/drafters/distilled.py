@@ -34,7 +34,9 @@ def build_model(target, num_layers: int, tensors: dict | None = None):
     if isinstance(getattr(target_hf.config, "layer_types", None), list):
         overrides["layer_types"] = target_hf.config.layer_types[:num_layers]
     cfg = type(target_hf.config)(**{**target_hf.config.to_dict(), **overrides})
-    model = type(target_hf)(cfg).to(dtype=target_hf.dtype, device=target.device)
+    from transformers import AutoModelForCausalLM  # the target's class (a GGUF target's skeleton is not one)
+
+    model = AutoModelForCausalLM.from_config(cfg).to(dtype=target_hf.dtype, device=target.device)
     embed, head = target.embedding.weight(), target.output_weight()
     model.model.embed_tokens.weight = _parameter(embed)
     model.lm_head.weight = model.model.embed_tokens.weight if head is embed else _parameter(head)
