@@ -420,12 +420,43 @@ def test_tree_drafters_sample(target, trained, kind):
     assert result.stats.drafted > sum(result.stats.drafted_by_pos)  # trees were verified
 
 
+@pytest.mark.parametrize("params", [Warp(), Warp(temperature=0.8)])
+def test_eagle_stop_ends_chains_where_the_heads_confidence_runs_out_and_stays_lossless(
+    target, trained, params
+):
+    """eagle:stop=P proposes a chain while the product of its tokens' head probabilities is at least P%:
+    some chains end early, never one that was still confident; greedy output stays plain decoding's."""
+    path = trained["eagle"]
+    ctx = drafters.DrafterContext(target)
+    stopping, full = drafters.build(f"eagle:stop=60:{path}", ctx), drafters.build(f"eagle:{path}", ctx)
+    lengths = []
+    for prompt in PROMPTS[:3]:
+        ids = target.tokenizer(prompt)["input_ids"]
+        target.model.reset()
+        features = target.model.forward(torch.tensor(ids[:-1]), num_logits=1, layers=full.layers).features
+        for d in (stopping, full):
+            d.begin(ids)
+            d.feed(features)
+        a = stopping.propose(ids, 5, params, torch.Generator().manual_seed(0))
+        b = full.propose(ids, 5, params, torch.Generator().manual_seed(0))
+        assert len(b.tokens) == 5 and torch.equal(a.tokens, b.tokens[: len(a.tokens)])
+        lengths.append(len(a.tokens))
+        assert params.greedy or a.probs.shape == (len(a.tokens), target.model.vocab_size)
+    assert min(lengths) < 5
+    if params.greedy:  # (this few-step head is not accepted on this target: test_greedy_output_...)
+        plain = drafters.build("none", ctx)
+        assert_lossless(target, plain, stopping, PROMPTS[:3], k=5, max_new_tokens=30, min_accepted=0)
+
+
 @pytest.mark.parametrize(
     "spec,message",
     [
         ("medusa:nodes=4", "needs b=B"),
         ("eagle:b=0", "must be >= 1"),
         ("eagle:depth=2", "unknown eagle option"),
+        ("eagle:stop=100", "percentage below 100"),
+        ("eagle:b=2:stop=20", "ends a chain"),
+        ("medusa:stop=20", "unknown medusa option"),
     ],
 )
 def test_bad_head_tree_specs(target, spec, message):

@@ -209,9 +209,14 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
 # -- medusa, eagle ---------------------------------------------------------------------------------
 
 
-def _parse_heads(kind: str):
+def _parse_heads(kind: str, extra: tuple[str, ...] = ()):
     def parse_heads(arg: str | None) -> Spec:
-        options, path = tree_options(arg or "", kind)
+        options, path = tree_options(arg or "", kind, extra)
+        stop = dict(options).get("stop")
+        if stop is not None and stop >= 100:
+            raise UserError(f"{kind} option stop=P is a percentage below 100, got {stop}")
+        if stop is not None and "b" in dict(options):
+            raise UserError(f"{kind} option stop=P ends a chain; a tree (b=B) grows by its own confidence")
         return Spec(kind, options, path or None)
 
     return parse_heads
@@ -226,7 +231,8 @@ def _build_medusa(spec: Spec, ctx: DrafterContext) -> Drafter:
 def _build_eagle(spec: Spec, ctx: DrafterContext) -> Drafter:
     from specdecode.drafters import eagle
 
-    return eagle.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"))
+    stop = spec.option("stop", 0) / 100
+    return eagle.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"), stop)
 
 
 # -- suffix ----------------------------------------------------------------------------------------
@@ -382,7 +388,7 @@ register(
     )
 )
 register(Kind("medusa", _parse_heads("medusa"), _build_medusa, uses_features=True))
-register(Kind("eagle", _parse_heads("eagle"), _build_eagle, uses_features=True))
+register(Kind("eagle", _parse_heads("eagle", ("stop",)), _build_eagle, uses_features=True))
 register(
     Kind(
         "suffix",

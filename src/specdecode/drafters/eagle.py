@@ -265,11 +265,14 @@ class EagleDrafter(Drafter):
         layer_ids: tuple[int, ...],
         branches: int = 1,
         nodes: int | None = None,
+        stop: float = 0.0,
     ):
         """target: the target's CausalLM; the decoder feeds this drafter the rows of its layers
-        `layer_ids` (self.layers). branches > 1 proposes trees of `nodes` nodes (default branches * k)."""
+        `layer_ids` (self.layers). branches > 1 proposes trees of `nodes` nodes (default branches * k).
+        stop: end a chain once the product of its tokens' head probabilities is below this (0: never;
+        draft_model.py's rule: a head step and a verification row cost ~c + v target steps)."""
         self.head = pack_linears(head.eval(), target.kernels, target.int8_activations)
-        self.branches, self.nodes = branches, nodes
+        self.branches, self.nodes, self.stop = branches, nodes, stop
         self.target = target
         self.layers = tuple(layer_ids)
         self.token_map = token_map.to(target.device)
@@ -313,14 +316,19 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def chain(self, context: list[int], k: int, pick) -> list[int]:
-        """Draft up to k tokens (target ids), choosing each with pick(logits [Vd]) -> draft index."""
+        """Draft up to k tokens (target ids), choosing each with pick(logits [Vd]) -> (draft index, its
+        probability, or None where no stop needs it); fewer once the chain's probability falls below
+        `stop`."""
         if not self._sync(context):
             return []
-        drafted, logits, x = [], self.root_logits, self.root
+        drafted, logits, x, survive = [], self.root_logits, self.root, 1.0
         for i in range(k):
-            drafted.append(self.token_ids[pick(logits[0])])
-            if i < k - 1:
-                logits, x = self._rows(drafted[-1:], x.clone())
+            index, p = pick(logits[0])
+            drafted.append(self.token_ids[index])
+            survive *= p if self.stop else 1.0
+            if i == k - 1 or survive < self.stop:
+                break
+            logits, x = self._rows(drafted[-1:], x.clone())
         return drafted
 
     def _rows(self, tokens: list[int], feat: torch.Tensor, positions=None, mask=None, last_only=False):
@@ -368,13 +376,19 @@ class EagleDrafter(Drafter):
         if self.branches > 1:
             return self.tree(context, k, params)
         if params.greedy:
-            tokens = self.chain(context, k, argmax_ids)
+
+            def top(logits):
+                index = argmax_ids(logits)
+                return index, float(torch.softmax(logits.float(), -1)[index]) if self.stop else None
+
+            tokens = self.chain(context, k, top)
             return Proposal(torch.tensor(tokens, dtype=torch.long))
         qs = []
 
         def pick(logits):
             qs.append(warp(logits, params))
-            return sample(qs[-1], generator)
+            index = sample(qs[-1], generator)
+            return index, float(qs[-1][index])
 
         tokens = self.chain(context, k, pick)
         if not tokens:
@@ -395,7 +409,9 @@ def head_from_config(config: dict) -> EagleHead:
     )
 
 
-def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) -> EagleDrafter:
+def load(
+    spec: str | None, loaded, branches: int = 1, nodes: int | None = None, stop: float = 0.0
+) -> EagleDrafter:
     """spec: a checkpoint directory from `specdecode train eagle`, or None for the shipped one."""
     from specdecode.backends import checkpoint
 
@@ -409,4 +425,5 @@ def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) 
         tuple(config["layers"]),
         branches,
         nodes,
+        stop,
     )
