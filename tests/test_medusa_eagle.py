@@ -3,6 +3,7 @@ cached inference, greedy token identity with plain decoding, sampling, checkpoin
 target, and the shipped drafters for the default target."""
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -216,6 +217,28 @@ def test_a_head_shipped_for_another_target_is_found_by_its_fingerprint(
     assert a.token_ids == b.token_ids and a.stats.accepted == b.stats.accepted
     with pytest.raises(UserError, match="no eagle checkpoint"):  # none shipped for `draft`
         drafters.build("eagle", drafters.DrafterContext(draft))
+
+
+def test_the_shipped_heads_are_found_for_their_targets_with_the_shapes_their_configs_name():
+    """Each shipped/eagle-<name>/ is the head `eagle` resolves to for the target its config names by
+    fingerprint, and its tensors have the shapes of the head its config builds (read from the file's
+    header: a 1.5B target is not needed)."""
+    from safetensors import safe_open
+
+    from specdecode.backends import checkpoint
+    from specdecode.drafters.eagle import head_from_config
+
+    shipped = sorted(checkpoint.SHIPPED.glob("eagle-*"))
+    assert shipped  # Qwen2.5-Coder-1.5B's
+    for directory in shipped:
+        config = json.loads((directory / "config.json").read_text())
+        assert checkpoint.checkpoint_dir(None, "eagle", config["target"]["fingerprint"]) == directory
+        want = {k: tuple(v.shape) for k, v in head_from_config(config).state_dict().items()}
+        with safe_open(directory / "model.safetensors", "pt") as f:
+            got = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys() if k != "token_map"}
+            assert tuple(f.get_slice("token_map").get_shape()) == (config["vocab"],)
+        assert got == want
+    assert checkpoint.checkpoint_dir(None, "eagle", "0" * 16) == checkpoint.SHIPPED / "eagle"
 
 
 def test_distilled_draft_is_also_written_as_a_hf_model_directory(target, trained):
