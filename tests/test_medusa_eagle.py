@@ -471,6 +471,14 @@ def test_eagle_stop_ends_chains_where_the_heads_confidence_runs_out_and_stays_lo
         assert_lossless(target, plain, stopping, PROMPTS[:3], k=5, max_new_tokens=30, min_accepted=0)
 
 
+def test_eagle_stop_auto_prices_a_head_step_and_a_row_in_target_steps(target, trained, capsys):
+    """eagle:stop=auto sets P = c + v, each measured against a target pass when the drafter is built."""
+    drafter = drafters.build(f"eagle:stop=auto:{trained['eagle']}", drafters.DrafterContext(target))
+    note = capsys.readouterr().err
+    assert "a head step costs" in note and "a verification row" in note
+    assert f"stop={100 * drafter.stop:g}" in note and 0 < drafter.stop <= 0.95
+
+
 @pytest.mark.parametrize(
     "spec,message",
     [

@@ -211,9 +211,9 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
 
 def _parse_heads(kind: str, extra: tuple[str, ...] = ()):
     def parse_heads(arg: str | None) -> Spec:
-        options, path = tree_options(arg or "", kind, extra)
+        options, path = tree_options(arg or "", kind, extra, auto=extra)
         stop = dict(options).get("stop")
-        if stop is not None and stop >= 100:
+        if stop not in (None, "auto") and stop >= 100:
             raise UserError(f"{kind} option stop=P is a percentage below 100, got {stop}")
         if stop is not None and "b" in dict(options):
             raise UserError(f"{kind} option stop=P ends a chain; a tree (b=B) grows by its own confidence")
@@ -231,8 +231,18 @@ def _build_medusa(spec: Spec, ctx: DrafterContext) -> Drafter:
 def _build_eagle(spec: Spec, ctx: DrafterContext) -> Drafter:
     from specdecode.drafters import eagle
 
-    stop = spec.option("stop", 0) / 100
-    return eagle.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"), stop)
+    stop = spec.option("stop", 0)
+    drafter = eagle.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"))
+    if stop == "auto":  # P = c + v: a head step and a verification row in target steps (draft_model.py)
+        c, v = chain_costs(eagle.HeadSteps(drafter), ctx.target.model)
+        stop = min(95.0, round(100 * (c + v), 1))
+        print(
+            f"specdecode: {spec}: a head step costs {100 * c:.1f}% of a target pass, a verification row "
+            f"{100 * v:.1f}%; stop={stop:g}",
+            file=sys.stderr,
+        )
+    drafter.stop = stop / 100
+    return drafter
 
 
 # -- suffix ----------------------------------------------------------------------------------------

@@ -397,6 +397,26 @@ class EagleDrafter(Drafter):
         return Proposal(torch.tensor(tokens, dtype=torch.long), q)
 
 
+class HeadSteps:
+    """A drafter's head as draft_model.chain_costs times a draft model (fork, reset, extend): extend(n
+    tokens) is the head over n positions of zero features in a cache of its own, the drafter's step."""
+
+    def __init__(self, drafter: EagleDrafter):
+        self.drafter = drafter
+
+    def fork(self) -> "HeadSteps":
+        return self
+
+    def reset(self) -> None:
+        self.drafter.begin([])
+
+    @torch.inference_mode()
+    def extend(self, tokens: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
+        hidden = len(self.drafter.head.norm_out)  # the head's width
+        feat = torch.zeros(len(tokens), hidden, device=self.drafter.target.device)
+        return self.drafter._rows(tokens.tolist(), feat)[0]
+
+
 def head_from_config(config: dict) -> EagleHead:
     return EagleHead(
         config["hidden"],
