@@ -121,6 +121,20 @@ def _build_ngram(spec: Spec, ctx) -> Drafter:
 # -- draft -----------------------------------------------------------------------------------------
 
 
+def _auto_stop(spec: Spec, draft, target, step: str) -> float:
+    """stop=auto for a drafter that runs a model (or a head) per drafted token: P = c + v, its `step`
+    and a verification row, each measured over a target pass (draft_model.chain_costs); a draft as dear
+    as its target still drafts one token."""
+    c, v = chain_costs(draft, target)
+    stop = min(95.0, round(100 * (c + v), 1))
+    print(
+        f"specdecode: {spec}: {step} costs {100 * c:.1f}% of a target pass, a verification row "
+        f"{100 * v:.1f}%; stop={stop:g}",
+        file=sys.stderr,
+    )
+    return stop
+
+
 def _parse_draft(arg: str | None) -> Spec:
     if arg is None:
         return Spec("draft")  # the shipped distilled draft
@@ -191,14 +205,8 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         token_map = frequent_tokens(tokenizer, spec.option("vocab"), min(model.vocab_size, vocab))
         model = model.with_head_rows(token_map)
     stop, window = spec.option("stop", 0), spec.option("window")
-    if stop == "auto":  # P = c + v, a draft pass and a verification row in target steps (draft_model.py)
-        c, v = chain_costs(model, ctx.target.model)
-        stop = min(95.0, round(100 * (c + v), 1))  # a draft as dear as its target still drafts one token
-        note = (
-            f"{spec}: a draft pass costs {100 * c:.1f}% of a target pass, a verification row "
-            f"{100 * v:.1f}%; stop={stop:g}"
-        )
-        print(f"specdecode: {note}", file=sys.stderr)
+    if stop == "auto":
+        stop = _auto_stop(spec, model, ctx.target.model, "a draft pass")
     if spec.option("b") is not None:  # stop: parsed below 100, and only with nodes= (_parse_draft)
         return DraftTreeDrafter(
             model, vocab, spec.option("b"), spec.option("nodes"), token_map, stop / 100, window
@@ -233,14 +241,8 @@ def _build_eagle(spec: Spec, ctx: DrafterContext) -> Drafter:
 
     stop = spec.option("stop", 0)
     drafter = eagle.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"))
-    if stop == "auto":  # P = c + v: a head step and a verification row in target steps (draft_model.py)
-        c, v = chain_costs(eagle.HeadSteps(drafter), ctx.target.model)
-        stop = min(95.0, round(100 * (c + v), 1))
-        print(
-            f"specdecode: {spec}: a head step costs {100 * c:.1f}% of a target pass, a verification row "
-            f"{100 * v:.1f}%; stop={stop:g}",
-            file=sys.stderr,
-        )
+    if stop == "auto":  # the head timed on the drafter just built
+        stop = _auto_stop(spec, eagle.HeadSteps(drafter), ctx.target.model, "a head step")
     drafter.stop = stop / 100
     return drafter
 

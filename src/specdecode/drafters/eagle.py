@@ -429,9 +429,7 @@ def head_from_config(config: dict) -> EagleHead:
     )
 
 
-def load(
-    spec: str | None, loaded, branches: int = 1, nodes: int | None = None, stop: float = 0.0
-) -> EagleDrafter:
+def load(spec: str | None, loaded, branches: int = 1, nodes: int | None = None) -> EagleDrafter:
     """spec: a checkpoint directory from `specdecode train eagle`, or None for the shipped one."""
     from specdecode.backends import checkpoint
 
@@ -445,5 +443,4 @@ def load(
         tuple(config["layers"]),
         branches,
         nodes,
-        stop,
     )
