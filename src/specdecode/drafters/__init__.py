@@ -12,6 +12,8 @@
                                            draft_model.py); window: the draft reads a long prompt's first
                                            tokens and last W only (draft_lm.py)
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
+    eagle[:stop=P|auto][:DIR]              a chain ends once the product of the head's probabilities is
+                                           below P% (auto: P measured, as draft's)
     suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
                                            corpus (suffix.py)
     ensemble:A+B[+...]                     several drafters' proposals merged into one tree
