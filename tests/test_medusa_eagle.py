@@ -471,6 +471,40 @@ def test_eagle_stop_ends_chains_where_the_heads_confidence_runs_out_and_stays_lo
         assert_lossless(target, plain, stopping, PROMPTS[:3], k=5, max_new_tokens=30, min_accepted=0)
 
 
+def test_eagle_window_reads_a_long_prompts_first_and_last_positions_and_stays_lossless(target, trained):
+    """eagle:window=W: over a prompt longer than SINK + W the head reads its first SINK and last W
+    positions only (its cache holds those, one after another), so its first draft is the full head's
+    given just those rows; chains and trees stay lossless."""
+    from specdecode.drafters.draft_lm import SINK
+
+    path, ctx, w = trained["eagle"], drafters.DrafterContext(target), 3
+    windowed, full = drafters.build(f"eagle:window={w}:{path}", ctx), drafters.build(f"eagle:{path}", ctx)
+    long = " ".join(PROMPTS[:4])
+    ids = target.tokenizer(long)["input_ids"]
+    n = len(ids) - 1  # positions with features: row j fuses feature j with token j + 1
+    assert n > SINK + w
+    target.model.reset()
+    features = target.model.forward(torch.tensor(ids[:-1]), num_logits=1, layers=full.layers).features
+    windowed.begin(ids)
+    windowed.feed(features)
+    a = windowed.propose(ids, 4, Warp(), None)
+    assert windowed.cache.length == SINK + w + len(a.tokens) - 1  # and the chain's own positions
+    keep = list(range(SINK)) + list(range(n - w, n))
+    view = [ids[0]] + [ids[j + 1] for j in keep]
+    full.begin(view)
+    full.feed(features[keep])
+    assert torch.equal(a.tokens, full.propose(view, 4, Warp(), None).tokens)
+    short = drafters.build(f"eagle:window=64:{path}", ctx)  # a window the prompt fits: the whole prompt
+    short.begin(ids)
+    short.feed(features)
+    drafted = len(short.propose(ids, 4, Warp(), None).tokens)
+    assert short.cache.length == n + drafted - 1
+    plain = drafters.build("none", ctx)
+    for spec in (f"eagle:window={w}:{path}", f"eagle:b=2:nodes=6:window={w}:{path}"):
+        drafter = drafters.build(spec, ctx)
+        assert_lossless(target, plain, drafter, [long, PROMPTS[1]], k=4, max_new_tokens=30, min_accepted=0)
+
+
 def test_eagle_stop_auto_prices_a_head_step_and_a_row_in_target_steps(target, trained, capsys):
     """eagle:stop=auto sets P = c + v, each measured against a target pass when the drafter is built."""
     drafter = drafters.build(f"eagle:stop=auto:{trained['eagle']}", drafters.DrafterContext(target))
@@ -488,6 +522,8 @@ def test_eagle_stop_auto_prices_a_head_step_and_a_row_in_target_steps(target, tr
         ("eagle:stop=100", "percentage below 100"),
         ("eagle:b=2:stop=20", "ends a chain"),
         ("medusa:stop=20", "unknown medusa option"),
+        ("eagle:window=auto", "window needs an integer"),
+        ("medusa:window=8", "unknown medusa option"),
     ],
 )
 def test_bad_head_tree_specs(target, spec, message):

@@ -12,8 +12,9 @@
                                            draft_model.py); window: the draft reads a long prompt's first
                                            tokens and last W only (draft_lm.py)
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
-    eagle[:stop=P|auto][:DIR]              a chain ends once the product of the head's probabilities is
-                                           below P% (auto: P measured, as draft's)
+    eagle[:stop=P|auto][:window=W][:DIR]   stop: a chain ends once the product of the head's probabilities
+                                           is below P% (auto: P measured, as draft's); window: the head
+                                           reads a long prompt's first 4 and last W positions (eagle.py)
     suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
                                            corpus (suffix.py)
     ensemble:A+B[+...]                     several drafters' proposals merged into one tree
@@ -219,9 +220,9 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
 # -- medusa, eagle ---------------------------------------------------------------------------------
 
 
-def _parse_heads(kind: str, extra: tuple[str, ...] = ()):
+def _parse_heads(kind: str, extra: tuple[str, ...] = (), auto: tuple[str, ...] = ()):
     def parse_heads(arg: str | None) -> Spec:
-        options, path = tree_options(arg or "", kind, extra, auto=extra)
+        options, path = tree_options(arg or "", kind, extra, auto=auto)
         stop = dict(options).get("stop")
         if stop not in (None, "auto") and stop >= 100:
             raise UserError(f"{kind} option stop=P is a percentage below 100, got {stop}")
@@ -242,7 +243,9 @@ def _build_eagle(spec: Spec, ctx: DrafterContext) -> Drafter:
     from specdecode.drafters import eagle
 
     stop = spec.option("stop", 0)
-    drafter = eagle.load(spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"))
+    drafter = eagle.load(
+        spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"), spec.option("window")
+    )
     if stop == "auto":  # the head timed on the drafter just built
         stop = _auto_stop(spec, eagle.HeadSteps(drafter), ctx.target.model, "a head step")
     drafter.stop = stop / 100
@@ -402,7 +405,9 @@ register(
     )
 )
 register(Kind("medusa", _parse_heads("medusa"), _build_medusa, uses_features=True))
-register(Kind("eagle", _parse_heads("eagle", ("stop",)), _build_eagle, uses_features=True))
+register(
+    Kind("eagle", _parse_heads("eagle", ("stop", "window"), ("stop",)), _build_eagle, uses_features=True)
+)
 register(
     Kind(
         "suffix",
