@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -167,17 +168,25 @@ def test_a_target_speculates_with_its_measured_best_when_none_is_named(monkeypat
     from specdecode import drafters
 
     best = registry.MODELS["qwen2.5-coder-1.5b"].speculation
-    assert best.needs == ("qwen2.5-coder-0.5b",) and drafters.parse(best.drafter).draft_models
+    spec = drafters.parse(best.drafter)
+    assert best.needs == () and not spec.draft_models and spec.uses_features  # its shipped head: no model
     assert (Path(__file__).parents[1] / best.evidence).is_file()  # the measurement it rests on
     assert registry.speculation("qwen2.5-coder-1.5b", "none", 2) == ("none", 2, "")
     assert registry.speculation(None) == ("ngram", 4, "")
     assert registry.speculation("smollm2-135m") == ("ngram", 4, "")
-    monkeypatch.setattr(registry.Model, "present", lambda self: True)
-    drafter, k, why = registry.speculation("qwen2.5-coder-1.5b")
+    drafter, k, why = registry.speculation("qwen2.5-coder-1.5b")  # with no other model installed
     assert (drafter, k) == (best.drafter, best.k) and best.evidence in why
     file = f"/elsewhere/{registry.MODELS['qwen2.5-coder-1.5b'].file}"
     assert registry.speculation(file, k=3)[:2] == (best.drafter, 3)
     assert registry.speculation("qwen2.5-coder-1.5b", "ngram")[:2] == ("ngram", 4)  # a named drafter: its k
+    sibling = replace(best, drafter="draft:qwen2.5-coder-0.5b", needs=("qwen2.5-coder-0.5b",))
+    monkeypatch.setitem(
+        registry.MODELS,
+        "qwen2.5-coder-1.5b",
+        replace(registry.MODELS["qwen2.5-coder-1.5b"], speculation=sibling),
+    )
+    monkeypatch.setattr(registry.Model, "present", lambda self: True)
+    assert registry.speculation("qwen2.5-coder-1.5b")[:2] == ("draft:qwen2.5-coder-0.5b", best.k)
     monkeypatch.setattr(registry.Model, "present", lambda self: self.name != "qwen2.5-coder-0.5b")
     drafter, k, why = registry.speculation("qwen2.5-coder-1.5b")
     assert (drafter, k) == ("ngram", 4) and "specdecode models fetch qwen2.5-coder-0.5b" in why
@@ -190,7 +199,7 @@ def test_generate_and_serve_leave_the_drafter_and_k_to_the_target(monkeypatch):
         args = cli.parser().parse_args([*argv, "--target", "qwen2.5-coder-1.5b"])
         assert args.drafter is None and args.k is None
         cli.options.speculation(args)
-        assert (args.drafter, args.k) == (registry.SIBLING_DRAFT.drafter, registry.SIBLING_DRAFT.k)
+        assert (args.drafter, args.k) == (registry.HEAD_DRAFT.drafter, registry.HEAD_DRAFT.k)
         args = cli.parser().parse_args([*argv, "--k", "2"])
         cli.options.speculation(args)
         assert (args.drafter, args.k) == ("ngram", 2)

@@ -69,8 +69,8 @@ def check_quant(args, drafter_specs: list) -> None:
 
 
 DEFAULT_SPECULATION = (
-    "default: the target's measured best where the registry names one (qwen2.5-coder-1.5b: its 0.5B "
-    "sibling beside n-gram lookup, k 8), else ngram at k 4"
+    "default: the target's measured best where the registry names one (qwen2.5-coder-1.5b: n-gram "
+    "lookup, then its shipped EAGLE head, k 8), else ngram at k 4"
 )
 
 
