@@ -268,12 +268,19 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
 // block's products in registers and on the stack first). Measured on Zen 3 (docs/native_forward.md):
 // llvm-mca, Q4_K with 4 rows of x 29 -> 19 cycles a row and block of 16 weight rows; one thread from
 // L2, Q4_K 4 rows ~11 -> 8 ns, Q6_K 1 row 24 -> 21 ns but 2 rows 17 -> 18; the 1.5B's T(4) 98 -> 86 ms.
+// Without VNNI, Q6_K's int16 sums take a product pair each (CHUNK 2), so its 4 rows hold int32 sums
+// beside the int16 ones and outgrow the registers: 4 rows of Q6_K sweep by halves (scripts/tile_stream.cpp on Zen 5, 2
+// threads, 450 MB: 18.7-19.1 -> 16.6-17.0 ms; 3 rows stay one sweep, 14.3-14.4 against 15.1-15.3).
 constexpr int BOTH = 4;
+template <int BITS>
+constexpr int both_rows() {
+  return BITS == 6 && !VNNI ? 3 : BOTH;
+}
 template <int BITS, int MB, typename Scale, bool ONE = false>
 void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
                 const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0,
                 const uint8_t* next, int pass, int passes) {
-  if constexpr (MB <= BOTH) {
+  if constexpr (MB <= both_rows<BITS>()) {
     group_both<BITS, MB, Scale, ONE>(wq, ws, xq, xd, xS, xh, y, G, N, r0, valid, m0, next, pass, passes);
   } else {
     constexpr bool SIGNED = BITS == 8 && !VNNI;
