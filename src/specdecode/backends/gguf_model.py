@@ -146,8 +146,9 @@ def tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(metadata_dir(path))
 
 
-def _trim_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc keeps them otherwise)."""
+def trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise): after a load whose float
+    temporaries were freed (here; a drafter head's fp32 weights once packed, eagle.load)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: the pages are reused by later allocations instead
@@ -207,7 +208,7 @@ class FileWeights:
             for lin in (m for m in hf_layer.modules() if isinstance(m, torch.nn.Linear)):
                 lin.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
         drop_pages(self.tensors)  # this layer's blocks are repacked: its file pages need not stay resident
-        _trim_heap()  # nor the repacks' temporaries (glibc keeps freed pages otherwise)
+        trim_heap()  # nor the repacks' temporaries (glibc keeps freed pages otherwise)
         return qkv, o, gate_up, down
 
     def head(self) -> QuantLinear:
@@ -231,7 +232,7 @@ class FileWeights:
         )
         drop_pages(self.tensors)
         gc.collect()
-        _trim_heap()
+        trim_heap()
         unsupported = sorted(
             {t for t, _ in self.tensors.values() if t not in FORMATS and t not in ("F32", "F16", "BF16")}
         )

@@ -278,13 +278,11 @@ def current_rss_bytes() -> int:
     """Resident memory now (anonymous and file-backed: transformers keeps safetensors weights
     mmapped), after asking glibc to return freed heap memory to the OS, so that it counts live
     allocations rather than what the allocator keeps for reuse."""
-    import ctypes
     import os
 
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    from specdecode.backends.gguf_model import trim_heap
+
+    trim_heap()
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 

@@ -449,11 +449,12 @@ def load(
 ) -> EagleDrafter:
     """spec: a checkpoint directory from `specdecode train eagle`, or None for the shipped one."""
     from specdecode.backends import checkpoint
+    from specdecode.backends.gguf_model import trim_heap
 
     tensors, config = checkpoint.load(spec, "eagle", loaded)
     head = head_from_config(config)
     head.load_state_dict({k: v.float() for k, v in tensors.items() if k != "token_map"})
-    return EagleDrafter(
+    drafter = EagleDrafter(
         head.to(loaded.model.device),
         tensors["token_map"].long(),
         loaded.model,
@@ -462,3 +463,6 @@ def load(
         nodes,
         window=window,
     )
+    del head, tensors
+    trim_heap()  # the fp32 weights, packed into the target's layout, are freed: +410 -> +110 MB (1.5B's)
+    return drafter
