@@ -126,11 +126,12 @@ def test_interleaved_matmul_is_the_8bit_activations_times_the_files_weights_and_
 
 @needs_tiles
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
-def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name):
+def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name, monkeypatch):
     """A K-quant's block scales, each a super-block factor times a small integer, are kept as the file
     keeps them (a third of float32's bytes) and the kernels form the very float32 scales: the same
-    bits in every tile shape, in a lone call and in the native stack's layout. A scale that is no
-    integer multiple of its factor keeps the float32 layout."""
+    bits in every tile shape, in a lone call and in the native stack's layout; rows picked from it
+    slice by slice are those picked from it whole. A scale that is no integer multiple of its factor
+    keeps the float32 layout."""
     m = gguf_repack.repack(type_name, raw_matrix(type_name, 40, 512, seed=7))
     factored = gguf_weights.Interleaved.pack(ops, m)
     plain = gguf_weights.Interleaved.pack(ops, gguf_repack.QuantMatrix(m.kind, m.scales, m.quants))
@@ -142,6 +143,14 @@ def test_k_quant_scales_kept_factored_give_the_bits_of_float32_scales(type_name)
         got = f(x[:rows].contiguous(), factored.scales, factored.quants, 40)
         assert torch.equal(got, f(x[:rows].contiguous(), plain.scales, plain.quants, 40))
     picked = gguf_weights.Interleaved.pack(ops, factored.unpack(ops).rows(torch.tensor([9, 2, 33])))
+    index = torch.tensor([39, 9, 2, 33, 16, 17, 0])  # across slices of 16 rows, the partial last group
+    for at_once in (16, 32, 8192):
+        monkeypatch.setattr(gguf_weights, "ROWS_AT_ONCE", at_once)
+        sliced, whole = factored.rows(ops, index), factored.unpack(ops).rows(index)
+        for a, b in zip(
+            (sliced.scales, sliced.quants, sliced.factors), (whole.scales, whole.quants, whole.factors)
+        ):
+            assert torch.equal(a, b)
     assert picked.scales.dtype == torch.uint8
     assert torch.equal(
         f(x, picked.scales, picked.quants, 3), f(x, plain.scales, plain.quants, 40)[:, [9, 2, 33]]
