@@ -97,9 +97,10 @@ def _parts(prefix: str, version: str, count: int, file: str) -> tuple[Part, ...]
 # the head's confidence falls below the measured cost of a head step and a verification row
 # (eagle:stop=auto), the head reading a long prompt's first 4 and last 64 positions (window=64), k 8
 # its cap. The 0.5B sibling's chains (the default before) ran 0.91x plain on extraction on every ISA
-# measured: its prefill sat inside a short answer's time to first token; the head has none to pay,
-# ran >= 0.99x on every category and ahead overall on AVX-512 (1.48x against 1.41x) and through the
-# AVX2 switch (1.20x against 1.10x), and needs no second model (docs/drafters.md).
+# measured: its prefill sat inside a short answer's time to first token. The head led it overall in
+# every run (AVX-512 1.43-1.48x against 1.32-1.41x plain, the AVX2 switch 1.10-1.20x against
+# 1.00-1.10x), at >= 0.97x on every category except extraction through the AVX2 switch when rows cost a
+# third of a step (0.94x; the 0.5B 0.87x there), and needs no second model (docs/drafters.md).
 HEAD_DRAFT = Speculation(
     "fallback:ngram:stop=auto+eagle:stop=auto:window=64",
     8,
