@@ -66,11 +66,12 @@ def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
     scales = torch.empty(n, k // 32, 2, device=weight.device)
     quants = torch.empty(n, k, dtype=torch.int8, device=weight.device)
     for i in range(0, n, 1024):  # rows a slice at a time: float temporaries of a slice, not the matrix
-        w = weight[i : i + 1024].detach().float().reshape(-1, k // 16, 16)
+        rows = slice(i, i + 1024)
+        w = weight[rows].detach().float().reshape(-1, k // 16, 16)
         s = w.abs().amax(-1, keepdim=True) / 127
         q = torch.where(s > 0, w / s.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
-        scales[i : i + 1024] = s.reshape(-1, k // 32, 2)
-        quants[i : i + 1024] = q.round().clamp(-127, 127).to(torch.int8).reshape(-1, k)
+        scales[rows] = s.reshape(-1, k // 32, 2)
+        quants[rows] = q.round().clamp(-127, 127).to(torch.int8).reshape(-1, k)
     return QuantMatrix("q8", scales, quants)
 
 

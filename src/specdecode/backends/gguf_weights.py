@@ -121,16 +121,17 @@ class Interleaved:
         """The rows `index` [R] unpacked (unpack(ops).rows(index)), ROWS_AT_ONCE rows at a time: a
         draft vocabulary's rows of a 150k-row LM head then take a slice's temporaries, not the head's
         (the 1.5B's unpacked whole added 465 MB at its peak)."""
-        per, parts, where = ROWS_AT_ONCE // 16, [], []
-        for g in range(0, len(self.quants), per):
-            lo, hi = 16 * g, min(self.n, 16 * (g + per))
+        lo, parts, where = 0, [], []
+        for scales, quants in zip(_slices(self.scales), _slices(self.quants)):
+            hi = min(self.n, lo + 16 * len(quants))
             inside = ((index >= lo) & (index < hi)).nonzero().flatten()
             if len(inside):
-                part = Interleaved(self.kind, self.scales[g : g + per], self.quants[g : g + per], hi - lo)
-                parts.append(part.unpack(ops).rows(index[inside] - lo))
+                parts.append(
+                    Interleaved(self.kind, scales, quants, hi - lo).unpack(ops).rows(index[inside] - lo)
+                )
                 where.append(inside)
-        whole = concat(parts)
-        return whole.rows(torch.cat(where).argsort())
+            lo = hi
+        return concat(parts).rows(torch.cat(where).argsort())
 
     def unpack(self, ops) -> QuantMatrix:
         if self.kind == "q4":

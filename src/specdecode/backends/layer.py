@@ -96,7 +96,7 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear, ops=None, int8: bool = False):
         super().__init__()
         bias = linear.bias.detach().float() if linear.bias is not None else None
-        self.linear = head_linear(linear.weight.detach().float(), ops, bias, int8)  # a float copy each
+        self.linear = head_linear(linear.weight.detach().float(), ops, bias, int8)  # bf16: a copy a linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
