@@ -11,6 +11,7 @@ from specdecode.backends.fast_llama import FastLlama
 from specdecode.backends.models import HFModel
 from specdecode.core.sampling import Warp
 from specdecode.drafters import DrafterContext, DraftModelDrafter, NgramDrafter, NoDrafter
+from specdecode.drafters.chain_stop import ChainStop
 from specdecode.drafters.ngram import lookup
 from specdecode.errors import UserError
 
@@ -82,14 +83,24 @@ def test_ngram_stop_cuts_chains_by_this_requests_record():
     assert NgramDrafter(max_n=2, min_n=2).propose(context, 6, Warp(), None).tokens.numel() == 6  # no stop
 
 
-def test_ngram_stop_auto_is_one_verification_row(monkeypatch):
-    """`ngram:stop=auto` sets P% to v, the target's measured cost of one more verification row."""
+def test_ngram_stop_auto_prices_rows_as_they_cost_now(monkeypatch):
+    """`ngram:stop=auto` keeps a token while its odds pay its verification row: v measured at build
+    (draft_model.chain_costs) without an engine's costs, else the engine's live r(n), read at each
+    proposal (chain_stop.py)."""
     seen = []
     monkeypatch.setattr(drafters, "chain_costs", lambda draft, tgt: seen.append((draft, tgt)) or (0.0, 0.15))
     target = type("Loaded", (), {"model": object()})()
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]  # the prior's odds: 0.5, 0.25, 0.125, ...
     drafter = drafters.build("ngram:stop=auto", DrafterContext(target))
-    assert drafter.stop == 0.15 and seen == [(None, target.model)]
-    assert drafters.build("ngram:stop=30", DrafterContext(target)).stop == 0.3 and len(seen) == 1
+    assert drafter.stop.row == 0.15 and seen == [(None, target.model)]
+    assert drafter.propose(context, 6, Warp(), None).tokens.tolist() == [3, 4]  # 0.125 < 0.15
+    fixed = drafters.build("ngram:stop=30", DrafterContext(target)).stop
+    assert fixed.fixed == 0.3 and fixed.bars(3) == ([0.3] * 3, [0.3] * 3) and len(seen) == 1
+    ratios = [1.0, 1.2, 1.3]  # rows priced 0.2, 0.1, then 0.1 each (the last row's slope)
+    live = drafters.build("ngram:stop=auto", DrafterContext(target, rows=lambda: ratios))
+    assert live.propose(context, 6, Warp(), None).tokens.tolist() == [3, 4, 5]  # 0.5, 0.25, 0.125 >= 0.1
+    ratios[1:] = [1.6, 2.2]  # a dearer phase: the first row now costs 0.6 of a step, more than 0.5
+    assert live.propose(context, 6, Warp(), None).tokens.numel() == 0
 
 
 @pytest.mark.parametrize(
@@ -209,31 +220,48 @@ CHAIN = [0.9, 0.9, 0.5, 0.9, 0.9, 0.9]  # from token 0: survival 0.9, 0.81, 0.40
 
 
 @pytest.mark.parametrize(
-    "stop,expected", [(0.0, [1, 2, 3, 4, 5, 6, 7]), (0.5, [1, 2, 3]), (0.3, [1, 2, 3, 4, 5, 6]), (0.95, [1])]
+    "stop,expected",
+    [
+        (0.0, [1, 2, 3, 4, 5, 6, 7]),
+        (0.5, [1, 2]),
+        (0.3, [1, 2, 3, 4, 5]),
+        (0.95, []),
+        (ChainStop(cost=0.2, row=0.3), [1, 2, 3]),  # keep while >= 0.3, draft on while >= 0.5
+        (ChainStop(rows=lambda: [1.0, 1.1, 1.5, 2.0]), [1, 2]),  # rows 0.1, 0.4, 0.5: 0.405 < 0.5
+    ],
 )
-def test_draft_chain_ends_once_its_confidence_falls_below_stop(stop, expected):
+def test_draft_chain_keeps_tokens_while_their_odds_pay_their_rows(stop, expected):
     drafter = DraftModelDrafter(chain_table(), len(CHAIN) + 2, stop=stop)
     drafter.begin([0])
     proposal = drafter.propose([5, 0], 7, Warp(), None)
     assert proposal.tokens.tolist() == expected
-    assert drafter.cached == [5, 0] + expected[:-1]  # the cache holds the drafts but the last
+    extended = drafter.cached[2:]  # the draft model's cache: the context, then drafts it ran on
+    assert drafter.cached[:2] == [5, 0] and extended == expected[: len(extended)]
     # the next step rolls back to the committed context whatever the last one drafted
-    assert drafter.propose([5, 0, 1, 2, 3], 7, Warp(), None).tokens.tolist()[0] == 4
+    after = drafter.propose([5, 0, 1, 2, 3], 7, Warp(), None).tokens.tolist()
+    assert drafter.cached[:5] == [5, 0, 1, 2, 3] and after[:1] == ([4] if stop != 0.95 else [])
 
 
 def test_sampled_draft_chain_stops_on_the_drawn_tokens_probabilities():
     table = TableModel.random(8, seed=5, scale=2.0)
     params = Warp(temperature=1.0)
+    lengths = []
     for seed in range(20):
         drafter = DraftModelDrafter(table, 8, stop=0.2)
         drafter.begin([1])
         proposal = drafter.propose([1], 6, params, torch.Generator().manual_seed(seed))
         tokens = proposal.tokens.tolist()
-        survival = torch.cumprod(proposal.probs[torch.arange(len(tokens)), proposal.tokens], 0)
-        assert (survival[:-1] >= 0.2).all()  # every token but the last left the chain alive
-        assert len(tokens) == 6 or survival[-1] < 0.2
+        lengths.append(len(tokens))
+        if not tokens:  # the first token's expected odds were under 0.2: no q rows either
+            assert proposal.probs is None
+            continue
+        drawn = proposal.probs[torch.arange(len(tokens)), proposal.tokens]
+        before = torch.cat([torch.ones(1), torch.cumprod(drawn, 0)[:-1]])  # the chain's odds before each
+        expected = proposal.probs.square().sum(-1)  # each token's odds as known before its draw
+        assert (before * expected >= 0.2).all()  # every token kept pays its row, never judged on its own draw
         previous = [1] + tokens[:-1]
         assert torch.allclose(proposal.probs, torch.softmax(table.table[previous], -1))
+    assert 0 < max(lengths) and min(lengths) < 6  # the stop cut some chains, not every one to nothing
 
 
 @pytest.mark.parametrize("stop,depth", [(0.0, 4), (0.25, 3), (0.7, 1)])

@@ -129,7 +129,7 @@ def test_a_draft_chain_with_a_confidence_stop_stays_lossless(tiny_gguf):
     target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
     ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
     drafter = drafters.build(f"draft:vocab=200:stop=5:{tiny_gguf}", ctx)
-    assert drafter.stop == 0.05
+    assert drafter.stop.fixed == 0.05
     proposals = record_proposals(drafter)
     assert_lossless(target, drafters.build("none", ctx), drafter, PROMPTS, k=4, max_new_tokens=24)
     lengths = [p.tokens.numel() for p in proposals]
@@ -143,9 +143,10 @@ def test_a_draft_chain_with_a_confidence_stop_stays_lossless(tiny_gguf):
 
 
 def test_stop_auto_is_the_measured_cost_of_a_draft_pass_and_a_verification_row(tiny_gguf, monkeypatch):
-    """`draft:stop=auto:<model>` sets P% to c + v from chain_costs (a draft pass and one more
-    verification row, in target steps), timed on forks of both models: neither the target's cache nor
-    the draft's changes; a cost of a whole step or more still drafts one token."""
+    """`draft:stop=auto:<model>` prices a chain's rows at v and its draft passes at c from chain_costs
+    (in target steps), timed on forks of both models: neither the target's cache nor the draft's
+    changes; a chain keeps a token while its odds pay v and drafts on while they pay c + v, so a draft
+    pass of a whole step or more drafts one token at most; a dynamic tree grows while they pay c + v."""
     from specdecode.drafters.draft_model import chain_costs
 
     target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
@@ -154,10 +155,13 @@ def test_stop_auto_is_the_measured_cost_of_a_draft_pass_and_a_verification_row(t
     c, v = chain_costs(target.model, target.model)  # a model against itself
     assert 0.5 < c < 2.0 and 0.0 <= v < 1.0 and target.model.length == 3
     drafter = drafters.build(f"draft:stop=auto:{tiny_gguf}", ctx)
-    assert 0.0 < drafter.stop <= 0.95 and target.model.length == 3 and drafter.cached == []
+    assert 0.0 < drafter.stop.cost and 0.0 <= drafter.stop.row < 1.0
+    assert target.model.length == 3 and drafter.cached == []
     seen = []
     monkeypatch.setattr(drafters, "chain_costs", lambda draft, tgt: seen.append((draft, tgt)) or (0.25, 0.1))
-    assert drafters.build(f"draft:vocab=200:stop=auto:{tiny_gguf}", ctx).stop == 0.35  # c + v
+    stop = drafters.build(f"draft:vocab=200:stop=auto:{tiny_gguf}", ctx).stop
+    keep, go_on = stop.bars(3)
+    assert keep == pytest.approx([0.1] * 3) and go_on == pytest.approx([0.35] * 3)  # v; c + v
     assert seen[0][1] is target.model and seen[0][0].vocab_size < target.model.vocab_size  # the cut head
     monkeypatch.setattr(drafters, "chain_costs", lambda draft, tgt: (3.0, 0.2))
     assert drafters.build(f"draft:b=2:nodes=6:stop=auto:{tiny_gguf}", ctx).stop == 0.95

@@ -2,18 +2,20 @@
 
     none                                   no drafting: plain decoding (k = 0)
     ngram[:N|:MIN-MAX][:b=B][:stop=P|auto] prompt lookup; b > 1 proposes a tree of b continuations; stop:
-                                           a chain ends below P% odds, from this request's record (ngram.py)
+                                           a chain keeps tokens while its odds, from this request's record,
+                                           are >= P% (auto: while they pay their rows, chain_stop.py)
     draft                                  the shipped distilled draft model (draft:DIR: a `train draft`
                                            checkpoint)
     draft:[b=B:[nodes=N:]]<model>          a draft model; b: static tree of b branches, nodes: dynamic tree
     draft:[vocab=V:][stop=P|auto:][window=W:]<model>  vocab: the draft's head over its V most frequent
-                                           tokens (chains and trees); stop: a chain or dynamic tree ends
-                                           once its draft confidence is below P% (auto: P measured,
-                                           draft_model.py); window: the draft reads a long prompt's first
+                                           tokens (chains and trees); stop: a chain keeps tokens while its
+                                           draft confidence is >= P% (auto: while it pays their rows and
+                                           the draft passes, chain_stop.py), a dynamic tree grows while it
+                                           is; window: the draft reads a long prompt's first
                                            tokens and last W only (draft_lm.py)
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
-    eagle[:stop=P|auto][:window=W][:DIR]   stop: a chain ends once the product of the head's probabilities
-                                           is below P% (auto: P measured, as draft's); window: the head
+    eagle[:stop=P|auto][:window=W][:DIR]   stop: a chain keeps tokens while the product of the head's
+                                           probabilities is >= P% (auto: as draft's); window: the head
                                            reads a long prompt's first 4 and last W positions (eagle.py)
     suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
                                            corpus (suffix.py)
@@ -35,6 +37,7 @@ from specdecode.backends.lm import CausalLM
 from specdecode.backends.models import LoadedModel
 from specdecode.backends.precision import FP32, Precision
 from specdecode.core.drafter import Drafter, Proposal
+from specdecode.drafters.chain_stop import ChainStop, Rows
 from specdecode.drafters.cross_vocab import CrossVocabDrafter
 from specdecode.drafters.draft_model import DraftModelDrafter, chain_costs
 from specdecode.drafters.draft_tree import DraftTreeDrafter
@@ -58,6 +61,7 @@ class DrafterContext:
     device: str | None = None
     backend: str = "auto"
     quant: str = "none"  # of draft models: "int8" quantizes their linear layers (quant.py)
+    rows: Rows | None = None  # the target's live verify costs (an engine's), for stop=auto (chain_stop.py)
 
 
 def build(spec: Spec, ctx: DrafterContext) -> Drafter:
@@ -111,28 +115,24 @@ def _format_ngram(spec: Spec) -> str:
 
 def _build_ngram(spec: Spec, ctx) -> Drafter:
     stop = spec.option("stop", 0)
-    if stop == "auto":  # P = v, one verification row in target steps (ngram.py; lookup costs ~nothing)
-        _, v = chain_costs(None, ctx.target.model)
-        stop = min(95.0, round(100 * v, 1))
-        print(
-            f"specdecode: {spec}: a verification row costs {100 * v:.1f}% of a target pass; stop={stop:g}",
-            file=sys.stderr,
-        )
-    return NgramDrafter(spec.option("max_n"), spec.option("min_n"), spec.option("b", 1), stop / 100)
+    if stop == "auto":  # rows priced as they cost now (chain_stop.py; lookup itself costs ~nothing)
+        stop = _auto_stop(spec, None, ctx, "lookup")
+    else:
+        stop = ChainStop(fixed=stop / 100)
+    return NgramDrafter(spec.option("max_n"), spec.option("min_n"), spec.option("b", 1), stop)
 
 
 # -- draft -----------------------------------------------------------------------------------------
 
 
-def _auto_stop(spec: Spec, draft, target, step: str) -> float:
-    """stop=auto for a drafter that runs a model (or a head) per drafted token: P = c + v, its `step`
-    and a verification row, each measured over a target pass (draft_model.chain_costs); a draft as dear
-    as its target still drafts one token."""
-    c, v = chain_costs(draft, target)
-    stop = min(95.0, round(100 * (c + v), 1))
+def _auto_stop(spec: Spec, draft, ctx: DrafterContext, step: str) -> ChainStop:
+    """stop=auto (chain_stop.py): a chain's rows priced by the engine's live costs where it has them,
+    else at v, and its `step` at c, both measured now over a target pass (draft_model.chain_costs;
+    draft None: a step that costs nothing)."""
+    c, v = chain_costs(draft, ctx.target.model)
+    stop = ChainStop(cost=c, row=v, rows=ctx.rows)
     print(
-        f"specdecode: {spec}: {step} costs {100 * c:.1f}% of a target pass, a verification row "
-        f"{100 * v:.1f}%; stop={stop:g}",
+        f"specdecode: {spec}: {step} costs {100 * c:.1f}% of a target pass; {stop.describe()}",
         file=sys.stderr,
     )
     return stop
@@ -208,13 +208,11 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         token_map = frequent_tokens(tokenizer, spec.option("vocab"), min(model.vocab_size, vocab))
         model = model.with_head_rows(token_map)
     stop, window = spec.option("stop", 0), spec.option("window")
-    if stop == "auto":
-        stop = _auto_stop(spec, model, ctx.target.model, "a draft pass")
+    stop = _auto_stop(spec, model, ctx, "a draft pass") if stop == "auto" else ChainStop(fixed=stop / 100)
     if spec.option("b") is not None:  # stop: parsed below 100, and only with nodes= (_parse_draft)
-        return DraftTreeDrafter(
-            model, vocab, spec.option("b"), spec.option("nodes"), token_map, stop / 100, window
-        )
-    return DraftModelDrafter(model, vocab, token_map, stop / 100, window)
+        grow = stop.fixed or min(0.95, stop.cost + stop.bars(1)[0][0])  # a node pays a pass and a row
+        return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"), token_map, grow, window)
+    return DraftModelDrafter(model, vocab, token_map, stop, window)
 
 
 # -- medusa, eagle ---------------------------------------------------------------------------------
@@ -247,8 +245,9 @@ def _build_eagle(spec: Spec, ctx: DrafterContext) -> Drafter:
         spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"), spec.option("window")
     )
     if stop == "auto":  # the head timed on the drafter just built
-        stop = _auto_stop(spec, eagle.HeadSteps(drafter), ctx.target.model, "a head step")
-    drafter.stop = stop / 100
+        drafter.stop = _auto_stop(spec, eagle.HeadSteps(drafter), ctx, "a head step")
+    else:
+        drafter.stop = ChainStop(fixed=stop / 100)
     return drafter
 
 

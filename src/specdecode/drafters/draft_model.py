@@ -1,23 +1,20 @@
 """`draft:<model>`: a separate small causal LM with the target's tokenizer drafts k tokens
 autoregressively, keeping its own KV cache in step with the committed context.
 
-`draft:stop=P:<model>` ends a chain early, once the product of its tokens' draft probabilities falls
-below P percent (the chain's odds of surviving verification, as the draft sees them; EAGLE-2 grows
-its trees by the same cumulative confidence, and Hugging Face's assisted generation stops on one
-token's, `assistant_confidence_threshold`). Each draft step costs a full pass of the draft model while
-a verification row costs little (docs/native_forward.md), so a step stops paying for drafts the target
-will likely reject. Which tokens are proposed changes, never what is emitted: greedy verification
-keeps the target's argmax, and with sampling the stopping rule looks only at the draft's own
-distributions, so rejection sampling stays exact.
+`draft:stop=P:<model>` ends a chain early: it keeps a token while the product of the chain's draft
+probabilities up to it is at least P percent (the chain's odds of surviving verification, as the draft
+sees them; EAGLE-2 grows its trees by the same cumulative confidence, and Hugging Face's assisted
+generation stops on one token's, `assistant_confidence_threshold`). Which tokens are proposed changes,
+never what is emitted: greedy verification keeps the target's argmax, and with sampling a token is
+judged on its expected probability (the sum of q squared) before it is drawn, never on its own draw,
+and the chain's later tokens on the drawn ones: a stopping rule, so rejection sampling stays exact.
 
-`draft:stop=auto:<model>` sets P to c + v, measured once when the drafter is built (`chain_costs`):
-c the time of one draft pass and v the target's cost of one more verification row, each over the
-time of one target pass. One more draft token costs about c + v target steps and saves one step if
-the target accepts it, and the chain's draft probability stands in for that chance: drafting goes on
-while it is worth its cost. Where rows are nearly free (AVX-512 VNNI: v ~0.03) a draft a third the
-target's cost stops near 36% (the Qwen2.5-Coder 0.5B / 1.5B pair: 40 measured best of 20 and 40,
-docs/drafters.md); where a row costs 0.15 of a step (AVX2) the same pair stops near 50%; a draft far
-cheaper than a cheap row hardly stops at all.
+`draft:stop=auto:<model>` prices the chain instead (chain_stop.py): a token is kept while its odds pay
+its verification row, r(i) - r(i-1) of a target step, as the engine measures r now, and the next one
+drafted while they pay a draft pass (c, measured when the drafter is built by `chain_costs`) and its
+row. Where rows are nearly free (AVX-512 VNNI: ~0.03) a draft a third the target's cost stops near 36%;
+where a row costs a third of a step (the 1.5B on AVX2) a chain's tokens need odds of a third; a
+draft far cheaper than a cheap row hardly stops at all.
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ import torch
 from specdecode.backends.lm import CausalLM
 from specdecode.core.drafter import Proposal
 from specdecode.core.sampling import Warp, argmax, sample, warp
+from specdecode.drafters.chain_stop import ChainStop
 from specdecode.drafters.draft_lm import DraftLM
 
 
@@ -41,29 +39,36 @@ class DraftModelDrafter(DraftLM):
         model,
         target_vocab_size: int,
         token_map: torch.Tensor | None = None,
-        stop: float = 0.0,
+        stop: float | ChainStop = 0.0,
         window: int | None = None,
     ):
-        """stop: end the chain once the product of its draft probabilities is below this (0: never);
-        window: draft_lm.py's."""
+        """stop: keep a chain's tokens while the product of their draft probabilities is at least this,
+        or pays their rows (a ChainStop, chain_stop.py); 0: never stop; window: draft_lm.py's."""
         super().__init__(model, target_vocab_size, token_map, window)
-        self.stop = stop
+        self.stop = stop if isinstance(stop, ChainStop) else ChainStop(fixed=stop)
 
     def propose(self, context, k, params: Warp, generator):
         logits = self.align(self.sync(context))
         tokens, probs, survive = [], [], 1.0
+        keep, go_on = self.stop.bars(k)
         for i in range(k):
             if params.greedy:
                 token = int(argmax(logits))
-                if self.stop:
-                    survive *= float(torch.softmax(logits.float(), -1)[token])
+                if self.stop.active:
+                    p = known = float(torch.softmax(logits.float(), -1)[token])
             else:
                 q = warp(logits, params)
+                known = float(q.square().sum())  # a sampled token is kept on its expected odds: lossless
                 token = sample(q, generator)
                 probs.append(q)
-                survive *= float(q[token])
+                p = float(q[token])
+            if self.stop.active:
+                if survive * known < keep[i]:  # not worth its verification row
+                    probs = probs[:i]
+                    break
+                survive *= p
             tokens.append(token)
-            if i == k - 1 or survive < self.stop:
+            if i == k - 1 or survive < go_on[i]:  # the next: not worth a draft pass and its row
                 break
             logits = self.align(self.model.extend(torch.tensor([token]), num_logits=1)[-1])
             self.cached.append(token)

@@ -47,6 +47,7 @@ from specdecode.backends.stack import ONE_BLOCK, StackParams
 from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.sampling import Warp, argmax_ids, sample, warp
 from specdecode.core.tree import Tree
+from specdecode.drafters.chain_stop import ChainStop
 from specdecode.drafters.draft_lm import SINK
 from specdecode.drafters.draft_vocab import scatter_probs
 from specdecode.drafters.growth import Growth, draft_dist
@@ -272,16 +273,17 @@ class EagleDrafter(Drafter):
         layer_ids: tuple[int, ...],
         branches: int = 1,
         nodes: int | None = None,
-        stop: float = 0.0,
+        stop: float | ChainStop = 0.0,
         window: int | None = None,
     ):
         """target: the target's CausalLM; the decoder feeds this drafter the rows of its layers
         `layer_ids` (self.layers). branches > 1 proposes trees of `nodes` nodes (default branches * k).
-        stop: end a chain once the product of its tokens' head probabilities is below this (0: never;
-        draft_model.py's rule: a head step and a verification row cost ~c + v target steps). window:
+        stop: keep a chain's tokens while the product of their head probabilities is at least this, or
+        pays their rows (a ChainStop, chain_stop.py); 0: never stop. window:
         read a prompt longer than SINK + window through its first SINK and last `window` positions."""
         self.head = pack_linears(head.eval(), target.kernels, target.int8_activations).float()  # the norms
-        self.branches, self.nodes, self.stop, self.window = branches, nodes, stop, window
+        self.branches, self.nodes, self.window = branches, nodes, window
+        self.stop = stop if isinstance(stop, ChainStop) else ChainStop(fixed=stop)
         self.target = target
         self.layers = tuple(layer_ids)
         self.token_map = token_map.to(target.device)
@@ -332,16 +334,21 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def chain(self, context: list[int], k: int, pick) -> list[int]:
         """Draft up to k tokens (target ids), choosing each with pick(logits [Vd]) -> (draft index, its
-        probability, or None where no stop needs it); fewer once the chain's probability falls below
-        `stop`."""
+        probability, its probability as known before the draw; the two None where no stop needs them);
+        a token only while the chain's odds pay its row, the next only while they pay a head step and
+        its row (`stop`, chain_stop.py)."""
         if not self._sync(context):
             return []
         drafted, logits, x, survive = [], self.root_logits, self.root, 1.0
+        keep, go_on = self.stop.bars(k)
         for i in range(k):
-            index, p = pick(logits[0])
+            index, p, known = pick(logits[0])
+            if self.stop.active:
+                if survive * known < keep[i]:  # not worth its verification row
+                    break
+                survive *= p
             drafted.append(self.token_ids[index])
-            survive *= p if self.stop else 1.0
-            if i == k - 1 or survive < self.stop:
+            if i == k - 1 or survive < go_on[i]:  # the next: not worth a head step and its row
                 break
             logits, x = self._rows(drafted[-1:], x.clone())
         return drafted
@@ -394,21 +401,24 @@ class EagleDrafter(Drafter):
 
             def top(logits):
                 index = argmax_ids(logits)
-                return index, float(torch.softmax(logits.float(), -1)[index]) if self.stop else None
+                p = float(torch.softmax(logits.float(), -1)[index]) if self.stop.active else None
+                return index, p, p  # the argmax is known before it is drawn
 
             tokens = self.chain(context, k, top)
             return Proposal(torch.tensor(tokens, dtype=torch.long))
         qs = []
 
         def pick(logits):
-            qs.append(warp(logits, params))
-            index = sample(qs[-1], generator)
-            return index, float(qs[-1][index])
+            qs.append(q := warp(logits, params))
+            # a sampled token is kept on its expected probability, never on its own: lossless
+            known = float(q.square().sum()) if self.stop.active else None
+            index = sample(q, generator)
+            return index, float(q[index]), known
 
         tokens = self.chain(context, k, pick)
         if not tokens:
             return Proposal.empty()
-        q = scatter_probs(torch.stack(qs), self.token_map, self.target.vocab_size)
+        q = scatter_probs(torch.stack(qs[: len(tokens)]), self.token_map, self.target.vocab_size)
         return Proposal(torch.tensor(tokens, dtype=torch.long), q)
 
 

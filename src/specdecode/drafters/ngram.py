@@ -6,14 +6,13 @@ With `branches` b > 1 it proposes a token tree: up to b distinct continuations, 
 first and, among equally long matches, the most recent first (a match whose continuation adds
 nothing to the tree does not count). The target checks them all in one forward.
 
-With `stop=P` (or `stop=auto`) a chain ends once its odds of surviving verification fall below P
-percent. Lookup has no probabilities of its own, so the odds are this request's own record: a_i, the
-share of chains that reached position i whose token i was accepted (with one accepted and one rejected
-try as a prior), multiplied along the chain. A token costs one verification row, v of a target step,
-and saves a step when the chain survives to it: drafting on is worth it while the product is above v,
-which `stop=auto` measures when the drafter is built (draft_model.chain_costs). Where rows are dear
-(AVX2: v ~0.15 of a 1.5B step) a request whose lookups keep failing proposes short chains or none,
-so `fallback:` hands its steps to the next member; where rows are nearly free the chain is hardly cut.
+With `stop=P` (or `stop=auto`) a chain keeps a token while its odds of surviving verification pay
+for its row (chain_stop.py: P percent, or the row's measured price). Lookup has no probabilities of
+its own, so the odds are this request's own record: a_i, the share of chains that reached position i
+whose token i was accepted (with one accepted and one rejected try as a prior), multiplied along the
+chain. Where rows are dear (AVX2: 0.2-0.45 of a 1.5B step) a request whose lookups keep failing
+proposes short chains or none, so `fallback:` hands its steps to the next member; where rows are
+nearly free the chain is hardly cut.
 Which tokens are proposed changes, never what is emitted.
 """
 
@@ -25,6 +24,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.tree import Tree
+from specdecode.drafters.chain_stop import ChainStop
 from specdecode.errors import UserError
 
 _MAX_HITS = 64  # matches examined per n when collecting several continuations
@@ -63,14 +63,17 @@ MIN_N, MAX_N = 2, 4  # the n-gram lengths tried when the spec names none
 class NgramDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, max_n: int = MAX_N, min_n: int = MIN_N, branches: int = 1, stop: float = 0.0):
-        """stop: end a chain once its survival odds (this request's acceptance per position) are below
-        this (0: never)."""
+    def __init__(
+        self, max_n: int = MAX_N, min_n: int = MIN_N, branches: int = 1, stop: float | ChainStop = 0.0
+    ):
+        """stop: keep a chain's tokens while their survival odds (this request's acceptance per
+        position) are at least this, or pay their rows (a ChainStop); 0: never stop."""
         if not 1 <= min_n <= max_n:
             raise UserError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n} max_n={max_n}")
         if branches < 1:
             raise UserError(f"ngram needs b >= 1 branches, got {branches}")
-        self.max_n, self.min_n, self.branches, self.stop = max_n, min_n, branches, stop
+        self.max_n, self.min_n, self.branches = max_n, min_n, branches
+        self.stop = stop if isinstance(stop, ChainStop) else ChainStop(fixed=stop)
         self.record = Record()
 
     def begin(self, prompt):
@@ -83,8 +86,8 @@ class NgramDrafter(Drafter):
         context = np.asarray(context, dtype=np.int64)
         if self.branches == 1:
             chain = lookup(context, k, self.max_n, self.min_n)
-            if self.stop:
-                chain = chain[: self.record.worth(len(chain), self.stop)]
+            if self.stop.active and len(chain):
+                chain = chain[: self.record.worth(self.stop.bars(len(chain))[0])]
             return Proposal(torch.from_numpy(chain.copy()))
         found = lookup_all(context, k, self.max_n, self.min_n, self.branches)
         return Proposal.of_tree(Tree.from_sequences(seq.tolist() for seq in found))
@@ -106,13 +109,13 @@ class Record:
             self.reached[i] += 1
             self.kept[i] += i < accepted
 
-    def worth(self, n: int, stop: float) -> int:
-        """How many of a chain's first n tokens to propose: while their survival odds, the product of
-        (kept + 1) / (reached + 2) along the chain, stay at or above `stop`."""
+    def worth(self, keep: list[float]) -> int:
+        """How many of a chain's first len(keep) tokens to propose: while their survival odds, the
+        product of (kept + 1) / (reached + 2) along the chain, stay at or above keep[i]."""
         odds = 1.0
-        for i in range(n):
+        for i, stop in enumerate(keep):
             kept, reached = (self.kept[i], self.reached[i]) if i < len(self.reached) else (0, 0)
             odds *= (kept + 1) / (reached + 2)
             if odds < stop:
                 return i
-        return n
+        return len(keep)

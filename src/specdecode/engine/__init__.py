@@ -74,7 +74,8 @@ def build_engine(
     """Everything the engine runs on: batched target (its KV cache within `kv_memory` bytes, default
     batch_model.kv_budget: blocks backed as they are written; at `kv_dtype`, batch_model.KV_DTYPES),
     drafters (model drafters loaded now; any_drafter: also those a request names later, as the Python
-    API allows), the measured batch costs (when load_control) and the metrics (drafter labels from the
+    API allows), the measured batch costs (one sequence's without load_control: they price
+    stop=auto's rows, chain_stop.py) and the metrics (drafter labels from the
     configured routes); the router: `routes` per task, learned routing among their candidates, the per-task
     history in the `state` file; `trace_steps` > 0 keeps that many steps' timings (trace.py);
     chunked_prefill: prompts go in beside the others' steps (else each admission prefills at once);
@@ -82,14 +83,15 @@ def build_engine(
     it the cost grows linearly)."""
     model = batched(target.model, max_batch, kv_memory, kv_dtype=kv_dtype)
     specs = {routes.default.drafter, *(r.drafter for r in routes.routing.values()), *routes.candidates}
+    k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
+    # without load control, one sequence's costs only: they price a chain's rows (stop=auto)
+    costs = measure(model, max_batch if load_control else 1, cost_k or min(k_max, 8))
     pool = DrafterPool(
-        drafters.DrafterContext(target, precision, device, backend, drafter_quant),
+        drafters.DrafterContext(target, precision, device, backend, drafter_quant, rows=costs.rows),
         sorted(specs, key=str),
         suffix_caches,
         any_drafter=any_drafter,
     )
-    k_max = max([routes.default.k, *(r.k for r in routes.routing.values())])
-    costs = measure(model, max_batch, cost_k or min(k_max, 8)) if load_control else None
     return Engine(
         model,
         target.tokenizer,
@@ -98,6 +100,7 @@ def build_engine(
         ServerMetrics(model_name, specs),
         queue_size=queue_size,
         costs=costs,
+        load_control=load_control,
         threads=threads,
         prefill_budget=prefill_budget,
         prefix_cache=PrefixCache(max_bytes=prefix_cache_mb << 20) if prefix_cache_mb > 0 else None,

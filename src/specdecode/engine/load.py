@@ -42,6 +42,13 @@ class BatchCosts:
         ratios = monotone([max(1.0, self._at(b, k + 1) / t1) for k in range(1, k_max + 1)])
         return CostModel(draft_s_per_token / t1, dict(zip(range(1, k_max + 1), ratios)), t1)
 
+    def rows(self) -> list[float]:
+        """One sequence's verify cost ratios [r(0) = 1, r(1), ..., r(K)] as they stand now (a drafter's
+        stop=auto prices its chain's rows by them: drafters/chain_stop.py)."""
+        k_max = max(n for b, n in self.times if b == 1) - 1
+        cost = self.cost(1, 0.0, k_max)
+        return [1.0] + [cost.r(k) for k in range(1, k_max + 1)]
+
     def cap(self, b: int, profile: list[float], k_max: int, draft_s_per_token: float = 0.0) -> int:
         """The best k at batch size b for a drafter with this conditional acceptance profile."""
         if b <= 1 or not profile:

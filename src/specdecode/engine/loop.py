@@ -79,6 +79,7 @@ class Engine:
         *,
         queue_size: int = 64,
         costs: BatchCosts | None = None,
+        load_control: bool = True,  # cap k for the batch size from `costs` (else they price rows only)
         threads: int | None = None,
         prefill_budget: int = PREFILL_BUDGET,
         prefix_cache: PrefixCache | None = None,
@@ -92,7 +93,7 @@ class Engine:
         self.k_for_batch = config.k_for_batch if config.k_by_batch_size else None
         # long prompts go in chunks beside the others' steps, at most prefill_budget of work a step
         self.core = BatchDecoder(model, prefix_cache, PrefillBudget(prefill_budget))
-        self.pool, self.metrics, self.costs = pool, metrics, costs
+        self.pool, self.metrics, self.costs, self.load_control = pool, metrics, costs, load_control
         self.queue_size = queue_size
         self.threads = threads or torch.get_num_threads()
         self.waiting: deque[RequestState] = deque()
@@ -371,7 +372,7 @@ class Engine:
             return k  # load control leaves a seeded request's k alone: same text alone and in a full batch
         if self.k_for_batch is not None:
             k = self.k_for_batch(len(self.running), k)
-        if self.costs is not None and known is not None and known.drafted >= 32:
+        if self.load_control and self.costs is not None and known is not None and known.drafted >= 32:
             k = min(
                 k,
                 self.costs.cap(
