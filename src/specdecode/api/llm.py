@@ -40,7 +40,7 @@ class LLM:
     """A target model with a drafter. model: None (the default SmolLM2-135M-Instruct GGUF), a Hugging
     Face directory, a .gguf file or a hub id; drafter: a spec ("ngram", "eagle", "draft:DIR", ...,
     see `specdecode.drafters`) or a parsed Spec, None for the target's measured best where the
-    registry names one (`qwen2.5-coder-1.5b`: its 0.5B sibling beside n-gram lookup at k 8), else
+    registry names one (`qwen2.5-coder-1.5b`: n-gram lookup, then its shipped EAGLE head, k 8), else
     "ngram"; k: draft tokens per step (the most, when adaptive), None for the drafter's default (4);
     dtype: fp32, bf16, gguf, gguf-exact or auto (gguf for a GGUF file on CPU, else fp32), or a parsed
     Precision; `llm.precision` is the one it resolved to."""
