@@ -227,6 +227,7 @@ CHAIN = [0.9, 0.9, 0.5, 0.9, 0.9, 0.9]  # from token 0: survival 0.9, 0.81, 0.40
         (0.3, [1, 2, 3, 4, 5]),
         (0.95, []),
         (ChainStop(cost=0.2, row=0.3), [1, 2, 3]),  # keep while >= 0.3, draft on while >= 0.5
+        (ChainStop(cost=0.5), [1, 2, 3]),  # rows measured free: a draft pass alone ends the chain
         (ChainStop(rows=lambda: [1.0, 1.1, 1.5, 2.0]), [1, 2]),  # rows 0.1, 0.4, 0.5: 0.405 < 0.5
     ],
 )

@@ -35,7 +35,7 @@ class ChainStop:
 
     @property
     def active(self) -> bool:
-        return bool(self.fixed or self.row or self.rows)
+        return bool(self.fixed or self.cost or self.row or self.rows)
 
     def bars(self, k: int) -> tuple[list[float], list[float]]:
         """-> (keep, go_on), k each: token i (from 0) is kept while the chain's odds s_i >= keep[i],
