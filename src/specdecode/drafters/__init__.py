@@ -114,21 +114,20 @@ def _format_ngram(spec: Spec) -> str:
 
 
 def _build_ngram(spec: Spec, ctx) -> Drafter:
-    stop = spec.option("stop", 0)
-    if stop == "auto":  # rows priced as they cost now (chain_stop.py; lookup itself costs ~nothing)
-        stop = _auto_stop(spec, None, ctx, "lookup")
-    else:
-        stop = ChainStop(fixed=stop / 100)
+    stop = _chain_stop(spec, None, ctx, "lookup")  # lookup itself costs ~nothing
     return NgramDrafter(spec.option("max_n"), spec.option("min_n"), spec.option("b", 1), stop)
 
 
 # -- draft -----------------------------------------------------------------------------------------
 
 
-def _auto_stop(spec: Spec, draft, ctx: DrafterContext, step: str) -> ChainStop:
-    """stop=auto (chain_stop.py): a chain's rows priced by the engine's live costs where it has them,
-    else at v, and its `step` at c, both measured now over a target pass (draft_model.chain_costs;
-    draft None: a step that costs nothing)."""
+def _chain_stop(spec: Spec, draft, ctx: DrafterContext, step: str) -> ChainStop:
+    """A chain drafter's `stop` option (chain_stop.py): stop=P as a fraction, or stop=auto: rows priced by
+    the engine's live costs where it has them, else at v, and its `step` at c, both measured now over a
+    target pass (draft_model.chain_costs; draft None: a step that costs nothing)."""
+    stop = spec.option("stop", 0)
+    if stop != "auto":
+        return ChainStop(fixed=stop / 100)
     c, v = chain_costs(draft, ctx.target.model)
     stop = ChainStop(cost=c, row=v, rows=ctx.rows)
     print(
@@ -207,8 +206,7 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         tokenizer = draft.tokenizer if draft is not None else ctx.target.tokenizer
         token_map = frequent_tokens(tokenizer, spec.option("vocab"), min(model.vocab_size, vocab))
         model = model.with_head_rows(token_map)
-    stop, window = spec.option("stop", 0), spec.option("window")
-    stop = _auto_stop(spec, model, ctx, "a draft pass") if stop == "auto" else ChainStop(fixed=stop / 100)
+    stop, window = _chain_stop(spec, model, ctx, "a draft pass"), spec.option("window")
     if spec.option("b") is not None:  # stop: parsed below 100, and only with nodes= (_parse_draft)
         grow = stop.fixed or min(0.95, stop.cost + stop.bars(1)[0][0])  # a node pays a pass and a row
         return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"), token_map, grow, window)
@@ -240,14 +238,10 @@ def _build_medusa(spec: Spec, ctx: DrafterContext) -> Drafter:
 def _build_eagle(spec: Spec, ctx: DrafterContext) -> Drafter:
     from specdecode.drafters import eagle
 
-    stop = spec.option("stop", 0)
     drafter = eagle.load(
         spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"), spec.option("window")
     )
-    if stop == "auto":  # the head timed on the drafter just built
-        drafter.stop = _auto_stop(spec, eagle.HeadSteps(drafter), ctx, "a head step")
-    else:
-        drafter.stop = ChainStop(fixed=stop / 100)
+    drafter.stop = _chain_stop(spec, eagle.HeadSteps(drafter), ctx, "a head step")  # timed on it
     return drafter
 
 

@@ -33,6 +33,11 @@ class ChainStop:
     row: float = 0.0  # stop=auto: v, one verification row over a target step, measured at build
     rows: Rows | None = None  # stop=auto: the engine's live costs, when it has them
 
+    @classmethod
+    def of(cls, stop: "float | ChainStop") -> "ChainStop":
+        """A drafter's stop argument: P as a fraction (0: never stop), or a ChainStop as it is."""
+        return stop if isinstance(stop, ChainStop) else cls(fixed=stop)
+
     @property
     def active(self) -> bool:
         return bool(self.fixed or self.cost or self.row or self.rows)

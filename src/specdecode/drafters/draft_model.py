@@ -45,7 +45,7 @@ class DraftModelDrafter(DraftLM):
         """stop: keep a chain's tokens while the product of their draft probabilities is at least this,
         or pays their rows (a ChainStop, chain_stop.py); 0: never stop; window: draft_lm.py's."""
         super().__init__(model, target_vocab_size, token_map, window)
-        self.stop = stop if isinstance(stop, ChainStop) else ChainStop(fixed=stop)
+        self.stop = ChainStop.of(stop)
 
     def propose(self, context, k, params: Warp, generator):
         logits = self.align(self.sync(context))

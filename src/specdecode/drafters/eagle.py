@@ -283,7 +283,7 @@ class EagleDrafter(Drafter):
         read a prompt longer than SINK + window through its first SINK and last `window` positions."""
         self.head = pack_linears(head.eval(), target.kernels, target.int8_activations).float()  # the norms
         self.branches, self.nodes, self.window = branches, nodes, window
-        self.stop = stop if isinstance(stop, ChainStop) else ChainStop(fixed=stop)
+        self.stop = ChainStop.of(stop)
         self.target = target
         self.layers = tuple(layer_ids)
         self.token_map = token_map.to(target.device)

@@ -73,7 +73,7 @@ class NgramDrafter(Drafter):
         if branches < 1:
             raise UserError(f"ngram needs b >= 1 branches, got {branches}")
         self.max_n, self.min_n, self.branches = max_n, min_n, branches
-        self.stop = stop if isinstance(stop, ChainStop) else ChainStop(fixed=stop)
+        self.stop = ChainStop.of(stop)
         self.record = Record()
 
     def begin(self, prompt):
