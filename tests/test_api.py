@@ -48,6 +48,23 @@ def test_batched_greedy_generation_equals_plain_decoding_and_one_at_a_time(llm, 
         assert out.finish_reason == "length" and out.prompt in PROMPTS
 
 
+def test_stop_auto_chains_priced_by_the_engines_live_costs_equal_plain_decoding(
+    tiny_model_dir, tiny_draft_dir, plain
+):
+    """`stop=auto` through the engine: the drafters price their rows by the engine's measured r(n) (the
+    context's live costs, read at each proposal), and greedy output stays plain decoding's (fp32)."""
+    spec = f"fallback:ngram:stop=auto+draft:stop=auto:{tiny_draft_dir}"
+    priced = LLM(tiny_model_dir, spec, k=4, max_batch=2)
+    greedy = SamplingParams(temperature=0, max_tokens=20)
+    outs = priced.generate(PROMPTS, greedy)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(PROMPTS, greedy)]
+    assert sum(o.metrics.drafted for o in outs) > 0
+    members = priced._engine.pool.template(priced.spec).members
+    for member in members:
+        ratios = member.stop.rows()  # the engine's own costs, not a start-up figure
+        assert member.stop.rows is not None and ratios[0] == 1.0 and len(ratios) == 5
+
+
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(llm):
     params = [SamplingParams(temperature=0.9, seed=s, max_tokens=12) for s in (1, 2, 3)]
     batched = llm.generate(PROMPTS, params)
