@@ -283,6 +283,36 @@ def test_a_dynamic_tree_stops_growing_once_no_frontier_path_reaches_stop(stop, d
     assert max(confidence) == pytest.approx(0.6)
 
 
+def test_a_dynamic_tree_priced_by_rows_keeps_the_nodes_that_pay_and_grows_while_its_best_path_pays():
+    from specdecode.drafters.chain_stop import ChainStop
+    from specdecode.drafters.growth import Growth
+
+    root = torch.tensor([0.6, 0.3, 0.05, 0.05]).log()
+    child = torch.tensor([0.5, 0.3, 0.1, 0.1]).log()
+    calls = []
+
+    def children(frontier):
+        calls.append(frontier)
+        return child.expand(len(frontier), -1)
+
+    # rows cost 0.1, 0.1, 0.2, 0.2, ... of a step; a level costs 0.05 more
+    stop = ChainStop(cost=0.05, rows=lambda: [1.0, 1.1, 1.2, 1.4, 1.6])
+    growth = Growth()
+    tree, confidence = growth.dynamic(root, 4, 2, 100, children, stop)
+    # level 1: 0.6 and 0.3 pay 0.1 each; level 2's best 0.3 pays the third row (0.2), 0.18 not the fourth;
+    # level 3's best frontier path (0.15) does not pay a step and a row (0.25): two levels drafted
+    assert len(calls) == 2 and max(growth.depth) == 3
+    assert sorted(confidence, reverse=True) == pytest.approx([0.6, 0.3, 0.3])
+    assert tree.parents.count(-1) == 2 and len(tree) == 3
+    fixed = Growth()  # stop=P as a ChainStop: the frontier's bar alone, every node kept
+    _, kept = fixed.dynamic(root, 4, 2, 100, children, ChainStop(fixed=0.25))
+    assert max(fixed.depth) == 3 and len(kept) == len(fixed.tokens)
+    dear = Growth()  # the first row costs more than the best token is worth: nothing drafted on
+    calls.clear()
+    tree, confidence = dear.dynamic(root, 4, 2, 100, children, ChainStop(rows=lambda: [1.0, 1.7]))
+    assert not calls and not confidence and len(tree) == 0
+
+
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "dynamic-tree"])
 def test_a_windowed_draft_reads_the_prompts_sink_and_tail_only(draft, tree):
     from specdecode.drafters.draft_lm import SINK

@@ -146,7 +146,7 @@ def test_stop_auto_is_the_measured_cost_of_a_draft_pass_and_a_verification_row(t
     """`draft:stop=auto:<model>` prices a chain's rows at v and its draft passes at c from chain_costs
     (in target steps), timed on forks of both models: neither the target's cache nor the draft's
     changes; a chain keeps a token while its odds pay v and drafts on while they pay c + v, so a draft
-    pass of a whole step or more drafts one token at most; a dynamic tree grows while they pay c + v."""
+    pass of a whole step or more drafts one token at most; a dynamic tree is priced alike."""
     from specdecode.drafters.draft_model import chain_costs
 
     target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
@@ -164,7 +164,9 @@ def test_stop_auto_is_the_measured_cost_of_a_draft_pass_and_a_verification_row(t
     assert keep == pytest.approx([0.1] * 3) and go_on == pytest.approx([0.35] * 3)  # v; c + v
     assert seen[0][1] is target.model and seen[0][0].vocab_size < target.model.vocab_size  # the cut head
     monkeypatch.setattr(drafters, "chain_costs", lambda draft, tgt: (3.0, 0.2))
-    assert drafters.build(f"draft:b=2:nodes=6:stop=auto:{tiny_gguf}", ctx).stop == 0.95
+    tree_stop = drafters.build(f"draft:b=2:nodes=6:stop=auto:{tiny_gguf}", ctx).stop
+    keep, go_on = tree_stop.bars(2)
+    assert keep == pytest.approx([0.2] * 2) and go_on == pytest.approx([3.2] * 2)  # a row; a pass and a row
 
 
 def test_ngram_chains_cut_by_their_record_stay_lossless(tiny_gguf):
@@ -195,7 +197,7 @@ def test_a_dynamic_draft_tree_with_a_confidence_stop_stays_lossless(tiny_gguf):
     target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
     ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
     drafter = drafters.build(f"draft:b=2:nodes=6:vocab=200:stop=5:{tiny_gguf}", ctx)
-    assert drafter.stop == 0.05 and drafter.nodes == 6
+    assert drafter.stop.fixed == 0.05 and drafter.nodes == 6
     proposals = record_proposals(drafter)
     assert_lossless(target, drafters.build("none", ctx), drafter, PROMPTS, k=4, max_new_tokens=24)
     assert proposals and all(1 <= p.tokens.numel() <= 6 for p in proposals)

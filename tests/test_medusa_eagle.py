@@ -350,7 +350,7 @@ def test_eagle_head_tree_step_equals_feeding_each_path_as_a_chain():
             torch.testing.assert_close(level2[second - 2], x2[0], atol=1e-5, rtol=1e-5)
 
 
-TREES = [("medusa", "b=3:nodes=8"), ("eagle", "b=3:nodes=10"), ("eagle", "b=2")]
+TREES = [("medusa", "b=3:nodes=8"), ("eagle", "b=3:nodes=10"), ("eagle", "b=2"), ("eagle", "b=3:nodes=10:stop=5")]
 
 
 @pytest.mark.parametrize("kind,options", TREES)
@@ -533,7 +533,6 @@ def test_eagle_stop_auto_prices_a_head_step_and_a_row_in_target_steps(target, tr
         ("eagle:b=0", "must be >= 1"),
         ("eagle:depth=2", "unknown eagle option"),
         ("eagle:stop=100", "percentage below 100"),
-        ("eagle:b=2:stop=20", "ends a chain"),
         ("medusa:stop=20", "unknown medusa option"),
         ("eagle:window=auto", "window needs an integer"),
         ("medusa:window=8", "unknown medusa option"),

@@ -208,8 +208,7 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
         model = model.with_head_rows(token_map)
     stop, window = _chain_stop(spec, model, ctx, "a draft pass"), spec.option("window")
     if spec.option("b") is not None:  # stop: parsed below 100, and only with nodes= (_parse_draft)
-        grow = stop.fixed or min(0.95, stop.cost + stop.bars(1)[0][0])  # a node pays a pass and a row
-        return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"), token_map, grow, window)
+        return DraftTreeDrafter(model, vocab, spec.option("b"), spec.option("nodes"), token_map, stop, window)
     return DraftModelDrafter(model, vocab, token_map, stop, window)
 
 
@@ -222,8 +221,6 @@ def _parse_heads(kind: str, extra: tuple[str, ...] = (), auto: tuple[str, ...] =
         stop = dict(options).get("stop")
         if stop not in (None, "auto") and stop >= 100:
             raise UserError(f"{kind} option stop=P is a percentage below 100, got {stop}")
-        if stop is not None and "b" in dict(options):
-            raise UserError(f"{kind} option stop=P ends a chain; a tree (b=B) grows by its own confidence")
         return Spec(kind, options, path or None)
 
     return parse_heads

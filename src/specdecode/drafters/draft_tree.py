@@ -7,7 +7,9 @@
   The shape never depends on the drawn tokens, which is what keeps sampled siblings lossless.
 - Dynamic (`b=B:nodes=N`): EAGLE-2's tree of N nodes grown B children at a time (growth.py), ranked
   by the draft's probabilities (its warped q when sampling); tokens are chosen, so q is one-hot.
-  `stop=P` ends the growth once no frontier path's draft probability reaches P% (as a chain's).
+  `stop=P` ends the growth once no frontier path's draft probability reaches P% (as a chain's);
+  `stop=auto` keeps the nodes whose path probability pays their verification rows and grows while the
+  best frontier path pays a draft pass and the next row (chain_stop.py's rule, growth.dynamic).
 
 The draft model's cache holds the committed context; tree nodes are fed after it and dropped again
 once the tree is built (the next step re-feeds what was accepted together with the new token).
@@ -20,6 +22,7 @@ import torch
 from specdecode.core.drafter import Proposal
 from specdecode.core.sampling import Warp, argmax, warp
 from specdecode.core.tree import Tree
+from specdecode.drafters.chain_stop import ChainStop
 from specdecode.drafters.draft_lm import DraftLM
 from specdecode.drafters.growth import Growth, draft_dist
 from specdecode.errors import UserError
@@ -35,12 +38,13 @@ class DraftTreeDrafter(DraftLM):
         branches: int,
         nodes: int | None = None,
         token_map=None,
-        stop=0.0,
+        stop: float | ChainStop = 0.0,
         window: int | None = None,
     ):
         """token_map: [Vd] the target ids of a draft vocabulary's logits (`vocab=N`), else None; stop: a
-        dynamic tree stops growing once no frontier path's draft probability reaches it (0: never);
-        window: draft_lm.py's."""
+        dynamic tree stops growing once no frontier path's draft probability reaches it (0: never), or
+        a ChainStop that prices its nodes' rows and its draft passes (growth.dynamic); window:
+        draft_lm.py's."""
         super().__init__(model, target_vocab_size, token_map, window)
         if branches < 1 or (nodes is not None and nodes < 1):
             raise UserError(f"draft tree needs b >= 1 and nodes >= 1, got b={branches} nodes={nodes}")

@@ -387,7 +387,8 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def tree(self, context: list[int], k: int, params: Warp) -> Proposal:
-        """EAGLE-2's dynamic tree of up to `nodes` nodes, at most k deep, over target ids."""
+        """EAGLE-2's dynamic tree of up to `nodes` nodes, at most k deep, over target ids; with a stop
+        (stop=P or auto) it grows and keeps only the nodes that pay for themselves (growth.dynamic)."""
         if not self._sync(context):
             return Proposal.empty()
         growth, outputs = Growth(), {-1: self.root}  # node -> the head's output after it [1, H]
@@ -404,8 +405,15 @@ class EagleDrafter(Drafter):
             return logq(logits)
 
         tree, confidence = growth.dynamic(
-            logq(self.root_logits)[0], k, self.branches, self.nodes or self.branches * k, children_logq
+            logq(self.root_logits)[0],
+            k,
+            self.branches,
+            self.nodes or self.branches * k,
+            children_logq,
+            self.stop,
         )
+        if not confidence:  # stop=auto: no node pays its row
+            return Proposal.empty()
         return Proposal.of_tree(
             Tree([self.token_ids[t] for t in tree.tokens], tree.parents), confidence=confidence
         )

@@ -22,6 +22,7 @@ import torch
 
 from specdecode.core.sampling import Warp, warp
 from specdecode.core.tree import Tree, best_nodes
+from specdecode.drafters.chain_stop import ChainStop
 
 
 def draft_dist(logits: torch.Tensor, params: Warp) -> torch.Tensor:
@@ -74,12 +75,21 @@ class Growth:
         b: int,
         budget: int,
         children_logq: Callable[[list[int]], torch.Tensor],
-        stop: float = 0.0,
+        stop: float | ChainStop = 0.0,
     ) -> tuple[Tree, list[float]]:
         """root_logq: [V] draft log-probabilities after the last committed token; children_logq
-        (frontier nodes) -> [F, V] after each of them. Grows k levels, or fewer once no frontier path's
-        draft probability reaches `stop` -> (the best `budget` nodes, [budget] each kept node's path
-        probability under the draft)."""
+        (frontier nodes) -> [F, V] after each of them. Grows k levels, or fewer -> (the best `budget`
+        nodes, or fewer, [n] each kept node's path probability under the draft).
+
+        stop=P (a fraction, or a ChainStop fixed at P): the growth ends once no frontier path's draft
+        probability reaches P. A ChainStop that prices rows (stop=auto) judges a tree as a chain
+        (chain_stop.py): a node is expected to save a target step with its path probability, so the
+        nodes, best first, are kept while each pays its own verification row, and the tree grows a
+        level only while its best frontier path pays a drafter step and the next row."""
+        priced = isinstance(stop, ChainStop) and stop.active and not stop.fixed
+        keep, go_on = stop.bars(budget) if priced else ([], [])
+        if isinstance(stop, ChainStop) and not priced:
+            stop = stop.fixed
 
         def expand(parent: int, logq: torch.Tensor) -> list[int]:
             top = logq.topk(min(b, logq.shape[-1]))
@@ -93,8 +103,23 @@ class Growth:
         level = expand(-1, root_logq)
         for _ in range(1, k):
             frontier = sorted(sorted(level, key=lambda i: -self.scores[i])[:b])
-            if not frontier or (stop and max(self.scores[i] for i in frontier) < math.log(stop)):
+            if not frontier:
+                break
+            best = math.exp(max(self.scores[i] for i in frontier))
+            if priced:
+                paid = self.paid(keep)
+                if not paid or best < go_on[paid - 1]:
+                    break
+            elif stop and best < stop:
                 break
             level = [c for node, logq in zip(frontier, children_logq(frontier)) for c in expand(node, logq)]
-        kept = best_nodes(self.parents, self.scores, budget)
+        kept = best_nodes(self.parents, self.scores, self.paid(keep) if priced else budget)
         return self.tree().subset(kept), [math.exp(self.scores[i]) for i in kept]
+
+    def paid(self, keep: list[float]) -> int:
+        """How many nodes, best path probability first, pay their rows: node i's probability >= keep[i]."""
+        ranked = sorted(self.scores, reverse=True)
+        n = 0
+        while n < min(len(ranked), len(keep)) and math.exp(ranked[n]) >= keep[n]:
+            n += 1
+        return n
