@@ -350,7 +350,12 @@ def test_eagle_head_tree_step_equals_feeding_each_path_as_a_chain():
             torch.testing.assert_close(level2[second - 2], x2[0], atol=1e-5, rtol=1e-5)
 
 
-TREES = [("medusa", "b=3:nodes=8"), ("eagle", "b=3:nodes=10"), ("eagle", "b=2"), ("eagle", "b=3:nodes=10:stop=5")]
+TREES = [
+    ("medusa", "b=3:nodes=8"),
+    ("eagle", "b=3:nodes=10"),
+    ("eagle", "b=2"),
+    ("eagle", "b=3:nodes=10:stop=5"),
+]
 
 
 @pytest.mark.parametrize("kind,options", TREES)
