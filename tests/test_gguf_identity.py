@@ -203,6 +203,19 @@ def test_a_dynamic_draft_tree_with_a_confidence_stop_stays_lossless(tiny_gguf):
     assert proposals and all(1 <= p.tokens.numel() <= 6 for p in proposals)
 
 
+def test_a_dynamic_draft_tree_priced_by_its_rows_stays_lossless(tiny_gguf):
+    """`draft:b=B:nodes=N:stop=auto:<model>`: nodes kept while they pay their rows, levels grown while
+    the best frontier path pays a draft pass and a row (growth.dynamic); greedy output is plain
+    decoding's (fp32), and no proposal exceeds the node budget."""
+    target = models.load(tiny_gguf, Precision.parse("fp32"), "cpu")
+    ctx = drafters.DrafterContext(target, Precision.parse("fp32"))
+    drafter = drafters.build(f"draft:b=2:nodes=6:vocab=200:stop=auto:{tiny_gguf}", ctx)
+    assert drafter.stop.active and not drafter.stop.fixed
+    proposals = record_proposals(drafter)
+    assert_lossless(target, drafters.build("none", ctx), drafter, PROMPTS, k=4, max_new_tokens=24)
+    assert proposals and all(p.tokens.numel() <= 6 for p in proposals)
+
+
 def run_in_cache(target, requests, kv_blocks: int | None, window: int, drafter: str = "ngram"):
     """The requests through an engine of 3 slots (serving `drafter` and none, k 4) whose KV cache holds
     `kv_blocks` blocks (None: room to spare), `window` submitted at a time -> ({id(request): Done},

@@ -355,6 +355,7 @@ TREES = [
     ("eagle", "b=3:nodes=10"),
     ("eagle", "b=2"),
     ("eagle", "b=3:nodes=10:stop=5"),
+    ("eagle", "b=3:nodes=10:stop=auto"),
 ]
 
 
