@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     from specdecode.backends import models
     from specdecode.backends.precision import Precision
     from specdecode.core.sampling import Warp
-    from specdecode.drafters.eagle import EagleDrafter, EagleHead
+    from specdecode.drafters.eagle import EagleDrafter
+    from specdecode.drafters.eagle_head import EagleHead
     from specdecode.train.eagle import default_layers
 
     target = models.load(a.target, Precision.parse(a.dtype)).model

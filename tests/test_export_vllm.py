@@ -19,7 +19,7 @@ from specdecode.backends import models
 from specdecode.backends.precision import FP32
 from specdecode.decoding.config import Route, SpecConfig
 from specdecode.drafters import parse
-from specdecode.drafters.eagle import KVCache, head_from_config, rope_tables
+from specdecode.drafters.eagle_head import KVCache, head_from_config, rope_tables
 from specdecode.errors import UserError
 from specdecode.export import vllm
 from specdecode.export import vllm_checkpoints as ckpt

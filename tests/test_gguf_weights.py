@@ -467,7 +467,8 @@ def test_the_eagle_heads_native_step_follows_its_torch_step(tiny_gguf):
     drafts the same tokens. A pair stack refuses a call without the embedding rows."""
     import copy
 
-    from specdecode.drafters.eagle import EagleDrafter, EagleHead
+    from specdecode.drafters.eagle import EagleDrafter
+    from specdecode.drafters.eagle_head import EagleHead
 
     target = models.load(tiny_gguf, GGUF, "cpu").model
     torch.manual_seed(0)

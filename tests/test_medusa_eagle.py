@@ -17,7 +17,7 @@ from specdecode.backends.precision import FP32
 from specdecode.core.sampling import Warp
 from specdecode.decoding.control import AdaptiveK, CostModel
 from specdecode.decoding.generation import generate
-from specdecode.drafters.eagle import EagleHead, KVCache, rope_tables
+from specdecode.drafters.eagle_head import EagleHead, KVCache, rope_tables
 from specdecode.errors import UserError
 from train_fixtures import PROMPTS, make_data
 
@@ -226,7 +226,7 @@ def test_the_shipped_heads_are_found_for_their_targets_with_the_shapes_their_con
     from safetensors import safe_open
 
     from specdecode.backends import checkpoint
-    from specdecode.drafters.eagle import head_from_config
+    from specdecode.drafters.eagle_head import head_from_config
 
     shipped = sorted(checkpoint.SHIPPED.glob("eagle-*"))
     assert shipped  # Qwen2.5-Coder-1.5B's

@@ -54,7 +54,7 @@ EAGLE3_TARGETS = frozenset(
     Qwen3_5ForCausalLM Qwen3_5MoeForCausalLM SarvamMLAForCausalLM Step1ForCausalLM TeleChat2ForCausalLM
     TeleFLMForCausalLM""".split()
 )
-# how our EAGLE head computes (drafters/eagle.py), in vLLM 0.32's llama_eagle3.py switches
+# how our EAGLE head computes (drafters/eagle_head.py), in vLLM 0.32's llama_eagle3.py switches
 EAGLE3_VARIANT = {
     "norm_before_residual": False,  # the residual is the fused feature g itself
     "norm_before_fc": False,  # fc reads the raw concatenated target layers

@@ -1,4 +1,4 @@
-"""`specdecode train eagle`: an EAGLE-3-style head (drafters/eagle.py) by self-distillation.
+"""`specdecode train eagle`: an EAGLE-3-style head (drafters/eagle_head.py) by self-distillation.
 
 Per batch: whole sequences (their last `window` tokens), the target's captured low/mid/high layer
 features and final hidden states from features.py. Loss: KL from the target's next-token
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from specdecode.backends import checkpoint
 from specdecode.backends.layer import norm_offset, norm_weight
-from specdecode.drafters.eagle import EagleHead, head_from_config, rope_tables
+from specdecode.drafters.eagle_head import EagleHead, head_from_config, rope_tables
 from specdecode.errors import UserError
 from specdecode.train import features, loop
 from specdecode.train.corpus import TrainingSet, load
