@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from specdecode.backends.embedding import CACHED_ROWS
 from specdecode.backends.precision import FLOATS, FP32, Precision
 from specdecode.errors import UserError
 
@@ -149,7 +150,8 @@ def _joined(kinds: set[str]) -> tuple[int, int]:
 def gguf_weight_bytes(path) -> int:
     """Resident bytes of a GGUF file's weights at --dtype gguf: its matrices in tile.h's layout (the LM
     head too, tied or not), small tensors and formats without a tile kernel as float32; the token
-    embedding stays in the file's mapping (rows read on lookup: not counted)."""
+    embedding stays in the file's mapping (rows read on lookup: not counted) but for the rows last
+    looked up, kept as float32 (embedding.CACHED_ROWS)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     from specdecode.backends.gguf_file import read
@@ -168,14 +170,17 @@ def gguf_weight_bytes(path) -> int:
                         joined.update(dict.fromkeys(same, _joined({tensors[m][0] for m in same})))
     total = 0
     for name, (kind, raw) in tensors.items():
-        if name == "token_embd.weight" and "output.weight" in tensors:
-            continue  # untied: the head is a tensor of its own
         rows = raw.shape[0]
-        if kind in ("F32", "F16", "BF16"):
+        per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        floats = kind in ("F32", "F16", "BF16")  # raw holds values, not blocks
+        cols = raw.size // rows if floats else raw.shape[1] // block_bytes * per_block
+        if name == "token_embd.weight":
+            total += CACHED_ROWS * cols * 4
+            if "output.weight" in tensors:
+                continue  # untied: the head is a tensor of its own
+        if floats:
             total += raw.size * 4
             continue
-        per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
-        cols = raw.shape[1] // block_bytes * per_block
         if kind in TILE_BYTES:
             quant, scale = joined.get(name, TILE_BYTES[kind])
             total += -(-rows // 16) * (cols // 32) * (quant + scale)
