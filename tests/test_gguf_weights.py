@@ -17,7 +17,7 @@ from conftest import make_llama, make_tokenizer
 from gguf_fixtures import BLOCKS, random_blocks, write_tiny_gguf
 from helpers import assert_lossless, assert_stack_is_per_op
 from specdecode import drafters
-from specdecode.backends import gguf_file, gguf_repack, gguf_weights, kernels, layer, models
+from specdecode.backends import embedding, gguf_file, gguf_repack, gguf_weights, kernels, layer, models
 from specdecode.backends.precision import FP32, GGUF, GGUF_EXACT, Precision
 from specdecode.backends.stack import ONE_BLOCK
 from specdecode.core.sampling import Warp
@@ -836,7 +836,7 @@ def test_bench_runs_hf_peers_in_the_float_pass_of_a_mixed_dtype_run(tiny_gguf, t
 def test_the_memory_estimate_counts_the_loaded_tiles_bytes(tiny_gguf, capsys):
     """`specdecode memory --dtype gguf`'s weights are the bytes the loaded model holds: every linear's
     tiles (scales and quants, q|k|v and gate|up fused), the LM head's, the norms in float32; the token
-    embedding stays in the file's mapping."""
+    embedding stays in the file's mapping but for the rows it keeps as floats, at most CACHED_ROWS."""
     from specdecode.cli import main
     from specdecode.decoding import memory
 
@@ -850,6 +850,13 @@ def test_the_memory_estimate_counts_the_loaded_tiles_bytes(tiny_gguf, capsys):
     linears = [lin for layer in m.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     norms = [t for layer in m.layers for t in (layer.norm1, layer.norm2)] + [m.final_norm]
     loaded = sum(map(held, linears + [m.lm_head])) + sum(t.nbytes for t in norms)
+    table = m.embedding.table
+    table.cache.clear()
+    table.rows(np.arange(7))  # a lookup of a few rows fills the cache: float32 rows, bounded
+    vocab, hidden = table.shape
+    cached = min(vocab, embedding.CACHED_ROWS) * hidden * 4
+    assert sum(r.nbytes for r in table.cache.values()) == 7 * hidden * 4 <= cached
+    loaded += cached
     assert memory.gguf_weight_bytes(tiny_gguf) == loaded
     main(["memory", "--target", str(tiny_gguf), "--dtype", "gguf", "--batch", "3", "--context", "300"])
     out = capsys.readouterr().out

@@ -175,7 +175,7 @@ def gguf_weight_bytes(path) -> int:
         floats = kind in ("F32", "F16", "BF16")  # raw holds values, not blocks
         cols = raw.size // rows if floats else raw.shape[1] // block_bytes * per_block
         if name == "token_embd.weight":
-            total += CACHED_ROWS * cols * 4
+            total += min(rows, CACHED_ROWS) * cols * 4  # the rows kept as floats, at most
             if "output.weight" in tensors:
                 continue  # untied: the head is a tensor of its own
         if floats:
