@@ -460,7 +460,8 @@ def test_a_chain_from_token_ids_gives_the_stacks_bits_and_names_a_bad_id(tiny_gg
 
 
 @needs_tiles
-def test_the_eagle_heads_native_step_follows_its_torch_step(tiny_gguf):
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_eagle_heads_native_step_follows_its_torch_step(tiny_gguf, bits):
     """Beside a gguf target on VNNI, an EAGLE draft step is one native call (a one-layer stack whose q|k|v
     read the pair [norm_emb(embed(token)); norm_feat(feature)]): the features it syncs, the logits and
     outputs of its chain and tree steps follow the head's torch step on the same 8-bit linears, and it
@@ -476,8 +477,11 @@ def test_the_eagle_heads_native_step_follows_its_torch_step(tiny_gguf):
     for p in head.parameters():  # trained-looking norms, not all ones
         p.data.add_(0.05 * torch.randn_like(p))
     token_map = torch.randperm(target.vocab_size)[:200]
-    native = EagleDrafter(copy.deepcopy(head), token_map, target, (0, 1))
-    eager = EagleDrafter(head, token_map, target, (0, 1))
+    native = EagleDrafter(copy.deepcopy(head), token_map, target, (0, 1), bits=bits)
+    eager = EagleDrafter(head, token_map, target, (0, 1), bits=bits)
+    assert {lin.linear.parts[0].kind for lin in (native.head.qkv, native.head.down)} == {
+        "q4" if bits == 4 else "q8"
+    }
     assert native.native is not None
     eager.native = None
     context = torch.randint(target.vocab_size, (30,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -720,6 +724,17 @@ def test_a_head_trained_on_the_quantized_targets_features_serves_it_losslessly(
     assert packed and all(isinstance(f, gguf_weights.QuantLinear) for f in packed)
     assert head.native is not None  # a draft step is one native call
     assert_lossless(target, plain, head, PROMPTS[:3], k=3, max_new_tokens=30)
+    four = drafters.build(f"eagle:bits=4:{tmp_path / 'gguf'}", ctx)  # its linears at 4 bits: still exact
+    assert {m.linear.parts[0].kind for m in four.head.modules() if isinstance(m, layer.PackedLinear)} == {
+        "q4"
+    }
+    assert four.native is not None
+    assert_lossless(target, plain, four, PROMPTS[:3], k=3, max_new_tokens=30)
+    with pytest.raises(UserError, match="bits= is 4 or 8"):
+        drafters.parse("eagle:bits=5")
+    floats = models.load(tiny_gguf, FP32, "cpu")
+    with pytest.raises(UserError, match="bits=4 needs a --dtype gguf target"):
+        drafters.build(f"eagle:bits=4:{tmp_path / 'gguf'}", drafters.DrafterContext(floats, FP32))
     # the server's batched core: three rows at once, each with its fork of the head (the native stack shared)
     from specdecode.backends.batch_model import batched
     from test_batch_decoder import MAX_NEW, together
@@ -775,6 +790,20 @@ def test_quantize_q8_rounds_each_16_weights_to_their_scale():
         gguf_repack.quantize_q8(torch.randn(4, 48))
 
 
+def test_quantize_q4_rounds_each_32_weights_to_15_steps_above_their_minimum():
+    w = torch.randn(6, 64, generator=torch.Generator().manual_seed(7))
+    w[1, 32:] = 0.25  # a constant block: step 0, every weight its minimum
+    m = gguf_repack.quantize_q4(w)
+    assert m.kind == "q4" and m.shape == (6, 64) and m.quants.shape == (6, 32)
+    blocks = w.view(6, 2, 32)
+    step = (blocks.amax(-1, keepdim=True) - blocks.amin(-1, keepdim=True)) / 15
+    err = (m.dequantize() - w).view(6, 2, 32).abs()
+    assert (err <= step / 2 + 1e-6).all() and torch.equal(m.dequantize()[1, 32:], w[1, 32:])
+    assert torch.equal(m.dequantize().view(6, 2, 32).amin(-1), blocks.amin(-1))  # the minimum is exact
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gguf_repack.quantize_q4(torch.randn(4, 48))
+
+
 @needs_tiles
 def test_a_drafter_head_beside_an_int8_target_takes_the_targets_int8_path():
     g = torch.Generator().manual_seed(6)
@@ -783,6 +812,11 @@ def test_a_drafter_head_beside_an_int8_target_takes_the_targets_int8_path():
     assert isinstance(int8, gguf_weights.QuantLinear) and int8.interleaved
     ref = x @ w.T + b
     torch.testing.assert_close(int8(x), ref, rtol=0, atol=0.03 * float(ref.abs().max()))
+    four = layer.head_linear(w, ops, b, int8=True, bits=4)  # Q4_1-style blocks, the same kernels
+    assert isinstance(four, gguf_weights.QuantLinear) and four.interleaved
+    q4 = x @ gguf_repack.quantize_q4(w).dequantize().T + b  # what its weights are, in float
+    torch.testing.assert_close(four(x), q4, rtol=0, atol=0.03 * float(q4.abs().max()))
+    assert float((four(x) - ref).abs().max()) > float((int8(x) - ref).abs().max())  # 4 bits: coarser
     assert isinstance(layer.head_linear(w, ops, b), layer.FusedLinear)  # beside a float target
 
 

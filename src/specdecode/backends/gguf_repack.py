@@ -75,6 +75,27 @@ def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
     return QuantMatrix("q8", scales, quants)
 
 
+def quantize_q4(weight: torch.Tensor) -> QuantMatrix:
+    """[N, K] float weights (K a multiple of 32) -> a "q4" QuantMatrix as Q4_1 lays it out: each block
+    of 32 weights as 4-bit steps s = (max - min) / 15 above its minimum o, rounded to nearest (within
+    s / 2 of the weight). For heads that run beside a GGUF target at 4 bits (`eagle:bits=4`)."""
+    n, k = weight.shape
+    if k % 32:
+        raise ValueError(f"quantize_q4: {k} inputs is not a multiple of 32")
+    scales = torch.empty(n, k // 32, 2)
+    quants = torch.empty(n, k // 2, dtype=torch.uint8)
+    for i in range(0, n, 1024):  # a slice of rows at a time, as quantize_q8
+        rows = slice(i, i + 1024)
+        w = weight[rows].detach().float().cpu().reshape(-1, k // 32, 32)
+        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        s = (high - low) / 15
+        q = torch.where(s > 0, (w - low) / s.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+        q = q.round().clamp(0, 15).to(torch.uint8)
+        scales[rows] = torch.cat([s, low], -1)
+        quants[rows] = (q[..., :16] | (q[..., 16:] << 4)).reshape(-1, k // 2)
+    return QuantMatrix("q4", scales, quants)
+
+
 def concat(matrices: list[QuantMatrix]) -> QuantMatrix | None:
     """Row-wise concatenation (fused q|k|v, gate|up), or None when the layouts differ."""
     if len({m.kind for m in matrices}) != 1 or len({m.shape[1] for m in matrices}) != 1:

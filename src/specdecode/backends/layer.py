@@ -14,7 +14,7 @@ from torch import nn
 
 from specdecode.backends import kernels as fused_kernels
 from specdecode.backends import quant
-from specdecode.backends.gguf_repack import quantize_q8
+from specdecode.backends.gguf_repack import quantize_q4, quantize_q8
 from specdecode.backends.gguf_weights import QuantLinear
 
 # Families whose forward is Llama's up to named switches (Layer, FastLlama.__init__): q/k/v biases
@@ -76,15 +76,19 @@ class FusedLinear:
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def head_linear(weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None, int8: bool = False):
+def head_linear(
+    weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None, int8: bool = False, bits: int = 8
+):
     """A drafter's linear at inference: beside a target whose linears take 8-bit activations (`int8`,
     `--dtype gguf`), the target's own path: the weight quantized to 8 bits per 16
-    (gguf_repack.quantize_q8) in the interleaved layout, a quarter of fp32's bytes; else with the
+    (gguf_repack.quantize_q8) in the interleaved layout, a quarter of fp32's bytes, or with `bits` 4 to
+    4 bits per 32 (quantize_q4: a head step streams ~40% fewer bytes); else with the
     target's fused kernels (`ops`, FastLlama.kernels) FusedLinear over the weight in bfloat16, which
     reads half of fp32's bytes and, for the one row of a draft step, beats oneDNN's fp32 product
     (docs/results/bf16_head_linears_heldout2_zen4_2threads.json); else Linear."""
     if int8 and ops is not None and weight.shape[1] % 32 == 0:
-        return QuantLinear(ops, [quantize_q8(weight)], int8_activations=True, bias=bias)
+        quantize = quantize_q4 if bits == 4 else quantize_q8
+        return QuantLinear(ops, [quantize(weight)], int8_activations=True, bias=bias)
     if ops is not None and weight.shape[1] % 16 == 0:
         return FusedLinear(ops, weight.bfloat16(), bias)
     return Linear(weight, bias)
@@ -93,24 +97,25 @@ def head_linear(weight: torch.Tensor, ops=None, bias: torch.Tensor | None = None
 class PackedLinear(nn.Module):
     """Inference-only stand-in for an nn.Linear (head_linear)."""
 
-    def __init__(self, linear: nn.Linear, ops=None, int8: bool = False):
+    def __init__(self, linear: nn.Linear, ops=None, int8: bool = False, bits: int = 8):
         super().__init__()
         bias = linear.bias.detach().float() if linear.bias is not None else None
-        self.linear = head_linear(linear.weight.detach().float(), ops, bias, int8)  # bf16: a copy a linear
+        weight = linear.weight.detach().float()  # bf16: a copy a linear
+        self.linear = head_linear(weight, ops, bias, int8, bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
 
 
-def pack_linears(module: nn.Module, ops=None, int8: bool = False) -> nn.Module:
+def pack_linears(module: nn.Module, ops=None, int8: bool = False, bits: int = 8) -> nn.Module:
     """Replace every nn.Linear inside `module` by a PackedLinear (for drafter heads at inference);
     ops: the target's fused kernels (FastLlama.kernels), None for oneDNN's fp32 path; int8: the
-    target's linears take 8-bit activations (head_linear)."""
+    target's linears take 8-bit activations; bits: their weights' (8 or 4; head_linear)."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child, ops, int8))
+            setattr(module, name, PackedLinear(child, ops, int8, bits))
         else:
-            pack_linears(child, ops, int8)
+            pack_linears(child, ops, int8, bits)
     return module
 
 

@@ -14,9 +14,11 @@
                                            is; window: the draft reads a long prompt's first
                                            tokens and last W only (draft_lm.py)
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
-    eagle[:stop=P|auto][:window=W][:DIR]   stop: a chain keeps tokens while the product of the head's
+    eagle[:stop=P|auto][:window=W][:bits=4][:DIR]
+                                           stop: a chain keeps tokens while the product of the head's
                                            probabilities is >= P% (auto: as draft's); window: the head
-                                           reads a long prompt's first 4 and last W positions (eagle.py)
+                                           reads a long prompt's first 4 and last W positions (eagle.py);
+                                           bits=4: its linears at 4 bits beside a GGUF target (default 8)
     suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
                                            corpus (suffix.py)
     ensemble:A+B[+...]                     several drafters' proposals merged into one tree
@@ -221,6 +223,8 @@ def _parse_heads(kind: str, extra: tuple[str, ...] = (), auto: tuple[str, ...] =
         stop = dict(options).get("stop")
         if stop not in (None, "auto") and stop >= 100:
             raise UserError(f"{kind} option stop=P is a percentage below 100, got {stop}")
+        if dict(options).get("bits", 8) not in (4, 8):
+            raise UserError(f"{kind} option bits= is 4 or 8 (the head's weights beside a GGUF target)")
         return Spec(kind, options, path or None)
 
     return parse_heads
@@ -235,8 +239,11 @@ def _build_medusa(spec: Spec, ctx: DrafterContext) -> Drafter:
 def _build_eagle(spec: Spec, ctx: DrafterContext) -> Drafter:
     from specdecode.drafters import eagle
 
+    bits = spec.option("bits", 8)
+    if bits != 8 and not ctx.target.model.int8_activations:
+        raise UserError("eagle option bits=4 needs a --dtype gguf target (the head runs on its 8-bit path)")
     drafter = eagle.load(
-        spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"), spec.option("window")
+        spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"), spec.option("window"), bits
     )
     drafter.stop = _chain_stop(spec, eagle.HeadSteps(drafter), ctx, "a head step")  # timed on it
     return drafter
@@ -396,7 +403,12 @@ register(
 )
 register(Kind("medusa", _parse_heads("medusa"), _build_medusa, uses_features=True))
 register(
-    Kind("eagle", _parse_heads("eagle", ("stop", "window"), ("stop",)), _build_eagle, uses_features=True)
+    Kind(
+        "eagle",
+        _parse_heads("eagle", ("stop", "window", "bits"), ("stop",)),
+        _build_eagle,
+        uses_features=True,
+    )
 )
 register(
     Kind(

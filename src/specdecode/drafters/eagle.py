@@ -48,13 +48,15 @@ class EagleDrafter(Drafter):
         nodes: int | None = None,
         stop: float | ChainStop = 0.0,
         window: int | None = None,
+        bits: int = 8,
     ):
         """target: the target's CausalLM; the decoder feeds this drafter the rows of its layers
         `layer_ids` (self.layers). branches > 1 proposes trees of `nodes` nodes (default branches * k).
         stop: keep a chain's tokens while the product of their head probabilities is at least this, or
         pays their rows (a ChainStop, chain_stop.py); 0: never stop. window:
-        read a prompt longer than SINK + window through its first SINK and last `window` positions."""
-        self.head = pack_linears(head.eval(), target.kernels, target.int8_activations).float()  # the norms
+        read a prompt longer than SINK + window through its first SINK and last `window` positions. bits:
+        the head's linears beside a GGUF target at 8 or 4 bits a weight (layer.head_linear)."""
+        self.head = pack_linears(head.eval(), target.kernels, target.int8_activations, bits).float()  # norms
         self.branches, self.nodes, self.window = branches, nodes, window
         self.stop = ChainStop.of(stop)
         self.target = target
@@ -240,7 +242,12 @@ class HeadSteps:
 
 
 def load(
-    spec: str | None, loaded, branches: int = 1, nodes: int | None = None, window: int | None = None
+    spec: str | None,
+    loaded,
+    branches: int = 1,
+    nodes: int | None = None,
+    window: int | None = None,
+    bits: int = 8,
 ) -> EagleDrafter:
     """spec: a checkpoint directory from `specdecode train eagle`, or None for the shipped one."""
     from specdecode.backends import checkpoint
@@ -258,6 +265,7 @@ def load(
         branches,
         nodes,
         window=window,
+        bits=bits,
     )
     del tensors  # the file's tensors, now packed into the target's layout (the norms: float copies)
     trim_heap()  # with each linear's float copy freed as it was packed (1.5B's head: +105 MB resident)
