@@ -337,13 +337,41 @@ def test_a_narrower_eagle_head_starts_from_the_first_units_of_the_targets_last_m
     assert torch.equal(tensors["gate_up.weight"], gate_up.to(torch.bfloat16))  # lr 0: the start, exported
     assert torch.equal(tensors["down.weight"], mlp.down_proj.weight[:, :units].to(torch.bfloat16))
     build(f"eagle:{tmp_path / 'n'}", DrafterContext(target))  # its checkpoint loads at that width
-    assert eagle.mlp_width(full, 0.9) != units
-    with pytest.raises(UserError, match="keeps its checkpoint's MLP width"):
-        eagle.train(
-            target, data_dir, tmp_path / "m", Schedule(steps=1), width=0.9, init=str(tmp_path / "n"), **kw
-        )
     with pytest.raises(UserError, match="fraction of the target's"):
         eagle.train(target, data_dir, tmp_path / "m", Schedule(steps=1), width=1.5, **kw)
+
+
+def test_a_wider_eagle_head_from_a_checkpoint_computes_what_the_checkpoint_did(target, data_dir, tmp_path):
+    from specdecode.drafters.eagle_head import head_from_config, rope_tables
+
+    kw = dict(batch_tokens=128, vocab=300, window=64, layers="0,1")
+    eagle.train(target, data_dir, tmp_path / "n", Schedule(steps=5, save_every=5), width=0.5, **kw)
+    zero = Schedule(steps=1, lr=0.0, save_every=1)
+    eagle.train(target, data_dir, tmp_path / "w", zero, width=1.0, init=str(tmp_path / "n"), **kw)
+    eagle.train(target, data_dir, tmp_path / "k", zero, init=str(tmp_path / "n"), **kw)  # no width: kept
+    configs = {d: json.loads((tmp_path / d / "config.json").read_text()) for d in "nwk"}
+    full = target.model.hf.config.intermediate_size
+    assert configs["w"]["intermediate"] == full > configs["n"]["intermediate"] == configs["k"]["intermediate"]
+    heads = {}
+    for d in "nw":
+        tensors = load_file(tmp_path / d / "model.safetensors")
+        heads[d] = head_from_config(configs[d])
+        heads[d].load_state_dict({k: v.float() for k, v in tensors.items() if k != "token_map"})
+    units = configs["n"]["intermediate"]
+    mlp = target.model.hf.model.layers[-1].mlp
+    wide = heads["w"].gate_up.weight
+    assert torch.equal(wide[units:full], mlp.gate_proj.weight[units:].to(torch.bfloat16).float())  # new units
+    assert torch.equal(wide[full + units :], mlp.up_proj.weight[units:].to(torch.bfloat16).float())
+    assert not heads["w"].down.weight[:, units:].any()  # their outputs start at zero
+    torch.manual_seed(0)
+    h, t = configs["n"]["hidden"], 6
+    emb, fused = torch.randn(1, t, h), torch.randn(1, t, h * len(configs["n"]["layers"]))
+    cos, sin = rope_tables(target.model.hf, t)
+    with torch.no_grad():
+        narrow, wider = (heads[d].unroll(emb, fused, cos, sin, 2) for d in "nw")
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(narrow, wider, strict=True))
+    with pytest.raises(UserError, match="keeps at least its checkpoint's MLP width"):
+        eagle.train(target, data_dir, tmp_path / "m", zero, width=0.5, init=str(tmp_path / "w"), **kw)
 
 
 @pytest.mark.parametrize("kind", TRAINERS)

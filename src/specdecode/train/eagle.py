@@ -74,12 +74,13 @@ def train(
     topk: int = 0,
     topk_weight: float = 1.0,
     init: str = "",
-    width: float = 1.0,
+    width: float | None = None,
 ) -> loop.TrainResult:
     """schedule: steps (default 200), lr (default 1e-3), precision, checkpoints and held-out scoring
     (loop.Schedule). width: the head's MLP width over the target's (EAGLE-3's is 1; a narrower one
-    reads fewer weights a draft step, scripts/eagle_head_cost.py). init: start from this EAGLE
-    checkpoint (a directory, or "shipped") instead of the target's last layer, e.g. to train a head
+    reads fewer weights a draft step, scripts/eagle_head_cost.py; default 1, or with `init` the
+    checkpoint's; a wider one than the checkpoint's widens it, _load_widened). init: start from this
+    EAGLE checkpoint (a directory, or "shipped") instead of the target's last layer, e.g. to train a head
     further on more data; the head's weights do not depend on the draft vocabulary (its LM head is the
     target's), so the new data's token map is used. With schedule.val, the head's teacher-forced top-1
     agreement with the target is scored on the held-out sequences (data.split) per unrolled step
@@ -92,14 +93,7 @@ def train(
         checkpoint.load(None if init == "shipped" else init, "eagle", loaded) if init else ({}, {})
     )
     layer_ids = _layer_ids(layers, init, init_config, hf.config.num_hidden_layers)
-    intermediate = mlp_width(hf.config.intermediate_size, width)
-    if init and intermediate != init_config["intermediate"]:
-        if width != 1.0:
-            raise UserError(
-                f"--set width={width}: a head trained further keeps its checkpoint's MLP width "
-                f"({init_config['intermediate']})"
-            )
-        intermediate = init_config["intermediate"]
+    intermediate = _intermediate(hf.config.intermediate_size, width, init_config.get("intermediate"))
     corpus = load(
         loaded, data_dir, vocab=vocab, features_dir=features_dir, source=source, val=val, layer_ids=layer_ids
     )
@@ -109,10 +103,10 @@ def train(
     settings |= {"topk_weight": topk_weight, "seed": seed, "init": init or None}
     config = _config(hf.config, layer_ids, intermediate, corpus, settings, val)
     head = head_from_config(config)
-    if init:
-        head.load_state_dict({k: v.float() for k, v in init_tensors.items() if k != "token_map"})
-    else:
+    if not init or intermediate > init_config["intermediate"]:
         _init_from_target(head, hf.cpu() if loaded.model.device.type == "cpu" else hf)
+    if init:
+        _load_widened(head, {k: v.float() for k, v in init_tensors.items() if k != "token_map"})
     cos, sin = rope_tables(hf, window)
     objective = _Objective(
         corpus.feats,
@@ -143,6 +137,45 @@ def train(
         desc="eagle",
         evaluate=evaluate if corpus.val_ids else None,
     )
+
+
+def _intermediate(target_units: int, width: float | None, init_units: int | None) -> int:
+    """The head's MLP width: `width` x the target's (EAGLE-3's whole width by default); a head trained
+    further keeps its checkpoint's unless a wider one is asked for (never a narrower one: that would
+    drop trained units)."""
+    units = mlp_width(target_units, 1.0 if width is None else width)
+    if init_units is None:
+        return units
+    if width is None or units == init_units:
+        return init_units
+    if units < init_units:
+        raise UserError(
+            f"--set width={width}: a head trained further keeps at least its checkpoint's MLP width "
+            f"({init_units} units; that width is {units})"
+        )
+    return units
+
+
+def _load_widened(head: EagleHead, tensors: dict[str, torch.Tensor]) -> None:
+    """Load a checkpoint into `head`, whose MLP may be wider: the checkpoint's units fill the first
+    ones; the others keep their start from the target's last layer (_init_from_target) with their
+    output columns zero, so the widened head computes what the checkpoint did until training moves
+    them (a function-preserving widening, as Net2Net's)."""
+    units = tensors["down.weight"].shape[1]
+    if units == head.down.in_features:
+        head.load_state_dict(tensors)
+        return
+    gate, up = tensors.pop("gate_up.weight").chunk(2)
+    down = tensors.pop("down.weight")
+    missing, unexpected = head.load_state_dict(tensors, strict=False)
+    if set(missing) != {"gate_up.weight", "down.weight"} or unexpected:
+        raise UserError(f"--init: the checkpoint does not fit an EAGLE head ({missing=}, {unexpected=})")
+    wide = head.down.in_features
+    with torch.no_grad():
+        head.gate_up.weight[:units].copy_(gate)
+        head.gate_up.weight[wide : wide + units].copy_(up)
+        head.down.weight[:, :units].copy_(down)
+        head.down.weight[:, units:].zero_()
 
 
 def _layer_ids(layers: str, init: str, init_config: dict, num_layers: int) -> tuple[int, ...]:
