@@ -3,6 +3,7 @@ same state, atomic checkpoints, loss curve), token maps, and the `train` CLI."""
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,6 +103,43 @@ def test_an_interrupted_run_keeps_what_it_finished_and_resumes_to_the_same_data(
     make_data(target, tmp_path / "d")
     resumed = {s.id: (s.prompt_ids, s.response_ids) for s in data.read(tmp_path / "d")}
     assert resumed == {s.id: (s.prompt_ids, s.response_ids) for s in data.read(data_dir)}
+
+
+def test_a_run_stops_before_the_disk_fills_and_keeps_what_it_finished(
+    target, data_dir, tmp_path, monkeypatch
+):
+    """--min-free-gb: a disk already short refuses the run before any work; one that runs short stops
+    it after the shard that crossed the line, which a rerun (with room again) continues."""
+    import shutil
+    from collections import namedtuple
+
+    from specdecode.corpora import Prompt
+
+    usage, gb = namedtuple("usage", "total used free"), 2**30
+    free = [0.5 * gb]
+    monkeypatch.setattr(data.shutil, "disk_usage", lambda path: usage(100 * gb, 0, free[0]))
+    prompts = [(Prompt(text, str(i), "c"), None) for i, text in enumerate(PROMPTS)]
+    run = dict(drafter="ngram", max_new_tokens=40, shard_size=2, min_free_gb=1.0)
+    with pytest.raises(UserError, match=r"0\.5 GB free, under --min-free-gb 1"):
+        data.generate_data(target, prompts, tmp_path / "d", **run)
+    assert not list((tmp_path / "d").glob("shard-*"))
+    free[0] = 1.5 * gb
+    real = shutil.disk_usage
+
+    def shrinking(path):  # every shard written takes 0.3 GB
+        return usage(100 * gb, 0, 1.5 * gb - 0.3 * gb * len(list(Path(path).glob("*shard*"))))
+
+    monkeypatch.setattr(data.shutil, "disk_usage", shrinking)
+    with pytest.raises(UserError, match="every finished sequence is written"):
+        data.generate_data(target, prompts, tmp_path / "d", **run)
+    assert len(data.read(tmp_path / "d")) == 4  # two shards of two, then 0.9 GB free
+    assert json.loads((tmp_path / "d" / "manifest.json").read_text())
+    monkeypatch.setattr(data.shutil, "disk_usage", real)
+    seqs = data.generate_data(target, prompts, tmp_path / "d", **run)
+    resumed = {s.id: (s.prompt_ids, s.response_ids) for s in seqs}
+    assert resumed == {s.id: (s.prompt_ids, s.response_ids) for s in data.read(data_dir)}
+    with pytest.raises(UserError, match="min-free-gb must be at least 0"):
+        data.generate_data(target, prompts, tmp_path / "e", **{**run, "min_free_gb": -1})
 
 
 def test_a_sampled_pass_adds_a_second_answer_per_prompt_beside_the_greedy_ones(

@@ -31,6 +31,12 @@ def add_parser(sub, model_args, setup) -> None:
     model_args(q)
     q.set_defaults(run=cmd_prompts, setup=setup, exact_auto=True)
 
+    c = tsub.add_parser(
+        "compact", help="rewrite a feature store's float32 final hidden rows in bfloat16 (half their size)"
+    )
+    c.add_argument("store", help="the feature store (DATA/features, or a trainer's --features)")
+    c.set_defaults(run=cmd_compact)
+
     for name, helptext in (
         ("medusa", "Medusa heads on the target's last hidden state"),
         ("eagle", "an EAGLE-3-style feature-level draft head"),
@@ -94,6 +100,12 @@ def _data_args(d) -> None:
         help="also store the target features the heads train on, taken from the forwards that generate "
         "(no second pass): 'eagle' (EAGLE-3's low, mid and high layers of this target) or layer ids "
         "'2,14,25', with the final hidden rows; in OUT/features, where `train eagle`/`medusa` look",
+    )
+    d.add_argument(
+        "--min-free-gb",
+        type=float,
+        default=4.0,
+        help="stop (everything finished written) once the disk holding --out has less than this free",
     )
     d.add_argument(
         "--batch",
@@ -317,8 +329,16 @@ def cmd_data(args) -> None:
         tag=tag,
         sources=sources,
         features=_capture(args, loaded),
+        min_free_gb=args.min_free_gb,
     )
     print(f"{len(seqs)} sequences, {data.response_tokens(seqs)} response tokens in {args.out}")
+
+
+def cmd_compact(args) -> None:
+    from specdecode.train import features
+
+    files, before, after = features.compact(args.store)
+    print(f"{files} chunk files rewritten in bfloat16: {before / 2**30:.2f} -> {after / 2**30:.2f} GB")
 
 
 def _overrides(pairs: list[str]) -> dict:

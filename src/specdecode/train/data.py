@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
 import signal
 import time
 import zlib
@@ -193,7 +194,11 @@ class ShardWriter:
         minutes: float = 10.0,
         tag: str = "",
         features: FeatureWriter | None = None,
+        min_free_gb: float = 0.0,
     ):
+        """min_free_gb: after each flush in add(), stop the run (a UserError; what was finished is written) once
+        the disk holding `directory` has less than this free: a feature store grows ~12 KB a token."""
+        self.min_free_gb = min_free_gb
         self.directory, self.target, self.size, self.seconds, self.tag = (
             directory,
             target,
@@ -212,6 +217,7 @@ class ShardWriter:
             self.features.add(seq, features)
         if len(self.buffer) >= self.size or time.monotonic() - self.last >= self.seconds:
             self.flush()
+            self.check_disk()
 
     def flush(self) -> None:
         if self.buffer:
@@ -221,6 +227,14 @@ class ShardWriter:
             self.written += len(self.buffer)
             self.buffer = []
         self.last = time.monotonic()
+
+    def check_disk(self) -> None:
+        free = shutil.disk_usage(self.directory).free / 2**30
+        if free < self.min_free_gb:
+            raise UserError(
+                f"stopped: the disk holding {self.directory} has {free:.1f} GB free, under --min-free-gb "
+                f"{self.min_free_gb:g}; every finished sequence is written (free space and rerun to resume)"
+            )
 
 
 def merge(
@@ -280,6 +294,7 @@ def generate_data(
     tag: str = "",
     sources: dict[str, str] | None = None,
     features: FeatureWriter | None = None,
+    min_free_gb: float = 0.0,
 ) -> list[Record]:
     """Generate the target's responses for every prompt whose id is not yet in `out`, writing shards
     as it goes; stop starting new ones after `minutes`. `drafter` is a drafter spec, a Spec or its
@@ -294,6 +309,8 @@ def generate_data(
     from specdecode.core.sampling import Warp
     from specdecode.drafters import DrafterContext, parse
 
+    if min_free_gb < 0:
+        raise UserError(f"--min-free-gb must be at least 0, got {min_free_gb:g}")
     if batch < 1:
         raise UserError(f"batch must be at least 1, got {batch}")
     if shard_size < 1:
@@ -311,7 +328,8 @@ def generate_data(
     by_id = {p.id: p for p, _ in prompts}
     params = params or Warp()
     answer = lambda pid: answer_id(pid, params.temperature, seed)  # noqa: E731 (this run's answer ids)
-    writer = ShardWriter(out, target, shard_size, flush_minutes, tag, features)
+    writer = ShardWriter(out, target, shard_size, flush_minutes, tag, features, min_free_gb)
+    writer.check_disk()  # before the first prompt, not after an hour's work that cannot be written
     deadline = time.monotonic() + 60 * minutes if minutes else None
     options = dict(
         drafter=parse(drafter),  # the engine routes by Spec

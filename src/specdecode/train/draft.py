@@ -121,7 +121,7 @@ def _forward(feats, lm_head: torch.Tensor, window: int, module, pick: list[int])
         n = len(feats.tokens[i])
         rows = torch.arange(max(0, n - t), n)
         tokens.append(F.pad(feats.tokens[i][rows], (0, t - len(rows))))
-        teacher.append(F.pad(feats.hidden[i][rows] @ lm_head.T, (0, 0, 0, t - len(rows))))
+        teacher.append(F.pad(feats.hidden[i][rows].float() @ lm_head.T, (0, 0, 0, t - len(rows))))
         mask.append(F.pad(rows + 1 >= feats.start[i], (0, t - len(rows))))  # predicts a response token
     hidden = module.model(input_ids=torch.stack(tokens)).last_hidden_state  # [B, T, H], after the norm
     mask = torch.stack(mask)

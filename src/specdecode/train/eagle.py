@@ -239,7 +239,7 @@ class _Objective:
             pad = (0, 0, 0, t - m)
             emb.append(F.pad(self.embed[tokens[rows + 1]], pad))
             fused.append(F.pad(feats.layers[i][rows].float(), pad))
-            teacher.append(F.pad(feats.hidden[i][rows + 1], pad))
+            teacher.append(F.pad(feats.hidden[i][rows + 1].float(), pad))
             # row j predicts the token at position j + 2: keep it when that is a response token
             mask.append(F.pad(rows + 2 >= feats.start[i], (0, t - m)))
         return torch.stack(emb), torch.stack(fused), torch.stack(teacher), torch.stack(mask)

@@ -3,8 +3,10 @@
 For each sequence: the final hidden state of every position (after the final norm; the target's
 next-token distribution is lm_head(hidden)) and the outputs of the `layers` an EAGLE-3 head fuses.
 Distributions are not stored: a trainer computes them from `hidden` over its draft vocabulary.
-The layers' outputs are kept in bfloat16 (an EAGLE input; 2,304 floats a token in float32 would
-hold 8 GB for 900k tokens), the final hidden states, which make the teacher's logits, in float32.
+Both are kept in bfloat16 (the layers, an EAGLE input: 2,304 floats a token in float32 would hold
+8 GB for 900k tokens; the final hidden states, which make the teacher's logits, since 2026-11-30: the
+1.5B's store of 2.73M tokens took 52 GB, 21 of them float32 hidden rows, and filled the disk), and the
+trainers take them to float32 as they read them. `compact()` rewrites an older store's float32 rows.
 The result is stored per sequence (cached()), so the trainers that follow, a resumed run and a
 larger data set skip the forward for what was computed before. `train data --capture` fills the
 same store as it generates (Writer: the rows its own forwards computed, engine/capture.py), without
@@ -29,7 +31,7 @@ from specdecode.shards import Record
 class Features:
     tokens: list[torch.Tensor]  # per sequence [n] token ids
     start: list[int]  # per sequence: index of the first response token (= prompt length)
-    hidden: list[torch.Tensor]  # per sequence [n or n - 1 (Writer's), H] final hidden (after the norm)
+    hidden: list[torch.Tensor]  # per sequence [n or n - 1 (Writer's), H] bf16 final hidden (after the norm)
     layers: list[
         torch.Tensor
     ]  # per sequence [n, len(layer ids) * H] bf16 captured layer outputs, concatenated
@@ -93,7 +95,7 @@ def compute(model, seqs: list[Record], layer_ids: tuple[int, ...] = (), rows: in
             )  # the final hidden rows, the layers' concatenated
             out.tokens.append(tokens)
             out.start.append(len(s.prompt_ids))
-            out.hidden.append(hidden.float().cpu().clone())  # clone: a normal (not inference) tensor
+            out.hidden.append(hidden.to(torch.bfloat16).cpu().clone())  # clone: a normal tensor
             out.layers.append(layers.to(torch.bfloat16).cpu().clone())
     finally:
         model.reset()
@@ -188,7 +190,7 @@ class Writer:
             raise RuntimeError(f"features for {len(features)} positions of a {len(tokens)}-token sequence")
         width = features.shape[1] // len(self.layers)
         self.keys.append(sequence_key(self.key, tokens, len(seq.prompt_ids)))
-        self.hidden.append(features[:, :width].float().clone())
+        self.hidden.append(features[:, :width].to(torch.bfloat16))
         self.fused.append(features[:, width:].to(torch.bfloat16))
 
     def flush(self) -> None:
@@ -222,6 +224,27 @@ def _index_file(path: Path, suffix: str | None) -> dict:
             "delete it and rerun (its sequences are recomputed)"
         ) from None
     return {k: (h, ls) for k, h, ls in zip(stored["keys"], stored["hidden"], layers)}
+
+
+def compact(store: str | Path) -> tuple[int, int, int]:
+    """Rewrite the float32 final hidden rows of a store's chunk files in bfloat16, each file replaced
+    atomically (an interrupted pass leaves every file whole; a rerun continues) -> (files rewritten,
+    bytes before, bytes after)."""
+    store = Path(store)
+    if not store.is_dir():
+        raise UserError(f"feature store {store} is not a directory")
+    rewritten, before, after = 0, 0, 0
+    for path in sorted(store.glob("chunk-*.pt")):
+        if ".layers-" in path.name:
+            continue
+        stored = torch.load(path, mmap=True)
+        if all(h.dtype == torch.bfloat16 for h in stored["hidden"]):
+            continue
+        size = path.stat().st_size
+        stored = {"keys": stored["keys"], "hidden": [h.to(torch.bfloat16) for h in stored["hidden"]]}
+        _save_atomic(stored, path)
+        rewritten, before, after = rewritten + 1, before + size, after + path.stat().st_size
+    return rewritten, before, after
 
 
 def _layers_suffix(layer_ids: tuple[int, ...]) -> str | None:

@@ -98,7 +98,7 @@ class _Rows:
         for h, start, out_of_training in zip(feats.hidden, feats.start, is_val.tolist()):
             first = max(start - 1, 0)
             n = len(h) - first  # rows kept from this sequence
-            kept.append(h[first:])
+            kept.append(h[first:].float())
             t = torch.arange(0, n - 1)
             bases.append(offset + t)
             room.append(n - 1 - t)  # how many later rows exist in this sequence
