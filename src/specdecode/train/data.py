@@ -196,8 +196,9 @@ class ShardWriter:
         features: FeatureWriter | None = None,
         min_free_gb: float = 0.0,
     ):
-        """min_free_gb: after each flush in add(), stop the run (a UserError; what was finished is written) once
-        the disk holding `directory` has less than this free: a feature store grows ~12 KB a token."""
+        """min_free_gb: after each flush in add(), stop the run (a UserError; what was finished is
+        written) once the disk holding `directory` has less than this free: a feature store grows ~12
+        KB a token."""
         self.min_free_gb = min_free_gb
         self.directory, self.target, self.size, self.seconds, self.tag = (
             directory,
