@@ -144,3 +144,6 @@ def test_compact_rewrites_an_older_stores_float32_rows_in_bfloat16(target, seqs,
     assert features.compact(tmp_path) == (0, 0, 0)
     with pytest.raises(UserError, match="not a directory"):
         features.compact(tmp_path / "missing")
+    (tmp_path / "chunk-damaged.pt").write_bytes(b"not a torch file")
+    with pytest.raises(UserError, match="chunk-damaged.pt is unreadable"):
+        features.compact(tmp_path)

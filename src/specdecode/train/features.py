@@ -5,8 +5,9 @@ next-token distribution is lm_head(hidden)) and the outputs of the `layers` an E
 Distributions are not stored: a trainer computes them from `hidden` over its draft vocabulary.
 Both are kept in bfloat16 (the layers, an EAGLE input: 2,304 floats a token in float32 would hold
 8 GB for 900k tokens; the final hidden states, which make the teacher's logits, since 2026-11-30: the
-1.5B's store of 2.73M tokens took 52 GB, 21 of them float32 hidden rows, and filled the disk), and the
-trainers take them to float32 as they read them. `compact()` rewrites an older store's float32 rows.
+1.5B's store of 2.73M tokens took 52 GB, 21 of them float32 hidden rows, and left its shared disk
+3 GB), and the trainers take them to float32 as they read them. `compact()` rewrites an older
+store's float32 rows.
 The result is stored per sequence (cached()), so the trainers that follow, a resumed run and a
 larger data set skip the forward for what was computed before. `train data --capture` fills the
 same store as it generates (Writer: the rows its own forwards computed, engine/capture.py), without
@@ -237,7 +238,10 @@ def compact(store: str | Path) -> tuple[int, int, int]:
     for path in sorted(store.glob("chunk-*.pt")):
         if ".layers-" in path.name:
             continue
-        stored = torch.load(path, mmap=True)
+        try:
+            stored = torch.load(path, mmap=True)
+        except Exception as e:  # noqa: BLE001 (as _index_file)
+            raise UserError(f"feature store file {path} is unreadable ({type(e).__name__}: {e})") from None
         if all(h.dtype == torch.bfloat16 for h in stored["hidden"]):
             continue
         size = path.stat().st_size
