@@ -482,6 +482,46 @@ def test_eagle_stop_ends_chains_where_the_heads_confidence_runs_out_and_stays_lo
         assert_lossless(target, plain, stopping, PROMPTS[:3], k=5, max_new_tokens=30, min_accepted=0)
 
 
+def test_eagle_stop_drafts_shorter_chains_for_a_request_whose_drafts_keep_failing(target, trained):
+    """The head's odds are scaled by the request's record (chain_stop.Calibration): rejected first
+    tokens shorten its chains, accepted ones lengthen them (capped at probability 1), a new request
+    starts afresh; with calibrate=0 the head's own odds stand."""
+    from specdecode.drafters.chain_stop import Calibration
+
+    ids = target.tokenizer(PROMPTS[0])["input_ids"]
+
+    def rejected(spec: str) -> tuple[list[int], int]:
+        """-> chain lengths of a request whose first tokens are all rejected, a new request's first."""
+        drafter = drafters.build(f"{spec}:{trained['eagle']}", drafters.DrafterContext(target))
+        target.model.reset()
+        features = target.model.forward(torch.tensor(ids[:-1]), num_logits=1, layers=drafter.layers).features
+
+        def first() -> int:
+            drafter.begin(ids)
+            drafter.feed(features)
+            return len(drafter.propose(ids, 6, Warp(), None).tokens)
+
+        lengths = [first()]
+        for _ in range(12):
+            drafter.observe(lengths[-1], 0)
+            lengths.append(len(drafter.propose(ids, 6, Warp(), None).tokens))
+        return lengths, first()
+
+    lengths, again = rejected("eagle:stop=5")
+    assert lengths[0] > 1 and lengths[-1] < lengths[0] and sorted(lengths, reverse=True) == lengths
+    assert again == lengths[0]
+    raw, _ = rejected("eagle:stop=5:calibrate=0")
+    assert raw == [lengths[0]] * len(raw)
+
+    record = Calibration()
+    record.last = [0.5, 0.5, 0.5]
+    record.observe(3, 3)  # all tried, all kept: stated 2 + 1.5, kept 2 + 3
+    assert record.scale(0.5) == pytest.approx(0.5 * 5 / 3.5) and record.scale(0.9) == 1.0
+    record.last = [0.8, 0.8, 0.8]
+    record.observe(3, 1)  # the second rejected: two tried, one kept
+    assert (record.stated, record.kept, record.last) == (pytest.approx(5.1), 6, [])
+
+
 def test_eagle_window_reads_a_long_prompts_first_and_last_positions_and_stays_lossless(target, trained):
     """eagle:window=W: over a prompt longer than SINK + W the head reads its first SINK and last W
     positions only (its cache holds those, one after another), so its first draft is the full head's
@@ -542,6 +582,8 @@ def test_eagle_stop_auto_prices_a_head_step_and_a_row_in_target_steps(target, tr
         ("medusa:stop=20", "unknown medusa option"),
         ("eagle:window=auto", "window needs an integer"),
         ("medusa:window=8", "unknown medusa option"),
+        ("eagle:calibrate=2", "calibrate is 0 or 1"),
+        ("medusa:calibrate=0", "unknown medusa option"),
     ],
 )
 def test_bad_head_tree_specs(target, spec, message):

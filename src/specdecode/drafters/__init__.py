@@ -14,11 +14,13 @@
                                            is; window: the draft reads a long prompt's first
                                            tokens and last W only (draft_lm.py)
     medusa|eagle[:b=B[:nodes=N]][:DIR]     heads on the target's features (no DIR: the shipped heads)
-    eagle[:stop=P|auto][:window=W][:bits=4][:DIR]
+    eagle[:stop=P|auto][:window=W][:bits=4][:calibrate=0][:DIR]
                                            stop: a chain keeps tokens while the product of the head's
-                                           probabilities is >= P% (auto: as draft's); window: the head
-                                           reads a long prompt's first 4 and last W positions (eagle.py);
-                                           bits=4: its linears at 4 bits beside a GGUF target (default 8)
+                                           probabilities is >= P% (auto: as draft's), each scaled by the
+                                           request's kept over stated odds (calibrate=0: not scaled);
+                                           window: the head reads a long prompt's first 4 and last W
+                                           positions (eagle.py); bits=4: its linears at 4 bits beside a
+                                           GGUF target (default 8)
     suffix[:key=value...][:PATH]           suffix decoding over this request, previous responses and a
                                            corpus (suffix.py)
     ensemble:A+B[+...]                     several drafters' proposals merged into one tree
@@ -217,9 +219,11 @@ def _build_draft(spec: Spec, ctx: DrafterContext) -> Drafter:
 # -- medusa, eagle ---------------------------------------------------------------------------------
 
 
-def _parse_heads(kind: str, extra: tuple[str, ...] = (), auto: tuple[str, ...] = ()):
+def _parse_heads(
+    kind: str, extra: tuple[str, ...] = (), auto: tuple[str, ...] = (), switches: tuple[str, ...] = ()
+):
     def parse_heads(arg: str | None) -> Spec:
-        options, path = tree_options(arg or "", kind, extra, auto=auto)
+        options, path = tree_options(arg or "", kind, extra, auto=auto, switches=switches)
         stop = dict(options).get("stop")
         if stop not in (None, "auto") and stop >= 100:
             raise UserError(f"{kind} option stop=P is a percentage below 100, got {stop}")
@@ -246,6 +250,7 @@ def _build_eagle(spec: Spec, ctx: DrafterContext) -> Drafter:
         spec.arg, ctx.target, spec.option("b", 1), spec.option("nodes"), spec.option("window"), bits
     )
     drafter.stop = _chain_stop(spec, eagle.HeadSteps(drafter), ctx, "a head step")  # timed on it
+    drafter.calibrate = bool(spec.option("calibrate", 1))
     return drafter
 
 
@@ -405,7 +410,7 @@ register(Kind("medusa", _parse_heads("medusa"), _build_medusa, uses_features=Tru
 register(
     Kind(
         "eagle",
-        _parse_heads("eagle", ("stop", "window", "bits"), ("stop",)),
+        _parse_heads("eagle", ("stop", "window", "bits", "calibrate"), ("stop",), ("calibrate",)),
         _build_eagle,
         uses_features=True,
     )

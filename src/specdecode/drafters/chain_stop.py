@@ -16,6 +16,12 @@ bars follow the machine's present phase: on an AVX2 Zen 5 the 1.5B's T(1) moved 
 while T(5) stayed ~36 ms, and a row cost 0.18 of a step in one phase and 0.45 in the other. Without an
 engine's costs (the single-sequence loop) it prices every row at v, measured once when the drafter is
 built (draft_model.chain_costs), as it prices c, the drafter's step.
+
+A head's probabilities are its training data's: on prompts unlike that data they promise more than
+verification keeps (the 1.5B's EAGLE head on held-out writing: first tokens kept 0.29 of the time).
+`Calibration` scales them by this request's record, the tokens kept over the probabilities stated
+for the tokens that were tried, so a request whose drafts keep failing drafts shorter chains. The
+record holds only finished steps: a stopping rule still, exact under sampling.
 """
 
 from __future__ import annotations
@@ -64,3 +70,24 @@ class ChainStop:
             f"for i = 1..4 now, {source}) and drafts on while they pay a step ({100 * self.cost:.1f}%) "
             "and the next row"
         )
+
+
+class Calibration:
+    """A request's record of a drafter's stated odds: scale(p) = p times the tokens verification kept
+    over the sum of the probabilities stated for the tokens it tried (up to the first rejection), with
+    PRIOR tried tokens kept as stated; capped at 1."""
+
+    PRIOR = 2.0
+
+    def __init__(self):
+        self.stated = self.kept = self.PRIOR
+        self.last: list[float] = []  # the last chain's per-token probabilities, as drafted
+
+    def scale(self, p: float) -> float:
+        return min(1.0, p * self.kept / self.stated)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        tried = min(drafted, accepted + 1, len(self.last))
+        self.stated += sum(self.last[:tried])
+        self.kept += min(accepted, tried)
+        self.last = []

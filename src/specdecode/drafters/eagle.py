@@ -28,7 +28,7 @@ from specdecode.backends.layer import pack_linears
 from specdecode.core.drafter import Drafter, Proposal
 from specdecode.core.sampling import Warp, argmax_ids, sample, warp
 from specdecode.core.tree import Tree
-from specdecode.drafters.chain_stop import ChainStop
+from specdecode.drafters.chain_stop import Calibration, ChainStop
 from specdecode.drafters.draft_lm import SINK
 from specdecode.drafters.draft_vocab import scatter_probs
 from specdecode.drafters.eagle_head import EagleHead, KVCache, NativeHead, head_from_config, rope_tables
@@ -58,6 +58,7 @@ class EagleDrafter(Drafter):
         the head's linears beside a GGUF target at 8 or 4 bits a weight (layer.head_linear)."""
         self.head = pack_linears(head.eval(), target.kernels, target.int8_activations, bits).float()  # norms
         self.branches, self.nodes, self.window = branches, nodes, window
+        self.calibrate = True  # the stop scales the head's odds by the request's record (Calibration)
         self.stop = ChainStop.of(stop)
         self.target = target
         self.layers = tuple(layer_ids)
@@ -79,6 +80,10 @@ class EagleDrafter(Drafter):
         self.root = None  # the head's output [1, H] at the last fed position: the first draft's input
         self.root_logits = None  # its logits over the draft vocabulary [1, Vd]: the first draft's
         self.pending: list[torch.Tensor] = []  # target features [n, F] of positions fed.. (not yet fed)
+        self.calibration = Calibration()  # this request's kept tokens over the head's stated odds
+
+    def observe(self, drafted, accepted):
+        self.calibration.observe(drafted, accepted)
 
     def feed(self, features):
         self.pending.append(features.float())
@@ -111,17 +116,20 @@ class EagleDrafter(Drafter):
         """Draft up to k tokens (target ids), choosing each with pick(logits [Vd]) -> (draft index, its
         probability, its probability as known before the draw; the two None where no stop needs them);
         a token only while the chain's odds pay its row, the next only while they pay a head step and
-        its row (`stop`, chain_stop.py)."""
+        its row (`stop`, chain_stop.py), the odds scaled by this request's record (Calibration)."""
         if not self._sync(context):
             return []
         drafted, logits, x, survive = [], self.root_logits, self.root, 1.0
         keep, go_on = self.stop.bars(k)
+        scale, stated = self.calibration.scale if self.calibrate else float, []
+        self.calibration.last = stated  # this chain's, as verification will judge it
         for i in range(k):
             index, p, known = pick(logits[0])
             if self.stop.active:
-                if survive * known < keep[i]:  # not worth its verification row
+                if survive * scale(known) < keep[i]:  # not worth its verification row
                     break
-                survive *= p
+                survive *= scale(p)
+                stated.append(p)
             drafted.append(self.token_ids[index])
             if i == k - 1 or survive < go_on[i]:  # the next: not worth a head step and its row
                 break

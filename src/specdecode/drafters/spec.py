@@ -151,10 +151,15 @@ OPTION = re.compile(r"\s*[a-z_]+\s*=[^:]*")
 
 
 def int_options(
-    segments: list[str], known: tuple[str, ...], what: str, auto: tuple[str, ...] = ()
+    segments: list[str],
+    known: tuple[str, ...],
+    what: str,
+    auto: tuple[str, ...] = (),
+    switches: tuple[str, ...] = (),
 ) -> tuple[tuple[str, int | str], ...]:
     """`key=value` segments -> ((key, positive int), ...) in the order of `known`; the keys in `auto`
-    also take the word `auto` (kept as the string, resolved when the drafter is built)."""
+    also take the word `auto` (kept as the string, resolved when the drafter is built), those in
+    `switches` take 0 or 1 only."""
     options: dict[str, int | str] = {}
     for segment in segments:
         key, _, value = (s.strip() for s in segment.partition("="))
@@ -168,19 +173,26 @@ def int_options(
         except ValueError:
             words = " or auto" if key in auto else ""
             raise UserError(f"{what} option {key} needs an integer{words}, got {value!r}") from None
-        if options[key] < 1:
+        if key in switches and options[key] not in (0, 1):
+            raise UserError(f"{what} option {key} is 0 or 1, got {options[key]}")
+        if options[key] < 1 and key not in switches:
             raise UserError(f"{what} option {key} must be >= 1, got {options[key]}")
     return tuple((key, options[key]) for key in known if key in options)
 
 
 def tree_options(
-    arg: str, what: str, extra: tuple[str, ...] = (), auto: tuple[str, ...] = ()
+    arg: str,
+    what: str,
+    extra: tuple[str, ...] = (),
+    auto: tuple[str, ...] = (),
+    switches: tuple[str, ...] = (),
 ) -> tuple[tuple[tuple[str, int | str], ...], str]:
     """`[b=B:[nodes=N:]]REST` -> ((("b", B), ("nodes", N)), REST: a model path, hub id or checkpoint);
-    extra: the kind's other options (draft: vocab, stop); auto: those that may be `auto`."""
+    extra: the kind's other options (draft: vocab, stop); auto: those that may be `auto`; switches:
+    those that are 0 or 1."""
     segments = arg.split(":")
     n_options = next(i for i, s in enumerate(segments + [""]) if not OPTION.fullmatch(s))
-    options = int_options(segments[:n_options], ("b", "nodes", *extra), what, auto)
+    options = int_options(segments[:n_options], ("b", "nodes", *extra), what, auto, switches)
     if "nodes" in dict(options) and "b" not in dict(options):
         raise UserError(f"{what} option nodes=N needs b=B (children per expanded node)")
     return options, ":".join(segments[n_options:]).strip()
