@@ -197,8 +197,8 @@ class ShardWriter:
         min_free_gb: float = 0.0,
     ):
         """min_free_gb: after each flush in add(), stop the run (a UserError; what was finished is
-        written) once the disk holding `directory` has less than this free: a feature store grows ~12
-        KB a token."""
+        written) once the disk holding `directory` has less than this free: a feature store grows ~15
+        KB a position on the 1.5B."""
         self.min_free_gb = min_free_gb
         self.directory, self.target, self.size, self.seconds, self.tag = (
             directory,

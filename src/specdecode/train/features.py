@@ -3,11 +3,11 @@
 For each sequence: the final hidden state of every position (after the final norm; the target's
 next-token distribution is lm_head(hidden)) and the outputs of the `layers` an EAGLE-3 head fuses.
 Distributions are not stored: a trainer computes them from `hidden` over its draft vocabulary.
-Both are kept in bfloat16 (the layers, an EAGLE input: 2,304 floats a token in float32 would hold
-8 GB for 900k tokens; the final hidden states, which make the teacher's logits, since 2026-11-30: the
-1.5B's store of 2.73M tokens took 52 GB, 21 of them float32 hidden rows, and left its shared disk
-3 GB), and the trainers take them to float32 as they read them. `compact()` rewrites an older
-store's float32 rows.
+The layers' outputs are kept in bfloat16 (an EAGLE input; 2,304 floats a token in float32 would
+hold 8 GB for 900k tokens), the final hidden states, which make the teacher's logits, in float32:
+on a tiny random model, whose logits nearly tie, bfloat16 rows move the teacher's argmax and a
+head trained on them is never accepted. `compact()` rewrites a store's hidden rows in bfloat16 where
+disk is short (the 1.5B's 2.73M tokens: 52 -> 42 GB; its head's held-out score 0.5874 -> 0.5875).
 The result is stored per sequence (cached()), so the trainers that follow, a resumed run and a
 larger data set skip the forward for what was computed before. `train data --capture` fills the
 same store as it generates (Writer: the rows its own forwards computed, engine/capture.py), without
@@ -32,7 +32,7 @@ from specdecode.shards import Record
 class Features:
     tokens: list[torch.Tensor]  # per sequence [n] token ids
     start: list[int]  # per sequence: index of the first response token (= prompt length)
-    hidden: list[torch.Tensor]  # per sequence [n or n - 1 (Writer's), H] bf16 final hidden (after the norm)
+    hidden: list[torch.Tensor]  # per sequence [n or n - 1 (Writer's), H] final hidden (after the norm)
     layers: list[
         torch.Tensor
     ]  # per sequence [n, len(layer ids) * H] bf16 captured layer outputs, concatenated
@@ -96,7 +96,7 @@ def compute(model, seqs: list[Record], layer_ids: tuple[int, ...] = (), rows: in
             )  # the final hidden rows, the layers' concatenated
             out.tokens.append(tokens)
             out.start.append(len(s.prompt_ids))
-            out.hidden.append(hidden.to(torch.bfloat16).cpu().clone())  # clone: a normal tensor
+            out.hidden.append(hidden.float().cpu().clone())  # clone: a normal (not inference) tensor
             out.layers.append(layers.to(torch.bfloat16).cpu().clone())
     finally:
         model.reset()
@@ -191,7 +191,7 @@ class Writer:
             raise RuntimeError(f"features for {len(features)} positions of a {len(tokens)}-token sequence")
         width = features.shape[1] // len(self.layers)
         self.keys.append(sequence_key(self.key, tokens, len(seq.prompt_ids)))
-        self.hidden.append(features[:, :width].to(torch.bfloat16))
+        self.hidden.append(features[:, :width].float().clone())
         self.fused.append(features[:, width:].to(torch.bfloat16))
 
     def flush(self) -> None:
