@@ -115,7 +115,7 @@ def test_a_run_stops_before_the_disk_fills_and_keeps_what_it_finished(
 
     from specdecode.corpora import Prompt
 
-    usage, gb = namedtuple("usage", "total used free"), 2**30
+    usage, gb, real = namedtuple("usage", "total used free"), 2**30, shutil.disk_usage
     free = [0.5 * gb]
     monkeypatch.setattr(data.shutil, "disk_usage", lambda path: usage(100 * gb, 0, free[0]))
     prompts = [(Prompt(text, str(i), "c"), None) for i, text in enumerate(PROMPTS)]
@@ -124,7 +124,6 @@ def test_a_run_stops_before_the_disk_fills_and_keeps_what_it_finished(
         data.generate_data(target, prompts, tmp_path / "d", **run)
     assert not list((tmp_path / "d").glob("shard-*"))
     free[0] = 1.5 * gb
-    real = shutil.disk_usage
 
     def shrinking(path):  # every shard written takes 0.3 GB
         return usage(100 * gb, 0, 1.5 * gb - 0.3 * gb * len(list(Path(path).glob("*shard*"))))

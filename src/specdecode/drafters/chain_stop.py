@@ -83,6 +83,11 @@ class Calibration:
         self.stated = self.kept = self.PRIOR
         self.last: list[float] = []  # the last chain's per-token probabilities, as drafted
 
+    def chain(self) -> list[float]:
+        """A new chain's record of stated probabilities, to append each drafted token's to."""
+        self.last = []
+        return self.last
+
     def scale(self, p: float) -> float:
         return min(1.0, p * self.kept / self.stated)
 

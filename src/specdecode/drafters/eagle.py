@@ -121,8 +121,8 @@ class EagleDrafter(Drafter):
             return []
         drafted, logits, x, survive = [], self.root_logits, self.root, 1.0
         keep, go_on = self.stop.bars(k)
-        scale, stated = self.calibration.scale if self.calibrate else float, []
-        self.calibration.last = stated  # this chain's, as verification will judge it
+        scale = self.calibration.scale if self.calibrate else float
+        stated = self.calibration.chain()  # this chain's odds, as verification will judge them
         for i in range(k):
             index, p, known = pick(logits[0])
             if self.stop.active:

@@ -173,9 +173,10 @@ def int_options(
         except ValueError:
             words = " or auto" if key in auto else ""
             raise UserError(f"{what} option {key} needs an integer{words}, got {value!r}") from None
-        if key in switches and options[key] not in (0, 1):
-            raise UserError(f"{what} option {key} is 0 or 1, got {options[key]}")
-        if options[key] < 1 and key not in switches:
+        if key in switches:
+            if options[key] not in (0, 1):
+                raise UserError(f"{what} option {key} is 0 or 1, got {options[key]}")
+        elif options[key] < 1:
             raise UserError(f"{what} option {key} must be >= 1, got {options[key]}")
     return tuple((key, options[key]) for key in known if key in options)
 
