@@ -180,15 +180,15 @@ inline void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, con
 // y[:, r] for the weight rows of groups g0..g1 of an interleaved matrix of N rows and K = 32 G inputs
 // (wq [groups, G, 64 BITS], ws [groups, G, 2 or (ONE) 1, 16], or factored [groups, G / 8, FACTORED])
 // and all M rows of x; y's rows are ldy apart.
-// The most rows of x one pass over a group takes: MAX_X, but on AVX2 4 for q4 and one-scale matrices
-// (tile_avx2.h's group_both, whose passes of 4 beat one sweep a half of 8 rows there; q5/q6's
-// per-register unpacking does not pay that often)
+// The most rows of x one pass over a group takes, for a call of M rows: MAX_X, but on AVX2 by the call's
+// rows and the matrix kind (tile_avx2.h's rows_a_pass)
 template <int BITS, bool ONE>
-constexpr int64_t rows_a_pass() {
+inline int64_t rows_a_pass([[maybe_unused]] int64_t M) {
 #if defined(SPECDECODE_TILE_AVX2)
-  if constexpr (BITS == 4 || ONE) return avx2::BOTH;
-#endif
+  return avx2::rows_a_pass<BITS, ONE>(M);
+#else
   return MAX_X;
+#endif
 }
 
 template <int BITS, typename Scale, bool ONE = false>
@@ -199,14 +199,14 @@ void groups(const uint8_t* wq, const Scale* ws, const QuantRows& x, float* y, in
     const Scale* gs = ws + grp * scale_stride<Scale, ONE>(G);
     const int64_t valid = std::min(R, N - grp * R);
     const uint8_t* next = grp + 1 < g1 ? gw + G * BITS * 64 : nullptr;
-    constexpr int64_t most = rows_a_pass<BITS, ONE>();
+    const int64_t most = rows_a_pass<BITS, ONE>(M);
     const int passes = static_cast<int>((M + most - 1) / most);
     for (int64_t m0 = 0, pass = 0; m0 < M; ++pass) {  // passes of at most `most` rows, as even as they divide
       const int64_t left = M - m0, more = passes - pass, mb = (left + more - 1) / more;
       switch (mb) {  // only the counts this ISA's passes take are built
 #define SPECDECODE_TILE(n)                                                                                       \
   case n:                                                                                                        \
-    if constexpr (n <= most)                                                                                     \
+    if constexpr (n <= MAX_X)                                                                                    \
       group_tile<BITS, n, Scale, ONE>(gw, gs, x.q, x.d, x.S, x.h, y, G, ldy, grp * R, valid, m0, next, pass, passes); \
     break;
         SPECDECODE_TILE(1) SPECDECODE_TILE(2) SPECDECODE_TILE(3) SPECDECODE_TILE(4)

@@ -269,18 +269,40 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
 // llvm-mca, Q4_K with 4 rows of x 29 -> 19 cycles a row and block of 16 weight rows; one thread from
 // L2, Q4_K 4 rows ~11 -> 8 ns, Q6_K 1 row 24 -> 21 ns but 2 rows 17 -> 18; the 1.5B's T(4) 98 -> 86 ms.
 // Without VNNI, Q6_K's int16 sums take a product pair each (CHUNK 2), so its 4 rows hold int32 sums
-// beside the int16 ones and outgrow the registers: 4 rows of Q6_K sweep by halves (scripts/tile_stream.cpp on Zen 5, 2
-// threads, 450 MB: 18.7-19.1 -> 16.6-17.0 ms; 3 rows stay one sweep, 14.3-14.4 against 15.1-15.3).
-constexpr int BOTH = 4;
-template <int BITS>
-constexpr int both_rows() {
-  return BITS == 6 && !VNNI ? 3 : BOTH;
+// beside the int16 ones and outgrow the registers. Whether 4 rows of Q6_K still sweep once depends on
+// the core (scripts/tile_stream.cpp, 2 threads, 450 MB): by halves was faster on a Zen 5 through the ISA
+// switch (18.7-19.1 -> 16.6-17.0 ms) and slower on the Xeon below (32.0-32.4 -> 41.6-43.1 ms), whose
+// ports are those of Intel's AVX2 client cores; they sweep once.
+// Passes: a call of at most 8 rows (a decode step, a chain of up to 7 drafts) takes one sweep of
+// group_both for Q4 (and, with VNNI, for every kind); a longer call passes of at most 6. With passes of
+// 4, the verification of 4 drafts (5 rows) swept each group twice: on a Xeon (family 6 model 167,
+// 2 threads, scripts/tile_stream.cpp over 300 MB of Q4_K), AVX2 5 / 6 / 9 rows took 29.3 / 34 / 43.6
+// ms in passes of 4 and 21.6 / 25.2 / 40.7 in one sweep of up to 8 (9: 5 + 4), 8 rows level
+// (38.5 / 37.7); AVX-VNNI 26.3 / 28.5 / 31.5 / 34 (5 / 6 / 8 / 9 rows) -> 18.9 / 20.6 / 29.0 / 33.7
+// and its Q6_K 39.6 / 41.8 / 48 / 57 -> 27.9 / 33 / 43.2 / 51.5. At 16 rows (a prefill's passes),
+// passes of 8 lost 6-11%, passes of 6 did not.
+constexpr int BOTH = 8;
+template <int BITS, bool ONE>
+constexpr bool sweeps_both() {  // whether one sweep takes passes of up to BOTH rows
+  return VNNI || (BITS == 4 && !ONE);
+}
+template <int BITS, bool ONE>
+constexpr int both_rows() {  // the most rows of x group_both takes
+  if constexpr (sweeps_both<BITS, ONE>()) return BOTH;
+  return 4;  // AVX2's q5/q6/q8 (int16 sums of fewer products) and its ONE matrices
+}
+// the most rows of x a pass over a group takes, for a call of M rows (tile.h's groups)
+template <int BITS, bool ONE>
+inline int64_t rows_a_pass(int64_t M) {
+  if constexpr (sweeps_both<BITS, ONE>()) return M <= BOTH ? BOTH : 6;
+  if constexpr (ONE) return 4;
+  return MAX_X;
 }
 template <int BITS, int MB, typename Scale, bool ONE = false>
 void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
                 const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0,
                 const uint8_t* next, int pass, int passes) {
-  if constexpr (MB <= both_rows<BITS>()) {
+  if constexpr (MB <= both_rows<BITS, ONE>()) {
     group_both<BITS, MB, Scale, ONE>(wq, ws, xq, xd, xS, xh, y, G, N, r0, valid, m0, next, pass, passes);
   } else {
     constexpr bool SIGNED = BITS == 8 && !VNNI;
