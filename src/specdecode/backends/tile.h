@@ -203,7 +203,7 @@ void groups(const uint8_t* wq, const Scale* ws, const QuantRows& x, float* y, in
     const int passes = static_cast<int>((M + most - 1) / most);
     for (int64_t m0 = 0, pass = 0; m0 < M; ++pass) {  // passes of at most `most` rows, as even as they divide
       const int64_t left = M - m0, more = passes - pass, mb = (left + more - 1) / more;
-      switch (mb) {  // only the counts this ISA's passes take are built
+      switch (mb) {  // the counts up to MAX_X, the most a pass takes on this ISA
 #define SPECDECODE_TILE(n)                                                                                       \
   case n:                                                                                                        \
     if constexpr (n <= MAX_X)                                                                                    \

@@ -253,11 +253,12 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
 // Outputs of one group of 16 weight rows for MB rows of x from m0 (tile_ref.h's group_tile), in pass
 // `pass` of `passes`; next: the next group's weights or null. Two ways, by the rows of x in a pass:
 //
-// - At most BOTH rows (a decode step, a short chain): group_both, one sweep over the group's blocks
-//   that works both halves of its rows a register at a time. Each register of weights is unpacked
-//   once and each broadcast of x serves both halves; the live set (two registers of weights, 2 MB
-//   int16 sums, 2 MB accumulators) fits 16 registers, where a whole block's 8 registers of both
-//   halves did not (GCC spilled a third of the loop to the stack).
+// - At most both_rows rows (a decode step, a chain of up to 7 drafts): group_both, one sweep over the
+//   group's blocks that works both halves of its rows a register at a time. Each register of weights
+//   is unpacked once and each broadcast of x serves both halves; up to 4 rows the live set (two
+//   registers of weights, 2 MB int16 sums, 2 MB accumulators) fits 16 registers, where a whole block's
+//   8 registers of both halves did not (GCC spilled a third of the loop to the stack). From 5 rows the
+//   accumulators, touched once a block, spill to L1, and one sweep still beats two (below).
 // - More rows: the group is swept 2 x passes times, a half of its rows each, a block's 8 registers
 //   unpacked once per sweep and shared by up to 8 rows; only the first sweep reads the group from
 //   memory, the others find it in cache. Each sweep also prefetches its share of the next group's
@@ -295,7 +296,7 @@ constexpr int both_rows() {  // the most rows of x group_both takes
 template <int BITS, bool ONE>
 inline int64_t rows_a_pass(int64_t M) {
   if constexpr (sweeps_both<BITS, ONE>()) return M <= BOTH ? BOTH : 6;
-  if constexpr (ONE) return 4;
+  if constexpr (ONE) return both_rows<BITS, ONE>();  // passes group_both takes whole
   return MAX_X;
 }
 template <int BITS, int MB, typename Scale, bool ONE = false>
