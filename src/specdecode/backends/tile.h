@@ -57,8 +57,12 @@ constexpr int64_t PREFETCH = 4096;  // bytes ahead of the block being read (meas
 // AVX-512 has 32 registers: 16 accumulators beside the 8 unpacked ones, so k 8's 9 rows take one pass
 // (a second pass works from cache while the weight stream idles: the 1.5B on Zen 5, 2 threads,
 // r(9) was 1.55 against r(8) 1.23 with passes of 8, 1.33 with 16: docs/native_forward.md)
+// AVX2 / AVX-VNNI take up to 12 in one sweep, a block worked for sets of at most 4 rows whose sums
+// stay in registers (tile_avx2.h's group_both): k 8's 9 rows then read each group once there too.
 #if defined(SPECDECODE_TILE_AVX512)
 constexpr int64_t MAX_X = 16;
+#elif defined(SPECDECODE_TILE_AVX2)
+constexpr int64_t MAX_X = 12;
 #else
 constexpr int64_t MAX_X = 8;
 #endif

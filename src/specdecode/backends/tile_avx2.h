@@ -184,14 +184,86 @@ template <int BITS, int MB, int T0, int T1>
   }
 }
 
+// Block g's contribution to both halves' outputs for MS rows of x from m0 (acc0 / acc1: their
+// accumulators, halves 0 and 1): the products of both_dots, the bias of q5/q6/q8's bytes added after
+// them (the same int32 sums), then the block's float work
+template <int BITS, int MS, typename Scale, bool ONE>
+[[gnu::always_inline]] inline void both_block(const uint8_t* p, const Scale* ws, int64_t g, const int8_t* xq, const float* xd,
+                                              const float* xS, const int32_t* xh, int64_t G, int64_t m0, __m256* acc0,
+                                              __m256* acc1) {
+  constexpr bool Q4 = BITS == 4;
+  constexpr int bias = Q4 ? 0 : 8 - BITS;
+  __m256* acc[2] = {acc0, acc1};
+  const int32_t* xb[MS];
+  for (int m = 0; m < MS; ++m) xb[m] = reinterpret_cast<const int32_t*>(xq + ((m0 + m) * G + g) * 32);
+  if constexpr (Q4 || ONE) {
+    __m256i s[2][MS];
+    both_dots<BITS, MS, 0, 8>(p, xb, s);
+    if constexpr (!Q4 && !(BITS == 8 && !VNNI))
+      for (int m = 0; m < MS; ++m) {
+        const int64_t xi = (m0 + m) * G + g;
+        const __m256i b = _mm256_set1_epi32(-((xh[2 * xi] + xh[2 * xi + 1]) >> bias));
+        s[0][m] = _mm256_add_epi32(s[0][m], b), s[1][m] = _mm256_add_epi32(s[1][m], b);
+      }
+    for (int h = 0; h < 2; ++h) {
+      __m256 s0, s1;
+      block_scales<ONE>(ws, g, h, s0, s1);
+      for (int m = 0; m < MS; ++m) {
+        const int64_t xi = (m0 + m) * G + g;
+        const __m256 d = _mm256_set1_ps(xd[xi]);
+        acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][m]), _mm256_mul_ps(s0, d), acc[h][m]);
+        if constexpr (Q4) acc[h][m] = _mm256_fmadd_ps(s1, _mm256_set1_ps(xS[xi]), acc[h][m]);
+      }
+    }
+  } else {
+    __m256i lo[2][MS], hi[2][MS];
+    both_dots<BITS, MS, 0, 4>(p, xb, lo);
+    both_dots<BITS, MS, 4, 8>(p, xb, hi);
+    if constexpr (!(BITS == 8 && !VNNI))
+      for (int m = 0; m < MS; ++m) {
+        const int64_t xi = (m0 + m) * G + g;
+        const __m256i bl = _mm256_set1_epi32(-(xh[2 * xi] >> bias));
+        const __m256i bh = _mm256_set1_epi32(-(xh[2 * xi + 1] >> bias));
+        lo[0][m] = _mm256_add_epi32(lo[0][m], bl), lo[1][m] = _mm256_add_epi32(lo[1][m], bl);
+        hi[0][m] = _mm256_add_epi32(hi[0][m], bh), hi[1][m] = _mm256_add_epi32(hi[1][m], bh);
+      }
+    for (int h = 0; h < 2; ++h) {
+      __m256 s0, s1;
+      block_scales<ONE>(ws, g, h, s0, s1);
+      for (int m = 0; m < MS; ++m) {
+        const __m256 d = _mm256_set1_ps(xd[(m0 + m) * G + g]);
+        acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[h][m]), _mm256_mul_ps(s0, d), acc[h][m]);
+        acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[h][m]), _mm256_mul_ps(s1, d), acc[h][m]);
+      }
+    }
+  }
+}
+
+// The rows of x group_both works a block for at a time, of `left` still to do: all of them up to 6
+// (their sums spill from 5, yet at 5 and 6 rows one set beat 3 + 2 and 3 + 3 by ~4% on AVX2), else 4,
+// whose int16 and int32 sums stay in registers beside the two of weights. AVX2's Q6_K (int16 sums of a
+// product pair, int32 sums beside them) takes sets of at most 4.
+template <int BITS>
+constexpr int set_rows(int left) {
+  if constexpr (BITS == 6 && !VNNI) return left < 4 ? left : 4;
+  return left <= 6 ? left : 4;
+}
+
+// block g for the sets of rows M0.. of MB (each set re-unpacks the block, from L1)
+template <int BITS, int MB, int M0, typename Scale, bool ONE>
+[[gnu::always_inline]] inline void both_sets(const uint8_t* p, const Scale* ws, int64_t g, const int8_t* xq, const float* xd,
+                                             const float* xS, const int32_t* xh, int64_t G, int64_t m0, __m256 (*acc)[MB]) {
+  constexpr int S = set_rows<BITS>(MB - M0);
+  both_block<BITS, S, Scale, ONE>(p, ws, g, xq, xd, xS, xh, G, m0 + M0, acc[0] + M0, acc[1] + M0);
+  if constexpr (M0 + S < MB) both_sets<BITS, MB, M0 + S, Scale, ONE>(p, ws, g, xq, xd, xS, xh, G, m0, acc);
+}
+
 // One sweep over a group's blocks for MB rows of x (group_tile's first way): both halves at once, a
-// register at a time, the bias of q5/q6/q8's bytes added after the products (the same int32 sums)
+// register at a time, a block worked for the sets of rows of set_rows in turn
 template <int BITS, int MB, typename Scale, bool ONE>
 void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
                 const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0,
                 const uint8_t* next, int pass, int passes) {
-  constexpr bool Q4 = BITS == 4;
-  constexpr int bias = Q4 ? 0 : 8 - BITS;
   constexpr int64_t bytes = BITS * 64;
   __m256 acc[2][MB];
   for (int h = 0; h < 2; ++h)
@@ -203,49 +275,7 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
     if (next != nullptr)
       for (int i = pass; i < BITS; i += passes)
         _mm_prefetch(reinterpret_cast<const char*>(next + g * bytes + 64 * i), _MM_HINT_T0);
-    const int32_t* xb[MB];
-    for (int m = 0; m < MB; ++m) xb[m] = reinterpret_cast<const int32_t*>(xq + ((m0 + m) * G + g) * 32);
-    if constexpr (Q4 || ONE) {
-      __m256i s[2][MB];
-      both_dots<BITS, MB, 0, 8>(p, xb, s);
-      if constexpr (!Q4 && !(BITS == 8 && !VNNI))
-        for (int m = 0; m < MB; ++m) {
-          const int64_t xi = (m0 + m) * G + g;
-          const __m256i b = _mm256_set1_epi32(-((xh[2 * xi] + xh[2 * xi + 1]) >> bias));
-          s[0][m] = _mm256_add_epi32(s[0][m], b), s[1][m] = _mm256_add_epi32(s[1][m], b);
-        }
-      for (int h = 0; h < 2; ++h) {
-        __m256 s0, s1;
-        block_scales<ONE>(ws, g, h, s0, s1);
-        for (int m = 0; m < MB; ++m) {
-          const int64_t xi = (m0 + m) * G + g;
-          const __m256 d = _mm256_set1_ps(xd[xi]);
-          acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][m]), _mm256_mul_ps(s0, d), acc[h][m]);
-          if constexpr (Q4) acc[h][m] = _mm256_fmadd_ps(s1, _mm256_set1_ps(xS[xi]), acc[h][m]);
-        }
-      }
-    } else {
-      __m256i lo[2][MB], hi[2][MB];
-      both_dots<BITS, MB, 0, 4>(p, xb, lo);
-      both_dots<BITS, MB, 4, 8>(p, xb, hi);
-      if constexpr (!(BITS == 8 && !VNNI))
-        for (int m = 0; m < MB; ++m) {
-          const int64_t xi = (m0 + m) * G + g;
-          const __m256i bl = _mm256_set1_epi32(-(xh[2 * xi] >> bias));
-          const __m256i bh = _mm256_set1_epi32(-(xh[2 * xi + 1] >> bias));
-          lo[0][m] = _mm256_add_epi32(lo[0][m], bl), lo[1][m] = _mm256_add_epi32(lo[1][m], bl);
-          hi[0][m] = _mm256_add_epi32(hi[0][m], bh), hi[1][m] = _mm256_add_epi32(hi[1][m], bh);
-        }
-      for (int h = 0; h < 2; ++h) {
-        __m256 s0, s1;
-        block_scales<ONE>(ws, g, h, s0, s1);
-        for (int m = 0; m < MB; ++m) {
-          const __m256 d = _mm256_set1_ps(xd[(m0 + m) * G + g]);
-          acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[h][m]), _mm256_mul_ps(s0, d), acc[h][m]);
-          acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[h][m]), _mm256_mul_ps(s1, d), acc[h][m]);
-        }
-      }
-    }
+    both_sets<BITS, MB, 0, Scale, ONE>(p, ws, g, xq, xd, xS, xh, G, m0, acc);
   }
   for (int h = 0; h < 2; ++h) store_rows<MB>(acc[h], y, N, r0, h, std::min<int64_t>(8, valid - 8 * h), m0);
 }
@@ -253,12 +283,13 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
 // Outputs of one group of 16 weight rows for MB rows of x from m0 (tile_ref.h's group_tile), in pass
 // `pass` of `passes`; next: the next group's weights or null. Two ways, by the rows of x in a pass:
 //
-// - At most both_rows rows (a decode step, a chain of up to 7 drafts): group_both, one sweep over the
+// - At most both_rows rows (a decode step, a chain of up to 11 drafts): group_both, one sweep over the
 //   group's blocks that works both halves of its rows a register at a time. Each register of weights
-//   is unpacked once and each broadcast of x serves both halves; up to 4 rows the live set (two
-//   registers of weights, 2 MB int16 sums, 2 MB accumulators) fits 16 registers, where a whole block's
-//   8 registers of both halves did not (GCC spilled a third of the loop to the stack). From 5 rows the
-//   accumulators, touched once a block, spill to L1, and one sweep still beats two (below).
+//   is unpacked once a set of rows and each broadcast of x serves both halves; up to 4 rows the live
+//   set (two registers of weights, 2 MB int16 sums, 2 MB accumulators) fits 16 registers, where a
+//   whole block's 8 registers of both halves did not (GCC spilled a third of the loop to the stack).
+//   At 5 and 6 rows the sums spill to L1, and one set still beats two; from 7 rows a block is worked
+//   for sets of 4 in turn (set_rows), each unpacking it again from L1, so that no sum spills.
 // - More rows: the group is swept 2 x passes times, a half of its rows each, a block's 8 registers
 //   unpacked once per sweep and shared by up to 8 rows; only the first sweep reads the group from
 //   memory, the others find it in cache. Each sweep also prefetches its share of the next group's
@@ -273,16 +304,24 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
 // beside the int16 ones and outgrow the registers. Whether 4 rows of Q6_K still sweep once depends on
 // the core (scripts/tile_stream.cpp, 2 threads, 450 MB): by halves was faster on a Zen 5 through the ISA
 // switch (18.7-19.1 -> 16.6-17.0 ms) and slower on the Xeon below (32.0-32.4 -> 41.6-43.1 ms), whose
-// ports are those of Intel's AVX2 client cores; they sweep once.
-// Passes: a call of at most 8 rows (a decode step, a chain of up to 7 drafts) takes one sweep of
-// group_both for Q4 (and, with VNNI, for every kind); a longer call passes of at most 6. With passes of
+// ports are those of Intel's AVX2 client cores; they sweep once, and so do 5 and 6 rows, in sets of 4
+// (the Xeon, 450 MB of Q6_K, three interleaved rounds: 5 / 6 rows 41.0 / 42.8 ms by halves, 32.4 / 37.3
+// in sets of 4, 31.0 / 36.5 in sets of 2; from 8 rows by halves, 9 / 12 rows 49.3 / 60.1 against
+// 55.9 / 72.9 in sets of 4).
+// Passes: a call of at most 12 rows takes one sweep of group_both for Q4 (and, with VNNI, for every
+// kind); a longer call passes of at most 6. With passes of
 // 4, the verification of 4 drafts (5 rows) swept each group twice: on a Xeon (family 6 model 167,
 // 2 threads, scripts/tile_stream.cpp over 300 MB of Q4_K), AVX2 5 / 6 / 9 rows took 29.3 / 34 / 43.6
 // ms in passes of 4 and 21.6 / 25.2 / 40.7 in one sweep of up to 8 (9: 5 + 4), 8 rows level
 // (38.5 / 37.7); AVX-VNNI 26.3 / 28.5 / 31.5 / 34 (5 / 6 / 8 / 9 rows) -> 18.9 / 20.6 / 29.0 / 33.7
 // and its Q6_K 39.6 / 41.8 / 48 / 57 -> 27.9 / 33 / 43.2 / 51.5. At 16 rows (a prefill's passes),
 // passes of 8 lost 6-11%, passes of 6 did not.
-constexpr int BOTH = 8;
+// Sets of 4 from 7 rows, and one sweep up to 12 (the same Xeon, three interleaved rounds, medians;
+// docs/results/tile_stream_avx2_sets_of_4_rows_one_sweep_up_to_12_xeon_amx_2threads.json): Q4_K 8 / 9
+// rows AVX2 38.4 / 41.4 -> 35.0 / 38.5 ms, AVX-VNNI 28.5 / 32.1 -> 24.0 / 28.7; Q6_K 9 / 12 rows AVX2
+// 72.3 / 83.3 -> 56.5 / 71.3, AVX-VNNI 51.2 / 64.9 -> 43.2 / 53.7; 7 and 12 rows of Q4_K level. One
+// sweep up to 16 (4 sets) lost at 16 rows of Q4_K with VNNI (48.8 -> 56.8), so 16 go in passes of 6.
+constexpr int BOTH = 12;
 template <int BITS, bool ONE>
 constexpr bool sweeps_both() {  // whether one sweep takes passes of up to BOTH rows
   return VNNI || (BITS == 4 && !ONE);
@@ -290,7 +329,8 @@ constexpr bool sweeps_both() {  // whether one sweep takes passes of up to BOTH 
 template <int BITS, bool ONE>
 constexpr int both_rows() {  // the most rows of x group_both takes
   if constexpr (sweeps_both<BITS, ONE>()) return BOTH;
-  return 4;  // AVX2's q5/q6/q8 (int16 sums of fewer products) and its ONE matrices
+  if constexpr (BITS == 6 && !ONE) return 6;  // AVX2's Q6_K: up to 6 rows in sets of 4 beat two sweeps
+  return 4;  // AVX2's q5/q8 (int16 sums of fewer products) and its ONE matrices
 }
 // the most rows of x a pass over a group takes, for a call of M rows (tile.h's groups)
 template <int BITS, bool ONE>
