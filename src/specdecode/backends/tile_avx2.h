@@ -291,7 +291,7 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
 //   At 5 and 6 rows the sums spill to L1, and one set still beats two; from 7 rows a block is worked
 //   for sets of 4 in turn (set_rows), each unpacking it again from L1, so that no sum spills.
 // - More rows: the group is swept 2 x passes times, a half of its rows each, a block's 8 registers
-//   unpacked once per sweep and shared by up to 8 rows; only the first sweep reads the group from
+//   unpacked once per sweep and shared by up to MAX_X (12) rows; only the first sweep reads the group from
 //   memory, the others find it in cache. Each sweep also prefetches its share of the next group's
 //   lines (line i of block g in sweep i % sweeps), so that memory streams while any sweep computes:
 //   with the first sweep alone prefetching, T(4) of the 1.5B was T(1) plus the other sweeps' compute.
