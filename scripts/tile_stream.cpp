@@ -1,5 +1,5 @@
 // The tile microkernel alone, streaming a 1.5B-sized stack of weights from memory: time, multiply-adds
-// a cycle a core and cycles a row of x and block (16 weight rows x 32) for 1..16 rows of x, to tell a
+// a cycle a core and cycles a row of x and block (16 weight rows x 32) for the given rows of x, to tell a
 // kernel's compute from the machine's memory stream without the model around it
 // (docs/native_forward.md). Build for this CPU's microkernel, or another ISA's flags:
 //   g++ -O3 -march=native -fopenmp -std=c++17 -Isrc/specdecode/backends scripts/tile_stream.cpp -o /tmp/ts
@@ -20,10 +20,11 @@
 template <int BITS>
 void run(int threads, double ghz, const std::vector<int64_t>& counts, double mb) {
   const int64_t G = 48, K = 32 * G;        // K = 1536, the 1.5B's hidden width
-  const int64_t groups = std::max<int64_t>(threads, static_cast<int64_t>(mb * 1e6 / (G * 4 * 64) + 0.5));
+  const int64_t q4_group = G * 4 * 64;    // bytes of a group of 16 rows at Q4_K: what MB counts
+  const int64_t groups = std::max<int64_t>(threads, static_cast<int64_t>(mb * 1e6 / q4_group + 0.5));
   const int64_t N = 16 * groups;           // rows: 300 MB of Q4_K groups by default, far past any cache
   const int64_t chunk = std::min<int64_t>(64, (groups + threads - 1) / threads);  // groups a task
-  const int sweeps = std::max<int64_t>(1, static_cast<int64_t>(30e6 / (groups * G * 4 * 64)));  // a timing's
+  const int sweeps = std::max<int64_t>(1, static_cast<int64_t>(30e6 / (groups * q4_group)));  // a timing's
   std::vector<uint8_t> wq(groups * G * BITS * 64);
   std::mt19937 rng(1);
   for (auto& b : wq) b = static_cast<uint8_t>(rng());
