@@ -103,6 +103,13 @@ int check(const char* name, int& passed) {
 int main() {
   std::printf("tile ISA %s, MAX_X %ld\n", SPECDECODE_TILE_ISA, long(tile::MAX_X));
   int passed = 0, failed = 0;
+#if defined(SPECDECODE_TILE_AVX2)
+  for (const bool halves : {false, true}) {  // both ways of tile_avx2.h's group_tile, whatever this core is
+    tile::avx2::halves_sooner = halves;
+    std::printf("halves_sooner %d\n", int(halves));
+#else
+  {
+#endif
   failed += check<4, float, false>("q4 float32", passed);
   failed += check<4, tile::f16, false>("q4 float16", passed);
   failed += check<4, uint8_t, false>("q4 factored", passed);
@@ -114,6 +121,7 @@ int main() {
   failed += check<6, float, false>("q6 float32", passed);
   failed += check<5, tile::f16, true>("q5_0 float16", passed);
   failed += check<5, float, false>("q5 float32", passed);
+  }
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

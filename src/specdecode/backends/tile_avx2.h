@@ -14,6 +14,8 @@
 
 #include <immintrin.h>
 
+#include <cstdlib>
+
 namespace tile::avx2 {
 
 #if defined(__AVXVNNI__)
@@ -304,7 +306,8 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
 // beside the int16 ones and outgrow the registers. Whether 4 rows of Q6_K still sweep once depends on
 // the core (scripts/tile_stream.cpp, 2 threads, 450 MB): by halves was faster on a Zen 5 through the ISA
 // switch (18.7-19.1 -> 16.6-17.0 ms) and slower on the Xeon below (32.0-32.4 -> 41.6-43.1 ms), whose
-// ports are those of Intel's AVX2 client cores; they sweep once, and so do 5 and 6 rows, in sets of 4
+// ports are those of Intel's AVX2 client cores; there they sweep once, and so do 5 and 6 rows, in sets of 4,
+// while AMD's cores take them by halves (halves_sooner below)
 // (the Xeon, 450 MB of Q6_K, three interleaved rounds: 5 / 6 rows 41.0 / 42.8 ms by halves, 32.4 / 37.3
 // in sets of 4, 31.0 / 36.5 in sets of 2; from 8 rows by halves, 9 / 12 rows 49.3 / 60.1 against
 // 55.9 / 72.9 in sets of 4).
@@ -332,6 +335,31 @@ constexpr int both_rows() {  // the most rows of x group_both takes
   if constexpr (BITS == 6 && !ONE) return 6;  // AVX2's Q6_K: up to 6 rows in sets of 4 beat two sweeps
   return 4;  // AVX2's q5/q8 (int16 sums of fewer products) and its ONE matrices
 }
+
+// Which way wins past a few rows depends on the core, not only the ISA. On AMD's cores AVX2's
+// half-sweeps (a block's 8 registers unpacked once and shared by every row of x) beat group_both's
+// sets from 4 rows of Q6_K and from 6 of Q4_K; on the Xeon above the sets won. A Zen 5 through the
+// ISA switch (scripts/tile_stream.cpp, one thread from L2, cycles a row and block of 16 x 32, 2026-12-01):
+// Q6_K 4 / 5 / 6 rows 14.8-15.3 / 14.0-14.6 / 14.9-15.3 in sets, 12.5-12.9 / 11.7-12.0 / 11.4-11.7 by
+// halves (1-3 rows: sets 15-21, halves 15-27); Q4_K 6 / 8 / 9 rows 8.1 / 8.2-9.7 / 8.1-8.8 in sets,
+// 7.7 / 7.5 / 7.3 by halves (4 rows 8.2 against 8.5). So AMD takes group_both up to halves_from - 1
+// rows. Without VNNI only (AVX-VNNI's vpdpbusd needs no int16 sums); the same bits either way.
+// SPECDECODE_AVX2_HALVES=0 / 1 sets it for a measurement; tile_check tests both.
+inline bool amd_core() {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("amd");
+}
+inline bool halves_sooner = [] {
+  const char* env = std::getenv("SPECDECODE_AVX2_HALVES");
+  return env != nullptr && *env != 0 ? *env == '1' : amd_core();
+}();
+template <int BITS, bool ONE>
+constexpr int halves_from() {  // on a halves_sooner core, the rows of x from which the group is swept by halves
+  if constexpr (VNNI || ONE) return both_rows<BITS, ONE>() + 1;
+  if constexpr (BITS == 6) return 4;
+  if constexpr (BITS == 4) return 6;
+  return both_rows<BITS, ONE>() + 1;
+}
 // the most rows of x a pass over a group takes, for a call of M rows (tile.h's groups)
 template <int BITS, bool ONE>
 inline int64_t rows_a_pass(int64_t M) {
@@ -343,8 +371,9 @@ template <int BITS, int MB, typename Scale, bool ONE = false>
 void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
                 const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0,
                 const uint8_t* next, int pass, int passes) {
-  if constexpr (MB <= both_rows<BITS, ONE>()) {
-    group_both<BITS, MB, Scale, ONE>(wq, ws, xq, xd, xS, xh, y, G, N, r0, valid, m0, next, pass, passes);
+  if (MB <= both_rows<BITS, ONE>() && (MB < halves_from<BITS, ONE>() || !halves_sooner)) {
+    if constexpr (MB <= both_rows<BITS, ONE>())
+      group_both<BITS, MB, Scale, ONE>(wq, ws, xq, xd, xS, xh, y, G, N, r0, valid, m0, next, pass, passes);
   } else {
     constexpr bool SIGNED = BITS == 8 && !VNNI;
     constexpr int64_t bytes = BITS * 64;
