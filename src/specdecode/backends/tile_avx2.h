@@ -307,7 +307,7 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
 // the core (scripts/tile_stream.cpp, 2 threads, 450 MB): by halves was faster on a Zen 5 through the ISA
 // switch (18.7-19.1 -> 16.6-17.0 ms) and slower on the Xeon below (32.0-32.4 -> 41.6-43.1 ms), whose
 // ports are those of Intel's AVX2 client cores; there they sweep once, and so do 5 and 6 rows, in sets of 4,
-// while AMD's cores take them by halves (halves_sooner below)
+// while on AMD's cores by halves took fewer cycles (halves_sooner below, opt-in)
 // (the Xeon, 450 MB of Q6_K, three interleaved rounds: 5 / 6 rows 41.0 / 42.8 ms by halves, 32.4 / 37.3
 // in sets of 4, 31.0 / 36.5 in sets of 2; from 8 rows by halves, 9 / 12 rows 49.3 / 60.1 against
 // 55.9 / 72.9 in sets of 4).
@@ -344,14 +344,16 @@ constexpr int both_rows() {  // the most rows of x group_both takes
 // halves (1-3 rows: sets 15-21, halves 15-27); Q4_K 6 / 8 / 9 rows 8.1 / 8.2-9.7 / 8.1-8.8 in sets,
 // 7.7 / 7.5 / 7.3 by halves (4 rows 8.2 against 8.5). So AMD takes group_both up to halves_from - 1
 // rows. Without VNNI only (AVX-VNNI's vpdpbusd needs no int16 sums); the same bits either way.
-// SPECDECODE_AVX2_HALVES=0 / 1 sets it for a measurement; tile_check tests both.
+// SPECDECODE_AVX2_HALVES=0 / 1 sets it for a measurement; tile_check tests both. Off by default:
+// end to end the default drafter through the AVX2 switch ran 1.16x / 1.16x plain with sets against
+// 1.08x / 1.10x by halves (heldout:3, two alternating rounds), so the T(n) gain did not carry.
 inline bool amd_core() {
   __builtin_cpu_init();
   return __builtin_cpu_is("amd");
 }
 inline bool halves_sooner = [] {
   const char* env = std::getenv("SPECDECODE_AVX2_HALVES");
-  return env != nullptr && *env != 0 ? *env == '1' : amd_core();
+  return env != nullptr && *env != 0 ? *env == '1' : false && amd_core();  // opt-in: see below
 }();
 template <int BITS, bool ONE>
 constexpr int halves_from() {  // on a halves_sooner core, the rows of x from which the group is swept by halves
