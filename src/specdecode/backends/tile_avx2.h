@@ -342,24 +342,18 @@ constexpr int both_rows() {  // the most rows of x group_both takes
 // ISA switch (scripts/tile_stream.cpp, one thread from L2, cycles a row and block of 16 x 32, 2026-12-01):
 // Q6_K 4 / 5 / 6 rows 14.8-15.3 / 14.0-14.6 / 14.9-15.3 in sets, 12.5-12.9 / 11.7-12.0 / 11.4-11.7 by
 // halves (1-3 rows: sets 15-21, halves 15-27); Q4_K 6 / 8 / 9 rows 8.1 / 8.2-9.7 / 8.1-8.8 in sets,
-// 7.7 / 7.5 / 7.3 by halves (4 rows 8.2 against 8.5). So AMD takes group_both up to halves_from - 1
-// rows. Without VNNI only (AVX-VNNI's vpdpbusd needs no int16 sums); the same bits either way.
-// SPECDECODE_AVX2_HALVES=0 / 1 sets it for a measurement; tile_check tests both. Off by default:
-// end to end the default drafter through the AVX2 switch ran 1.16x / 1.16x plain with sets against
-// 1.08x / 1.10x by halves (heldout:3, two alternating rounds), so the T(n) gain did not carry.
-inline bool amd_core() {
-  __builtin_cpu_init();
-  return __builtin_cpu_is("amd");
-}
+// 7.7 / 7.5 / 7.3 by halves (4 rows 8.2 against 8.5). Without VNNI only (AVX-VNNI's vpdpbusd needs
+// no int16 sums); the same bits either way. Opt-in (SPECDECODE_AVX2_HALVES=1; tile_check tests both
+// ways): end to end the default drafter through the AVX2 switch ran 1.16x / 1.16x plain with sets
+// against 1.08x / 1.10x by halves (heldout:3, two alternating rounds), so the T(n) gain did not carry.
 inline bool halves_sooner = [] {
   const char* env = std::getenv("SPECDECODE_AVX2_HALVES");
-  return env != nullptr && *env != 0 ? *env == '1' : false && amd_core();  // opt-in: see below
+  return env != nullptr && *env == '1';
 }();
 template <int BITS, bool ONE>
-constexpr int halves_from() {  // on a halves_sooner core, the rows of x from which the group is swept by halves
-  if constexpr (VNNI || ONE) return both_rows<BITS, ONE>() + 1;
-  if constexpr (BITS == 6) return 4;
-  if constexpr (BITS == 4) return 6;
+constexpr int halves_from() {  // with halves_sooner, the rows of x from which a group is swept by halves
+  if constexpr (!VNNI && !ONE && BITS == 6) return 4;
+  if constexpr (!VNNI && !ONE && BITS == 4) return 6;
   return both_rows<BITS, ONE>() + 1;
 }
 // the most rows of x a pass over a group takes, for a call of M rows (tile.h's groups)
@@ -373,10 +367,11 @@ template <int BITS, int MB, typename Scale, bool ONE = false>
 void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const float* xd, const float* xS,
                 const int32_t* xh, float* y, int64_t G, int64_t N, int64_t r0, int64_t valid, int64_t m0,
                 const uint8_t* next, int pass, int passes) {
-  if (MB <= both_rows<BITS, ONE>() && (MB < halves_from<BITS, ONE>() || !halves_sooner)) {
-    if constexpr (MB <= both_rows<BITS, ONE>())
-      group_both<BITS, MB, Scale, ONE>(wq, ws, xq, xd, xS, xh, y, G, N, r0, valid, m0, next, pass, passes);
-  } else {
+  if constexpr (MB <= both_rows<BITS, ONE>()) {
+    if (MB < halves_from<BITS, ONE>() || !halves_sooner)
+      return group_both<BITS, MB, Scale, ONE>(wq, ws, xq, xd, xS, xh, y, G, N, r0, valid, m0, next, pass, passes);
+  }
+  {  // by halves
     constexpr bool SIGNED = BITS == 8 && !VNNI;
     constexpr int64_t bytes = BITS * 64;
     const int sweeps = 2 * passes;
