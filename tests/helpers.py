@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
+from pathlib import Path
 
 import torch
 
@@ -189,3 +191,12 @@ def assert_stack_is_per_op(model, ids: torch.Tensor) -> None:
     model.reset()  # and a verification chain's rows are those of decoding steps
     model.forward(ids[:31])
     assert torch.equal(torch.cat([model.forward(ids[i : i + 1]).logits for i in range(31, 34)]), native[2])
+
+
+def load_script(name: str):
+    """scripts/NAME.py as a module, for the tests of a script's functions."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

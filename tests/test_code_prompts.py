@@ -1,13 +1,11 @@
 """scripts/code_prompts.py: documented public functions and methods become HumanEval-form prompts."""
 
 import ast
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "code_prompts.py"
+from helpers import load_script
 
 SOURCE = '''
 def area(w: float, h: float = 1.0) -> float:
@@ -48,10 +46,7 @@ class Shape:
 
 @pytest.fixture(scope="module")
 def mod():
-    spec = importlib.util.spec_from_file_location("code_prompts", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("code_prompts")
 
 
 def test_prompts_keep_signature_and_docstring_not_body(mod, tmp_path):

@@ -1,20 +1,16 @@
 """scripts/scaling_curve.py: bench rows become points at their checkpoint's training tokens, per series."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "scaling_curve.py"
+from helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def curve():
-    spec = importlib.util.spec_from_file_location("scaling_curve", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scaling_curve")
 
 
 def _row(drafter, category="ALL", a1=0.3):
