@@ -10,8 +10,8 @@ HumanEval's form ("Complete the following Python function." and the signature an
 fenced block; a method inside its `class` line): the model writes the body in its own words, which is
 what a head must learn to draft. Taken: public top-level functions and public methods of public
 top-level classes, docstrings of 2 to 30 ASCII lines, at most --per-file from a file and
---per-package from a top-level package, test
-directories skipped; shuffled with a fixed seed; a signature and docstring seen twice is kept once.
+--per-package from a top-level package, test directories skipped; shuffled with a fixed seed; a
+signature and docstring seen twice is kept once.
 Writes JSONL ({"prompt", "id", "category": "code"}), the form `train data --prompts` reads.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import json
 import random
 import sys
@@ -26,6 +27,7 @@ import sysconfig
 from pathlib import Path
 
 HEAD = "Complete the following Python function.\n```python\n\n"
+# not walked: tests, and (under the stdlib root) the packages, which purelib walks as their own root
 SKIP = {
     "test",
     "tests",
@@ -59,13 +61,14 @@ def prompt_for(fn: ast.FunctionDef | ast.AsyncFunctionDef, cls: str | None = Non
 def functions(root: Path, per_file: int):
     """(dotted name, prompt) for the documented public functions and methods under root."""
     for path in sorted(root.rglob("*.py")):
-        if SKIP.intersection(path.relative_to(root).parts):
+        rel = path.relative_to(root)
+        if SKIP.intersection(rel.parts):
             continue
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError):
             continue
-        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        module = ".".join(rel.with_suffix("").parts)
         found = []
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -97,12 +100,12 @@ def main(argv: list[str] | None = None) -> int:
                 seen.add(text)
                 rows.append({"prompt": text, "id": f"pyfn-{name}", "category": "code"})
     random.Random(a.seed).shuffle(rows)
-    per: dict[str, int] = {}
+    per, kept = collections.Counter(), []
     for row in rows:  # a package's share capped, so that the largest do not make the set
-        top = row["id"].split(".")[0]
-        per[top] = per.get(top, 0) + 1
-        row["keep"] = per[top] <= a.per_package
-    rows = [{k: v for k, v in row.items() if k != "keep"} for row in rows if row["keep"]][: a.count or None]
+        per[top := row["id"].split(".")[0]] += 1
+        if per[top] <= a.per_package:
+            kept.append(row)
+    rows = kept[: a.count or None]
     if not rows:
         print(f"no documented public functions under {', '.join(map(str, roots))}", file=sys.stderr)
         return 1
