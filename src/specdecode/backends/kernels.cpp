@@ -295,6 +295,7 @@ torch::Tensor attention(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor 
                         torch::Tensor starts, torch::Tensor counts, torch::Tensor table, int64_t heads,
                         int64_t kv_heads, double qk_scale);  // attention.cpp
 std::string tile_isa();  // kernels_tile.cpp
+std::string tile_prefetch();  // kernels_tile.cpp
 torch::Tensor linear_q4_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 torch::Tensor linear_q8_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
 torch::Tensor linear_q8_0_tile(torch::Tensor x, torch::Tensor scales, torch::Tensor quants, int64_t N);
@@ -320,6 +321,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_q4", &dequantize_q4, "4-bit rows -> float32 [N, K], the kernels' values");
   m.def("dequantize_q8", &dequantize_q8, "8-bit rows -> float32 [N, K], the kernels' values");
   m.def("tile_isa", &tile_isa, "the ISA of this build's tile microkernel: avx512vnni, avxvnni, avx2, i8mm, neon or scalar");
+  m.def("tile_prefetch", &tile_prefetch, "the cache the tile microkernel asks weights ahead into: l1, l2, or none (the portable kernel)");
   m.def("linear_q4_tile", &linear_q4_tile, release, "x W^T, W 4-bit interleaved 16 rows at a time, x in 8 bits",
         py::arg("x"), py::arg("scales"), py::arg("quants"), py::arg("N"));
   m.def("linear_q8_tile", &linear_q8_tile, release, "x W^T, W 8-bit interleaved 16 rows at a time, x in 8 bits",

@@ -6,7 +6,9 @@ the specdecode cache, under a name that covers the source, torch's version, the 
 instruction set it is built for. That is the CPU's own (-march=native) unless SPECDECODE_ISA names
 another (ISAS): `SPECDECODE_ISA=avx2` on an AVX-512 machine builds and runs every kernel as an
 AVX2-only CPU would (tile.h's AVX2 microkernel, 256-bit attention), so one machine measures the
-paths of others; an ISA this CPU cannot run is refused, naming the flags it lacks. Without a
+paths of others; an ISA this CPU cannot run is refused, naming the flags it lacks. SPECDECODE_PREFETCH
+(auto, l1, l2) sets the cache the x86 microkernels ask weights ahead into; auto is L2 on Intel's cores,
+L1 elsewhere (tile.h), and `machine()` records which. Without a
 compiler, or if the build fails, `load()` says why once on stderr and returns None: FastLlama then
 runs its eager PyTorch ops, which give the same tokens, only slower.
 """
@@ -92,6 +94,20 @@ def requested_isa() -> str:
     return isa
 
 
+PREFETCH = ("auto", "l1", "l2")
+
+
+def requested_prefetch() -> str:
+    """SPECDECODE_PREFETCH (default auto: L2 on Intel's cores, L1 elsewhere), the cache the x86 tile
+    microkernels ask the weights' lines ahead into (tile.h's ahead_into_l2, which reads it too)."""
+    import os
+
+    level = os.environ.get("SPECDECODE_PREFETCH", "auto").strip().lower() or "auto"
+    if level not in PREFETCH:
+        raise UserError(f"SPECDECODE_PREFETCH={level}: unknown cache level; one of {', '.join(PREFETCH)}")
+    return level
+
+
 def machine() -> dict:
     """The CPU (name, family/model, the ISA extensions the kernels care about) and the ISA the kernels
     are built for: what every result file records beside its figures."""
@@ -125,6 +141,7 @@ def machine() -> dict:
         "mhz": float(info.get("cpu MHz", 0) or 0),
         "kernel_isa": requested_isa(),
         "tile_microkernel": ops.tile_isa() if ops is not None else None,
+        "prefetch": ops.tile_prefetch() if ops is not None else None,
     }
 
 
@@ -138,6 +155,10 @@ def load():
     from torch.utils import cpp_extension
 
     isa = requested_isa()
+    import os
+
+    # checked and written back in the one spelling tile.h reads when the module loads
+    os.environ["SPECDECODE_PREFETCH"] = requested_prefetch()
     key = hashlib.sha256(
         b"".join(s.read_bytes() for s in SOURCES + HEADERS)
         + str(SOURCES[0].parent).encode()  # torch writes the sources' paths into the build: one per checkout

@@ -143,6 +143,15 @@ std::vector<torch::Tensor> unpack(const torch::Tensor& ps, const torch::Tensor& 
 
 // The ISA of this build's tile microkernel: avx512vnni, avxvnni, avx2, i8mm, neon or scalar (tile.h).
 std::string tile_isa() { return SPECDECODE_TILE_ISA; }
+std::string tile_prefetch() {
+#if defined(SPECDECODE_TILE_AVX512) || defined(SPECDECODE_TILE_AVX2)
+  return tile::ahead_into_l2 ? "l2" : "l1";
+#elif defined(SPECDECODE_TILE_NEON)
+  return "l1";  // tile_neon.h's __builtin_prefetch
+#else
+  return "none";
+#endif
+}
 
 // x: [M, K] float32, each row quantized to 8 bits per block of 32; W: N interleaved 4-bit rows
 // (pack_q4_tile) -> x W^T [M, N] float32

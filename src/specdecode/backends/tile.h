@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -51,6 +52,37 @@ namespace tile {
 
 constexpr int64_t R = 16;           // weight rows per group (one int32 lane each on AVX-512)
 constexpr int64_t PREFETCH = 4096;  // bytes ahead of the block being read (measured on Zen 5: 1-16 KiB)
+
+#if defined(SPECDECODE_TILE_AVX512) || defined(SPECDECODE_TILE_AVX2)
+}  // namespace tile
+#include <immintrin.h>
+namespace tile {
+// Which cache the x86 microkernels ask the weights' lines ahead into, chosen once a process: L2
+// (_MM_HINT_T1) on Intel's cores, L1 elsewhere; SPECDECODE_PREFETCH=l1|l2 overrides (kernels.py checks
+// the value). Asked into L1, each line ahead holds one of the core's few L1 fill buffers until it
+// arrives; into L2, the lines wait in its larger queue and the core's own loads find them there. On a
+// Xeon (family 6 model 167, 2 threads, scripts/tile_stream.cpp over 1.2 GB of Q4_K and 0.8 GB of
+// Q6_K, past its L3; three interleaved rounds, medians) L2 took AVX2's 1 / 4 / 8 rows of Q4_K
+// 66.4 / 81.5 / 130.1 -> 60.6 / 75.7 / 131.4 ms and of Q6_K 63.5 / 85.1 / 152.5 -> 55.7 / 82.7 / 131.7,
+// AVX-512's Q4_K 68.2 / 76.3 / 86.7 -> 62.6 / 71.4 / 85.8 and Q6_K 65.7 / 71.0 / 80.3 -> 61.2 / 68.8 /
+// 77.2; on a Zen 5 it made AVX2's 4 / 8 rows slower (13.1 / 30.8 -> 15.5 / 34.8 ms, 300 MB) and
+// AVX-512 level (docs/native_forward.md).
+inline const bool ahead_into_l2 = [] {
+  const char* env = std::getenv("SPECDECODE_PREFETCH");
+  if (env != nullptr && *env != 0 && std::strcmp(env, "auto") != 0) return std::strcmp(env, "l2") == 0;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));  // the vendor: "GenuineIntel"
+  return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
+}();
+// the line at p, asked for ahead of its use: into ahead_into_l2's cache where `l2_helps` (the caller's
+// rows of x), else into L1
+[[gnu::always_inline]] inline void prefetch(const uint8_t* p, bool l2_helps = true) {
+  if (ahead_into_l2 && l2_helps)
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+  else
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+#endif
 // rows of x per pass over a group's blocks. On AVX2 (16 registers) 8 accumulators and a block's 8
 // unpacked registers spill some to L1, yet 8 rows a pass beat 4 (a 1.5B-sized stack of Q4_K/Q6_K
 // matrices from DRAM on Zen 3, 2 threads: 8 rows 34-38 ms against 38-44, 5 rows 24-27 against 28-30).

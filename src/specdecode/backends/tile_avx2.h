@@ -273,10 +273,10 @@ void group_both(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* p = wq + g * bytes;
     if (pass == 0)
-      for (int i = 0; i < BITS; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH + 64 * i), _MM_HINT_T0);
+      for (int i = 0; i < BITS; ++i) prefetch(p + PREFETCH + 64 * i);
     if (next != nullptr)
       for (int i = pass; i < BITS; i += passes)
-        _mm_prefetch(reinterpret_cast<const char*>(next + g * bytes + 64 * i), _MM_HINT_T0);
+        prefetch(next + g * bytes + 64 * i);
     both_sets<BITS, MB, 0, Scale, ONE>(p, ws, g, xq, xd, xS, xh, G, m0, acc);
   }
   for (int h = 0; h < 2; ++h) store_rows<MB>(acc[h], y, N, r0, h, std::min<int64_t>(8, valid - 8 * h), m0);
@@ -382,10 +382,10 @@ void group_tile(const uint8_t* wq, const Scale* ws, const int8_t* xq, const floa
       for (int64_t g = 0; g < G; ++g) {
         const uint8_t* p = wq + g * bytes + 32 * h;
         if (h == 0 && pass == 0)  // the block PREFETCH bytes ahead (tile_avx512.h)
-          for (int i = 0; i < BITS; ++i) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH + 64 * i), _MM_HINT_T0);
+          for (int i = 0; i < BITS; ++i) prefetch(p + PREFETCH + 64 * i);
         if (next != nullptr)
           for (int i = sweep; i < BITS; i += sweeps)
-            _mm_prefetch(reinterpret_cast<const char*>(next + g * bytes + 64 * i), _MM_HINT_T0);
+            prefetch(next + g * bytes + 64 * i);
         __m256i u[8];
         unpack<BITS, SIGNED>(p, u);
         block_rows<BITS, MB, Scale, ONE>(u, ws, g, h, xq, xd, xS, xh, G, m0, acc);
