@@ -192,7 +192,9 @@ def test_the_prefetch_level_is_checked_and_auto_follows_the_cpu_vendor(monkeypat
     for value, level in ((" L2 ", "l2"), ("l1", "l1"), ("", "auto"), ("l3", None)):
         monkeypatch.setenv("SPECDECODE_PREFETCH", value)
         if level is None:
-            with pytest.raises(UserError, match="SPECDECODE_PREFETCH=l3: unknown cache level; one of auto, l1, l2"):
+            with pytest.raises(
+                UserError, match="SPECDECODE_PREFETCH=l3: unknown cache level; one of auto, l1, l2"
+            ):
                 kernels.requested_prefetch()
         else:
             assert kernels.requested_prefetch() == level
