@@ -32,6 +32,7 @@
 #include <immintrin.h>
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SPECDECODE_TILE_AVX2 1
+#include <immintrin.h>
 #if defined(__AVXVNNI__)
 #define SPECDECODE_TILE_ISA "avxvnni"
 #else
@@ -54,13 +55,10 @@ constexpr int64_t R = 16;           // weight rows per group (one int32 lane eac
 constexpr int64_t PREFETCH = 4096;  // bytes ahead of the block being read (measured on Zen 5: 1-16 KiB)
 
 #if defined(SPECDECODE_TILE_AVX512) || defined(SPECDECODE_TILE_AVX2)
-}  // namespace tile
-#include <immintrin.h>
-namespace tile {
 // Which cache the x86 microkernels ask the weights' lines ahead into, chosen once a process: L2
 // (_MM_HINT_T1) on Intel's cores, L1 elsewhere; SPECDECODE_PREFETCH=l1|l2 overrides (kernels.py checks
 // the value). Asked into L1, each line ahead holds one of the core's few L1 fill buffers until it
-// arrives; into L2, the lines wait in its larger queue and the core's own loads find them there. On a
+// arrives; into L2, it waits in L2's larger queue instead (the likely reason Intel gains). On a
 // Xeon (family 6 model 167, 2 threads, scripts/tile_stream.cpp over 1.2 GB of Q4_K and 0.8 GB of
 // Q6_K, past its L3; three interleaved rounds, medians) L2 took AVX2's 1 / 4 / 8 rows of Q4_K
 // 66.4 / 81.5 / 130.1 -> 60.6 / 75.7 / 131.4 ms and of Q6_K 63.5 / 85.1 / 152.5 -> 55.7 / 82.7 / 131.7,
@@ -83,6 +81,7 @@ inline const bool ahead_into_l2 = [] {
     _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
 }
 #endif
+
 // rows of x per pass over a group's blocks. On AVX2 (16 registers) 8 accumulators and a block's 8
 // unpacked registers spill some to L1, yet 8 rows a pass beat 4 (a 1.5B-sized stack of Q4_K/Q6_K
 // matrices from DRAM on Zen 3, 2 threads: 8 rows 34-38 ms against 38-44, 5 rows 24-27 against 28-30).
