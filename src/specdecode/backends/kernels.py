@@ -8,15 +8,16 @@ another (ISAS): `SPECDECODE_ISA=avx2` on an AVX-512 machine builds and runs ever
 AVX2-only CPU would (tile.h's AVX2 microkernel, 256-bit attention), so one machine measures the
 paths of others; an ISA this CPU cannot run is refused, naming the flags it lacks. SPECDECODE_PREFETCH
 (auto, l1, l2) sets the cache the x86 microkernels ask weights ahead into; auto is L2 on Intel's cores,
-L1 elsewhere (tile.h), and `machine()` records which. Without a
-compiler, or if the build fails, `load()` says why once on stderr and returns None: FastLlama then
-runs its eager PyTorch ops, which give the same tokens, only slower.
+L1 elsewhere (tile.h), and `machine()` records which. Without a compiler, or if the build fails,
+`load()` says why once on stderr and returns None: FastLlama then runs its eager PyTorch ops, which
+give the same tokens, only slower.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import platform
 import sys
 from contextlib import contextmanager
@@ -83,8 +84,6 @@ def cpu_flags() -> set[str]:
 
 def requested_isa() -> str:
     """SPECDECODE_ISA (default native), checked against ISAS and this CPU's flags."""
-    import os
-
     isa = os.environ.get("SPECDECODE_ISA", "native").strip().lower() or "native"
     if isa not in ISAS:
         raise UserError(f"SPECDECODE_ISA={isa}: unknown instruction set; one of {', '.join(ISAS)}")
@@ -100,8 +99,6 @@ PREFETCH = ("auto", "l1", "l2")
 def requested_prefetch() -> str:
     """SPECDECODE_PREFETCH (default auto: L2 on Intel's cores, L1 elsewhere), the cache the x86 tile
     microkernels ask the weights' lines ahead into (tile.h's ahead_into_l2, which reads it too)."""
-    import os
-
     level = os.environ.get("SPECDECODE_PREFETCH", "auto").strip().lower() or "auto"
     if level not in PREFETCH:
         raise UserError(f"SPECDECODE_PREFETCH={level}: unknown cache level; one of {', '.join(PREFETCH)}")
@@ -155,8 +152,6 @@ def load():
     from torch.utils import cpp_extension
 
     isa = requested_isa()
-    import os
-
     # checked and written back in the one spelling tile.h reads when the module loads
     os.environ["SPECDECODE_PREFETCH"] = requested_prefetch()
     key = hashlib.sha256(
