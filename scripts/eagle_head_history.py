@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -151,22 +152,18 @@ def main() -> None:
     seqs = data.read(args.data)
     picked = sample(seqs, args.val, args.per_kind, args.seed)
     chosen = [seqs[i] for i in picked]
-    config0 = json.loads(
-        Path(
-            checkpoint.checkpoint_dir(None, "eagle", checkpoint.fingerprint(loaded.model)), "config.json"
-        ).read_text()
-    )
-    layer_ids = tuple(config0["layers"])
+    fingerprint = checkpoint.fingerprint(loaded.model)
+    shipped = checkpoint.checkpoint_dir(None, "eagle", fingerprint).resolve()
+    layer_ids = tuple(json.loads((shipped / "config.json").read_text())["layers"])
     source = features.Source(models.load(args.target, GGUF, "cpu").model, GGUF, kernels.DENSE_ROWS)
     t0 = time.perf_counter()
-    feats = source.features(args.features, chosen, checkpoint.fingerprint(loaded.model), layer_ids)
+    feats = source.features(args.features, chosen, fingerprint, layer_ids)
     feature_s = time.perf_counter() - t0
     embed = loaded.model.embedding.weight().detach().float().cpu()
     lm_head = loaded.model.output_weight().detach().float().cpu()
     cos, sin = rope_tables(loaded.model.hf, args.window)
     kinds = [(kind_of(s.category), j) for j, s in enumerate(chosen)]
-    shipped = Path(checkpoint.checkpoint_dir(None, "eagle", checkpoint.fingerprint(loaded.model)))
-    shipped = shipped.resolve().relative_to(ROOT)
+    shipped = shipped.relative_to(ROOT)
     targets = greedy_tokens(feats, [j for _, j in kinds], lm_head, args.window)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,8 +193,8 @@ def main() -> None:
                 "subject": subject[:300],
                 "top1_by_step": by_kind,
                 "rows": rows,
+                "trained": config.get("train", {}),
             }
-            run["trained"] = config.get("train", {})
             runs.append(run)
             print(
                 commit,
@@ -226,13 +223,12 @@ def fit(runs: list[dict], goals=(0.5, 0.6, 0.7)) -> dict:
     the tokens at which the line reaches each goal (an extrapolation: steps grew with the data)."""
     out = {}
     for kind in runs[-1]["top1_by_step"]:
-        pts = [(math.log2(r["trained"]["response_tokens"]), r["top1_by_step"][kind][0]) for r in runs]
-        n = len(pts)
-        mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
-        sxx = sum((x - mx) ** 2 for x, _ in pts)
-        slope = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
-        at = {str(g): (round(2 ** (mx + (g - my) / slope)) if slope > 0 else None) for g in goals}
-        out[kind] = {"per_doubling": round(slope, 4), "at_mean_tokens": round(my, 4), "tokens_to_reach": at}
+        xs = [math.log2(r["trained"]["response_tokens"]) for r in runs]
+        ys = [r["top1_by_step"][kind][0] for r in runs]
+        slope, intercept = statistics.linear_regression(xs, ys)
+        at = {str(g): (round(2 ** ((g - intercept) / slope)) if slope > 0 else None) for g in goals}
+        mean = statistics.fmean(ys)
+        out[kind] = {"per_doubling": round(slope, 4), "at_mean_tokens": round(mean, 4), "tokens_to_reach": at}
     return out
 
 
